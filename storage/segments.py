@@ -6,6 +6,10 @@ rest of the current segment is moved to the next one and the gap is padded with
 a blank record, so positions are the same on every member that uses the same
 segment size.  Segments are files on disk or bytearrays in memory behind the
 same small interface, so the file and memory stores share every line of logic.
+
+File segments are written with ``pwrite`` and read through a read-only mmap of
+the part written so far (remapped lazily as the file grows, dropped before any
+truncation so a reader never touches pages past the end of the file).
 """
 
 from __future__ import annotations
@@ -14,18 +18,27 @@ import bisect
 import errno
 import mmap
 import os
+from itertools import accumulate
 from pathlib import Path
 
 from .codec import blank_record
 from .errors import LedgerError, ResponseCode
 
+_REMAP_MIN_GROWTH = 1 << 20  # remap an active segment once it grew this much past its map
+
 
 def _disk_error(exc: OSError, what: str) -> LedgerError:
-    code = ResponseCode.DISK_FULL if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ResponseCode.DISK_ERROR
+    code = (
+        ResponseCode.DISK_FULL
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        else ResponseCode.DISK_ERROR
+    )
     return LedgerError.of(code, f"{what}: {exc}")
 
 
 class MemorySegment:
+    """A segment kept in a bytearray."""
+
     __slots__ = ("start", "buf")
 
     def __init__(self, start: int):
@@ -40,7 +53,7 @@ class MemorySegment:
         self.buf += data
 
     def pread(self, offset: int, n: int) -> bytes:
-        return bytes(self.buf[offset : offset + n])
+        return bytes(memoryview(self.buf)[offset : offset + n])
 
     def view(self):
         return memoryview(self.buf)
@@ -63,33 +76,69 @@ class MemorySegment:
 
 
 class FileSegment:
-    __slots__ = ("start", "path", "fd", "length")
+    """A segment file: ``length`` is the number of bytes written (the file size)."""
+
+    __slots__ = ("start", "path", "fd", "length", "_mm", "_mm_len")
 
     def __init__(self, start: int, path: Path):
         self.start = start
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self.length = os.fstat(self.fd).st_size
+        self._mm: mmap.mmap | None = None
+        self._mm_len = 0
 
     def write(self, data) -> None:
+        """Append ``data``; on failure the file is cut back to its old length."""
         view = memoryview(data)
         off = self.length
-        while view:
-            n = os.pwrite(self.fd, view, off)
-            off += n
-            view = view[n:]
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, off)
+                off += n
+                view = view[n:]
+        except OSError:
+            if off != self.length:
+                try:
+                    os.ftruncate(self.fd, self.length)
+                except OSError:
+                    pass
+            raise
         self.length = off
 
+    def _remap(self) -> None:
+        self._unmap()
+        if self.length:
+            self._mm = mmap.mmap(self.fd, self.length, access=mmap.ACCESS_READ)
+            self._mm_len = self.length
+
+    def _unmap(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+            self._mm_len = 0
+
     def pread(self, offset: int, n: int) -> bytes:
+        end = offset + n
+        if end <= self._mm_len:
+            return self._mm[offset:end]
+        if end <= self.length and (
+            not self._mm_len or self.length - self._mm_len >= _REMAP_MIN_GROWTH
+        ):
+            self._remap()
+            if end <= self._mm_len:
+                return self._mm[offset:end]
         return os.pread(self.fd, n, offset)
 
     def view(self):
-        """The whole segment, zero-copy (a read-only mmap)."""
+        """The whole segment, zero-copy (a read-only mmap of its own)."""
         if not self.length:
             return b""
         return mmap.mmap(self.fd, self.length, access=mmap.ACCESS_READ)
 
     def truncate(self, length: int) -> None:
+        if length < self._mm_len:
+            self._unmap()
         os.ftruncate(self.fd, length)
         self.length = length
 
@@ -97,10 +146,12 @@ class FileSegment:
         os.fdatasync(self.fd)
 
     def close(self) -> None:
+        self._unmap()
         try:
             os.close(self.fd)
         except OSError:
             pass
+        self.fd = -1
 
     def remove(self) -> None:
         self.close()
@@ -111,7 +162,7 @@ class FileSegment:
 
     @property
     def mtime(self) -> float:
-        return os.fstat(self.fd).st_mtime
+        return os.stat(self.path).st_mtime
 
 
 class SegmentList:
@@ -123,19 +174,25 @@ class SegmentList:
         self.segments: list = []
         self._starts: list[int] = []
         self._dirty: dict[int, object] = {}
+        self.dir_dirty = False  # a segment file was created or removed since the last sync
         self._empty_pos = 0  # where the log ends while it has no segment
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for name in sorted(os.listdir(self.directory)):
-                if name.isdigit() and len(name) == 20:
-                    start = int(name)
-                    if start % segment_size:
-                        raise LedgerError.of(
-                            ResponseCode.CORRUPT_LOG,
-                            f"segment {self.directory / name} is not aligned to the segment size "
-                            f"{segment_size}; was the store written with another size?",
-                        )
-                    self._add(start)
+            try:
+                for name in sorted(os.listdir(self.directory)):
+                    if name.isdigit() and len(name) == 20:
+                        start = int(name)
+                        if start % segment_size:
+                            raise LedgerError.of(
+                                ResponseCode.CORRUPT_LOG,
+                                f"segment {self.directory / name} is not aligned to the segment "
+                                f"size {segment_size}; was the store written with another size?",
+                            )
+                        self._add(start)
+            except BaseException:
+                self.close()
+                raise
+            self.dir_dirty = False
 
     # -- layout -------------------------------------------------------------------
     def _add(self, start: int):
@@ -146,6 +203,7 @@ class SegmentList:
         )
         self.segments.append(seg)
         self._starts.append(start)
+        self.dir_dirty = True
         return seg
 
     @property
@@ -167,13 +225,20 @@ class SegmentList:
         return pos
 
     def positions_for(self, sizes) -> list[int]:
+        """Where each of consecutive items of ``sizes`` lands after the current end."""
         pos = self.write_pos
-        out = []
         seg = self.segment_size
+        total = sum(sizes)
+        if total and pos // seg == (pos + total - 1) // seg:  # all in the current segment
+            out = list(accumulate(sizes, initial=pos))
+            out.pop()
+            return out
+        out = []
+        append = out.append
         for size in sizes:
             if pos // seg != (pos + size - 1) // seg:
                 pos = (pos // seg + 1) * seg
-            out.append(pos)
+            append(pos)
             pos += size
         return out
 
@@ -189,16 +254,22 @@ class SegmentList:
         seg_size = self.segment_size
         end = self.write_pos
         if pos < end:
-            raise LedgerError.of(ResponseCode.INTERNAL_ERROR, f"write at {pos} below write position {end}")
+            raise LedgerError.of(
+                ResponseCode.INTERNAL_ERROR, f"write at {pos} below write position {end}"
+            )
         start = pos - pos % seg_size
         if pos // seg_size != (pos + len(data) - 1) // seg_size:
-            raise LedgerError.of(ResponseCode.INTERNAL_ERROR, f"write at {pos} of {len(data)} crosses a segment")
+            raise LedgerError.of(
+                ResponseCode.INTERNAL_ERROR, f"write at {pos} of {len(data)} crosses a segment"
+            )
         try:
             if not self.segments or self.segments[-1].start != start:
                 if self.segments:
                     last = self.segments[-1]
                     if start < last.start + seg_size:
-                        raise LedgerError.of(ResponseCode.INTERNAL_ERROR, f"segment for {pos} overlaps")
+                        raise LedgerError.of(
+                            ResponseCode.INTERNAL_ERROR, f"segment for {pos} overlaps"
+                        )
                     if last.length < seg_size:
                         last.write(blank_record(seg_size - last.length))
                         self._dirty[id(last)] = last
@@ -213,10 +284,13 @@ class SegmentList:
             raise _disk_error(exc, f"cannot write at position {pos}") from exc
 
     def read(self, pos: int, size: int) -> bytes:
-        seg = self.segment_at(pos)
-        if seg is None or pos + size > seg.start + seg.length:
-            raise LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, f"no data at position {pos}+{size}")
-        return seg.pread(pos - seg.start, size)
+        """``size`` bytes at ``pos``, which must lie within one segment."""
+        i = bisect.bisect_right(self._starts, pos) - 1
+        if i >= 0:
+            seg = self.segments[i]
+            if pos + size <= seg.start + seg.length:
+                return seg.pread(pos - seg.start, size)
+        raise LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, f"no data at position {pos}+{size}")
 
     def truncate(self, pos: int) -> None:
         """Drop every byte at and after ``pos``."""
@@ -226,6 +300,7 @@ class SegmentList:
                 self._starts.pop()
                 self._dirty.pop(id(seg), None)
                 seg.remove()
+                self.dir_dirty = True
             if self.segments:
                 last = self.segments[-1]
                 if pos < last.start + last.length:
@@ -242,8 +317,20 @@ class SegmentList:
         self._empty_pos = pos
         start = pos - pos % self.segment_size
         if pos > start:
-            seg = self._add(start)
-            seg.write(blank_record(pos - start))
+            try:
+                seg = self._add(start)
+                seg.write(blank_record(pos - start))
+            except OSError as exc:
+                raise _disk_error(exc, f"cannot reset to {pos}") from exc
+            self._dirty[id(seg)] = seg
+
+    def pad_to_end(self, seg) -> None:
+        """Fill the rest of a non-last segment with a blank record (repairs a torn roll)."""
+        if seg.length < self.segment_size:
+            try:
+                seg.write(blank_record(self.segment_size - seg.length))
+            except OSError as exc:
+                raise _disk_error(exc, f"cannot pad segment {seg.start}") from exc
             self._dirty[id(seg)] = seg
 
     def delete_segment_front(self) -> None:
@@ -253,12 +340,23 @@ class SegmentList:
         self._starts.pop(0)
         self._dirty.pop(id(seg), None)
         seg.remove()
+        self.dir_dirty = True
 
     def take_dirty(self) -> list:
         """Segments written since the last call; the caller syncs them."""
         dirty = list(self._dirty.values())
         self._dirty.clear()
         return dirty
+
+    def sync_dir(self) -> None:
+        """fsync the directory so created and removed segment files are durable."""
+        if self.directory is not None and self.dir_dirty:
+            self.dir_dirty = False
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         for seg in self.segments:

@@ -10,16 +10,36 @@ Indexes start at 0.  An empty log has ``ledger_end_index == ledger_begin_index -
 (a fresh one: begin 0, end -1), and ``committed_index`` is -1 until something
 commits.  The store is driven by one thread at a time (the member's actor);
 the flush service is the only other thread and takes the same lock.
+
+Every refused call raises :class:`LedgerError` with a DLedger response code and
+leaves the store exactly as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .codec import HEADER, HEADER_SIZE, INDEX, INDEX_UNIT, Entry, EntryBatch, encode_entries, encode_index
+import numpy as np
+
+from .codec import (
+    ENTRY_MAGIC,
+    HEADER,
+    HEADER_SIZE,
+    INDEX,
+    INDEX_UNIT,
+    Entry,
+    EntryBatch,
+    _signed,
+    chain_crc,
+    crc32,
+    decode_index,
+    encode_entries,
+    encode_index,
+)
 from .config import StoreConfig
 from .errors import LedgerError, ResponseCode
 from .segments import SegmentList
@@ -29,7 +49,7 @@ log = logging.getLogger("rayledger.storage")
 AppendHook = Callable[[int, int, bytearray], None]
 """``hook(index, pos, body)``: may rewrite bytes of ``body`` in place (not its length)."""
 
-_BYTES_TYPES = (bytes, bytearray, memoryview)
+_BYTES_TYPES = frozenset({bytes, bytearray, memoryview})
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,6 +69,44 @@ def _err(code: ResponseCode, msg: str) -> LedgerError:
     return LedgerError.of(code, msg)
 
 
+def _as_int(value, what: str) -> int:
+    """``value`` as a plain int (numpy integers accepted; bools, floats, None refused)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise _err(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"{what} must be an int, not {type(value).__name__} ({value!r})",
+        )
+    return operator.index(value)
+
+
+def _runs(positions: Sequence[int], sizes: Sequence[int], seg_size: int) -> list[tuple[int, int, int]]:
+    """Split consecutive items into contiguous runs inside one segment.
+
+    Returns ``(first item, end item (exclusive), byte length)`` per run: a run
+    breaks where the next item is not right after the previous one (a segment
+    roll with padding) or starts a new segment (the previous one filled it).
+    """
+    n = len(positions)
+    first, last_end = positions[0], positions[-1] + sizes[-1]
+    if first // seg_size == (last_end - 1) // seg_size and last_end - first == sum(sizes):
+        return [(0, n, last_end - first)]
+    runs = []
+    run_start = 0
+    expect = first
+    run_bytes = 0
+    for k in range(n):
+        p = positions[k]
+        if k and (p != expect or p % seg_size == 0):
+            runs.append((run_start, k, run_bytes))
+            run_start, run_bytes = k, 0
+        expect = p + sizes[k]
+        run_bytes += sizes[k]
+    runs.append((run_start, n, run_bytes))
+    return runs
+
+
 class LogStore:
     """Shared logic of the file and memory stores (use one of the subclasses)."""
 
@@ -64,6 +122,10 @@ class LogStore:
         self.committed_index = -1
         self.committed_pos = 0
         self._chain: int | None = 0  # chain CRC of the last entry; None when unknown (after reset)
+        self._base: tuple[int, int] = (0, 0)  # (index, pos) where the log began after its last reset
+        self._seq = 0  # bumps on every change of the log's bytes
+        self._closed = False
+        self._failed: LedgerError | None = None  # set when the disk failed under us (fsync)
 
     # -- metadata ---------------------------------------------------------------------
     @property
@@ -75,79 +137,96 @@ class LogStore:
         return self._data.write_pos
 
     def add_append_hook(self, hook: AppendHook) -> None:
+        """Run ``hook(index, pos, body)`` on every leader append, before the CRCs are computed."""
+        if not callable(hook):
+            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, "an append hook must be callable")
         self._hooks.append(hook)
+
+    def _out_of_bounds(self, index: int) -> LedgerError:
+        if self._closed:
+            return _err(ResponseCode.DISK_ERROR, "the store is closed")
+        return _err(
+            ResponseCode.INDEX_OUT_OF_BOUNDS,
+            f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]",
+        )
 
     def _unit(self, index: int) -> tuple[int, int, int, int, int]:
         """(magic, pos, size, index, term) of a stored entry."""
+        if type(index) is not int:
+            index = _as_int(index, "index")
         if not self.ledger_begin_index <= index <= self.ledger_end_index:
-            raise _err(
-                ResponseCode.INDEX_OUT_OF_BOUNDS,
-                f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]",
-            )
+            raise self._out_of_bounds(index)
         return INDEX.unpack(self._index.read(index * INDEX_UNIT, INDEX_UNIT))
 
     def get_term(self, index: int) -> int:
-        return self._unit(index)[4]
+        """Term of the stored entry ``index``."""
+        with self._lock:
+            return self._unit(index)[4]
 
     def get_pos(self, index: int) -> int:
-        return self._unit(index)[1]
+        """Data-file position of the stored entry ``index``."""
+        with self._lock:
+            return self._unit(index)[1]
 
     # -- reads ------------------------------------------------------------------------
     def get(self, index: int) -> Entry:
+        """The entry at ``index`` (INDEX_OUT_OF_BOUNDS outside [begin, end])."""
         if type(index) is not int:
-            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"index must be an int, not {type(index).__name__}")
+            index = _as_int(index, "index")
         with self._lock:
-            _m, pos, size, _i, _t = self._unit(index)
+            if not self.ledger_begin_index <= index <= self.ledger_end_index or self._closed:
+                raise self._out_of_bounds(index)
+            _m, pos, size, _i, _t = INDEX.unpack(self._index.read(index * INDEX_UNIT, INDEX_UNIT))
             buf = self._data.read(pos, size)
-        magic, esize, eindex, term, epos, channel, _c, _b, body_size = HEADER.unpack_from(buf)
+        _mg, esize, eindex, term, epos, channel, _c, _b, _bs = HEADER.unpack_from(buf)
         if eindex != index or epos != pos or esize != size:
-            raise _err(ResponseCode.CORRUPT_LOG, f"index unit of {index} points at entry {eindex}@{epos}")
+            raise _err(
+                ResponseCode.CORRUPT_LOG,
+                f"index unit of {index} points at entry {eindex}@{epos} (size {esize} != {size})",
+            )
         return Entry(index, term, pos, buf[HEADER_SIZE:], channel)
 
     def get_range(self, start: int, stop: int) -> list[Entry]:
         """Entries with ``start <= index < stop`` (clipped to what is stored)."""
+        start, stop = _as_int(start, "start"), _as_int(stop, "stop")
         with self._lock:
-            stop = min(stop, self.ledger_end_index + 1)
             if start < self.ledger_begin_index:
-                raise _err(ResponseCode.INDEX_OUT_OF_BOUNDS, f"index {start} is below the log's begin {self.ledger_begin_index}")
+                raise _err(
+                    ResponseCode.INDEX_OUT_OF_BOUNDS,
+                    f"index {start} is below the log's begin {self.ledger_begin_index}",
+                )
+            stop = min(stop, self.ledger_end_index + 1)
             if start >= stop:
                 return []
             return self.read_batch(start, max_count=stop - start).entries()
 
-    def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62) -> EntryBatch:
+    def read_batch(
+        self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62
+    ) -> EntryBatch:
         """Encoded entries from ``start``: at least one, then up to ``max_bytes`` / ``max_count``."""
+        start = _as_int(start, "start")
+        max_bytes, max_count = _as_int(max_bytes, "max_bytes"), _as_int(max_count, "max_count")
+        if max_count <= 0:
+            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"max_count must be positive, got {max_count}")
         with self._lock:
             end = self.ledger_end_index
             if not self.ledger_begin_index <= start <= end:
-                raise _err(
-                    ResponseCode.INDEX_OUT_OF_BOUNDS,
-                    f"index {start} outside [{self.ledger_begin_index}, {end}]",
-                )
+                raise self._out_of_bounds(start)
             n = min(max_count, end - start + 1)
             units = self._read_units(start, n)
-            pos = units["pos"]
-            sizes = units["size"]
-            total = 0
-            count = 0
-            for s in sizes.tolist():
-                if count and total + s > max_bytes:
-                    break
-                total += s
-                count += 1
-            parts = []
-            run_start = int(pos[0])
-            run_end = run_start
-            for p, s in zip(pos[:count].tolist(), sizes[:count].tolist()):
-                if p != run_end:
-                    parts.append(self._data.read(run_start, run_end - run_start))
-                    run_start = p
-                run_end = p + s
-            parts.append(self._data.read(run_start, run_end - run_start))
+            sizes_arr = units["size"].astype(np.int64)
+            count = int(np.searchsorted(np.cumsum(sizes_arr), max_bytes, side="right"))
+            count = max(1, min(count, n))
+            positions = units["pos"][:count].tolist()
+            sizes = sizes_arr[:count].tolist()
+            read = self._data.read
+            parts = [
+                read(positions[a], nbytes)
+                for a, _b, nbytes in _runs(positions, sizes, self._data.segment_size)
+            ]
         return EntryBatch(start, count, parts[0] if len(parts) == 1 else b"".join(parts))
 
-    def _read_units(self, start: int, n: int):
-        from .codec import decode_index
-
+    def _read_units(self, start: int, n: int) -> np.ndarray:
         chunks = []
         pos = start * INDEX_UNIT
         remaining = n * INDEX_UNIT
@@ -161,49 +240,77 @@ class LogStore:
 
     def first_index_of_term(self, term: int) -> int:
         """The first stored index whose entry has ``term``, or -1 (terms never decrease)."""
+        term = _as_int(term, "term")
         with self._lock:
             lo, hi = self.ledger_begin_index, self.ledger_end_index
             if lo > hi:
                 return -1
             while lo < hi:
                 mid = (lo + hi) // 2
-                if self.get_term(mid) < term:
+                if self._unit(mid)[4] < term:
                     lo = mid + 1
                 else:
                     hi = mid
-            return lo if self.get_term(lo) == term else -1
+            return lo if self._unit(lo)[4] == term else -1
 
     # -- writes -----------------------------------------------------------------------
-    def _check_bodies(self, bodies) -> None:
-        if isinstance(bodies, _BYTES_TYPES) or not isinstance(bodies, (list, tuple)):
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise _err(ResponseCode.DISK_ERROR, "the store is closed")
+        if self._failed is not None:
             raise _err(
-                ResponseCode.UNEXPECTED_ARGUMENT,
-                f"bodies must be a list of bytes, not {type(bodies).__name__}",
+                self._failed.code, f"the store stopped after a disk failure: {self._failed.message}"
             )
-        if not bodies:
-            raise _err(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "the batch has no entries")
-        limit = self.config.max_entry_size
-        for i, body in enumerate(bodies):
-            if not isinstance(body, _BYTES_TYPES):
+
+    def _check_bodies(self, bodies) -> tuple[list, list[int]]:
+        """The bodies as a list and their entry sizes; raises on anything not a list of bytes."""
+        if type(bodies) is not list and type(bodies) is not tuple:
+            if type(bodies) in _BYTES_TYPES or not isinstance(bodies, (list, tuple)):
                 raise _err(
                     ResponseCode.UNEXPECTED_ARGUMENT,
-                    f"body {i} must be bytes, not {type(body).__name__}",
+                    f"bodies must be a list of bytes, not {type(bodies).__name__}",
                 )
-            if len(body) > limit:
-                raise _err(
-                    ResponseCode.ENTRY_TOO_LARGE,
-                    f"body {i} has {len(body)} bytes, more than max_entry_size {limit}",
-                )
+        if not bodies:
+            raise _err(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "the batch has no entries")
+        types = set(map(type, bodies))
+        if not types <= _BYTES_TYPES:
+            for i, body in enumerate(bodies):
+                if type(body) not in _BYTES_TYPES:
+                    raise _err(
+                        ResponseCode.UNEXPECTED_ARGUMENT,
+                        f"body {i} must be bytes, not {type(body).__name__}",
+                    )
+        bodies = list(bodies)
+        if memoryview in types:  # count bytes, not items, of any memoryview
+            bodies = [bytes(b) if type(b) is memoryview else b for b in bodies]
+        lens = list(map(len, bodies))
+        limit = self.config.max_entry_size
+        if max(lens) > limit:
+            i = next(k for k, n in enumerate(lens) if n > limit)
+            raise _err(
+                ResponseCode.ENTRY_TOO_LARGE,
+                f"body {i} has {lens[i]} bytes, more than max_entry_size {limit}",
+            )
+        return bodies, [HEADER_SIZE + n for n in lens]
 
     def check_disk(self) -> None:
         """Raise DISK_FULL when appends must be refused (file store only)."""
 
     def append_as_leader(self, bodies: Sequence[bytes], term: int, channel: int = 0) -> Appended:
-        """Append a batch at ``ledger_end_index + 1`` with ``term`` (DLedger appendAsLeader)."""
-        self._check_bodies(bodies)
+        """Append a batch at ``ledger_end_index + 1`` with ``term`` (DLedger appendAsLeader).
+
+        Append hooks run on each body (with its index and position) before the
+        CRCs are computed, so what they stamp is what is stored and replicated.
+        """
+        bodies, sizes = self._check_bodies(bodies)
         if type(term) is not int or term < 0:
-            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"term must be a non-negative int, got {term!r}")
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"term must be a non-negative int, got {term!r}"
+            )
+        if type(channel) is not int or not -(2**31) <= channel < 2**31:
+            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"channel must be an int32, got {channel!r}")
         with self._lock:
+            self._check_writable()
             if term < self.ledger_end_term:
                 raise _err(
                     ResponseCode.EXPIRED_TERM,
@@ -211,7 +318,6 @@ class LogStore:
                 )
             self.check_disk()
             first = self.ledger_end_index + 1
-            sizes = [HEADER_SIZE + len(b) for b in bodies]
             positions = self._data.positions_for(sizes)
             if self._hooks:
                 bodies = [bytearray(b) for b in bodies]
@@ -219,8 +325,12 @@ class LogStore:
                     for hook in self._hooks:
                         hook(first + k, positions[k], body)
                         if len(body) != sizes[k] - HEADER_SIZE:
-                            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, "an append hook changed a body's length")
-            data, chain = encode_entries(bodies, first, term, positions, self._chain or 0, channel)
+                            raise _err(
+                                ResponseCode.UNEXPECTED_ARGUMENT,
+                                "an append hook changed a body's length",
+                            )
+            prev = 0 if self._chain is None else self._chain
+            data, chain = encode_entries(bodies, first, term, positions, prev, channel)
             self._write(first, data, positions, sizes, [term] * len(sizes))
             self._chain = chain
             self.ledger_end_term = term
@@ -228,31 +338,53 @@ class LogStore:
         return Appended(first, term, positions)
 
     def append_as_follower(self, batch: EntryBatch) -> None:
-        """Store the leader's entries exactly where the leader has them (DLedger appendAsFollower)."""
-        from .codec import ENTRY_MAGIC, _signed, chain_crc, crc32
+        """Store the leader's entries exactly where the leader has them (DLedger appendAsFollower).
 
+        Every entry is checked (header, index, term order, body CRC, chain CRC
+        against this log, position) before anything is written.
+        """
+        if not isinstance(batch, EntryBatch):
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"append_as_follower takes an EntryBatch, not {type(batch).__name__}",
+            )
+        first_index = _as_int(batch.first_index, "batch.first_index")
+        count = _as_int(batch.count, "batch.count")
+        data = batch.data
+        if type(data) not in _BYTES_TYPES:
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"batch data must be bytes, not {type(data).__name__}",
+            )
         with self._lock:
-            if batch.first_index != self.ledger_end_index + 1:
+            self._check_writable()
+            if first_index != self.ledger_end_index + 1:
                 raise _err(
                     ResponseCode.INCONSISTENT_STATE,
-                    f"batch starts at {batch.first_index}, the log ends at {self.ledger_end_index}",
+                    f"batch starts at {first_index}, the log ends at {self.ledger_end_index}",
                 )
-            if batch.count <= 0:
+            if count <= 0 or not len(data):
                 raise _err(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "the batch has no entries")
-            data = batch.data
-            view = memoryview(data)
-            n = len(data)
+            view = memoryview(data).cast("B")
+            n = len(view)
             off = 0
-            index = batch.first_index
+            index = first_index
             term_floor = self.ledger_end_term
             chain = self._chain
             positions, sizes, terms = [], [], []
             limit = self.config.max_entry_size + HEADER_SIZE
+            unpack = HEADER.unpack_from
             while off < n:
                 if off + HEADER_SIZE > n:
                     raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} is cut short")
-                magic, size, eidx, term, pos, _ch, echain, bcrc, body_size = HEADER.unpack_from(data, off)
-                if magic != ENTRY_MAGIC or size != HEADER_SIZE + body_size or size > limit or off + size > n:
+                magic, size, eidx, term, pos, _ch, echain, bcrc, body_size = unpack(view, off)
+                if (
+                    magic != ENTRY_MAGIC
+                    or body_size < 0
+                    or size != HEADER_SIZE + body_size
+                    or size > limit
+                    or off + size > n
+                ):
                     raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} has a bad header")
                 if eidx != index or term < term_floor:
                     raise _err(
@@ -274,38 +406,36 @@ class LogStore:
                 term_floor = term
                 off += size
                 index += 1
-            if index - batch.first_index != batch.count:
-                raise _err(ResponseCode.UNEXPECTED_ARGUMENT, "batch count does not match its data")
+            if index - first_index != count:
+                raise _err(
+                    ResponseCode.UNEXPECTED_ARGUMENT,
+                    f"batch count {count} does not match its data ({index - first_index} entries)",
+                )
             expected = self._data.positions_for(sizes)
             if expected != positions:
+                k = next(i for i, (a, b) in enumerate(zip(expected, positions)) if a != b)
                 raise _err(
                     ResponseCode.INCONSISTENT_STATE,
-                    f"entry {batch.first_index} is at {positions[0]} on the leader, "
-                    f"would be at {expected[0]} here (segment sizes differ?)",
+                    f"entry {first_index + k} is at {positions[k]} on the leader, "
+                    f"would be at {expected[k]} here (segment sizes differ?)",
                 )
             self.check_disk()
-            self._write(batch.first_index, data, positions, sizes, terms)
+            self._write(first_index, view, positions, sizes, terms)
             self._chain = chain
             self.ledger_end_term = term_floor
         self.after_append()
 
-    def _write(self, first: int, data, positions: list[int], sizes: list[int], terms: list[int]) -> None:
+    def _write(
+        self, first: int, data, positions: list[int], sizes: list[int], terms: list[int]
+    ) -> None:
         """Write encoded entries and their index units; on failure undo both."""
         old_pos = self._data.write_pos
-        n = len(sizes)
         try:
-            run_start = 0
             view = memoryview(data)
             off = 0
-            run_off = 0
-            expect = positions[0]
-            for k in range(n):
-                if positions[k] != expect:
-                    self._data.write_at(positions[run_start], view[run_off:off])
-                    run_start, run_off = k, off
-                expect = positions[k] + sizes[k]
-                off += sizes[k]
-            self._data.write_at(positions[run_start], view[run_off:off])
+            for a, _b, nbytes in _runs(positions, sizes, self._data.segment_size):
+                self._data.write_at(positions[a], view[off : off + nbytes])
+                off += nbytes
             units = encode_index(positions, sizes, first, terms)
             ipos = first * INDEX_UNIT
             iseg = self._index.segment_size
@@ -315,38 +445,63 @@ class LogStore:
                 self._index.write_at(ipos + uoff, units[uoff : uoff + take])
                 uoff += take
         except BaseException:
-            self._data.truncate(old_pos)
-            self._index.truncate(first * INDEX_UNIT)
+            try:
+                self._data.truncate(old_pos)
+                self._index.truncate(first * INDEX_UNIT)
+            except LedgerError as undo:
+                log.error("could not undo a failed write (%s); the store stops taking appends", undo)
+                self._failed = undo
             raise
-        self.ledger_end_index = first + n - 1
+        self.ledger_end_index = first + len(sizes) - 1
+        self._seq += 1
 
     def after_append(self) -> None:
         """Durability hook: the file store waits for its flush here in sync mode."""
 
+    def _start_pos(self) -> int:
+        """Data position where the first entry of the log went (the end of an empty log)."""
+        if self._base[0] == self.ledger_begin_index:
+            return self._base[1]
+        return self._unit(self.ledger_begin_index)[1]
+
     def truncate(self, end_index: int) -> int:
-        """Keep entries up to ``end_index``; never below the committed index. Returns entries dropped."""
+        """Keep entries up to ``end_index``; never below the committed index. Returns entries dropped.
+
+        The data is cut right after entry ``end_index`` (dropping any roll padding
+        after it), so what is appended next lands where the leader has it.
+        """
+        end_index = _as_int(end_index, "end_index")
         with self._lock:
+            self._check_writable()
             if end_index < self.committed_index:
                 raise _err(
                     ResponseCode.INCONSISTENT_STATE,
-                    f"refusing to truncate to {end_index}: entries up to {self.committed_index} are committed",
+                    f"refusing to truncate to {end_index}: entries up to {self.committed_index} "
+                    f"are committed",
                 )
             if end_index >= self.ledger_end_index:
                 return 0
             if end_index < self.ledger_begin_index - 1:
-                raise _err(ResponseCode.INDEX_OUT_OF_BOUNDS, f"index {end_index} is below the log's begin")
+                raise _err(
+                    ResponseCode.INDEX_OUT_OF_BOUNDS,
+                    f"index {end_index} is below the log's begin {self.ledger_begin_index}",
+                )
             dropped = self.ledger_end_index - end_index
-            cut = self.get_pos(end_index + 1)
             if end_index >= self.ledger_begin_index:
                 _m, pos, size, _i, term = self._unit(end_index)
+                cut = pos + size
                 chain = HEADER.unpack_from(self._data.read(pos, HEADER_SIZE))[6]
             else:
-                term, chain = -1, None
+                cut = self._start_pos()
+                term = -1
+                chain = 0 if self.ledger_begin_index == 0 else None
+                self._base = (self.ledger_begin_index, cut)
             self._data.truncate(cut)
             self._index.truncate((end_index + 1) * INDEX_UNIT)
             self.ledger_end_index = end_index
             self.ledger_end_term = term
             self._chain = chain
+            self._seq += 1
             self.after_truncate()
             log.info("store truncated to %d (%d entries dropped)", end_index, dropped)
             return dropped
@@ -357,26 +512,37 @@ class LogStore:
         Used when a follower's log does not overlap the leader's at all; refused
         when it would drop entries that are committed and not below ``begin_index``.
         """
+        begin_index, begin_pos = _as_int(begin_index, "begin_index"), _as_int(begin_pos, "begin_pos")
+        if begin_index < 0 or begin_pos < 0:
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"cannot reset to a negative index/position ({begin_index}, {begin_pos})",
+            )
         with self._lock:
+            self._check_writable()
             if begin_index <= self.committed_index:
                 raise _err(
                     ResponseCode.INCONSISTENT_STATE,
-                    f"refusing to reset to {begin_index}: entries up to {self.committed_index} are committed",
+                    f"refusing to reset to {begin_index}: entries up to {self.committed_index} "
+                    f"are committed",
                 )
             self._data.reset(begin_pos)
             self._index.reset(begin_index * INDEX_UNIT)
             self.ledger_begin_index = begin_index
             self.ledger_end_index = begin_index - 1
             self.ledger_end_term = -1
-            self._chain = None
-            self.after_truncate(base=(begin_index, begin_pos))
+            self._chain = 0 if begin_index == 0 else None
+            self._base = (begin_index, begin_pos)
+            self._seq += 1
+            self.after_truncate()
             log.info("store reset to begin at %d (pos %d)", begin_index, begin_pos)
 
-    def after_truncate(self, base: tuple[int, int] | None = None) -> None:
-        """Durability hook: the file store checkpoints the new end here."""
+    def after_truncate(self) -> None:
+        """Durability hook: the file store syncs and checkpoints the new end here."""
 
     def update_committed_index(self, index: int) -> int:
         """Advance the committed index (never backwards, never past the end); returns it."""
+        index = _as_int(index, "committed index")
         with self._lock:
             index = min(index, self.ledger_end_index)
             if index > self.committed_index:
@@ -391,6 +557,7 @@ class LogStore:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._data.close()
             self._index.close()
 

@@ -1,0 +1,50 @@
+"""LedgerConfig: one object composing every layer's settings (DLedger's DLedgerConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from rayledger.election import ElectionConfig
+from rayledger.replication import ReplicationConfig
+from rayledger.storage import LedgerError, ResponseCode, StoreConfig
+
+
+@dataclass
+class LedgerConfig:
+    """Settings of a group; the defaults are DLedger's.
+
+    ``store``, ``election`` and ``replication`` belong to their layers; the rest
+    is how the Ray actors drive them.  ``store.data_dir`` is filled in per member
+    by :class:`~rayledger.actors.LedgerGroup` from its ``store_dir``.
+    """
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    election: ElectionConfig = field(default_factory=ElectionConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    maintain_interval_ms: int = 10  # DLedger's maintainState period
+    rpc_timeout_ms: int = 3000  # one vote / heartbeat / push call
+    dispatcher_cache_bytes: int = 64 * 1024 * 1024  # recent batches a dispatcher keeps refs to
+    max_restarts: int = -1  # for file-backed members: Ray restarts a dead member this often (-1: always)
+
+    def __post_init__(self) -> None:
+        if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT, "maintain_interval_ms and rpc_timeout_ms must be positive"
+            )
+
+    @classmethod
+    def fast(cls, **overrides) -> LedgerConfig:
+        """Short timers for tests and demos: heartbeat 100 ms, leak 3, votes 50-150 ms."""
+        election = ElectionConfig(
+            heartbeat_interval_ms=100,
+            max_heartbeat_leak=3,
+            min_vote_interval_ms=50,
+            max_vote_interval_ms=150,
+            vote_wait_base_ms=100,
+        )
+        base = cls(election=election, rpc_timeout_ms=1000)
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+    def for_member(self, data_dir: str | None) -> LedgerConfig:
+        return dataclasses.replace(self, store=dataclasses.replace(self.store, data_dir=data_dir))

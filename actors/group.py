@@ -1,0 +1,272 @@
+"""LedgerGroup: create, find, watch, fault and stop a group of member actors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import ray
+
+from rayledger.election import Role
+from rayledger.storage import LedgerError, ResponseCode
+
+from .client import LedgerClient
+from .config import LedgerConfig
+from .member import NAMESPACE, MemberActor, actor_name
+from .types import MemberStatus
+
+log = logging.getLogger("rayledger.actors")
+
+
+def _bad(msg: str) -> LedgerError:
+    return LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, msg)
+
+
+def group_members(name: str) -> list[str]:
+    """Member ids of a running group, found by its named actors."""
+    prefix = f"{name}/"
+    found = ray.util.list_named_actors(all_namespaces=True)
+    ids = sorted(
+        a["name"][len(prefix) :]
+        for a in found
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
+    )
+    return ids
+
+
+class LedgerGroup:
+    """A handle on a group of :class:`MemberActor`; cheap to create, any driver can hold one."""
+
+    def __init__(self, name: str, members: Sequence[str], store_dir: str | None, config: LedgerConfig):
+        self.name = name
+        self.members = list(members)
+        self.store_dir = store_dir
+        self.config = config
+        self._handles = {m: ray.get_actor(actor_name(name, m), namespace=NAMESPACE) for m in self.members}
+
+    # -- creating and finding -------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        members: int | Sequence[str] = 3,
+        store_dir: str | os.PathLike | None = None,
+        config: LedgerConfig | None = None,
+        *,
+        spread: bool = True,
+    ) -> LedgerGroup:
+        """Start a group; every argument is checked before any actor starts."""
+        if not isinstance(name, str) or not name or "/" in name:
+            raise _bad(f"group name must be a non-empty string without '/', got {name!r}")
+        if isinstance(members, bool):
+            raise _bad("members must be a count or a list of member ids")
+        if isinstance(members, int):
+            if members < 1:
+                raise _bad(f"a group needs at least 1 member, got {members}")
+            ids = [f"n{i}" for i in range(members)]
+        elif isinstance(members, Iterable) and not isinstance(members, (str, bytes)):
+            ids = list(members)
+            if not ids:
+                raise _bad("a group needs at least 1 member")
+            if any(not isinstance(m, str) or not m or "/" in m for m in ids):
+                raise _bad(f"member ids must be non-empty strings without '/', got {ids!r}")
+            if len(set(ids)) != len(ids):
+                raise _bad(f"duplicate member ids: {ids!r}")
+        else:
+            raise _bad(f"members must be a count or a list of member ids, got {members!r}")
+        config = config or LedgerConfig()
+        if not isinstance(config, LedgerConfig):
+            raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
+        if store_dir is not None:
+            store_dir = str(Path(store_dir).expanduser().resolve())
+            try:
+                Path(store_dir).mkdir(parents=True, exist_ok=True)
+                probe = Path(store_dir) / f".probe-{os.getpid()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as exc:
+                raise LedgerError.of(ResponseCode.DISK_ERROR, f"store_dir {store_dir} is not writable: {exc}") from exc
+        if not ray.is_initialized():
+            ray.init(namespace=NAMESPACE)
+        if group_members(name):
+            raise _bad(f"a group named {name!r} already exists in namespace {NAMESPACE!r}")
+
+        restarts = config.max_restarts if store_dir is not None else 0
+        handles = []
+        for m in ids:
+            data_dir = str(Path(store_dir) / name / m) if store_dir is not None else None
+            opts = dict(
+                name=actor_name(name, m),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                max_restarts=restarts,
+                max_task_retries=0,
+            )
+            if spread and len(ray.nodes()) > 1:
+                opts["scheduling_strategy"] = "SPREAD"
+            handles.append(MemberActor.options(**opts).remote(name, m, ids, config, data_dir))
+        try:
+            ray.get([h.start.remote() for h in handles])
+        except Exception:
+            for h in handles:
+                ray.kill(h, no_restart=True)
+            raise
+        log.info("group %s started with members %s", name, ids)
+        return cls(name, ids, store_dir, config)
+
+    @classmethod
+    def get(cls, name: str) -> LedgerGroup:
+        """Attach to a running group by name (from any driver or Ray job)."""
+        if not ray.is_initialized():
+            ray.init(address="auto", namespace=NAMESPACE)
+        ids = group_members(name)
+        if not ids:
+            raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no group named {name!r} is running")
+        info = None
+        for m in ids:
+            try:
+                info = ray.get(ray.get_actor(actor_name(name, m), namespace=NAMESPACE).info.remote(), timeout=10)
+                break
+            except Exception:
+                continue
+        if info is None:
+            raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no member of group {name!r} answers")
+        data_dir = info["config"].store.data_dir
+        store_dir = str(Path(data_dir).parent.parent) if data_dir else None
+        return cls(name, info["peers"], store_dir, info["config"])
+
+    def client(self, timeout_s: float = 30.0) -> LedgerClient:
+        return LedgerClient(self.name, self.members, timeout_s=timeout_s)
+
+    def handle(self, member: str):
+        if member not in self._handles:
+            raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.name!r}")
+        return self._handles[member]
+
+    # -- watching ---------------------------------------------------------------------------
+    def status(self, timeout_s: float = 2.0) -> dict[str, MemberStatus]:
+        refs = {m: h.status.remote() for m, h in self._handles.items()}
+        out = {}
+        for m, ref in refs.items():
+            try:
+                out[m] = ray.get(ref, timeout=timeout_s)
+            except Exception:
+                out[m] = MemberStatus(None, -1, None, -1, -1, -1, alive=False)
+        return out
+
+    def leader_id(self) -> str | None:
+        """The member that leads now, as a majority of live members see it."""
+        st = self.status()
+        leaders = [(s.term, m) for m, s in st.items() if s.alive and s.role == Role.LEADER]
+        if not leaders:
+            return None
+        term, m = max(leaders)
+        agree = sum(1 for s in st.values() if s.alive and s.term == term and s.leader_id == m)
+        return m if agree >= len(self.members) // 2 + 1 else None
+
+    def wait_for_leader(self, timeout_s: float = 30.0, exclude: str | None = None) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.leader_id()
+            if leader is not None and leader != exclude:
+                return leader
+            time.sleep(0.05)
+        raise LedgerError.of(ResponseCode.TIMEOUT, f"no leader in group {self.name!r} after {timeout_s}s: {self.status()}")
+
+    # -- operations ---------------------------------------------------------------------------
+    def transfer_leadership(self, target: str, timeout_s: float = 15.0) -> str:
+        self.handle(target)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.wait_for_leader(max(0.1, deadline - time.monotonic()))
+            if leader == target:
+                return target
+            try:
+                ray.get(self._handles[leader].transfer_leadership.remote(target), timeout=5)
+            except LedgerError as exc:
+                log.info("transfer to %s: %s", target, exc)
+            end = time.monotonic() + 3
+            while time.monotonic() < min(end, deadline):
+                if self.leader_id() == target:
+                    return target
+                time.sleep(0.05)
+        raise LedgerError.of(ResponseCode.TIMEOUT, f"leadership did not move to {target} within {timeout_s}s")
+
+    def kill(self, member: str) -> None:
+        """Kill the member's process hard (SIGKILL); Ray restarts a file-backed member."""
+        h = self.handle(member)
+        try:
+            info = ray.get(h.info.remote(), timeout=5)
+        except Exception:
+            info = None
+        here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        if info and info["node_id"] == here and socket.gethostname():
+            try:
+                os.kill(info["pid"], signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                return
+        ray.kill(h, no_restart=False)
+
+    def partition(self, *sides: Iterable[str], one_way: bool = False, drop: float = 0.0, delay_ms: float = 0.0) -> None:
+        """Cut every link between members on different sides.
+
+        With ``one_way`` only messages from the first side to the others are cut.
+        Members in no side keep all their links.  ``drop``/``delay_ms`` add loss and
+        latency on the links that stay up.
+        """
+        sides = [set(s) for s in sides]
+        for s in sides:
+            for m in s:
+                self.handle(m)
+        cut: dict[str, set[str]] = {m: set() for m in self.members}
+        for i, a in enumerate(sides):
+            for j, b in enumerate(sides):
+                if i == j or (one_way and i != 0):
+                    continue
+                for x in a:
+                    cut[x] |= b
+        self._set_faults(cut, drop, delay_ms)
+
+    def set_link_faults(self, drop: float = 0.0, delay_ms: float = 0.0) -> None:
+        self._set_faults({m: set() for m in self.members}, drop, delay_ms)
+
+    def heal(self) -> None:
+        self._set_faults({m: set() for m in self.members}, 0.0, 0.0)
+
+    def _set_faults(self, cut: dict[str, set[str]], drop: float, delay_ms: float) -> None:
+        refs = []
+        for m, h in self._handles.items():
+            others = [p for p in self.members if p != m]
+            refs.append(
+                h.set_faults.remote(
+                    sorted(cut[m]),
+                    {p: drop for p in others} if drop else {},
+                    {p: delay_ms for p in others} if delay_ms else {},
+                )
+            )
+        for r in refs:
+            try:
+                ray.get(r, timeout=10)
+            except Exception as exc:
+                log.warning("could not set faults on a member: %s", exc)
+
+    def shutdown(self, delete_data: bool = False) -> None:
+        for h in self._handles.values():
+            try:
+                ray.get(h.close.remote(), timeout=5)
+            except Exception:
+                pass
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+        if delete_data and self.store_dir:
+            shutil.rmtree(Path(self.store_dir) / self.name, ignore_errors=True)
+        log.info("group %s shut down", self.name)

@@ -1,0 +1,27 @@
+"""What the public API returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayledger.election import Role
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where a committed append landed."""
+
+    index: int
+    term: int
+    pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    role: Role | None
+    term: int
+    leader_id: str | None
+    ledger_begin_index: int
+    ledger_end_index: int
+    committed_index: int
+    alive: bool

@@ -1,0 +1,249 @@
+"""A member's view of its group (DLedger's ``MemberState``) and its durable term/vote.
+
+The current term and the vote of that term are Raft's persistent state: they are
+written (atomically, together) before a vote is answered and before a new term
+is used, and read back on start, so a member never votes twice in one term even
+across restarts.  Everything else here is volatile and rebuilt after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from rayledger.storage.errors import LedgerError, ResponseCode
+from rayledger.storage.metafile import atomic_write_json, read_json
+
+from .messages import Role
+
+log = logging.getLogger("rayledger.election")
+
+TERM_FILE = "currterm.json"
+
+
+@runtime_checkable
+class TermStore(Protocol):
+    """Durable home of (current term, vote of that term)."""
+
+    def load(self) -> tuple[int, str | None]:
+        """The last saved (term, vote_for); (0, None) when nothing was saved."""
+        ...
+
+    def save(self, term: int, vote_for: str | None) -> None:
+        """Persist both values atomically; must not return before they are durable."""
+        ...
+
+
+class FileTermStore:
+    """``<data_dir>/currterm.json`` written with temp file + fsync + rename."""
+
+    def __init__(self, data_dir: str | os.PathLike) -> None:
+        self.path = Path(data_dir) / TERM_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> tuple[int, str | None]:
+        data = read_json(self.path)
+        if data is None:
+            return 0, None
+        try:
+            term = int(data["currTerm"])
+            vote = data.get("voteFor") or None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LedgerError.of(
+                ResponseCode.CORRUPT_LOG, f"bad term file {self.path}: {data!r}"
+            ) from exc
+        if term < 0 or (vote is not None and not isinstance(vote, str)):
+            raise LedgerError.of(ResponseCode.CORRUPT_LOG, f"bad term file {self.path}: {data!r}")
+        return term, vote
+
+    def save(self, term: int, vote_for: str | None) -> None:
+        atomic_write_json(self.path, {"currTerm": term, "voteFor": vote_for})
+
+    def __repr__(self) -> str:
+        return f"FileTermStore({str(self.path.parent)!r})"
+
+
+class MemoryTermStore:
+    """In-memory store; a simulation keeps the object to model what survives a crash."""
+
+    def __init__(self, term: int = 0, vote_for: str | None = None) -> None:
+        self.term = term
+        self.vote_for = vote_for
+        self.saves = 0
+
+    def load(self) -> tuple[int, str | None]:
+        return self.term, self.vote_for
+
+    def save(self, term: int, vote_for: str | None) -> None:
+        self.term = term
+        self.vote_for = vote_for
+        self.saves += 1
+
+    def __repr__(self) -> str:
+        return f"MemoryTermStore(term={self.term}, vote_for={self.vote_for!r})"
+
+
+def _bad(message: str) -> LedgerError:
+    return LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, message)
+
+
+class MemberState:
+    """Group membership, role, term, vote, leader, ledger end and transfer state.
+
+    ``peers`` lists every member id of the group, this member included, so
+    ``is_quorum(n)`` is ``n >= len(peers) // 2 + 1``.  Without a ``term_store``
+    the term is kept in ``<data_dir>/currterm.json``, or only in memory when
+    ``data_dir`` is None.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        self_id: str,
+        peers: Sequence[str],
+        term_store: TermStore | None = None,
+        *,
+        data_dir: str | os.PathLike | None = None,
+    ) -> None:
+        if not group:
+            raise _bad("group must be a non-empty string")
+        peers = tuple(peers)
+        if not peers or any(not isinstance(p, str) or not p for p in peers):
+            raise _bad(f"peers must be non-empty member ids, got {peers!r}")
+        if len(set(peers)) != len(peers):
+            raise _bad(f"peers has duplicates: {peers!r}")
+        if self_id not in peers:
+            raise _bad(f"self id {self_id!r} is not one of the peers {peers!r}")
+        if term_store is None:
+            term_store = FileTermStore(data_dir) if data_dir is not None else MemoryTermStore()
+        self.group = group
+        self.self_id = self_id
+        self.peers: tuple[str, ...] = peers
+        self._peer_set = frozenset(peers)
+        self.term_store = term_store
+
+        self.role: Role = Role.CANDIDATE
+        self.leader_id: str | None = None
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.known_max_term_in_group = -1
+        self.transferee: str | None = None
+        self.term_to_take_leadership = -1
+
+        term, vote = term_store.load()
+        if vote is not None and vote not in self._peer_set:
+            log.warning("[%s] persisted vote %r is not a peer; keeping it", self_id, vote)
+        self._current_term = term
+        self._vote_for = vote
+        log.info("[%s] loaded persistent state term=%d voteFor=%s", self_id, term, vote)
+
+    # ---------------------------------------------------------------- persistent
+
+    @property
+    def current_term(self) -> int:
+        return self._current_term
+
+    @property
+    def vote_for(self) -> str | None:
+        return self._vote_for
+
+    def set_vote_for(self, candidate: str | None) -> None:
+        """Record the vote of the current term durably (before it is answered)."""
+        self.term_store.save(self._current_term, candidate)
+        self._vote_for = candidate
+
+    def next_term(self) -> int:
+        """Enter the next term (or the largest term seen in the group) with no vote.
+
+        Persisted before it returns, so no request ever carries an unsaved term.
+        """
+        if self.role is not Role.CANDIDATE:
+            raise LedgerError.of(
+                ResponseCode.ILLEGAL_MEMBER_STATE, f"{self.self_id}: {self.role} != CANDIDATE"
+            )
+        if self.known_max_term_in_group > self._current_term:
+            term = self.known_max_term_in_group
+        else:
+            term = self._current_term + 1
+        self.term_store.save(term, None)
+        self._current_term = term
+        self._vote_for = None
+        return term
+
+    # ------------------------------------------------------------------- roles
+
+    def change_to_leader(self, term: int) -> None:
+        self._check_term(term)
+        self.role = Role.LEADER
+        self.leader_id = self.self_id
+
+    def change_to_follower(self, term: int, leader_id: str) -> None:
+        self._check_term(term)
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+        self.transferee = None
+
+    def change_to_candidate(self, term: int) -> None:
+        """Step down; ``term`` may exceed the current term, it is only *known* here
+        and becomes current at the candidate's next :meth:`next_term`."""
+        if term < self._current_term:
+            raise LedgerError.of(
+                ResponseCode.ILLEGAL_MEMBER_STATE,
+                f"{self.self_id}: candidate term {term} < current {self._current_term}",
+            )
+        if term > self.known_max_term_in_group:
+            self.known_max_term_in_group = term
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self.transferee = None
+
+    def _check_term(self, term: int) -> None:
+        if term != self._current_term:
+            raise LedgerError.of(
+                ResponseCode.ILLEGAL_MEMBER_STATE,
+                f"{self.self_id}: term {term} != current {self._current_term}",
+            )
+
+    def set_transferee(self, transferee: str | None) -> None:
+        if transferee is not None and self.role is not Role.LEADER:
+            raise LedgerError.of(ResponseCode.ILLEGAL_MEMBER_STATE, f"{self.self_id} is not leader")
+        self.transferee = transferee
+
+    # ---------------------------------------------------------------- queries
+
+    def update_ledger(self, end_index: int, end_term: int) -> None:
+        """Called by the shell after every store append or truncate."""
+        self.ledger_end_index = end_index
+        self.ledger_end_term = end_term
+
+    @property
+    def peer_size(self) -> int:
+        return len(self.peers)
+
+    def is_quorum(self, num: int) -> bool:
+        return num >= len(self.peers) // 2 + 1
+
+    def is_peer_member(self, member_id: str | None) -> bool:
+        return member_id is not None and member_id in self._peer_set
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    @property
+    def is_follower(self) -> bool:
+        return self.role is Role.FOLLOWER
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.role is Role.CANDIDATE
+
+    def __repr__(self) -> str:
+        return (
+            f"MemberState({self.group}/{self.self_id} {self.role.value} term={self._current_term} "
+            f"voteFor={self._vote_for} leader={self.leader_id} "
+            f"ledger=({self.ledger_end_index},{self.ledger_end_term}))"
+        )

@@ -1,0 +1,464 @@
+"""EntryDispatcher: the leader's push state machine for one follower (sans-I/O).
+
+DLedger runs one ``EntryDispatcher`` thread per follower; here the same logic is
+a plain object the shell drives: it calls :meth:`EntryDispatcher.next_requests`
+whenever something may have changed (a tick, an append, an answer) and sends
+what comes back, then feeds every answer (or ``None`` for a failed call) to
+:meth:`EntryDispatcher.on_response`.
+
+States, as in DLedger (seed 004):
+
+* COMPARE -- find where the follower's log stops matching the leader's, walking
+  ``compare_index`` down from the leader's end (one COMPARE in flight).
+* TRUNCATE -- cut the follower's log at the matching index (or reset it to the
+  leader's begin when the logs do not overlap), then APPEND.
+* APPEND -- push batches from ``write_index``, many in flight (pipelining),
+  remembering when each was sent; resend the oldest after ``max_push_timeout_ms``;
+  an INCONSISTENT_STATE answer sends the dispatcher back to COMPARE.  When no
+  entries flow a COMMIT push carries the leader's committed index.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import Enum
+from typing import Any, Protocol
+
+from rayledger.storage.errors import LedgerError, ResponseCode
+
+from .config import ReplicationConfig
+from .messages import PushEntryRequest, PushEntryResponse, PushType
+
+log = logging.getLogger("rayledger.replication")
+
+_NEVER = -(1 << 62)
+
+
+class DispatcherState(str, Enum):
+    COMPARE = "COMPARE"
+    TRUNCATE = "TRUNCATE"
+    APPEND = "APPEND"
+
+
+class LeaderLog(Protocol):
+    """What a dispatcher reads from its leader's log; :class:`~rayledger.storage.LogStore` fits."""
+
+    ledger_begin_index: int
+    ledger_end_index: int
+    committed_index: int
+
+    def get_term(self, index: int) -> int: ...
+
+    def get_pos(self, index: int) -> int: ...
+
+    def read_batch(self, start: int, max_bytes: int, max_count: int) -> Any: ...
+
+
+def _batch_bytes(batch: Any) -> int:
+    """Bytes of a batch; a stand-in for an EntryBatch may offer ``nbytes`` instead of ``data``."""
+    n = getattr(batch, "nbytes", None)
+    if n is None:
+        data = getattr(batch, "data", None)
+        n = len(data) if data is not None else 0
+    return n
+
+
+class EntryDispatcher:
+    """Leader side, one per follower: decides what to push to ``peer_id`` and when."""
+
+    def __init__(self, group: str, self_id: str, peer_id: str, config: ReplicationConfig):
+        self.group = group
+        self.self_id = self_id
+        self.peer_id = peer_id
+        self.config = config
+        self.term = -1
+        self.leader_id: str | None = None
+        self.active = False
+        self._state = DispatcherState.COMPARE
+        self._compare_index = -1
+        self._write_index = -1
+        self._water_mark = -1
+        # first index of a push in flight -> [sent at ms, last index, bytes]; in index order
+        self._pending: dict[int, list[int]] = {}
+        self._ctrl: PushEntryRequest | None = None  # the COMPARE/TRUNCATE in flight
+        self._ctrl_sent_ms = _NEVER
+        self._truncate_index = -1
+        self._truncate_reset = False
+        self._backoff_until = _NEVER
+        self._last_push_ms = _NEVER  # DLedger lastPushCommitTimeMs
+        self._commit_sent = -1
+        self._last_leak_check_ms = _NEVER
+        self._quota_window_ms = _NEVER
+        self._quota_bytes = 0
+        self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
+        self.pushes_sent = 0
+        self.resends = 0
+
+    # -- observers ----------------------------------------------------------------------
+    @property
+    def state(self) -> DispatcherState:
+        return self._state
+
+    @property
+    def water_mark(self) -> int:
+        """The follower's highest index known to match the leader's log (-1 when unknown)."""
+        return self._water_mark
+
+    @property
+    def write_index(self) -> int:
+        return self._write_index
+
+    @property
+    def compare_index(self) -> int:
+        return self._compare_index
+
+    @property
+    def pending_pushes(self) -> int:
+        return len(self._pending)
+
+    def __repr__(self) -> str:
+        return (
+            f"EntryDispatcher({self.self_id}->{self.peer_id} term={self.term} {self._state.value} "
+            f"compare={self._compare_index} write={self._write_index} wm={self._water_mark} "
+            f"pending={len(self._pending)})"
+        )
+
+    # -- state ------------------------------------------------------------------------------
+    def check_and_fresh_state(self, term: int, leader_id: str | None, is_leader: bool) -> None:
+        """DLedger checkAndFreshState: a new term or leader starts over with a COMPARE."""
+        if not is_leader or leader_id != self.self_id:
+            self.active = False
+            return
+        self.active = True
+        if term != self.term or leader_id != self.leader_id:
+            log.info(
+                "[%s] push to %s: term %d -> %d, start with COMPARE", self.self_id, self.peer_id, self.term, term
+            )
+            self.term = term
+            self.leader_id = leader_id
+            self._water_mark = -1
+            self._write_index = -1
+            self._commit_sent = -1
+            self._last_push_ms = _NEVER
+            self._backoff_until = _NEVER
+            self._quota_window_ms = _NEVER
+            self._quota_bytes = 0
+            self._change_state(DispatcherState.COMPARE, -1, force=True)
+
+    def _change_state(self, target: DispatcherState, index: int, force: bool = False) -> None:
+        """DLedger changeState: ``index`` is the follower's matching end when entering APPEND."""
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "[%s] push to %s term=%d: %s -> %s at index %d",
+                self.self_id,
+                self.peer_id,
+                self.term,
+                self._state.value,
+                target.value,
+                index,
+            )
+        if target is DispatcherState.APPEND:
+            self._compare_index = -1
+            if index > self._water_mark:
+                self._water_mark = index
+            self._write_index = index + 1
+            self._pending.clear()
+        elif target is DispatcherState.COMPARE:
+            if force or self._state is DispatcherState.APPEND:
+                self._compare_index = -1
+                self._pending.clear()
+        elif target is DispatcherState.TRUNCATE:
+            self._compare_index = -1
+        self._ctrl = None
+        self._state = target
+
+    # -- what to send -------------------------------------------------------------------
+    def next_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
+        """Everything to send now: pipelined pushes, a resend, a COMPARE/TRUNCATE or a COMMIT."""
+        if not self.active:
+            return []
+        try:
+            if self._state is DispatcherState.APPEND:
+                return self._append_requests(now_ms, log_)
+            return self._control_request(now_ms, log_)
+        except LedgerError as exc:
+            # e.g. the entries to push were cleaned from the leader's log: compare again
+            log.warning(
+                "[%s] push to %s term=%d failed to read index %d: %s; back to COMPARE",
+                self.self_id,
+                self.peer_id,
+                self.term,
+                self._write_index,
+                exc,
+            )
+            self._change_state(DispatcherState.COMPARE, -1, force=True)
+            self._backoff_until = now_ms + self.config.error_backoff_ms
+            return []
+
+    def _base(self, kind: PushType, log_: LeaderLog) -> PushEntryRequest:
+        return PushEntryRequest(
+            group=self.group,
+            leader_id=self.self_id,
+            remote_id=self.peer_id,
+            term=self.term,
+            type=kind,
+            commit_index=log_.committed_index,
+        )
+
+    def _control_request(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
+        if self._ctrl is not None:
+            if now_ms - self._ctrl_sent_ms < self.config.compare_timeout_ms:
+                return []
+            log.warning(
+                "[%s] %s to %s term=%d unanswered after %d ms, sending again",
+                self.self_id,
+                self._ctrl.type.value,
+                self.peer_id,
+                self.term,
+                now_ms - self._ctrl_sent_ms,
+            )
+            self._ctrl = None
+        if now_ms < self._backoff_until:
+            return []
+        begin, end = log_.ledger_begin_index, log_.ledger_end_index
+        self._leader_begin = begin
+        if self._state is DispatcherState.TRUNCATE:
+            index = self._truncate_index
+            req = self._base(PushType.TRUNCATE, log_)
+            req.first_index = index
+            req.reset = self._truncate_reset
+            req.entry_term = log_.get_term(index)
+            req.entry_pos = log_.get_pos(index)
+        else:
+            if end < begin:
+                return []  # nothing to compare yet (DLedger: compareIndex == -1 && end == -1)
+            if self._compare_index == -1 or not begin <= self._compare_index <= end:
+                self._compare_index = end
+            index = self._compare_index
+            req = self._base(PushType.COMPARE, log_)
+            req.first_index = index
+            req.entry_term = log_.get_term(index)
+            req.entry_pos = log_.get_pos(index)
+        self._ctrl = req
+        self._ctrl_sent_ms = now_ms
+        self._last_push_ms = now_ms
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("[%s] send %s", self.self_id, req.describe())
+        return [req]
+
+    def _append_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
+        cfg = self.config
+        out: list[PushEntryRequest] = []
+        pending = self._pending
+        if pending:
+            # DLedger doCheckAppendResponse: the oldest push unanswered too long goes again
+            first = next(iter(pending))
+            slot = pending[first]
+            if now_ms - slot[0] > cfg.max_push_timeout_ms:
+                if slot[1] <= self._water_mark:
+                    del pending[first]
+                else:
+                    batch = log_.read_batch(first, 1 << 62, slot[1] - first + 1)
+                    out.append(self._append_request(batch, slot[2], log_))
+                    slot[0] = now_ms
+                    self.resends += 1
+                    log.warning(
+                        "[%s] push to %s term=%d: resend entries %d..%d after %d ms (water mark %d)",
+                        self.self_id,
+                        self.peer_id,
+                        self.term,
+                        first,
+                        slot[1],
+                        cfg.max_push_timeout_ms,
+                        self._water_mark,
+                    )
+            if (
+                len(pending) >= cfg.max_pending_pushes
+                or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
+            ):
+                wm = self._water_mark
+                for k in [k for k, v in pending.items() if v[1] <= wm]:
+                    del pending[k]
+                self._last_leak_check_ms = now_ms
+        end = log_.ledger_end_index
+        while self._write_index <= end and len(pending) < cfg.max_pending_pushes:
+            if not self._quota_allows(now_ms, end, log_):
+                break
+            start = self._write_index
+            batch = log_.read_batch(start, cfg.max_batch_push_bytes, cfg.max_batch_push_count)
+            last = start + batch.count - 1
+            nbytes = _batch_bytes(batch)
+            out.append(self._append_request(batch, nbytes, log_))
+            pending[start] = [now_ms, last, nbytes]
+            self._write_index = last + 1
+            self._quota_bytes += nbytes
+        if out:
+            self._last_push_ms = now_ms
+            self._commit_sent = log_.committed_index
+            self.pushes_sent += len(out)
+        elif self._write_index > end and (
+            log_.committed_index > self._commit_sent
+            or now_ms - self._last_push_ms >= cfg.commit_push_interval_ms
+        ):
+            req = self._base(PushType.COMMIT, log_)
+            out.append(req)
+            self._last_push_ms = now_ms
+            self._commit_sent = req.commit_index
+        return out
+
+    def _append_request(self, batch: Any, nbytes: int, log_: LeaderLog) -> PushEntryRequest:
+        req = PushEntryRequest(
+            group=self.group,
+            leader_id=self.self_id,
+            remote_id=self.peer_id,
+            term=self.term,
+            type=PushType.APPEND,
+            first_index=batch.first_index,
+            count=batch.count,
+            batch=batch,
+            commit_index=log_.committed_index,
+            batch_bytes=nbytes,
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("[%s] send %s", self.self_id, req.describe())
+        return req
+
+    def _quota_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
+        """DLedger checkQuotaAndWait: a follower lagging more than the throttle point
+        gets at most ``peer_push_quota`` bytes per second, so it cannot starve the others."""
+        cfg = self.config
+        if self._quota_bytes < cfg.peer_push_quota and now_ms - self._quota_window_ms < 1000:
+            return True  # within this second's budget: no need to measure the lag
+        if now_ms - self._quota_window_ms >= 1000:
+            self._quota_window_ms = now_ms
+            self._quota_bytes = 0
+            return True
+        lag = log_.get_pos(end) - log_.get_pos(self._write_index)
+        if lag <= cfg.peer_push_throttle_point:
+            return True
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "[%s] push to %s term=%d: quota exhausted at index %d (lag %d bytes)",
+                self.self_id,
+                self.peer_id,
+                self.term,
+                self._write_index,
+                lag,
+            )
+        return False
+
+    # -- answers --------------------------------------------------------------------------
+    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+        """Feed the follower's answer to ``req`` (``None``: the call failed or timed out)."""
+        if not self.active or req.term != self.term:
+            return
+        if req.type is PushType.APPEND:
+            self._on_append_response(req, resp)
+        elif req.type is PushType.COMPARE or req.type is PushType.TRUNCATE:
+            ctrl = self._ctrl
+            if ctrl is None or ctrl.type is not req.type or ctrl.first_index != req.first_index:
+                return  # an answer to a COMPARE/TRUNCATE we no longer wait for
+            self._ctrl = None
+            if req.type is PushType.COMPARE:
+                self._on_compare_response(req, resp, now_ms)
+            else:
+                self._on_truncate_response(req, resp, now_ms)
+        # COMMIT answers are ignored, as in DLedger
+
+    def _on_append_response(self, req: PushEntryRequest, resp: PushEntryResponse | None) -> None:
+        if resp is None:
+            return  # resent after max_push_timeout_ms
+        code = resp.code
+        if code == ResponseCode.SUCCESS:
+            slot = self._pending.get(req.first_index)
+            if slot is not None and slot[1] == req.last_index:
+                del self._pending[req.first_index]
+            index = min(resp.index, req.last_index)
+            if index > self._water_mark:
+                self._water_mark = index
+        elif code == ResponseCode.INCONSISTENT_STATE:
+            if self._state is DispatcherState.APPEND and req.first_index in self._pending:
+                log.info(
+                    "[%s] push to %s term=%d: INCONSISTENT_STATE for %d..%d (follower end %d), back to COMPARE",
+                    self.self_id,
+                    self.peer_id,
+                    self.term,
+                    req.first_index,
+                    req.last_index,
+                    resp.end_index,
+                )
+                self._change_state(DispatcherState.COMPARE, -1)
+        elif code != ResponseCode.REPEATED_PUSH:
+            log.warning(
+                "[%s] push to %s term=%d: %s for entries %d..%d",
+                self.self_id,
+                self.peer_id,
+                self.term,
+                ResponseCode(code).name,
+                req.first_index,
+                req.last_index,
+            )
+
+    def _on_compare_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+        if resp is None or resp.code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
+            self._backoff(req, resp, now_ms)
+            return
+        compare_index = req.first_index
+        self._compare_index = compare_index
+        begin = self._leader_begin
+        truncate_index = -1
+        reset = False
+        if resp.code == ResponseCode.SUCCESS:
+            if compare_index == resp.end_index:
+                self._change_state(DispatcherState.APPEND, compare_index)
+                return
+            truncate_index = compare_index  # the follower has more: cut after the match
+        elif resp.end_index < begin:
+            truncate_index, reset = begin, True  # follower entirely below our log
+        elif compare_index < resp.begin_index:
+            truncate_index, reset = begin, True  # follower's log starts above what we compare
+        elif compare_index > resp.end_index:
+            self._compare_index = resp.end_index  # jump to the follower's end
+        else:
+            self._compare_index = compare_index - 1  # step back
+        if truncate_index == -1 and self._compare_index < begin:
+            truncate_index, reset = begin, True
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "[%s] COMPARE %d with %s term=%d: %s (follower %d..%d) -> %s",
+                self.self_id,
+                compare_index,
+                self.peer_id,
+                self.term,
+                ResponseCode(resp.code).name,
+                resp.begin_index,
+                resp.end_index,
+                f"TRUNCATE at {truncate_index}{' (reset)' if reset else ''}"
+                if truncate_index != -1
+                else f"compare {self._compare_index}",
+            )
+        if truncate_index != -1:
+            self._change_state(DispatcherState.TRUNCATE, truncate_index)
+            self._truncate_index = truncate_index
+            self._truncate_reset = reset
+
+    def _on_truncate_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+        if resp is None or resp.code != ResponseCode.SUCCESS:
+            self._backoff(req, resp, now_ms)
+            self._change_state(DispatcherState.COMPARE, -1, force=True)
+            return
+        index = min(resp.end_index, req.first_index)
+        self._change_state(DispatcherState.APPEND, index)
+
+    def _backoff(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+        log.warning(
+            "[%s] %s at %d to %s term=%d: %s; retry in %d ms",
+            self.self_id,
+            req.type.value,
+            req.first_index,
+            self.peer_id,
+            self.term,
+            "no answer" if resp is None else ResponseCode(resp.code).name,
+            self.config.error_backoff_ms,
+        )
+        self._backoff_until = now_ms + self.config.error_backoff_ms

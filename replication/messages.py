@@ -1,0 +1,89 @@
+"""Push messages between a leader's dispatcher and a follower's entry handler.
+
+Plain picklable dataclasses (DLedger's ``PushEntryRequest`` / ``PushEntryResponse``)
+so the Ray shell can send them as they are.  An APPEND carries its entries as an
+:class:`~rayledger.storage.EntryBatch` (the encoded data-file bytes), never as
+Python objects per entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from rayledger.storage.errors import ResponseCode
+
+
+class PushType(str, Enum):
+    APPEND = "APPEND"
+    COMMIT = "COMMIT"
+    COMPARE = "COMPARE"
+    TRUNCATE = "TRUNCATE"
+
+
+@dataclass
+class PushEntryRequest:
+    """One push from ``leader_id`` (leading ``term``) to ``remote_id``.
+
+    * APPEND: ``batch`` holds entries ``first_index .. first_index + count - 1``.
+      The Ray shell may swap ``batch`` for a stand-in with the same
+      ``first_index``/``count``/``last_index`` whose bytes live in the object store.
+    * COMPARE: does the follower hold the leader's entry (``entry_term``,
+      ``entry_pos``) at ``first_index``?
+    * TRUNCATE: make the follower's log end at ``first_index`` (where it holds the
+      leader's entry); with ``reset`` the follower's log does not overlap the
+      leader's, and restarts empty at the leader's begin ``first_index`` /
+      ``entry_pos``.
+    * COMMIT: only ``commit_index``.
+
+    Every type carries the leader's ``commit_index``.
+    """
+
+    group: str
+    leader_id: str
+    remote_id: str
+    term: int
+    type: PushType
+    first_index: int = -1
+    count: int = 0
+    batch: Any = None
+    entry_term: int = -1
+    entry_pos: int = -1
+    commit_index: int = -1
+    batch_bytes: int = 0
+    reset: bool = False
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + self.count - 1
+
+    def describe(self) -> str:
+        if self.type is PushType.APPEND:
+            what = f"APPEND[{self.first_index}..{self.last_index}]"
+        elif self.type is PushType.COMMIT:
+            what = "COMMIT"
+        else:
+            what = f"{self.type.value}@{self.first_index}(term {self.entry_term})"
+            if self.reset:
+                what += " reset"
+        return f"{what} {self.leader_id}->{self.remote_id} term={self.term} commit={self.commit_index}"
+
+
+@dataclass
+class PushEntryResponse:
+    """The follower's answer; ``term`` is the follower's current term.
+
+    ``index`` is the last index an APPEND covered, the index a COMPARE/TRUNCATE
+    was about, or the follower's committed index after a COMMIT; ``begin_index``
+    and ``end_index`` describe the follower's log after handling the push.
+    """
+
+    group: str
+    remote_id: str
+    term: int
+    code: ResponseCode
+    index: int = -1
+    begin_index: int = -1
+    end_index: int = -1
+    count: int = 0

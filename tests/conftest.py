@@ -1,0 +1,35 @@
+"""Session-wide fixtures: one local Ray per test session, unique group names."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """Start Ray once for the whole session (about 4 s here) and stop it at the end."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            namespace="rayledger",
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def group_name(request) -> str:
+    """A group name no other test uses."""
+    return f"t-{request.node.name[:30]}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
