@@ -66,10 +66,34 @@ class LedgerClient:
         return h
 
     def _target(self) -> str:
+        """The member believed to lead; asks every member's status when there is no belief.
+
+        Appends go only to a member that says it leads, so a probe never lands an
+        append on a member that is restarting (whose outcome would be unknown).
+        """
         if self._leader is None:
-            self._leader = self.members[self._probe % len(self.members)]
+            self._leader = self._find_leader()
+        if self._leader is None:
             self._probe += 1
+            return self.members[self._probe % len(self.members)]
         return self._leader
+
+    def _find_leader(self) -> str | None:
+        refs = {}
+        for m in self.members:
+            try:
+                refs[m] = self._handle(m).status.remote()
+            except ValueError:
+                continue
+        best = None
+        for m, ref in refs.items():
+            try:
+                s = ray.get(ref, timeout=1.0)
+            except Exception:
+                continue
+            if s.role is not None and s.role.value == "LEADER" and (best is None or s.term > best[0]):
+                best = (s.term, m)
+        return best[1] if best else None
 
     # -- appends ------------------------------------------------------------------------------
     def append(self, body: bytes, timeout_s: float | None = None) -> AppendResult:
@@ -88,7 +112,14 @@ class LedgerClient:
         delay = 0.01
         last: Exception | None = None
         while True:
-            target = self._target()
+            if self._leader is None:
+                self._leader = self._find_leader()
+                if self._leader is None:
+                    if time.monotonic() > deadline:
+                        raise LedgerError.of(ResponseCode.TIMEOUT, f"no leader of {self.group!r} before the deadline: {last}")
+                    time.sleep(0.05)
+                    continue
+            target = self._leader
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LedgerError.of(
@@ -137,6 +168,12 @@ class LedgerClient:
             target = self._target()
             try:
                 return ray.get(getattr(self._handle(target), method).remote(*args), timeout=max(0.1, deadline - time.monotonic()))
+            except NotLeaderError as exc:
+                if exc.leader_id and exc.leader_id != target and tried < 3 * len(self.members):
+                    self._leader = exc.leader_id
+                    tried += 1
+                    continue
+                raise
             except LedgerError:
                 raise
             except (ray.exceptions.RayError, ValueError) as exc:

@@ -20,8 +20,8 @@ from typing import Any
 
 import ray
 
-from rayledger.replication import EntryDispatcher, PushEntryRequest, PushType
-from rayledger.storage import LedgerError, ResponseCode
+from rayledger.replication import EntryDispatcher, PushEntryRequest
+from rayledger.storage import LedgerError
 
 from .config import LedgerConfig
 from .faults import LinkDown, LinkFaults
@@ -44,16 +44,13 @@ class RefBatch:
         return self.first_index + self.count - 1
 
 
-class _Miss(Exception):
-    def __init__(self, kind: str, index: int):
-        self.kind, self.index = kind, index
-
-
 class LeaderView:
     """The part of the leader's log a dispatcher needs, cached from announcements."""
 
-    def __init__(self, cache_bytes: int):
+    def __init__(self, cache_bytes: int, member, max_batch_bytes: int):
         self.cache_bytes = cache_bytes
+        self.member = member
+        self.max_batch_bytes = max_batch_bytes
         self.batches: OrderedDict[int, RefBatch] = OrderedDict()
         self.meta: dict[int, tuple[int, int]] = {}
         self.cached_bytes = 0
@@ -91,24 +88,34 @@ class LeaderView:
         if len(self.meta) > 4096:
             self.meta.clear()
 
-    # LeaderLog protocol
+    # -- filling the view from the member (blocking: only on a cache miss) ------------------
+    def fetch_batch(self, start: int, max_count: int = 1 << 20) -> RefBatch:
+        first, count, refs, info = ray.get(self.member.read_for_push.remote(start, self.max_batch_bytes, max_count))
+        self.update(info)
+        b = RefBatch(first, count, refs[0], 0)
+        self.add(b)
+        return b
+
+    def fetch_meta(self, index: int) -> tuple[int, int]:
+        term, pos, info = ray.get(self.member.entry_meta.remote(index))
+        self.update(info)
+        self.meta[index] = (term, pos)
+        return term, pos
+
+    # -- the LeaderLog protocol the dispatcher core reads -------------------------------------
     def get_term(self, index: int) -> int:
         m = self.meta.get(index)
-        if m is None:
-            raise _Miss("meta", index)
-        return m[0]
+        return (m or self.fetch_meta(index))[0]
 
     def get_pos(self, index: int) -> int:
         m = self.meta.get(index)
-        if m is None:
-            raise _Miss("meta", index)
-        return m[1]
+        return (m or self.fetch_meta(index))[1]
 
     def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62) -> RefBatch:
         b = self.batches.get(start)
-        if b is None:
-            raise _Miss("batch", start)
-        return b
+        if b is not None and b.count <= max_count:
+            return b
+        return self.fetch_batch(start, max_count)
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -117,7 +124,7 @@ class EntryDispatcherActor:
         self.group, self.self_id, self.peer_id = group, self_id, peer_id
         self.config = config
         self.core = EntryDispatcher(group, self_id, peer_id, config.replication)
-        self.view = LeaderView(config.dispatcher_cache_bytes)
+        self.view = LeaderView(config.dispatcher_cache_bytes, member, config.replication.max_batch_push_bytes)
         self.member = member
         self.checker = checker
         self.faults = LinkFaults()
@@ -160,17 +167,28 @@ class EntryDispatcherActor:
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
 
-    async def _fetch(self, miss: _Miss) -> None:
-        r = self.config.replication
-        if miss.kind == "batch":
-            first, count, refs, info = await self.member.read_for_push.remote(
-                miss.index, r.max_batch_push_bytes, 1 << 20
-            )
-            self.view.add(RefBatch(first, count, refs[0], 0))
-        else:
-            term, pos, info = await self.member.entry_meta.remote(miss.index)
-            self.view.meta[miss.index] = (term, pos)
-        self.view.update(info)
+    async def _prefetch(self) -> None:
+        """Fetch what the core is about to read, so its reads rarely block."""
+        core, view = self.core, self.view
+        try:
+            if core.state.value == "APPEND":
+                w = core.write_index
+                if w <= view.ledger_end_index and w not in view.batches:
+                    first, count, refs, info = await self.member.read_for_push.remote(
+                        w, view.max_batch_bytes, 1 << 20
+                    )
+                    view.update(info)
+                    view.add(RefBatch(first, count, refs[0], 0))
+            else:
+                index = core.compare_index
+                if index < 0 or index not in view.meta:
+                    index = index if index >= 0 else view.ledger_end_index
+                    if index >= 0:
+                        term, pos, info = await self.member.entry_meta.remote(index)
+                        view.meta[index] = (term, pos)
+                        view.update(info)
+        except (ray.exceptions.RayError, LedgerError) as exc:
+            log.debug("[%s->%s] prefetch failed: %s", self.self_id, self.peer_id, exc)
 
     async def _run(self) -> None:
         while True:
@@ -187,19 +205,9 @@ class EntryDispatcherActor:
             self._wake.clear()
 
     async def _step(self) -> None:
-        for _ in range(8):
-            try:
-                reqs = self.core.next_requests(now_ms(), self.view)
-            except _Miss as miss:
-                try:
-                    await self._fetch(miss)
-                except (ray.exceptions.RayError, LedgerError) as exc:
-                    log.debug("[%s->%s] fetch of %s failed: %s", self.self_id, self.peer_id, miss.index, exc)
-                    return
-                continue
-            for req in reqs:
-                asyncio.ensure_future(self._send(req))
-            return
+        await self._prefetch()
+        for req in self.core.next_requests(now_ms(), self.view):
+            asyncio.ensure_future(self._send(req))
 
     async def _send(self, req: PushEntryRequest) -> None:
         resp = None
@@ -240,5 +248,3 @@ class EntryDispatcherActor:
         except ray.exceptions.RayError:
             pass
 
-
-_ = (PushType, ResponseCode)

@@ -55,7 +55,10 @@ def now_ms() -> int:
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
 class MemberActor:
     def __init__(self, group: str, self_id: str, peers: list[str], config: LedgerConfig, data_dir: str | None):
-        logging.basicConfig(level=os.environ.get("RAYLEDGER_LOG_LEVEL", "WARNING"))
+        logging.basicConfig(
+            level=os.environ.get("RAYLEDGER_LOG_LEVEL", "WARNING"),
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
         self.group = group
         self.self_id = self_id
         self.peers = list(peers)
@@ -77,15 +80,22 @@ class MemberActor:
         self._pending_appends = 0
         self._started = time.time()
         self.elector.add_role_change_handler(self._on_role_change_callback)
-        self._role_events: list[RoleChange] = []
+        self._boot()
         log.info("[%s] member of %s started: term=%d end=%d", self_id, group, self.state.current_term, self.store.ledger_end_index)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> str:
-        """Create this member's dispatchers and checker, and start maintaining state."""
-        if self._maintainer is not None:
-            return self.self_id
+        """Returns once the member is up (it boots itself in ``__init__``, also after a restart)."""
+        return self.self_id
+
+    def _boot(self) -> None:
+        """Create this member's dispatchers and checker, and start maintaining state.
+
+        Ray runs an async actor's ``__init__`` on its event loop, so this also runs
+        when Ray restarts the member after its process died.
+        """
         self._loop = asyncio.get_running_loop()
+        self._role_lock = asyncio.Lock()
         from .checker import QuorumAckCheckerActor
         from .dispatcher import EntryDispatcherActor
 
@@ -100,7 +110,6 @@ class MemberActor:
                     self.group, self.self_id, peer, self.config, me, self._checker
                 )
         self._maintainer = asyncio.ensure_future(self._maintain())
-        return self.self_id
 
     def _on_role_change_callback(self, term: int, role: Role) -> None:
         pass  # role changes arrive as RoleChange actions too; this proves the hook is wired
@@ -152,9 +161,19 @@ class MemberActor:
         await self._apply(actions)
 
     async def _role_changed(self, change: RoleChange) -> None:
-        log.info("[%s] role %s term=%d leader=%s", self.self_id, change.role.value, change.term, change.leader_id)
-        if change.role == Role.LEADER:
+        """Start or stop leading; changes are handled one at a time, in order."""
+        async with self._role_lock:
+            log.info("[%s] role %s term=%d leader=%s", self.self_id, change.role.value, change.term, change.leader_id)
+            if self._leader_term >= 0 and (change.role != Role.LEADER or change.term != self._leader_term):
+                self._leader_term = -1
+                self._ready_term = -1
+                await self._checker.step_down.remote(change.term)
+                await asyncio.gather(*(d.deactivate.remote(change.term) for d in self._dispatchers.values()))
+            if change.role != Role.LEADER:
+                return
             with self._lock:
+                if not self.state.is_leader or self.state.current_term != change.term:
+                    return  # already superseded
                 # Raft §5.4.2: commit only entries of the leader's own term, so start the
                 # term with an empty entry that carries everything before it.
                 appended = self.store.append_as_leader([b""], change.term)
@@ -163,13 +182,9 @@ class MemberActor:
                 info = self._leader_info()
             await self._checker.become_leader.remote(change.term, appended.first_index, info)
             await asyncio.gather(*(d.activate.remote(change.term, info) for d in self._dispatchers.values()))
-            self._ready_term = change.term
-        else:
-            if self._leader_term >= 0:
-                self._leader_term = -1
-                self._checker.step_down.remote(change.term)
-                for d in self._dispatchers.values():
-                    d.deactivate.remote(change.term)
+            with self._lock:
+                if self.state.is_leader and self.state.current_term == change.term:
+                    self._ready_term = change.term
 
     def _leader_info(self) -> dict:
         s = self.store
@@ -319,20 +334,36 @@ class MemberActor:
         with self._lock:
             return self.store.get_term(index), self.store.get_pos(index), self._leader_info()
 
+    def _not_committed_here(self, index: int) -> LedgerError:
+        """An uncommitted read: a follower points the client at the leader, which may know more."""
+        committed = self.store.committed_index
+        leader = self.state.leader_id
+        if not self.state.is_leader and leader is not None and leader != self.self_id:
+            return LedgerError.of(
+                ResponseCode.NOT_LEADER,
+                f"entry {index} is not committed on {self.self_id} (committed index {committed}); ask the leader",
+                leader_id=leader,
+            )
+        return LedgerError.of(
+            ResponseCode.INDEX_OUT_OF_BOUNDS, f"entry {index} is not committed (committed index {committed})"
+        )
+
     async def get(self, index: int, committed_only: bool = True) -> Entry:
         with self._lock:
             if committed_only and type(index) is int and index > self.store.committed_index:
-                raise LedgerError.of(
-                    ResponseCode.INDEX_OUT_OF_BOUNDS,
-                    f"entry {index} is not committed (committed index {self.store.committed_index})",
-                )
+                raise self._not_committed_here(index)
             return self.store.get(index)
 
     async def read(self, start: int, stop: int, committed_only: bool = True) -> list[Entry]:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
         with self._lock:
+            if committed_only and stop - 1 > self.store.committed_index and not self.state.is_leader:
+                if self.state.leader_id not in (None, self.self_id):
+                    raise self._not_committed_here(stop - 1)
             limit = self.store.committed_index + 1 if committed_only else self.store.ledger_end_index + 1
+            if start >= min(stop, limit):
+                return []
             return self.store.get_range(start, min(stop, limit))
 
     async def read_batch(self, start: int, stop: int, committed_only: bool = True):

@@ -158,6 +158,7 @@ class Elector:
         self._heartbeat_round: _HeartbeatRound | None = None
         self._transfer: _Transfer | None = None
         self._pending_take: _PendingTake | None = None
+        self._taking_from: LeadershipTransferRequest | None = None
         # Random start so answers to a previous incarnation's rounds never match.
         self._round_seq = rng.getrandbits(31)
         self._announced = _Announced(state.current_term, state.role, state.leader_id)
@@ -293,7 +294,10 @@ class Elector:
     def _get_next_time_to_request_vote(self, now_ms: int) -> int:
         cfg = self.config
         if self.is_taking_leadership:
-            lo, hi = cfg.min_take_leadership_vote_interval_ms, cfg.max_take_leadership_vote_interval_ms
+            lo, hi = (
+                cfg.min_take_leadership_vote_interval_ms,
+                cfg.max_take_leadership_vote_interval_ms,
+            )
         else:
             lo, hi = cfg.min_vote_interval_ms, cfg.max_vote_interval_ms
         return now_ms + lo + self.rng.randrange(hi - lo)
@@ -342,7 +346,9 @@ class Elector:
         term = st.current_term + 1 if pre_vote else st.current_term
         self._round_seq += 1
         deadline = (
-            now_ms + self.config.vote_wait_base_ms + self.rng.randrange(self.config.max_vote_interval_ms)
+            now_ms
+            + self.config.vote_wait_base_ms
+            + self.rng.randrange(self.config.max_vote_interval_ms)
         )
         rnd = _VoteRound(
             round_id=self._round_seq,
@@ -433,7 +439,10 @@ class Elector:
             rnd.accepted_num += 1
         elif result is VoteResult.REJECT_ALREADY_HAS_LEADER:
             rnd.already_has_leader = True
-        elif result in (VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, VoteResult.REJECT_EXPIRED_VOTE_TERM):
+        elif result in (
+            VoteResult.REJECT_TERM_SMALL_THAN_LEDGER,
+            VoteResult.REJECT_EXPIRED_VOTE_TERM,
+        ):
             if resp.term > rnd.known_max_term_in_group:
                 rnd.known_max_term_in_group = resp.term
         elif result in (
@@ -515,7 +524,9 @@ class Elector:
             return actions
         self._last_parse_result = result
         if result is ParseResult.PASSED:
-            log.info("[%s] [VOTE_RESULT] has been elected to be the leader in term %d", st.self_id, term)
+            log.info(
+                "[%s] [VOTE_RESULT] has been elected to be the leader in term %d", st.self_id, term
+            )
             actions.extend(self._change_role_to_leader(term, now_ms))
         return actions
 
@@ -526,7 +537,9 @@ class Elector:
         st = self.state
         if req.remote_id != st.self_id:
             log.warning("[%s] [HandleVote] addressed to %s", st.self_id, req.remote_id)
-            return self._vote_response(req, VoteResult.UNKNOWN, code=ResponseCode.UNKNOWN_MEMBER), []
+            return self._vote_response(
+                req, VoteResult.UNKNOWN, code=ResponseCode.UNKNOWN_MEMBER
+            ), []
         if req.group != st.group:
             log.warning("[%s] [HandleVote] group %s != %s", st.self_id, req.group, st.group)
             return self._vote_response(req, VoteResult.UNKNOWN, code=ResponseCode.UNKNOWN_GROUP), []
@@ -581,10 +594,19 @@ class Elector:
         st = self.state
         R = VoteResult
         if not st.is_peer_member(req.leader_id):
-            log.warning("[%s] [BUG] [HandleVote] remoteId=%s is an unknown member", st.self_id, req.leader_id)
+            log.warning(
+                "[%s] [BUG] [HandleVote] remoteId=%s is an unknown member",
+                st.self_id,
+                req.leader_id,
+            )
             return self._vote_response(req, R.REJECT_UNKNOWN_LEADER), []
         if not self_vote and req.leader_id == st.self_id:
-            log.warning("[%s] [BUG] [HandleVote] selfId=%s but remoteId=%s", st.self_id, st.self_id, req.leader_id)
+            log.warning(
+                "[%s] [BUG] [HandleVote] selfId=%s but remoteId=%s",
+                st.self_id,
+                st.self_id,
+                req.leader_id,
+            )
             return self._vote_response(req, R.REJECT_UNEXPECTED_LEADER), []
 
         if req.ledger_end_term < st.ledger_end_term:
@@ -652,7 +674,8 @@ class Elector:
         timers = self._timers
         if self.config.preferred_leader_ids and (
             timers.last_preferred_check_ms is None
-            or now_ms - timers.last_preferred_check_ms >= self.config.check_preferred_leader_interval_ms
+            or now_ms - timers.last_preferred_check_ms
+            >= self.config.check_preferred_leader_interval_ms
         ):
             timers.last_preferred_check_ms = now_ms
             actions.extend(self._check_preferred_leader(now_ms))
@@ -708,16 +731,24 @@ class Elector:
         self, peer: str, req: HeartbeatRequest, resp: HeartbeatResponse | None, now_ms: int
     ) -> list[Action]:
         """Count one follower's heartbeat answer (None = the call failed)."""
+        st = self.state
+        if st.role is Role.LEADER and req.term == st.current_term:
+            # Late answers still tell who is alive, as in DLedger's callbacks.
+            self._timers.peers_live[peer] = (
+                resp is not None and resp.code != ResponseCode.NETWORK_ERROR
+            )
         rnd = self._heartbeat_round
-        if rnd is None or req.round_id != rnd.round_id or req.term != rnd.term or peer not in rnd.waiting:
+        if (
+            rnd is None
+            or req.round_id != rnd.round_id
+            or req.term != rnd.term
+            or peer not in rnd.waiting
+        ):
             log.debug("[%s] ignore stale heartbeat response from %s: %s", self.self_id, peer, resp)
             return []
         rnd.waiting.discard(peer)
         rnd.all_num += 1
-        live = self._timers.peers_live
-        if resp is None:
-            live[peer] = False
-        else:
+        if resp is not None:
             code = resp.code
             if code == ResponseCode.SUCCESS:
                 rnd.succ_num += 1
@@ -727,7 +758,6 @@ class Elector:
                 rnd.inconsistent_leader = True
             elif code == ResponseCode.TERM_NOT_READY:
                 rnd.not_ready_num += 1
-            live[peer] = code != ResponseCode.NETWORK_ERROR
             if code != ResponseCode.SUCCESS:
                 log.info(
                     "[%s] heartbeat term=%d to %s answered %s (term %d)",
@@ -758,7 +788,12 @@ class Elector:
         timers = self._timers
         term = rnd.term
         if rnd.max_term > term:
-            log.warning("[%s] currentTerm %d is not the biggest=%d, deal with it", st.self_id, term, rnd.max_term)
+            log.warning(
+                "[%s] currentTerm %d is not the biggest=%d, deal with it",
+                st.self_id,
+                term,
+                rnd.max_term,
+            )
             return self._change_role_to_candidate(rnd.max_term, now_ms)
         if st.is_quorum(rnd.succ_num):
             timers.last_succ_heartbeat_ms = now_ms
@@ -823,10 +858,19 @@ class Elector:
             log.warning("[%s] [HandleHeartBeat] group %s != %s", st.self_id, req.group, st.group)
             return self._heartbeat_response(req, C.UNKNOWN_GROUP), []
         if not st.is_peer_member(req.leader_id):
-            log.warning("[%s] [BUG] [HandleHeartBeat] remoteId=%s is an unknown member", st.self_id, req.leader_id)
+            log.warning(
+                "[%s] [BUG] [HandleHeartBeat] remoteId=%s is an unknown member",
+                st.self_id,
+                req.leader_id,
+            )
             return self._heartbeat_response(req, C.UNKNOWN_MEMBER), []
         if req.leader_id == st.self_id:
-            log.warning("[%s] [BUG] [HandleHeartBeat] selfId=%s but remoteId=%s", st.self_id, st.self_id, req.leader_id)
+            log.warning(
+                "[%s] [BUG] [HandleHeartBeat] selfId=%s but remoteId=%s",
+                st.self_id,
+                st.self_id,
+                req.leader_id,
+            )
             return self._heartbeat_response(req, C.UNEXPECTED_MEMBER), []
 
         if req.term < st.current_term:
@@ -877,10 +921,16 @@ class Elector:
     def _change_role_to_leader(self, term: int, now_ms: int) -> list[Action]:
         st = self.state
         if st.current_term != term:
-            log.warning("[%s] skip to be the leader in term: %d, but currTerm is: %d", st.self_id, term, st.current_term)
+            log.warning(
+                "[%s] skip to be the leader in term: %d, but currTerm is: %d",
+                st.self_id,
+                term,
+                st.current_term,
+            )
             return []
         st.change_to_leader(term)
         self._vote_round = None
+        self._pre_vote_granted_term = -1
         self._pending_take = None
         timers = self._timers
         timers.last_send_heartbeat_ms = None
@@ -888,13 +938,23 @@ class Elector:
         timers.last_preferred_check_ms = now_ms
         timers.peers_live.clear()
         timers.peer_match_index.clear()
-        log.info("[%s] [ChangeRoleToLeader] from term: %d and currTerm: %d", st.self_id, term, st.current_term)
+        log.info(
+            "[%s] [ChangeRoleToLeader] from term: %d and currTerm: %d",
+            st.self_id,
+            term,
+            st.current_term,
+        )
         return self._handle_role_change(term, Role.LEADER)
 
     def _change_role_to_candidate(self, term: int, now_ms: int) -> list[Action]:
         st = self.state
         if term < st.current_term:
-            log.info("[%s] skip to be candidate in term: %d, but currTerm: %d", st.self_id, term, st.current_term)
+            log.info(
+                "[%s] skip to be candidate in term: %d, but currTerm: %d",
+                st.self_id,
+                term,
+                st.current_term,
+            )
             return []
         actions: list[Action] = []
         was_leader = st.role is Role.LEADER
@@ -904,7 +964,11 @@ class Elector:
         self._pending_take = None
         if transfer is not None:
             self._transfer = None
-            code = ResponseCode.SUCCESS if term > transfer.term else ResponseCode.TAKE_LEADERSHIP_FAILED
+            code = (
+                ResponseCode.SUCCESS
+                if term > transfer.term
+                else ResponseCode.TAKE_LEADERSHIP_FAILED
+            )
             log.info(
                 "[%s] leadership transfer to %s of term %d ended on step-down to term %d: %s",
                 st.self_id,
@@ -936,6 +1000,7 @@ class Elector:
         self._last_parse_result = ParseResult.WAIT_TO_REVOTE
         st.change_to_follower(term, leader_id)
         self._vote_round = None
+        self._pre_vote_granted_term = -1  # a grant is only good for the round it enabled
         self._heartbeat_round = None
         self._timers.last_leader_heartbeat_ms = now_ms
         return self._handle_role_change(term, Role.FOLLOWER)
@@ -1009,8 +1074,12 @@ class Elector:
     ) -> LeadershipTransferResponse:
         st = self.state
         if code != ResponseCode.SUCCESS:
-            log.warning(
-                "[%s] leadership transfer term=%d to %s refused: %s", st.self_id, req.term, req.transferee_id, code.name
+            log.info(
+                "[%s] leadership transfer term=%d to %s refused: %s",
+                st.self_id,
+                req.term,
+                req.transferee_id,
+                code.name,
             )
         return LeadershipTransferResponse(
             code,
@@ -1123,7 +1192,9 @@ class Elector:
         if transfer is None or peer != transfer.transferee or req.term != transfer.term:
             return []
         if resp is None:
-            return self._abandon_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED, "transferee unreachable")
+            return self._abandon_transfer(
+                ResponseCode.TAKE_LEADERSHIP_FAILED, "transferee unreachable"
+            )
         if resp.code != ResponseCode.SUCCESS:
             return self._abandon_transfer(ResponseCode(resp.code), "transferee refused")
         return []  # it is voting; we step down when its term reaches us, or time out
@@ -1176,6 +1247,21 @@ class Elector:
     ) -> tuple[LeadershipTransferResponse, list[Action]]:
         st = self.state
         C = ResponseCode
+        taking = self._taking_from
+        if (
+            taking is not None
+            and taking.term == req.term
+            and taking.transfer_id == req.transfer_id
+            and st.term_to_take_leadership == req.term + 1
+        ):
+            return self._transfer_response(req, C.SUCCESS), []  # a repeated order
+        pending = self._pending_take
+        if (
+            pending is not None
+            and pending.request.term == req.term
+            and pending.request.transfer_id == req.transfer_id
+        ):
+            return self._transfer_response(req, C.SUCCESS), []
         if req.transfer_id != st.leader_id:
             return self._transfer_response(req, C.INCONSISTENT_LEADER), []
         if st.current_term != req.term:
@@ -1199,7 +1285,11 @@ class Elector:
         if pending is None:
             return []
         req = pending.request
-        if st.current_term != req.term or st.leader_id != req.transfer_id or st.role is not Role.FOLLOWER:
+        if (
+            st.current_term != req.term
+            or st.leader_id != req.transfer_id
+            or st.role is not Role.FOLLOWER
+        ):
             self._pending_take = None
             return []
         if st.ledger_end_index >= req.take_leadership_ledger_index:
@@ -1220,6 +1310,7 @@ class Elector:
         st = self.state
         target = req.term + 1
         st.term_to_take_leadership = target
+        self._taking_from = req
         log.info("[%s] take leadership: vote for term %d now", st.self_id, target)
         actions = self._change_role_to_candidate(target, now_ms)
         self._need_increase_term_immediately = True
@@ -1242,7 +1333,9 @@ class Elector:
                 return
         else:
             outcome = (
-                ResponseCode.TAKE_LEADERSHIP_FAILED if role is Role.FOLLOWER else ResponseCode.INTERNAL_ERROR
+                ResponseCode.TAKE_LEADERSHIP_FAILED
+                if role is Role.FOLLOWER
+                else ResponseCode.INTERNAL_ERROR
             )
         log.info(
             "[%s] TakeLeadershipTask finished term=%d role=%s target=%d: %s",
@@ -1253,3 +1346,4 @@ class Elector:
             outcome.name,
         )
         st.term_to_take_leadership = -1
+        self._taking_from = None

@@ -130,7 +130,9 @@ class QuorumAckChecker:
         if index > marks[peer]:
             marks[peer] = index
 
-    def add_pending(self, term: int, first_index: int, last_index: int, token: Any, now_ms: int) -> None:
+    def add_pending(
+        self, term: int, first_index: int, last_index: int, token: Any, now_ms: int
+    ) -> None:
         """An append of entries ``first_index..last_index`` waits for the quorum."""
         if term != self.term or not self.is_leader:
             # written in a term this checker no longer leads: answered by the next check
@@ -156,8 +158,7 @@ class QuorumAckChecker:
     def check(self, now_ms: int) -> tuple[int | None, list[Resolved]]:
         """(the new committed index or None, appends resolved now in index order)."""
         resolved: list[Resolved] = self._stale
-        if resolved:
-            self._stale = []
+        self._stale = []
         if not self.is_leader:
             return None, resolved
         new_committed = None
@@ -166,7 +167,9 @@ class QuorumAckChecker:
             self.committed_index = quorum
             new_committed = quorum
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("[%s] checker term=%d: committed index %d", self.self_id, self.term, quorum)
+                log.debug(
+                    "[%s] checker term=%d: committed index %d", self.self_id, self.term, quorum
+                )
         pending = self._pending
         committed = self.committed_index
         term = self.term

@@ -24,12 +24,15 @@ class ReplicationConfig:
     peer_push_throttle_point: int = 300 * 1024 * 1024  # lag in bytes above which the quota applies
     peer_push_quota: int = 20 * 1024 * 1024  # bytes per second to a lagging follower
     compare_timeout_ms: int = 3000  # a COMPARE/TRUNCATE unanswered this long is sent again
-    commit_push_interval_ms: int = 1000  # a COMMIT goes out at least this often when no entries flow
+    commit_push_interval_ms: int = (
+        1000  # a COMMIT goes out at least this often when no entries flow
+    )
     error_backoff_ms: int = 500  # pause after an unexpected answer (DLedger sleeps 500 ms)
     leak_check_interval_ms: int = 1000  # prune pushes below the follower's water mark this often
     abnormal_check_ms: int = 1000  # follower: how often queued pushes are checked for gaps
-    push_wait_timeout_ms: int = 1000  # follower: a queued out-of-order push older than this is a gap
-    max_queued_pushes: int = 10000  # follower: pushes kept waiting for their turn before refusing
+    push_wait_timeout_ms: int = (
+        1000  # follower: a queued out-of-order push older than this is a gap
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -129,10 +129,16 @@ class EntryDispatcher:
         if not is_leader or leader_id != self.self_id:
             self.active = False
             return
-        self.active = True
-        if term != self.term or leader_id != self.leader_id:
+        was_active, self.active = self.active, True
+        if term != self.term or leader_id != self.leader_id or not was_active:
+            # a new term, or leading the same term again after a pause (DLedger lets a
+            # candidate be re-elected in its term): what we knew about the follower is stale
             log.info(
-                "[%s] push to %s: term %d -> %d, start with COMPARE", self.self_id, self.peer_id, self.term, term
+                "[%s] push to %s: term %d -> %d, start with COMPARE",
+                self.self_id,
+                self.peer_id,
+                self.term,
+                term,
             )
             self.term = term
             self.leader_id = leader_id
@@ -301,6 +307,14 @@ class EntryDispatcher:
             or now_ms - self._last_push_ms >= cfg.commit_push_interval_ms
         ):
             req = self._base(PushType.COMMIT, log_)
+            # Unlike DLedger, a COMMIT names an entry the follower is known to hold (like
+            # Raft's prevLogIndex): a follower that restarted learns it matches us there and
+            # may follow our committed index, and one that does not gets us to COMPARE
+            check = min(req.commit_index, self._water_mark)
+            if check >= log_.ledger_begin_index:
+                req.first_index = check
+                req.entry_term = log_.get_term(check)
+                req.entry_pos = log_.get_pos(check)
             out.append(req)
             self._last_push_ms = now_ms
             self._commit_sent = req.commit_index
@@ -348,7 +362,9 @@ class EntryDispatcher:
         return False
 
     # -- answers --------------------------------------------------------------------------
-    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+    def on_response(
+        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
+    ) -> None:
         """Feed the follower's answer to ``req`` (``None``: the call failed or timed out)."""
         if not self.active or req.term != self.term:
             return
@@ -363,7 +379,22 @@ class EntryDispatcher:
                 self._on_compare_response(req, resp, now_ms)
             else:
                 self._on_truncate_response(req, resp, now_ms)
-        # COMMIT answers are ignored, as in DLedger
+        elif (
+            resp is not None
+            and resp.code == ResponseCode.INCONSISTENT_STATE
+            and self._state is DispatcherState.APPEND
+        ):
+            # the follower does not hold the entry the COMMIT named: find where we match
+            log.warning(
+                "[%s] COMMIT to %s term=%d: follower lacks entry %d (log %d..%d), back to COMPARE",
+                self.self_id,
+                self.peer_id,
+                self.term,
+                req.first_index,
+                resp.begin_index,
+                resp.end_index,
+            )
+            self._change_state(DispatcherState.COMPARE, -1)
 
     def _on_append_response(self, req: PushEntryRequest, resp: PushEntryResponse | None) -> None:
         if resp is None:
@@ -388,7 +419,8 @@ class EntryDispatcher:
                     resp.end_index,
                 )
                 self._change_state(DispatcherState.COMPARE, -1)
-        elif code != ResponseCode.REPEATED_PUSH:
+        elif code != ResponseCode.REPEATED_PUSH and code != ResponseCode.UNKNOWN:
+            # UNKNOWN: the follower dropped the push for a COMPARE/TRUNCATE; nothing to do
             log.warning(
                 "[%s] push to %s term=%d: %s for entries %d..%d",
                 self.self_id,
@@ -399,7 +431,9 @@ class EntryDispatcher:
                 req.last_index,
             )
 
-    def _on_compare_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+    def _on_compare_response(
+        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
+    ) -> None:
         if resp is None or resp.code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
             self._backoff(req, resp, now_ms)
             return
@@ -442,7 +476,9 @@ class EntryDispatcher:
             self._truncate_index = truncate_index
             self._truncate_reset = reset
 
-    def _on_truncate_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
+    def _on_truncate_response(
+        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
+    ) -> None:
         if resp is None or resp.code != ResponseCode.SUCCESS:
             self._backoff(req, resp, now_ms)
             self._change_state(DispatcherState.COMPARE, -1, force=True)

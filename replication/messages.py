@@ -35,7 +35,8 @@ class PushEntryRequest:
       leader's entry); with ``reset`` the follower's log does not overlap the
       leader's, and restarts empty at the leader's begin ``first_index`` /
       ``entry_pos``.
-    * COMMIT: only ``commit_index``.
+    * COMMIT: ``commit_index``; when ``first_index`` >= 0 also an entry (``entry_term``,
+      ``entry_pos``) the follower is known to hold, which it checks before following.
 
     Every type carries the leader's ``commit_index``.
     """
@@ -67,7 +68,9 @@ class PushEntryRequest:
             what = f"{self.type.value}@{self.first_index}(term {self.entry_term})"
             if self.reset:
                 what += " reset"
-        return f"{what} {self.leader_id}->{self.remote_id} term={self.term} commit={self.commit_index}"
+        return (
+            f"{what} {self.leader_id}->{self.remote_id} term={self.term} commit={self.commit_index}"
+        )
 
 
 @dataclass

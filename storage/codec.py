@@ -107,18 +107,32 @@ def encode_entries(
     append = parts.append
     chain = prev_chain_crc & 0xFFFF_FFFF
     index = first_index
-    for body, pos in zip(bodies, positions):
+    for body, pos in zip(bodies, positions, strict=True):
         bcrc = crc32(body)
         chain = crc32(u32(bcrc), chain)
         n = len(body)
-        append(pack(ENTRY_MAGIC, HEADER_SIZE + n, index, term, pos, channel, _signed(chain), _signed(bcrc), n))
+        append(
+            pack(
+                ENTRY_MAGIC,
+                HEADER_SIZE + n,
+                index,
+                term,
+                pos,
+                channel,
+                _signed(chain),
+                _signed(bcrc),
+                n,
+            )
+        )
         append(body)
         index += 1
     return b"".join(parts), _signed(chain)
 
 
 def decode_entry(buf, offset: int = 0) -> Entry:
-    magic, size, index, term, pos, channel, _chain, _bcrc, body_size = HEADER.unpack_from(buf, offset)
+    magic, size, index, term, pos, channel, _chain, _bcrc, body_size = HEADER.unpack_from(
+        buf, offset
+    )
     if magic != ENTRY_MAGIC or size != HEADER_SIZE + body_size:
         raise LedgerError.of(ResponseCode.CORRUPT_LOG, f"bad entry header at offset {offset}")
     start = offset + HEADER_SIZE

@@ -60,7 +60,9 @@ class LedgerError(Exception):
 
     codes: frozenset[ResponseCode] = frozenset()
 
-    def __init__(self, code: ResponseCode | int, message: str = "", *, leader_id: str | None = None):
+    def __init__(
+        self, code: ResponseCode | int, message: str = "", *, leader_id: str | None = None
+    ):
         self.code = ResponseCode(code)
         self.message = message
         self.leader_id = leader_id
@@ -70,7 +72,9 @@ class LedgerError(Exception):
         return (_rebuild, (type(self), int(self.code), self.message, self.leader_id))
 
     @staticmethod
-    def of(code: ResponseCode | int, message: str = "", *, leader_id: str | None = None) -> LedgerError:
+    def of(
+        code: ResponseCode | int, message: str = "", *, leader_id: str | None = None
+    ) -> LedgerError:
         code = ResponseCode(code)
         for cls in _SUBCLASSES:
             if code in cls.codes:

@@ -53,4 +53,6 @@ def read_json(path: str | os.PathLike) -> Any | None:
     except FileNotFoundError:
         return None
     except (ValueError, OSError) as exc:
-        raise LedgerError.of(ResponseCode.CORRUPT_LOG, f"unreadable metadata file {path}: {exc}") from exc
+        raise LedgerError.of(
+            ResponseCode.CORRUPT_LOG, f"unreadable metadata file {path}: {exc}"
+        ) from exc

@@ -98,11 +98,10 @@ class FileSegment:
                 off += n
                 view = view[n:]
         except OSError:
-            if off != self.length:
-                try:
-                    os.ftruncate(self.fd, self.length)
-                except OSError:
-                    pass
+            try:  # a failed pwrite may still have put bytes in the file
+                os.ftruncate(self.fd, self.length)
+            except OSError:
+                pass
             raise
         self.length = off
 
@@ -143,7 +142,9 @@ class FileSegment:
         self.length = length
 
     def sync(self) -> None:
-        os.fdatasync(self.fd)
+        fd = self.fd
+        if fd >= 0:  # a closed (removed) segment has nothing left to sync
+            os.fdatasync(fd)
 
     def close(self) -> None:
         self._unmap()

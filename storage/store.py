@@ -81,7 +81,9 @@ def _as_int(value, what: str) -> int:
     return operator.index(value)
 
 
-def _runs(positions: Sequence[int], sizes: Sequence[int], seg_size: int) -> list[tuple[int, int, int]]:
+def _runs(
+    positions: Sequence[int], sizes: Sequence[int], seg_size: int
+) -> list[tuple[int, int, int]]:
     """Split consecutive items into contiguous runs inside one segment.
 
     Returns ``(first item, end item (exclusive), byte length)`` per run: a run
@@ -122,7 +124,10 @@ class LogStore:
         self.committed_index = -1
         self.committed_pos = 0
         self._chain: int | None = 0  # chain CRC of the last entry; None when unknown (after reset)
-        self._base: tuple[int, int] = (0, 0)  # (index, pos) where the log began after its last reset
+        self._base: tuple[int, int] = (
+            0,
+            0,
+        )  # (index, pos) where the log began after its last reset
         self._seq = 0  # bumps on every change of the log's bytes
         self._closed = False
         self._failed: LedgerError | None = None  # set when the disk failed under us (fsync)
@@ -207,7 +212,9 @@ class LogStore:
         start = _as_int(start, "start")
         max_bytes, max_count = _as_int(max_bytes, "max_bytes"), _as_int(max_count, "max_count")
         if max_count <= 0:
-            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"max_count must be positive, got {max_count}")
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"max_count must be positive, got {max_count}"
+            )
         with self._lock:
             end = self.ledger_end_index
             if not self.ledger_begin_index <= start <= end:
@@ -308,7 +315,9 @@ class LogStore:
                 ResponseCode.UNEXPECTED_ARGUMENT, f"term must be a non-negative int, got {term!r}"
             )
         if type(channel) is not int or not -(2**31) <= channel < 2**31:
-            raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"channel must be an int32, got {channel!r}")
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"channel must be an int32, got {channel!r}"
+            )
         with self._lock:
             self._check_writable()
             if term < self.ledger_end_term:
@@ -393,7 +402,9 @@ class LogStore:
                     )
                 got = crc32(view[off + HEADER_SIZE : off + size])
                 if _signed(got) != bcrc:
-                    raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} fails its body CRC")
+                    raise _err(
+                        ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} fails its body CRC"
+                    )
                 if chain is not None and _signed(chain_crc(chain, got)) != echain:
                     raise _err(
                         ResponseCode.INCONSISTENT_STATE,
@@ -413,7 +424,9 @@ class LogStore:
                 )
             expected = self._data.positions_for(sizes)
             if expected != positions:
-                k = next(i for i, (a, b) in enumerate(zip(expected, positions)) if a != b)
+                k = next(
+                    i for i, (a, b) in enumerate(zip(expected, positions, strict=True)) if a != b
+                )
                 raise _err(
                     ResponseCode.INCONSISTENT_STATE,
                     f"entry {first_index + k} is at {positions[k]} on the leader, "
@@ -449,7 +462,9 @@ class LogStore:
                 self._data.truncate(old_pos)
                 self._index.truncate(first * INDEX_UNIT)
             except LedgerError as undo:
-                log.error("could not undo a failed write (%s); the store stops taking appends", undo)
+                log.error(
+                    "could not undo a failed write (%s); the store stops taking appends", undo
+                )
                 self._failed = undo
             raise
         self.ledger_end_index = first + len(sizes) - 1
@@ -512,7 +527,10 @@ class LogStore:
         Used when a follower's log does not overlap the leader's at all; refused
         when it would drop entries that are committed and not below ``begin_index``.
         """
-        begin_index, begin_pos = _as_int(begin_index, "begin_index"), _as_int(begin_pos, "begin_pos")
+        begin_index, begin_pos = (
+            _as_int(begin_index, "begin_index"),
+            _as_int(begin_pos, "begin_pos"),
+        )
         if begin_index < 0 or begin_pos < 0:
             raise _err(
                 ResponseCode.UNEXPECTED_ARGUMENT,

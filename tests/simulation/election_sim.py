@@ -124,7 +124,9 @@ class ElectionSim:
         self.group = group
         self.ids = [f"n{i}" for i in range(n)]
         self.clock = FakeClock(0)
-        self.net = SimNetwork(self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock)
+        self.net = SimNetwork(
+            self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock
+        )
         self.rpc = RpcLayer(self.net, rpc_timeout_ms)
         self.append_every_ms = append_every_ms
         self.sync_every_ms = sync_every_ms
@@ -272,7 +274,9 @@ class ElectionSim:
                 self.rpc.call(mid, action.to, action.message)
             elif isinstance(action, RoleChange):
                 self.role_changes.append((now, mid, action))
-                self.net.note(f"{mid} -> {action.role.value} term={action.term} leader={action.leader_id}")
+                self.net.note(
+                    f"{mid} -> {action.role.value} term={action.term} leader={action.leader_id}"
+                )
                 if action.role is Role.LEADER:
                     self._record_leader(mid, action.term)
             elif isinstance(action, TransferOutcome):
@@ -406,7 +410,11 @@ class ElectionSim:
         return [mid for mid, m in self.members.items() if m.alive]
 
     def leaders(self) -> list[str]:
-        return [mid for mid, m in self.members.items() if m.elector is not None and m.elector.role is Role.LEADER]
+        return [
+            mid
+            for mid, m in self.members.items()
+            if m.elector is not None and m.elector.role is Role.LEADER
+        ]
 
     def followers_of(self, leader: str) -> list[str]:
         term = self.elector(leader).term

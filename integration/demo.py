@@ -1,0 +1,344 @@
+"""``rayledger demo``: the main job, end to end on one machine.
+
+1. start Ray (a local one, or ``--address``) and a 3-member file-backed group;
+2. append ``--entries`` entries from ``--clients`` threads (each with its own
+   :class:`~rayledger.actors.LedgerClient`, batches of ``--batch``), with a progress bar;
+3. half-way, kill the leader's process and time the new leader's take-over while
+   the writes go on (appends that end in ``OutcomeUnknownError`` are counted as
+   unknown, never retried);
+4. check that every acknowledged append is committed on every member, with the
+   same body at the acknowledged index, exactly once, and that the members' logs agree;
+5. start Spark through RayDP and aggregate the committed log (entries and bytes per
+   term), checked against the members' logs;
+6. print a summary and clean up.  Exit status 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
+from rayledger.storage.reader import batch_to_table
+
+log = logging.getLogger("rayledger.integration")
+
+BODY_SIZE = 100
+READ_CHUNK = 20_000
+
+
+@dataclass
+class Workload:
+    """What the client threads did."""
+
+    acked: dict[int, bytes] = field(default_factory=dict)  # index -> body
+    ack_terms: dict[int, int] = field(default_factory=dict)
+    duplicate_acks: list[int] = field(default_factory=list)
+    unknown: list[bytes] = field(default_factory=list)
+    failed: list[bytes] = field(default_factory=list)
+    errors: Counter = field(default_factory=Counter)
+    first_ack_after_kill: float | None = None
+    done_entries: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def _body(seq: int) -> bytes:
+    head = b"demo-%09d|" % seq
+    return head + b"." * (BODY_SIZE - len(head))
+
+
+def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> float:
+    """Append ``args.entries`` bodies from ``args.clients`` threads; returns the wall time."""
+    batches = [
+        [_body(s) for s in range(a, min(args.entries, a + args.batch))] for a in range(0, args.entries, args.batch)
+    ]
+    next_batch = iter(range(len(batches)))
+    take = threading.Lock()
+
+    def worker(cid: int) -> None:
+        client = group.client(timeout_s=15.0)
+        while True:
+            with take:
+                i = next(next_batch, None)
+            if i is None:
+                return
+            bodies = batches[i]
+            results = None
+            unknown = False
+            for _attempt in range(3):
+                try:
+                    results = client.append_batch(bodies)
+                    break
+                except OutcomeUnknownError as exc:  # may have committed: never retried
+                    unknown = True
+                    with work.lock:
+                        work.unknown.extend(bodies)
+                        work.errors[exc.code.name] += 1
+                    break
+                except LedgerError as exc:  # refused before anything was stored: safe to retry
+                    with work.lock:
+                        work.errors[exc.code.name] += 1
+            now = time.monotonic()
+            with work.lock:
+                if results is not None:
+                    for r, body in zip(results, bodies):
+                        if r.index in work.acked:
+                            work.duplicate_acks.append(r.index)
+                        work.acked[r.index] = body
+                        work.ack_terms[r.index] = r.term
+                    killed_at = kill_state.get("at")
+                    if killed_at is not None and work.first_ack_after_kill is None and results[0].term > kill_state["term"]:
+                        work.first_ack_after_kill = now - killed_at
+                elif not unknown:
+                    work.failed.extend(bodies)
+                work.done_entries += len(bodies)
+            progress(len(bodies))
+
+    threads = [threading.Thread(target=worker, args=(c,), name=f"demo-client-{c}", daemon=True) for c in range(args.clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    # Kill the leader half-way and watch the take-over.
+    while any(t.is_alive() for t in threads):
+        if "at" not in kill_state and work.done_entries >= args.entries // 2:
+            old = group.leader_id() or group.wait_for_leader(timeout_s=10)
+            st = group.status()
+            kill_state.update(old=old, term=st[old].term, at=time.monotonic())
+            log.info("killing leader %s (term %d)", old, st[old].term)
+            group.kill(old)
+            try:
+                new = group.wait_for_leader(timeout_s=30, exclude=old)
+                kill_state.update(new=new, failover_s=time.monotonic() - kill_state["at"])
+            except LedgerError as exc:
+                kill_state.update(new=None, failover_s=None, error=str(exc))
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0
+
+
+def _read_log(handle, start: int, stop: int) -> tuple[list[int], list[bytes]]:
+    """(terms, bodies) of one member's committed entries [start, stop)."""
+    import ray
+
+    terms: list[int] = []
+    bodies: list[bytes] = []
+    a = start
+    while a < stop:
+        b = min(stop, a + READ_CHUNK)
+        batch = ray.get(handle.read_batch.remote(a, b, True), timeout=60)
+        if batch is None or batch.count != b - a:
+            raise LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, f"member returned a short batch for [{a}, {b})")
+        t = batch_to_table(batch.data, batch.first_index, batch.count)
+        terms += t.column("term").to_pylist()
+        bodies += t.column("body").to_pylist()
+        a = b
+    return terms, bodies
+
+
+def _wait_caught_up(group, index: int, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = group.status()
+        if all(s.alive and s.committed_index >= index for s in st.values()) or time.monotonic() > deadline:
+            return st
+        time.sleep(0.1)
+
+
+def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
+    checks = [Check("no index acknowledged twice", not work.duplicate_acks, f"{len(work.duplicate_acks)} duplicates")]
+    if not work.acked:
+        return checks + [Check("some appends acknowledged", False)], {}
+    top = max(work.acked)
+    st = _wait_caught_up(group, top, 60)
+    lagging = {m: s.committed_index for m, s in st.items() if not (s.alive and s.committed_index >= top)}
+    checks.append(Check("every member committed every ack", not lagging, f"lagging: {lagging}" if lagging else f"up to {top}"))
+    logs = {}
+    for m in group.members:
+        try:
+            logs[m] = _read_log(group.handle(m), 0, top + 1)
+        except Exception as exc:
+            checks.append(Check(f"read {m}'s log", False, str(exc)))
+    bad = {}
+    for m, (_terms, bodies) in logs.items():
+        wrong = sum(1 for i, b in work.acked.items() if bodies[i] != b)
+        if wrong:
+            bad[m] = wrong
+    checks.append(Check("acked bodies at acked indexes on every member", not bad and len(logs) == len(group.members),
+                        f"mismatches {bad}" if bad else f"{len(work.acked)} entries x {len(logs)} members"))
+    if logs:
+        ref_terms, ref_bodies = next(iter(logs.values()))
+        same = all(t == ref_terms and b == ref_bodies for t, b in logs.values())
+        checks.append(Check("members' logs identical", same, f"{top + 1} entries"))
+        counts = Counter(ref_bodies)
+        dup_acked = [b for b in work.acked.values() if counts[b] != 1]
+        dup_unknown = [b for b in work.unknown if counts[b] > 1]
+        checks.append(Check("each acked entry exactly once", not dup_acked, f"{len(dup_acked)} not exactly once"))
+        checks.append(
+            Check(
+                "unknown entries at most once",
+                not dup_unknown,
+                f"{sum(1 for b in work.unknown if counts[b] == 1)} of {len(work.unknown)} committed",
+            )
+        )
+    return checks, logs
+
+
+def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
+    from pyspark.sql import functions as F
+
+    from .spark import committed_read, init_spark
+
+    t0 = time.monotonic()
+    spark = init_spark("rayledger-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    start_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    df, read = committed_read(spark, group.name)
+    rows = (
+        df.groupBy("term")
+        .agg(F.count("*").alias("entries"), F.sum(F.length("body")).alias("bytes"))
+        .orderBy("term")
+        .collect()
+    )
+    query_s = time.monotonic() - t0
+    got = {r["term"]: (r["entries"], r["bytes"] or 0) for r in rows}
+    terms, bodies = _read_log(group.handle(group.wait_for_leader(10)), read.start, read.stop)
+    expected: dict[int, tuple[int, int]] = {}
+    for t, b in zip(terms, bodies):
+        n, size = expected.get(t, (0, 0))
+        expected[t] = (n + 1, size + len(b))
+    checks = [
+        Check("Spark read exactly the committed entries", sum(n for n, _ in got.values()) == read.count,
+              f"{sum(n for n, _ in got.values())} rows, committed [0, {read.stop})"),
+        Check("Spark per-term totals match the log", got == expected, "" if got == expected else f"{got} != {expected}"),
+    ]
+    return checks, {"per_term": got, "rows": read.count, "start_s": start_s, "query_s": query_s}
+
+
+def _summary(args, work: Workload, append_s: float, kill: dict, checks: list[Check], spark: dict | None, total_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(file=sys.stdout)
+    t = Table(title="rayledger demo", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    acked = len(work.acked)
+    t.add_row("entries appended (acked / unknown / failed)", f"{acked} / {len(work.unknown)} / {len(work.failed)}")
+    t.add_row("clients x batch", f"{args.clients} x {args.batch}")
+    t.add_row("append phase", f"{append_s:.1f} s, {acked / append_s:,.0f} acked entries/s" if append_s else "-")
+    t.add_row("leader killed -> new leader", f"{kill.get('old')} -> {kill.get('new')}")
+    t.add_row("failover (kill -> new leader seen)", f"{kill['failover_s']:.2f} s" if kill.get("failover_s") else "-")
+    fa = work.first_ack_after_kill
+    t.add_row("first ack under the new leader", f"{fa:.2f} s after the kill" if fa is not None else "-")
+    if work.errors:
+        t.add_row("client errors", ", ".join(f"{k}={v}" for k, v in sorted(work.errors.items())))
+    if spark:
+        t.add_row("Spark start / query", f"{spark['start_s']:.1f} s / {spark['query_s']:.1f} s ({spark['rows']} rows)")
+        per = ", ".join(f"term {k}: {n} entries {b:,} B" for k, (n, b) in sorted(spark["per_term"].items()))
+        t.add_row("Spark: entries and bytes per term", per)
+    t.add_row("total", f"{total_s:.1f} s")
+    con.print(t)
+    ct = Table(title="checks")
+    ct.add_column("check")
+    ct.add_column("result")
+    ct.add_column("detail")
+    for c in checks:
+        ct.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]FAILED[/red]", c.detail)
+    con.print(ct)
+
+
+def run_demo(args) -> int:
+    """Run the demo; 0 when every check passed (see the module docstring)."""
+    import ray
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rayledger.actors import LedgerConfig, LedgerGroup
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    if args.entries <= 0 or args.clients <= 0 or args.batch <= 0:
+        raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "--entries, --clients and --batch must be positive")
+    t_start = time.monotonic()
+    own_dir = args.data_dir is None
+    data_dir = args.data_dir or tempfile.mkdtemp(prefix="rayledger-demo-")
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(
+            address=args.address,
+            namespace="rayledger",
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    group = None
+    checks: list[Check] = []
+    spark_info = None
+    spark_started = False
+    name = f"demo-{uuid.uuid4().hex[:6]}"
+    try:
+        print(f"creating group {name} (3 members, file store under {data_dir})", flush=True)
+        group = LedgerGroup.create(name, 3, store_dir=data_dir, config=LedgerConfig.fast())
+        leader = group.wait_for_leader(timeout_s=30)
+        print(f"leader: {leader}", flush=True)
+        work = Workload()
+        kill: dict[str, Any] = {}
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        ) as bar:
+            task = bar.add_task("appending", total=args.entries)
+            append_s = _run_clients(group, args, work, lambda n: bar.advance(task, n), kill)
+        print(
+            f"appended: {len(work.acked)} acked, {len(work.unknown)} unknown, {len(work.failed)} failed "
+            f"in {append_s:.1f}s; leader {kill.get('old')} killed, new leader {kill.get('new')} "
+            f"after {kill.get('failover_s') or float('nan'):.2f}s",
+            flush=True,
+        )
+        checks.append(Check("a new leader took over", bool(kill.get("new")) and kill.get("new") != kill.get("old"),
+                            kill.get("error", "")))
+        checks.append(Check("writes continued after the kill", work.first_ack_after_kill is not None))
+        print("verifying every acknowledged append on every member ...", flush=True)
+        vchecks, _logs = _verify(group, work)
+        checks += vchecks
+        if not args.no_spark:
+            print("starting Spark through RayDP and aggregating the committed log ...", flush=True)
+            spark_started = True
+            schecks, spark_info = _spark_step(group, args)
+            checks += schecks
+        _summary(args, work, append_s, kill, checks, spark_info, time.monotonic() - t_start)
+    except Exception as exc:
+        log.exception("demo failed")
+        checks.append(Check("demo ran to the end", False, f"{type(exc).__name__}: {exc}"))
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        if spark_started:
+            from .spark import stop_spark
+
+            stop_spark()
+        if group is not None:
+            group.shutdown(delete_data=not args.keep)
+        if own_dir and not args.keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        elif args.keep:
+            print(f"data kept in {data_dir}")
+        if own_ray:
+            ray.shutdown()
+    ok = bool(checks) and all(c.ok for c in checks)
+    print("demo: all checks passed" if ok else "demo: FAILED: " + "; ".join(c.name for c in checks if not c.ok))
+    return 0 if ok else 1

@@ -1,0 +1,475 @@
+"""EntryHandler: the follower's side of replication (sans-I/O).
+
+DLedger's follower thread keeps APPEND pushes by index and writes them strictly
+at ``ledgerEndIndex + 1``; COMPARE, TRUNCATE and COMMIT wait in their own queue
+and go first.  Here the shell calls :meth:`EntryHandler.handle_push` for every
+push, passing an opaque ``token`` (its future), and gets back the answers that
+are ready -- possibly for pushes queued earlier; :meth:`EntryHandler.tick` runs
+the periodic abnormal-push check.
+
+Term checks follow DLedger's handlePush: an older term is EXPIRED_TERM, a newer
+one TERM_NOT_READY (the elector learns terms from heartbeats and votes, not from
+pushes), the same term from another leader INCONSISTENT_LEADER.
+
+Raft's commit rule on a follower: the committed index follows the leader's but
+never past the highest index known to match the *current* leader's log
+(``matched_index``), so stale entries from an old leader are never reported
+committed before a COMPARE/TRUNCATE has dealt with them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from rayledger.storage.codec import EntryBatch
+from rayledger.storage.errors import LedgerError, ResponseCode
+
+from .config import ReplicationConfig
+from .messages import PushEntryRequest, PushEntryResponse, PushType
+
+if TYPE_CHECKING:
+    from rayledger.election import MemberState
+    from rayledger.storage import LogStore
+
+log = logging.getLogger("rayledger.replication")
+
+Answer = tuple[Any, PushEntryResponse]
+
+_INCONSISTENT = frozenset(
+    {
+        ResponseCode.INCONSISTENT_STATE,
+        ResponseCode.INCONSISTENT_TERM,
+        ResponseCode.INCONSISTENT_INDEX,
+        ResponseCode.INDEX_OUT_OF_BOUNDS,
+    }
+)
+_NEVER = -(1 << 62)
+
+
+class EntryHandler:
+    """Follower side: stores the leader's pushes in index order and answers them."""
+
+    def __init__(
+        self,
+        group: str,
+        self_id: str,
+        state: MemberState,
+        store: LogStore,
+        config: ReplicationConfig,
+    ):
+        self.group = group
+        self.self_id = self_id
+        self.state = state
+        self.store = store
+        self.config = config
+        # APPEND pushes waiting for their turn: first index -> (request, token, received at ms)
+        self._writes: dict[int, tuple[PushEntryRequest, Any, int]] = {}
+        self._ctrl: deque[tuple[PushEntryRequest, Any]] = deque()  # COMPARE / TRUNCATE / COMMIT
+        self._leader_key: tuple[int, str | None] = (-1, None)
+        self.matched_index = -1  # highest index known to match the current leader's log
+        self._last_abnormal_check = _NEVER
+
+    @property
+    def queued(self) -> int:
+        return len(self._writes) + len(self._ctrl)
+
+    def __repr__(self) -> str:
+        return (
+            f"EntryHandler({self.self_id} term={self.state.current_term} leader={self.state.leader_id} "
+            f"end={self.store.ledger_end_index} matched={self.matched_index} "
+            f"committed={self.store.committed_index} queued={self.queued})"
+        )
+
+    # -- checks ---------------------------------------------------------------------------
+    def _check(self, req: PushEntryRequest) -> ResponseCode | None:
+        """None when ``req`` may be handled now, else the code to answer it with."""
+        st = self.state
+        if req.group != self.group:
+            return ResponseCode.UNKNOWN_GROUP
+        if req.remote_id != self.self_id:
+            return ResponseCode.UNKNOWN_MEMBER
+        term = st.current_term
+        if req.term < term:
+            return ResponseCode.EXPIRED_TERM
+        if req.term > term:
+            return ResponseCode.TERM_NOT_READY
+        leader = st.leader_id
+        if leader is None:
+            return ResponseCode.TERM_NOT_READY  # we know the term but not its leader yet
+        if leader != req.leader_id:
+            return ResponseCode.INCONSISTENT_LEADER
+        if not st.is_follower:
+            return ResponseCode.TERM_NOT_READY
+        return None
+
+    def _sync_leader(self) -> bool:
+        """A new (term, leader) forgets what matched the old one; True when it changed."""
+        key = (self.state.current_term, self.state.leader_id)
+        if key == self._leader_key:
+            return False
+        self._leader_key = key
+        self.matched_index = -1
+        return True
+
+    def _resp(
+        self, req: PushEntryRequest, code: ResponseCode, index: int | None = None
+    ) -> PushEntryResponse:
+        store = self.store
+        if index is None:
+            index = (
+                req.first_index + req.count - 1 if req.type is PushType.APPEND else req.first_index
+            )
+        return PushEntryResponse(
+            group=self.group,
+            remote_id=self.self_id,
+            term=self.state.current_term,
+            code=code,
+            index=index,
+            begin_index=store.ledger_begin_index,
+            end_index=store.ledger_end_index,
+            count=req.count,
+        )
+
+    # -- entry points -------------------------------------------------------------------
+    def handle_push(self, req: PushEntryRequest, token: Any, now_ms: int) -> list[Answer]:
+        """Take one push; returns every answer ready now (an out-of-order APPEND waits)."""
+        if (
+            self._leader_key[0] != self.state.current_term
+            or self._leader_key[1] != self.state.leader_id
+        ):
+            out = self._on_leader_change()
+        else:
+            out = []
+        code = self._check(req)
+        if code is not None:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "[%s] term=%d leader=%s: %s for %s",
+                    self.self_id,
+                    self.state.current_term,
+                    self.state.leader_id,
+                    code.name,
+                    req.describe(),
+                )
+            out.append((token, self._resp(req, code)))
+            return out
+        kind = req.type
+        if kind is PushType.APPEND:
+            first = req.first_index
+            if first == self.store.ledger_end_index + 1 and not self._ctrl:
+                out.append((token, self._append(req)))  # the common case: in order, nothing queued
+                if self._writes:
+                    self._drain_writes(out)
+            elif first <= self.store.ledger_end_index:
+                out.append((token, self._already_written(req)))
+            elif first in self._writes:
+                out.append((token, self._resp(req, ResponseCode.REPEATED_PUSH)))
+            else:
+                self._writes[first] = (req, token, now_ms)
+        elif kind is PushType.COMMIT:
+            self._ctrl.append((req, token))
+            self._work(out)
+        elif kind is PushType.COMPARE or kind is PushType.TRUNCATE:
+            if self._writes:
+                # DLedger clears the write queue: those pushes belong to an APPEND round
+                # the leader has abandoned; UNKNOWN tells it nothing it must act on
+                for wreq, wtok, _ in self._writes.values():
+                    out.append((wtok, self._resp(wreq, ResponseCode.UNKNOWN)))
+                self._writes.clear()
+            self._ctrl.append((req, token))
+            self._work(out)
+        else:
+            out.append((token, self._resp(req, ResponseCode.UNEXPECTED_ARGUMENT)))
+        return out
+
+    def tick(self, now_ms: int) -> list[Answer]:
+        """Periodic work: the abnormal-push check (DLedger checkAbnormalFuture)."""
+        out: list[Answer] = []
+        if (
+            self._leader_key[0] != self.state.current_term
+            or self._leader_key[1] != self.state.leader_id
+        ):
+            out = self._on_leader_change()
+        if self._ctrl or self._writes:
+            self._work(out)
+        if self._writes and now_ms - self._last_abnormal_check >= self.config.abnormal_check_ms:
+            self._last_abnormal_check = now_ms
+            self._check_abnormal(now_ms, out)
+        return out
+
+    # -- work -------------------------------------------------------------------------------
+    def _on_leader_change(self) -> list[Answer]:
+        """The term or leader moved on: queued pushes that no longer pass are answered."""
+        self._sync_leader()
+        out: list[Answer] = []
+        if self._ctrl:
+            keep = deque()
+            for req, tok in self._ctrl:
+                code = self._check(req)
+                if code is None:
+                    keep.append((req, tok))
+                else:
+                    out.append((tok, self._resp(req, code)))
+            self._ctrl = keep
+        if self._writes:
+            for first in list(self._writes):
+                req, tok, _ = self._writes[first]
+                code = self._check(req)
+                if code is not None:
+                    del self._writes[first]
+                    out.append((tok, self._resp(req, code)))
+        return out
+
+    def _work(self, out: list[Answer]) -> None:
+        """Control requests first, then queued appends that are next in line."""
+        while self._ctrl:
+            req, tok = self._ctrl.popleft()
+            code = self._check(req)
+            if code is not None:
+                out.append((tok, self._resp(req, code)))
+            elif req.type is PushType.COMPARE:
+                out.append((tok, self._compare(req)))
+            elif req.type is PushType.TRUNCATE:
+                out.append((tok, self._truncate(req)))
+            else:
+                out.append((tok, self._commit(req)))
+        if self._writes:
+            self._drain_writes(out)
+
+    def _drain_writes(self, out: list[Answer]) -> None:
+        writes = self._writes
+        while writes:
+            item = writes.pop(self.store.ledger_end_index + 1, None)
+            if item is None:
+                return
+            req, tok, _ = item
+            code = self._check(req)
+            out.append((tok, self._resp(req, code) if code is not None else self._append(req)))
+
+    def _follow_commit(self, leader_commit: int) -> None:
+        index = min(leader_commit, self.matched_index)
+        if index > self.store.committed_index:
+            self.store.update_committed_index(index)
+
+    def _after_write(self) -> None:
+        store = self.store
+        self.state.update_ledger(store.ledger_end_index, store.ledger_end_term)
+
+    def _append(self, req: PushEntryRequest) -> PushEntryResponse:
+        """Write a push that starts exactly at ``ledger_end_index + 1``."""
+        return self._append_batch(req, req.batch)
+
+    def _append_batch(self, req: PushEntryRequest, batch: EntryBatch) -> PushEntryResponse:
+        try:
+            self.store.append_as_follower(batch)
+        except LedgerError as exc:
+            code = ResponseCode.INCONSISTENT_STATE if exc.code in _INCONSISTENT else exc.code
+            log.warning(
+                "[%s] term=%d: APPEND %d..%d from %s refused (%s): %s",
+                self.self_id,
+                req.term,
+                req.first_index,
+                req.last_index,
+                req.leader_id,
+                code.name,
+                exc.message,
+            )
+            self._after_write()
+            return self._resp(req, code)
+        self._sync_leader()
+        last = req.first_index + req.count - 1
+        if last > self.matched_index:
+            self.matched_index = last
+        self._after_write()
+        self._follow_commit(req.commit_index)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "[%s] term=%d: appended %d..%d from %s, committed %d",
+                self.self_id,
+                req.term,
+                req.first_index,
+                last,
+                req.leader_id,
+                self.store.committed_index,
+            )
+        return self._resp(req, ResponseCode.SUCCESS, last)
+
+    def _already_written(self, req: PushEntryRequest) -> PushEntryResponse:
+        """A push starting at or below our end: answer from what we hold (a missed ack,
+        a duplicate, or a batch that overlaps our end and continues past it)."""
+        store = self.store
+        first, last, end = req.first_index, req.last_index, store.ledger_end_index
+        if first < store.ledger_begin_index:
+            return self._resp(req, ResponseCode.INCONSISTENT_STATE)
+        data = req.batch.data
+        overlap = min(last, end) - first + 1
+        local = store.read_batch(first, 1 << 62, overlap).data
+        if data[: len(local)] != local:
+            log.warning(
+                "[%s] term=%d: push %d..%d from %s differs from our entries (end %d)",
+                self.self_id,
+                req.term,
+                first,
+                last,
+                req.leader_id,
+                end,
+            )
+            return self._resp(req, ResponseCode.INCONSISTENT_STATE)
+        if last <= end:
+            log.info(
+                "[%s] term=%d: push %d..%d from %s already written (end %d), maybe an ack was lost",
+                self.self_id,
+                req.term,
+                first,
+                last,
+                req.leader_id,
+                end,
+            )
+            self._sync_leader()
+            if last > self.matched_index:
+                self.matched_index = last
+            self._follow_commit(req.commit_index)
+            return self._resp(req, ResponseCode.SUCCESS, last)
+        rest = EntryBatch(end + 1, last - end, data[len(local) :])
+        resp = self._append_batch(req, rest)
+        return resp
+
+    def _entry_matches(self, index: int, term: int, pos: int) -> bool:
+        store = self.store
+        if not store.ledger_begin_index <= index <= store.ledger_end_index:
+            return False
+        return store.get_term(index) == term and store.get_pos(index) == pos
+
+    def _compare(self, req: PushEntryRequest) -> PushEntryResponse:
+        """Do we hold the leader's entry at ``first_index``?  (Raft: then the whole prefix matches.)"""
+        index = req.first_index
+        if self._entry_matches(index, req.entry_term, req.entry_pos):
+            self._sync_leader()
+            if index > self.matched_index:
+                self.matched_index = index
+            self._follow_commit(req.commit_index)
+            code = ResponseCode.SUCCESS
+        else:
+            code = ResponseCode.INCONSISTENT_STATE
+        log.info(
+            "[%s] term=%d: COMPARE %d (term %d) from %s: %s (log %d..%d)",
+            self.self_id,
+            req.term,
+            index,
+            req.entry_term,
+            req.leader_id,
+            code.name,
+            self.store.ledger_begin_index,
+            self.store.ledger_end_index,
+        )
+        return self._resp(req, code)
+
+    def _truncate(self, req: PushEntryRequest) -> PushEntryResponse:
+        """Cut our log after the leader's entry at ``first_index`` (or reset it to start there)."""
+        store = self.store
+        index = req.first_index
+        try:
+            if req.reset:
+                if not (store.is_empty and store.ledger_begin_index == index):
+                    store.reset(index, req.entry_pos)
+                matched = index - 1
+            elif self._entry_matches(index, req.entry_term, req.entry_pos):
+                store.truncate(index)
+                matched = index
+            else:
+                log.warning(
+                    "[%s] term=%d: TRUNCATE at %d from %s: our entry there differs (log %d..%d)",
+                    self.self_id,
+                    req.term,
+                    index,
+                    req.leader_id,
+                    store.ledger_begin_index,
+                    store.ledger_end_index,
+                )
+                return self._resp(req, ResponseCode.INCONSISTENT_STATE)
+        except LedgerError as exc:
+            log.error(
+                "[%s] term=%d: TRUNCATE at %d from %s refused: %s (committed %d)",
+                self.self_id,
+                req.term,
+                index,
+                req.leader_id,
+                exc,
+                store.committed_index,
+            )
+            self._after_write()
+            return self._resp(req, ResponseCode.INCONSISTENT_STATE)
+        self._sync_leader()
+        self.matched_index = matched
+        self._after_write()
+        self._follow_commit(req.commit_index)
+        log.info(
+            "[%s] term=%d: TRUNCATE at %d%s from %s: log now %d..%d, committed %d",
+            self.self_id,
+            req.term,
+            index,
+            " (reset)" if req.reset else "",
+            req.leader_id,
+            store.ledger_begin_index,
+            store.ledger_end_index,
+            store.committed_index,
+        )
+        return self._resp(req, ResponseCode.SUCCESS)
+
+    def _commit(self, req: PushEntryRequest) -> PushEntryResponse:
+        """Follow the leader's committed index; a COMMIT that names an entry (``first_index``)
+        also proves we match the leader up to it (or, when we do not hold it, that we must
+        be compared again)."""
+        index = req.first_index
+        if index >= 0:
+            if not self._entry_matches(index, req.entry_term, req.entry_pos):
+                log.warning(
+                    "[%s] term=%d: COMMIT from %s names entry %d (term %d) we do not hold (log %d..%d)",
+                    self.self_id,
+                    req.term,
+                    req.leader_id,
+                    index,
+                    req.entry_term,
+                    self.store.ledger_begin_index,
+                    self.store.ledger_end_index,
+                )
+                return self._resp(req, ResponseCode.INCONSISTENT_STATE, index)
+            if index > self.matched_index:
+                self.matched_index = index
+        self._follow_commit(req.commit_index)
+        return self._resp(req, ResponseCode.SUCCESS, self.store.committed_index)
+
+    def _check_abnormal(self, now_ms: int, out: list[Answer]) -> None:
+        """Answer pushes we already hold; report the smallest long-missing gap as
+        INCONSISTENT_STATE so the leader compares instead of waiting for resends."""
+        writes = self._writes
+        end = self.store.ledger_end_index
+        for first in [k for k in writes if k <= end]:
+            req, tok, _ = writes.pop(first)
+            code = self._check(req)
+            out.append(
+                (tok, self._resp(req, code) if code is not None else self._already_written(req))
+            )
+        self._drain_writes(out)
+        end = self.store.ledger_end_index
+        if not writes or end + 1 in writes:
+            return
+        timeout = self.config.push_wait_timeout_ms
+        gap = min((k for k, v in writes.items() if now_ms - v[2] >= timeout), default=None)
+        if gap is None:
+            return
+        req, tok, _ = writes.pop(gap)
+        log.warning(
+            "[%s] term=%d: push %d..%d from %s waited %d ms for entries %d..%d, reporting INCONSISTENT_STATE",
+            self.self_id,
+            req.term,
+            gap,
+            req.last_index,
+            req.leader_id,
+            timeout,
+            end + 1,
+            gap - 1,
+        )
+        out.append((tok, self._resp(req, ResponseCode.INCONSISTENT_STATE)))

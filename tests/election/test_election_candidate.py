@@ -1,0 +1,195 @@
+"""maintainAsCandidate: timers, the vote round, and every parse result."""
+
+from __future__ import annotations
+
+from rayledger.election import (
+    ElectionConfig,
+    ParseResult,
+    Role,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+
+R = VoteResult
+P = ParseResult
+
+
+def _round(h, el, now):
+    actions = el.tick(now)
+    sends = h.sends(actions)
+    assert el.in_vote_round, el.snapshot()
+    return sends
+
+
+def _answer(el, sends, results, now, terms=None):
+    out = []
+    for i, (s, result) in enumerate(zip(sends, results, strict=False)):
+        if result is None:
+            out.extend(el.on_vote_response(s.to, s.message, None, now))
+            continue
+        term = s.message.term if terms is None else terms[i]
+        out.extend(el.on_vote_response(s.to, s.message, VoteResponse(result, term), now))
+    return out
+
+
+def test_first_tick_votes_for_itself_and_asks_every_peer(h) -> None:
+    el = h.make(term=0)
+    sends = _round(h, el, 0)
+    assert sorted(s.to for s in sends) == ["n1", "n2"]
+    for s in sends:
+        req = s.message
+        assert isinstance(req, VoteRequest)
+        assert (req.group, req.local_id, req.remote_id, req.leader_id) == ("g", "n0", s.to, "n0")
+        assert (req.term, req.ledger_end_index, req.ledger_end_term, req.pre_vote) == (
+            0,
+            -1,
+            -1,
+            False,
+        )
+    assert el.state.vote_for == "n0"  # the self vote, persisted
+    assert el.state.term_store.load() == (0, "n0")
+
+
+def test_round_waits_until_its_deadline_then_parses(h) -> None:
+    el = h.make(term=1)
+    _round(h, el, 0)
+    deadline = el._vote_round.deadline_ms
+    assert 2000 <= deadline < 3000  # 2000 + random(maxVoteIntervalMs)
+    assert el.tick(deadline - 1) == [] and el.in_vote_round
+    el.tick(deadline)
+    assert not el.in_vote_round
+    # only its own vote was valid: no quorum -> WAIT_TO_REVOTE, same term
+    assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 1
+    assert deadline + 300 <= el.next_time_to_request_vote < deadline + 1000
+
+
+def test_timer_gates_the_next_round(h) -> None:
+    el = h.make(term=1)
+    _round(h, el, 0)
+    el.tick(el._vote_round.deadline_ms)
+    nxt = el.next_time_to_request_vote
+    assert el.tick(nxt - 1) == [] and not el.in_vote_round
+    assert h.sends(el.tick(nxt))
+
+
+def test_passed_becomes_leader_and_tells_handlers(h) -> None:
+    el = h.make(term=3)
+    seen = []
+    el.add_role_change_handler(lambda term, role: seen.append((term, role)))
+    sends = _round(h, el, 0)
+    actions = _answer(el, sends[:1], [R.ACCEPT], 5)  # self + 1 = quorum of 3: no need to wait
+    assert el.role is Role.LEADER and el.leader_id == "n0" and el.last_parse_result is P.PASSED
+    assert [(rc.term, rc.role, rc.leader_id) for rc in h.role_changes(actions)] == [
+        (3, Role.LEADER, "n0")
+    ]
+    assert seen == [(3, Role.LEADER)]
+    # the late answer of the third member belongs to a finished round
+    assert _answer(el, sends[1:], [R.ACCEPT], 6) == []
+
+
+def test_larger_term_in_a_rejection_means_wait_to_vote_next_at_that_term(h) -> None:
+    el = h.make(term=3)
+    sends = _round(h, el, 0)
+    actions = _answer(
+        el, sends, [R.REJECT_EXPIRED_VOTE_TERM, R.REJECT_TERM_SMALL_THAN_LEDGER], 5, terms=[6, 8]
+    )
+    assert el.last_parse_result is P.WAIT_TO_VOTE_NEXT
+    assert el.state.known_max_term_in_group == 8
+    assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(8, Role.CANDIDATE)]
+    # catching up to a term the group already uses needs no pre-vote
+    sends = h.sends(el.tick(el.next_time_to_request_vote))
+    assert el.term == 8 and sends and not sends[0].message.pre_vote and sends[0].message.term == 8
+
+
+def test_already_has_leader_backs_off_for_the_heartbeat_timeout(h) -> None:
+    el = h.make(term=3)
+    sends = _round(h, el, 0)
+    _answer(el, sends[:1], [R.REJECT_ALREADY_HAS_LEADER], 5)  # ends the round at once
+    assert not el.in_vote_round
+    assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 3
+    assert 5 + 300 + 6000 <= el.next_time_to_request_vote < 5 + 1000 + 6000
+
+
+def test_no_valid_quorum_revotes_in_the_same_term(h) -> None:
+    el = h.make(term=3, vote="n1")  # its own vote is a valid rejection
+    sends = _round(h, el, 0)
+    _answer(el, sends, [None, None], 5)  # both calls failed: counted, not valid
+    assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 3
+
+
+def test_bigger_ledgers_add_max_vote_interval(h) -> None:
+    el = h.make(term=3)
+    sends = _round(h, el, 0)
+    _answer(el, sends, [R.REJECT_EXPIRED_LEDGER_TERM, R.REJECT_SMALL_LEDGER_END_INDEX], 5)
+    assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 3
+    assert 5 + 300 + 1000 <= el.next_time_to_request_vote < 5 + 1000 + 1000
+
+
+def test_not_ready_voters_mean_revote_immediately(h) -> None:
+    el = h.make(term=3)
+    sends = _round(h, el, 0)
+    nxt = el.next_time_to_request_vote
+    _answer(el, sends[:1], [R.REJECT_TERM_NOT_READY], 5)  # 1 accept + 1 not ready = quorum
+    assert el.last_parse_result is P.REVOTE_IMMEDIATELY
+    assert el.next_time_to_request_vote == nxt  # timer untouched
+    sends = h.sends(el.tick(15))
+    assert sends and sends[0].message.term == 3  # same term, at the very next tick
+
+
+def test_rejections_lead_to_a_pre_vote_for_the_next_term(h) -> None:
+    el = h.make(term=3)
+    sends = _round(h, el, 0)
+    _answer(el, sends, [R.REJECT_ALREADY_VOTED, R.REJECT_TAKING_LEADERSHIP], 5)
+    assert el.last_parse_result is P.WAIT_TO_VOTE_NEXT and el.term == 3
+    sends = h.sends(el.tick(el.next_time_to_request_vote))
+    assert [s.message.pre_vote for s in sends] == [True, True]
+    assert sends[0].message.term == 4 and el.term == 3  # asked, not raised
+    actions = _answer(el, sends[:1], [R.ACCEPT], 1500)  # pre-vote passed
+    real = h.sends(actions)
+    assert el.term == 4 and el.state.vote_for == "n0"
+    assert real and all(not s.message.pre_vote and s.message.term == 4 for s in real)
+
+
+def test_failed_pre_vote_keeps_the_term(h) -> None:
+    el = h.make(term=3)
+    el._last_parse_result = P.WAIT_TO_VOTE_NEXT
+    sends = h.sends(el.tick(0))
+    assert sends[0].message.pre_vote
+    _answer(el, sends, [R.REJECT_ALREADY_HAS_LEADER, R.REJECT_ALREADY_HAS_LEADER], 5)
+    assert el.term == 3 and el.state.term_store.load() == (3, None)
+    assert el.last_parse_result is P.WAIT_TO_REVOTE
+
+
+def test_stale_and_duplicate_answers_are_ignored(h) -> None:
+    el = h.make(term=3)
+    sends = _round(h, el, 0)
+    first = sends[0]
+    el.on_vote_response(first.to, first.message, VoteResponse(R.REJECT_ALREADY_VOTED, 3), 1)
+    # the same voter again (a duplicated message) does not count twice
+    assert el.on_vote_response(first.to, first.message, VoteResponse(R.ACCEPT, 3), 2) == []
+    assert el.in_vote_round and el.role is Role.CANDIDATE
+    # an answer to a request from another round is dropped
+    other = VoteRequest(**{**first.message.__dict__, "round_id": first.message.round_id - 1})
+    assert el.on_vote_response(sends[1].to, other, VoteResponse(R.ACCEPT, 3), 3) == []
+    assert el.role is Role.CANDIDATE
+
+
+def test_single_member_group_elects_itself(h) -> None:
+    el = h.make(peers=("n0",), term=0)
+    actions = el.tick(0)
+    assert el.role is Role.LEADER and h.sends(actions) == []
+
+
+def test_take_leadership_uses_its_short_vote_interval(h) -> None:
+    el = h.make(term=5)
+    el.state.term_to_take_leadership = 5
+    assert el._get_next_time_to_request_vote(0) in range(30, 100)
+    el.state.term_to_take_leadership = -1
+    assert el._get_next_time_to_request_vote(0) in range(300, 1000)
+
+
+def test_vote_wait_uses_configured_base(h) -> None:
+    el = h.make(term=1, config=ElectionConfig(vote_wait_base_ms=50, max_vote_interval_ms=400))
+    _round(h, el, 0)
+    assert 50 <= el._vote_round.deadline_ms < 450

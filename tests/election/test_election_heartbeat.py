@@ -1,0 +1,189 @@
+"""handle_heartbeat / maintainAsFollower and sendHeartbeats / maintainAsLeader."""
+
+from __future__ import annotations
+
+import pytest
+from rayledger.election import ElectionConfig, HeartbeatRequest, HeartbeatResponse, Role
+from rayledger.storage.errors import LedgerError, NotLeaderError, ResponseCode
+
+C = ResponseCode
+
+
+# ------------------------------------------------------------- follower side
+
+
+def test_heartbeat_makes_a_candidate_follow(h) -> None:
+    el = h.make(term=4)
+    resp, actions = el.handle_heartbeat(h.hb_req(el, "n1"), 50)
+    assert resp.code is C.SUCCESS and resp.term == 4
+    assert (el.role, el.leader_id) == (Role.FOLLOWER, "n1")
+    assert [(rc.term, rc.role, rc.leader_id) for rc in h.role_changes(actions)] == [
+        (4, Role.FOLLOWER, "n1")
+    ]
+
+
+def test_heartbeat_from_the_known_leader_refreshes_the_timer(h) -> None:
+    el = h.make(term=4)
+    h.become_follower(el, "n1", now=0)
+    assert el.handle_heartbeat(h.hb_req(el, "n1"), 5000)[0].code is C.SUCCESS
+    assert el.tick(5000 + 6000) == [] and el.role is Role.FOLLOWER
+    actions = el.tick(5000 + 6001)
+    assert el.role is Role.CANDIDATE and el.term == 4
+    assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(4, Role.CANDIDATE)]
+
+
+@pytest.mark.parametrize(
+    ("kw", "code"),
+    [
+        ({"leader_id": "stranger"}, C.UNKNOWN_MEMBER),
+        ({"leader_id": "n0", "local_id": "n0"}, C.UNEXPECTED_MEMBER),
+        ({"remote_id": "n2"}, C.UNKNOWN_MEMBER),
+        ({"group": "other"}, C.UNKNOWN_GROUP),
+    ],
+)
+def test_heartbeat_from_a_non_member_is_refused(h, kw, code) -> None:
+    el = h.make(term=4)
+    resp, actions = el.handle_heartbeat(h.hb_req(el, "n1", **kw), 0)
+    assert resp.code is code and resp.term == 4
+    assert actions == [] and el.role is Role.CANDIDATE
+
+
+def test_expired_term(h) -> None:
+    el = h.make(term=4)
+    resp, _ = el.handle_heartbeat(h.hb_req(el, "n1", term=3), 0)
+    assert resp.code is C.EXPIRED_TERM and resp.term == 4
+    assert el.role is Role.CANDIDATE
+
+
+def test_inconsistent_leader(h) -> None:
+    el = h.make(term=4)
+    h.become_follower(el, "n1")
+    resp, _ = el.handle_heartbeat(h.hb_req(el, "n2"), 10)
+    assert resp.code is C.INCONSISTENT_LEADER
+    assert el.leader_id == "n1"
+
+
+def test_term_not_ready_steps_down_and_catches_up(h) -> None:
+    el = h.make(term=4)
+    h.become_follower(el, "n1")
+    resp, actions = el.handle_heartbeat(h.hb_req(el, "n2", term=6), 10)
+    assert resp.code is C.TERM_NOT_READY
+    assert el.role is Role.CANDIDATE and el.need_increase_term_immediately and el.term == 4
+    assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(6, Role.CANDIDATE)]
+    el.tick(20)
+    assert el.term == 6
+    # the leader's next heartbeat now makes it follow
+    assert el.handle_heartbeat(h.hb_req(el, "n2", term=6), 30)[0].code is C.SUCCESS
+    assert (el.role, el.leader_id) == (Role.FOLLOWER, "n2")
+
+
+def test_follower_times_out_after_max_heartbeat_leak(h) -> None:
+    cfg = ElectionConfig(heartbeat_interval_ms=100, max_heartbeat_leak=2)
+    el = h.make(term=1, config=cfg)
+    h.become_follower(el, "n1", now=1000)
+    assert el.tick(1200) == [] and el.role is Role.FOLLOWER
+    el.tick(1201)
+    assert el.role is Role.CANDIDATE
+
+
+# --------------------------------------------------------------- leader side
+
+
+def _leader(h, **kw):
+    el = h.make(**kw)
+    now = h.become_leader(el)
+    return el, now
+
+
+def test_leader_sends_heartbeats_every_interval(h) -> None:
+    el, now = _leader(h, term=0)
+    sends = h.sends(el.tick(now))
+    assert sorted(s.to for s in sends) == ["n1", "n2"]
+    req = sends[0].message
+    assert isinstance(req, HeartbeatRequest)
+    assert (req.group, req.local_id, req.leader_id, req.term) == ("g", "n0", "n0", el.term)
+    h.answer_heartbeats(el, sends, C.SUCCESS, now + 3)
+    assert el.tick(now + 2000) == []  # DLedger: strictly more than the interval
+    assert len(h.sends(el.tick(now + 2001))) == 2
+    assert el.peers_live() == {"n1": True, "n2": True}
+
+
+def test_leader_waits_for_its_round_before_the_next(h) -> None:
+    el, now = _leader(h, term=0)
+    el.tick(now)  # nobody answers
+    assert h.sends(el.tick(now + 1999)) == []
+    el.tick(now + 2000)  # round deadline: parsed, still within the leak budget
+    assert el.role is Role.LEADER
+    assert len(h.sends(el.tick(now + 2010))) == 2
+
+
+def test_leader_steps_down_after_max_heartbeat_leak_without_quorum(h) -> None:
+    el, now = _leader(h, term=0)
+    t = now
+    rounds = 0
+    while el.role is Role.LEADER:
+        sends = h.sends(el.tick(t))
+        if sends:
+            rounds += 1
+            h.answer_heartbeats(el, [s for s in sends if s.to == "n1"], C.NETWORK_ERROR, t + 1)
+            for s in sends:
+                if s.to == "n2":
+                    el.on_heartbeat_response("n2", s.message, None, t + 5)
+        t += 10
+        assert t < now + 20_000
+    assert el.role is Role.CANDIDATE and el.term == 0
+    assert 6000 < t - now <= 8100 and rounds in (3, 4)
+    assert el.peers_live() == {"n1": False, "n2": False}
+
+
+def test_leader_steps_down_on_a_larger_term(h) -> None:
+    el, now = _leader(h, term=0)
+    sends = h.sends(el.tick(now))
+    actions = h.answer_heartbeats(el, sends, C.EXPIRED_TERM, now + 1, term=5)
+    assert el.role is Role.CANDIDATE
+    assert el.state.known_max_term_in_group == 5
+    assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(5, Role.CANDIDATE)]
+
+
+def test_leader_steps_down_when_another_leader_is_followed(h) -> None:
+    el, now = _leader(h, term=0)
+    sends = h.sends(el.tick(now))
+    h.answer_heartbeats(el, sends, C.INCONSISTENT_LEADER, now + 1)
+    assert el.role is Role.CANDIDATE and el.term == 0
+
+
+def test_not_ready_followers_get_an_immediate_heartbeat(h) -> None:
+    el, now = _leader(h, term=0)
+    sends = h.sends(el.tick(now))
+    h.answer_heartbeats(el, sends[:1], C.TERM_NOT_READY, now + 1)  # 1 + 1 not ready = quorum
+    assert el.role is Role.LEADER
+    assert len(h.sends(el.tick(now + 10))) == 2
+
+
+def test_one_success_is_a_quorum_of_three(h) -> None:
+    el, now = _leader(h, term=0)
+    sends = h.sends(el.tick(now))
+    h.answer_heartbeats(el, sends[:1], C.SUCCESS, now + 1)
+    # round over: the straggler's answer is stale
+    stale = HeartbeatResponse(C.EXPIRED_TERM, 9)
+    assert el.on_heartbeat_response(sends[1].to, sends[1].message, stale, now + 2) == []
+    assert el.role is Role.LEADER
+
+
+def test_leader_rejects_heartbeat_of_another_leader_in_its_term(h) -> None:
+    el, now = _leader(h, term=0)
+    resp, _ = el.handle_heartbeat(h.hb_req(el, "n1"), now)
+    assert resp.code is C.INCONSISTENT_LEADER and el.role is Role.LEADER
+
+
+def test_check_can_append(h) -> None:
+    el = h.make(term=1)
+    with pytest.raises(NotLeaderError) as err:
+        el.check_can_append()
+    assert err.value.code is C.NOT_LEADER
+    h.become_follower(el, "n1")
+    with pytest.raises(LedgerError) as err:
+        el.check_can_append()
+    assert err.value.leader_id == "n1"
+    el2, _ = _leader(h, term=0)
+    el2.check_can_append()

@@ -1,0 +1,338 @@
+"""Leadership transfer, preferred leader, role-change handlers, and a pre-vote scenario."""
+
+from __future__ import annotations
+
+import pytest
+from rayledger.election import (
+    ElectionConfig,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    Role,
+    RoleChange,
+    Send,
+    TransferOutcome,
+    VoteResult,
+)
+from rayledger.storage.errors import LedgerError, ResponseCode
+
+C = ResponseCode
+
+
+def _leader(h, **kw):
+    el = h.make(**kw)
+    now = h.become_leader(el)
+    return el, now
+
+
+def _take_order(sends):
+    (send,) = [s for s in sends if isinstance(s.message, LeadershipTransferRequest)]
+    return send
+
+
+# ------------------------------------------------------------------ leader leg
+
+
+def test_transfer_blocks_appends_and_orders_the_caught_up_transferee(h) -> None:
+    el, now = _leader(h, term=0, ledger=(-1, -1))
+    el.state.update_ledger(50, el.term)
+    el.on_peer_progress("n2", 50, now)
+    resp, actions = el.transfer_leadership("n2", now)
+    assert isinstance(resp, LeadershipTransferResponse) and resp.code is C.SUCCESS
+    assert el.transferring and el.state.transferee == "n2"
+    with pytest.raises(LedgerError) as err:
+        el.check_can_append()
+    assert err.value.code is C.LEADER_TRANSFERRING
+    order = _take_order(h.sends(actions))
+    assert order.to == "n2"
+    req = order.message
+    assert (req.transfer_id, req.transferee_id, req.term, req.take_leadership_ledger_index) == (
+        "n0",
+        "n2",
+        el.term,
+        50,
+    )
+    assert req.wait_timeout_ms == 1000
+
+
+def test_transfer_waits_for_the_transferee_to_come_within_wait_index(h) -> None:
+    cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
+    el, now = _leader(h, term=0, config=cfg)
+    el.state.update_ledger(100, el.term)
+    el.on_peer_progress("n1", 80, now)
+    resp, actions = el.transfer_leadership("n1", now)
+    assert resp.code is C.SUCCESS and h.sends(actions) == []
+    assert el.on_peer_progress("n1", 90, now + 10) == []  # 10 behind: not yet
+    order = _take_order(el.on_peer_progress("n1", 91, now + 20))
+    assert order.message.take_leadership_ledger_index == 100
+    assert order.message.wait_timeout_ms == 1000 - 20
+
+
+def test_transfer_is_abandoned_at_its_deadline(h) -> None:
+    cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
+    el, now = _leader(h, term=0, config=cfg)
+    el.state.update_ledger(100, el.term)
+    el.transfer_leadership("n1", now)
+    assert [a for a in el.tick(now + 1000) if isinstance(a, TransferOutcome)] == []
+    actions = el.tick(now + 1001)
+    assert [a for a in actions if isinstance(a, TransferOutcome)] == [
+        TransferOutcome(el.term, "n1", C.TIMEOUT)
+    ]
+    assert not el.transferring and el.role is Role.LEADER
+    el.check_can_append()
+
+
+def test_transfer_is_abandoned_when_the_transferee_refuses_or_is_unreachable(h) -> None:
+    el, now = _leader(h, term=0)
+    _, actions = el.transfer_leadership("n1", now)
+    order = _take_order(h.sends(actions))
+    refusal = LeadershipTransferResponse(C.INCONSISTENT_TERM, el.term)
+    out = el.on_leadership_transfer_response("n1", order.message, refusal, now + 5)
+    assert out == [TransferOutcome(el.term, "n1", C.INCONSISTENT_TERM)] and not el.transferring
+
+    _, actions = el.transfer_leadership("n2", now + 10)
+    order = _take_order(h.sends(actions))
+    out = el.on_response("n2", order.message, None, now + 20)
+    assert out == [TransferOutcome(el.term, "n2", C.TAKE_LEADERSHIP_FAILED)]
+
+
+def test_transfer_succeeds_when_the_leader_sees_the_new_term(h) -> None:
+    el, now = _leader(h, term=0)
+    _, actions = el.transfer_leadership("n1", now)
+    order = _take_order(h.sends(actions))
+    ok = LeadershipTransferResponse(C.SUCCESS, el.term)
+    assert el.on_leadership_transfer_response("n1", order.message, ok, now + 5) == []
+    assert el.transferring
+    vote = h.vote_req(el, "n1", term=el.term + 1)
+    _, actions = el.handle_vote(vote, now + 50)
+    assert TransferOutcome(el.term, "n1", C.SUCCESS) in actions
+    assert el.role is Role.CANDIDATE and not el.transferring
+
+
+@pytest.mark.parametrize(
+    ("setup", "kw", "code"),
+    [
+        ("leader", {"transferee_id": "stranger"}, C.UNKNOWN_MEMBER),
+        ("leader", {"term": 99}, C.INCONSISTENT_TERM),
+        ("candidate", {}, C.NOT_LEADER),
+        ("transferring", {}, C.LEADER_TRANSFERRING),
+        ("leader", {"remote_id": "n1"}, C.UNKNOWN_MEMBER),
+        ("leader", {"group": "x"}, C.UNKNOWN_GROUP),
+        ("leader", {"transfer_id": "n1", "transferee_id": "n2"}, C.UNEXPECTED_ARGUMENT),
+    ],
+)
+def test_transfer_request_checks(h, setup, kw, code) -> None:
+    if setup == "candidate":
+        el, now = h.make(term=0), 0
+    else:
+        el, now = _leader(h, term=0)
+    if setup == "transferring":
+        el.transfer_leadership("n2", now)
+    fields = dict(
+        group="g",
+        local_id="admin",
+        remote_id="n0",
+        term=el.term,
+        transfer_id="n0",
+        transferee_id="n1",
+    )
+    fields.update(kw)
+    resp, actions = el.handle_leadership_transfer(LeadershipTransferRequest(**fields), now)
+    assert resp.code is code
+    assert h.sends(actions) == []
+
+
+def test_transfer_to_itself_is_a_no_op(h) -> None:
+    el, now = _leader(h, term=0)
+    resp, actions = el.transfer_leadership("n0", now)
+    assert resp.code is C.SUCCESS and actions == [] and not el.transferring
+
+
+# ------------------------------------------------------------- transferee leg
+
+
+def _order(el, leader="n1", index=-1, term=None, wait=1000):
+    return LeadershipTransferRequest(
+        group="g",
+        local_id=leader,
+        remote_id=el.self_id,
+        term=el.term if term is None else term,
+        transfer_id=leader,
+        transferee_id=el.self_id,
+        leader_id=leader,
+        take_leadership_ledger_index=index,
+        wait_timeout_ms=wait,
+    )
+
+
+def test_transferee_votes_at_once_for_the_next_term(h) -> None:
+    el = h.make(term=4, ledger=(30, 4))
+    h.become_follower(el, "n1")
+    resp, actions = el.handle_leadership_transfer(_order(el, index=30), 100)
+    assert resp.code is C.SUCCESS
+    assert el.role is Role.CANDIDATE and el.need_increase_term_immediately
+    assert el.state.term_to_take_leadership == 5
+    assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(5, Role.CANDIDATE)]
+    assert el.tick(110) == [] and el.term == 5 and el.is_taking_leadership
+    assert 110 + 30 <= el.next_time_to_request_vote < 110 + 100
+    sends = h.sends(el.tick(el.next_time_to_request_vote))
+    assert sends and all(s.message.term == 5 and s.message.take_leadership for s in sends)
+    assert not sends[0].message.pre_vote
+    # a repeated order (duplicated message) is answered the same way
+    assert el.handle_leadership_transfer(_order(el, index=30, term=4), 120)[0].code is C.SUCCESS
+    h.answer_votes(el, sends, VoteResult.ACCEPT, 200)
+    assert el.role is Role.LEADER and el.state.term_to_take_leadership == -1
+
+
+def test_transferee_waits_to_catch_up_then_votes(h) -> None:
+    el = h.make(term=4, ledger=(20, 4))
+    h.become_follower(el, "n1")
+    resp, actions = el.handle_leadership_transfer(_order(el, index=30), 100)
+    assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and actions == []
+    el.tick(150)
+    assert el.role is Role.FOLLOWER
+    el.state.update_ledger(30, 4)
+    actions = el.tick(160)
+    assert el.role is Role.CANDIDATE and el.state.term_to_take_leadership == 5
+
+
+def test_transferee_gives_up_when_it_cannot_catch_up_in_time(h) -> None:
+    el = h.make(term=4, ledger=(20, 4))
+    h.become_follower(el, "n1")
+    el.handle_leadership_transfer(_order(el, index=30, wait=300), 100)
+    el.handle_heartbeat(h.hb_req(el, "n1"), 401)
+    el.tick(401)
+    el.state.update_ledger(30, 4)
+    el.tick(410)
+    assert el.role is Role.FOLLOWER and el.state.term_to_take_leadership == -1
+
+
+@pytest.mark.parametrize(
+    ("leader", "term", "code"),
+    [("n2", None, C.INCONSISTENT_LEADER), ("n1", 3, C.INCONSISTENT_TERM)],
+)
+def test_transferee_checks_leader_and_term(h, leader, term, code) -> None:
+    el = h.make(term=4)
+    h.become_follower(el, "n1")
+    resp, actions = el.handle_leadership_transfer(_order(el, leader=leader, term=term), 0)
+    assert resp.code is code and actions == [] and el.role is Role.FOLLOWER
+
+
+# ------------------------------------------------------------ preferred leader
+
+
+def test_leader_hands_over_to_a_live_preferred_member(h) -> None:
+    cfg = ElectionConfig(preferred_leader_ids="n2")
+    el, now = _leader(h, term=0, config=cfg)
+    sends = h.sends(el.tick(now))
+    h.answer_heartbeats(el, sends, C.SUCCESS, now + 1)
+    assert el.peers_live()["n2"]
+    actions = []
+    t = now + 10
+    while not el.transferring:
+        actions = el.tick(t)
+        t += 10
+        assert t < now + 1100
+    assert t - now >= 1000  # checked once a second
+    assert _take_order(h.sends(actions)).to == "n2"
+
+
+def test_preferred_leader_check_skips_dead_or_lagging_members(h) -> None:
+    cfg = ElectionConfig(preferred_leader_ids=("n1", "n2"), max_leadership_transfer_wait_index=10)
+    el, now = _leader(h, term=0, config=cfg)
+    sends = h.sends(el.tick(now))
+    h.answer_heartbeats(el, sends, C.SUCCESS, now + 1, only={"n1"})
+    el.state.update_ledger(100, el.term)
+    el.on_peer_progress("n1", 50, now)
+    el.tick(now + 1000)
+    assert not el.transferring  # n2 dead, n1 too far behind
+    el.on_peer_progress("n1", 95, now + 1001)
+    el.tick(now + 2000)
+    assert el.state.transferee == "n1"
+
+
+def test_preferred_leader_itself_never_transfers(h) -> None:
+    el, now = _leader(h, term=0, config=ElectionConfig(preferred_leader_ids=("n0", "n1")))
+    h.answer_heartbeats(el, h.sends(el.tick(now)), C.SUCCESS, now + 1)
+    el.tick(now + 1500)
+    assert not el.transferring
+
+
+# -------------------------------------------------------------- role handlers
+
+
+def test_role_change_handlers_hear_every_change_once(h) -> None:
+    el = h.make(term=0)
+    seen = []
+    el.add_role_change_handler(lambda term, role: seen.append((term, role)))
+    el.add_role_change_handler(lambda term, role: 1 / 0)  # a broken hook does not stop us
+    now = h.become_leader(el)
+    el.handle_vote(h.vote_req(el, "n1", term=el.term + 3), now)
+    el.handle_vote(h.vote_req(el, "n2", term=el.term + 3), now)  # same (term, role): no repeat
+    el.tick(now + 10)
+    el.handle_heartbeat(h.hb_req(el, "n1"), now + 20)
+    assert seen == [(0, Role.LEADER), (3, Role.CANDIDATE), (3, Role.FOLLOWER)]
+
+
+# ------------------------------------------------- pre-vote, end to end (3 cores)
+
+
+class _Group:
+    """Three cores with synchronous delivery and cut links."""
+
+    def __init__(self, h, config, votes):
+        self.h = h
+        self.els = {
+            i: h.make(i, term=1, vote=votes[i], config=config, seed=k)
+            for k, i in enumerate(h.PEERS)
+        }
+        self.cut: set[tuple[str, str]] = set()
+        self.now = 0
+
+    def run(self, sender, actions):
+        for a in actions:
+            if not isinstance(a, Send) or (sender, a.to) in self.cut:
+                continue
+            resp, more = self.els[a.to].handle(a.message, self.now)
+            self.run(a.to, more)
+            if (a.to, sender) in self.cut:
+                resp = None
+            self.run(sender, self.els[sender].on_response(a.to, a.message, resp, self.now))
+
+    def advance(self, ms):
+        end = self.now + ms
+        while self.now < end:
+            self.now += 10
+            for i, el in self.els.items():
+                self.run(i, el.tick(self.now))
+
+    def roles(self):
+        return {i: (el.role, el.term) for i, el in self.els.items()}
+
+
+@pytest.mark.parametrize("pre_vote", [True, False])
+def test_member_cut_from_the_leader_only(h, pre_vote) -> None:
+    """n2 loses the leader but still reaches n1, which follows without having voted
+    in this term.  Without pre-vote n2 raises the term and deposes the healthy
+    leader; with pre-vote n1 refuses because it still hears the leader."""
+    # n0 leads term 1 with n2's vote; n1 follows without having voted in term 1.
+    g = _Group(h, ElectionConfig(enable_pre_vote=pre_vote), {"n0": "n0", "n1": None, "n2": "n0"})
+    g.els["n0"]._change_role_to_leader(1, 0)
+    g.els["n1"].handle_heartbeat(h.hb_req(g.els["n1"], "n0"), 0)
+    g.els["n2"].handle_heartbeat(h.hb_req(g.els["n2"], "n0"), 0)
+    g.advance(3000)
+    assert g.roles()["n0"] == (Role.LEADER, 1)
+    g.cut |= {("n0", "n2"), ("n2", "n0")}
+    g.advance(30_000)
+    if pre_vote:
+        assert g.roles()["n0"] == (Role.LEADER, 1)
+        assert g.roles()["n1"] == (Role.FOLLOWER, 1)
+        assert g.els["n2"].term == 1
+    else:
+        assert g.els["n0"].role is not Role.LEADER or g.els["n0"].term > 1
+        assert max(el.term for el in g.els.values()) > 1
+
+
+def test_role_change_action_carries_the_leader(h) -> None:
+    el = h.make(term=2)
+    _, actions = el.handle_heartbeat(h.hb_req(el, "n2"), 0)
+    assert actions == [RoleChange(2, Role.FOLLOWER, "n2")]

@@ -1,0 +1,234 @@
+"""Whole groups under seeded faults: elect, append, replicate, commit, crash, recover.
+
+Every failure prints its seed; ``RAYLEDGER_SIM_SEED=k`` reruns just that seed and
+``RAYLEDGER_SIM_SEEDS=N`` (or ``a:b``, ``1,5,9``) runs any number of them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from rayledger.replication import DispatcherState
+from rayledger.storage import ResponseCode
+
+from .group_sim import SIM_REPLICATION, GroupSim, sim_config_for
+from .network import sim_seeds
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    """Thousands of expected warnings (resends, refused pushes) would dominate the run time."""
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
+    sim = GroupSim(n, seed, store_kind=store_kind, replication=sim_config_for(seed), **kw)
+    try:
+        sim.run()
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("seed", sim_seeds(110))
+def test_n3_memory(seed: int) -> None:
+    _run(3, seed)
+
+
+@pytest.mark.parametrize("seed", sim_seeds(40, offset=10_000))
+def test_n5_memory(seed: int) -> None:
+    _run(5, seed)
+
+
+@pytest.mark.parametrize("seed", sim_seeds(14, offset=20_000))
+def test_n3_file(seed: int) -> None:
+    _run(3, seed, "file")
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", sim_seeds(300, offset=30_000))
+def test_chaos_n5_file(seed: int) -> None:
+    _run(5, seed, "file")
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", sim_seeds(2000, offset=40_000))
+def test_chaos_memory_long(seed: int) -> None:
+    sim = GroupSim(3 + 2 * (seed % 2), seed, replication=sim_config_for(seed), clients=3)
+    try:
+        sim.run(chaos_ms=20_000, converge_within_ms=30_000)
+    finally:
+        sim.close()
+
+
+# ---------------------------------------------------------------------- scenarios
+
+
+def test_same_seed_same_run() -> None:
+    """A seed reproduces its run exactly (what makes a printed seed useful)."""
+    results = []
+    for _ in range(2):
+        sim = GroupSim(3, 1234, replication=sim_config_for(1234))
+        try:
+            results.append(sim.run())
+            results.append(sorted(sim.acked.items()))
+        finally:
+            sim.close()
+    assert results[0] == results[2] and results[1] == results[3]
+
+
+def test_no_faults_every_append_commits() -> None:
+    """Without faults every client append is acknowledged and committed everywhere."""
+    sim = GroupSim(3, 7, faults=False, slow_followers=False)
+    try:
+        sim.run_until(3000)
+        assert sim.unknown_outcomes == 0
+        assert len(sim.acked) > 100
+        sim.heal()
+        assert sim.run_for(2000, sim.converged)
+        sim.final_check()
+        assert len(sim.leaders_by_term) == 1
+    finally:
+        sim.close()
+
+
+def _leader(sim: GroupSim) -> str:
+    assert sim.run_for(
+        3000, lambda: len([m for m in sim.members.values() if m.alive and m.state.is_leader]) == 1
+    )
+    return next(m.id for m in sim.members.values() if m.alive and m.state.is_leader)
+
+
+def test_leader_crash_new_leader_keeps_acknowledged() -> None:
+    sim = GroupSim(5, 11, faults=False, slow_followers=False)
+    try:
+        old = _leader(sim)
+        sim.run_for(1500)
+        acked_before = dict(sim.acked)
+        assert acked_before
+        sim.crash(old)
+        sim.run_for(2000)
+        new = _leader(sim)
+        assert new != old
+        assert sim.members[new].state.current_term > sim.members[old].term_store.term
+        sim.restart(old)
+        sim.run_for(4000)  # clients time out on the dead leader and find the new one
+        assert len(sim.acked) > len(acked_before)
+        sim.heal()
+        assert sim.run_for(5000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
+def test_file_store_crash_recovers_from_files() -> None:
+    """A crashed FileStore member reopens its files and catches up."""
+    sim = GroupSim(3, 5, store_kind="file", faults=False, slow_followers=False)
+    try:
+        leader = _leader(sim)
+        follower = next(mid for mid in sim.ids if mid != leader)
+        sim.run_for(1000)
+        sim.crash(follower)
+        sim.run_for(1000)
+        sim.restart(follower)
+        assert sim.members[follower].store.ledger_end_index >= 0
+        sim.heal()
+        assert sim.run_for(5000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
+def test_minority_leader_appends_are_truncated() -> None:
+    """An isolated old leader's uncommitted entries are cut when it rejoins (COMPARE/TRUNCATE)."""
+    sim = GroupSim(3, 21, faults=False, slow_followers=False)
+    try:
+        old = _leader(sim)
+        sim.run_for(500)
+        sim.net.isolate(old)
+        # clients keep writing to the isolated leader for a while: entries that never commit
+        for c in sim.clients:
+            c.believed = old
+        sim.run_for(250)
+        stale_end = sim.members[old].store.ledger_end_index
+        sim.run_for(2000)
+        new = _leader_among(sim, [m for m in sim.ids if m != old])
+        assert new != old
+        sim.heal()
+        assert sim.run_for(8000, sim.converged)
+        sim.final_check()
+        truncated = [line for line in sim.net.trace if f"{old} truncated" in line]
+        assert truncated or sim.members[old].store.ledger_end_index >= stale_end
+    finally:
+        sim.close()
+
+
+def _leader_among(sim: GroupSim, ids: list[str]) -> str:
+    def one():
+        return len([m for m in ids if sim.members[m].alive and sim.members[m].state.is_leader]) == 1
+
+    assert sim.run_for(5000, one)
+    return next(m for m in ids if sim.members[m].state.is_leader)
+
+
+def test_lagging_follower_is_throttled_not_starving_others() -> None:
+    """A follower far behind gets at most peer_push_quota bytes/s while the other keeps up."""
+    from dataclasses import replace
+
+    cfg = replace(
+        SIM_REPLICATION,
+        max_batch_push_bytes=1024,
+        peer_push_throttle_point=4096,
+        peer_push_quota=8 * 1024,
+        max_pending_pushes=4,
+    )
+    sim = GroupSim(
+        3, 3, faults=False, slow_followers=False, replication=cfg, client_interval_ms=(1, 5)
+    )
+    try:
+        leader = _leader(sim)
+        lagger, other = [mid for mid in sim.ids if mid != leader]
+        sim.net.isolate(lagger)
+        sim.run_for(2000)
+        lm = sim.members[leader]
+        behind = lm.store.ledger_end_index - sim.members[lagger].store.ledger_end_index
+        assert behind > 100
+        sim.net.heal()
+        acked = len(sim.acked)
+        sent_before = lm.dispatchers[lagger].pushes_sent
+        sim.run_for(1000)
+        # the other follower keeps committing at full speed meanwhile
+        assert len(sim.acked) > acked + 50
+        assert sim.members[other].store.committed_index >= lm.store.committed_index - 200
+        d = lm.dispatchers[lagger]
+        assert d.state is DispatcherState.APPEND
+        # 1 s at 8 KiB/s with 1 KiB pushes: about 8 pushes (+ the window before the quota bites)
+        assert d.pushes_sent - sent_before < 40
+        sim.heal()
+        assert sim.run_for(30_000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
+def test_unknown_outcome_codes_reach_clients() -> None:
+    """Appends stuck without a quorum time out with WAIT_QUORUM_ACK_TIMEOUT, never SUCCESS."""
+    from dataclasses import replace
+
+    cfg = replace(SIM_REPLICATION, max_wait_ack_time_ms=150)  # shorter than the step-down
+    sim = GroupSim(3, 9, faults=False, slow_followers=False, replication=cfg)
+    try:
+        leader = _leader(sim)
+        for mid in sim.ids:
+            if mid != leader:
+                sim.crash(mid)
+        acked = len(sim.acked)
+        sim.run_for(3500)
+        assert sim.reply_codes[ResponseCode.WAIT_QUORUM_ACK_TIMEOUT] > 0
+        assert len(sim.acked) == acked
+        m = sim.members[leader]
+        assert m.store.committed_index < m.store.ledger_end_index
+    finally:
+        sim.close()
