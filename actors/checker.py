@@ -36,6 +36,11 @@ class QuorumAckCheckerActor:
         self._tokens = itertools.count()
         self._ticker: asyncio.Task | None = None
         self._committed_sent = -1
+        self._dispatchers: list = []
+        self._notify_scheduled = False
+
+    async def set_dispatchers(self, dispatchers: list) -> None:
+        self._dispatchers = list(dispatchers)
 
     async def become_leader(self, term: int, term_start_index: int, info: dict) -> None:
         if self._ticker is None:
@@ -70,10 +75,22 @@ class QuorumAckCheckerActor:
 
     def _check(self) -> None:
         committed, resolved = self.core.check(now_ms())
-        if committed is not None and committed > self._committed_sent:
-            self._committed_sent = committed
-            self.member.on_committed.remote(self.term, committed)
+        if committed is not None and committed > self._committed_sent and not self._notify_scheduled:
+            # coalesce: one notification per loop turn, however many reports advanced it
+            self._notify_scheduled = True
+            asyncio.get_running_loop().call_soon(self._notify_committed)
         self._settle(resolved)
+
+    def _notify_committed(self) -> None:
+        """Tell the member (its store) and the dispatchers (their COMMIT pushes) the new index."""
+        self._notify_scheduled = False
+        committed = self.core.committed_index
+        if self.term < 0 or committed <= self._committed_sent:
+            return
+        self._committed_sent = committed
+        self.member.on_committed.remote(self.term, committed)
+        for d in self._dispatchers:
+            d.on_committed.remote(self.term, committed)
 
     def _settle(self, resolved) -> None:
         for r in resolved:

@@ -134,6 +134,7 @@ class EntryDispatcherActor:
         self._wake: asyncio.Event | None = None
         self._runner: asyncio.Task | None = None
         self._last_progress = 0.0
+        self._last_lease_check = time.monotonic()
         self._reported = -1
 
     def _ensure_running(self) -> None:
@@ -164,6 +165,11 @@ class EntryDispatcherActor:
         self.view.ledger_end_index = max(self.view.ledger_end_index, end)
         self._wake.set()
 
+    async def on_committed(self, term: int, index: int) -> None:
+        if term == self.term and index > self.view.committed_index:
+            self.view.committed_index = index
+            self._wake.set()
+
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
 
@@ -190,9 +196,25 @@ class EntryDispatcherActor:
         except (ray.exceptions.RayError, LedgerError) as exc:
             log.debug("[%s->%s] prefetch failed: %s", self.self_id, self.peer_id, exc)
 
+    async def _still_leading(self) -> None:
+        """Safety net: stop pushing if the member no longer leads this term."""
+        now = time.monotonic()
+        if now - self._last_lease_check < 1.0:
+            return
+        self._last_lease_check = now
+        try:
+            term = await self.member.leading_term.remote()
+        except ray.exceptions.RayError:
+            return
+        if term != self.term and self.active:
+            log.info("[%s->%s] member no longer leads term %d; dispatcher stops", self.self_id, self.peer_id, self.term)
+            await self.deactivate(term)
+
     async def _run(self) -> None:
         while True:
             try:
+                if self.active:
+                    await self._still_leading()
                 if self.active:
                     await self._step()
             except Exception:

@@ -109,6 +109,7 @@ class MemberActor:
                 self._dispatchers[peer] = EntryDispatcherActor.options(scheduling_strategy=here).remote(
                     self.group, self.self_id, peer, self.config, me, self._checker
                 )
+        self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
         self._maintainer = asyncio.ensure_future(self._maintain())
 
     def _on_role_change_callback(self, term: int, role: Role) -> None:
@@ -307,6 +308,8 @@ class MemberActor:
                 f"acknowledged by a quorum; the outcome is unknown, check before retrying",
                 leader_id=self.state.leader_id,
             )
+        with self._lock:  # the checker's on_committed may still be in flight: read-your-writes
+            self.store.update_committed_index(last)
         return [(first + k, term, p) for k, p in enumerate(appended.positions)]
 
     def elector_transferring(self) -> bool:
@@ -374,6 +377,11 @@ class MemberActor:
             if start >= stop:
                 return None
             return self.store.read_batch(start, max_count=stop - start)
+
+    @ray.method(concurrency_group="election")
+    async def leading_term(self) -> int:
+        """The term this member leads with its dispatchers set up, or -1."""
+        return self._leader_term if self.state.is_leader else -1
 
     async def committed_index(self) -> int:
         return self.store.committed_index

@@ -167,7 +167,11 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         return checks + [Check("some appends acknowledged", False)], {}
     top = max(work.acked)
     st = _wait_caught_up(group, top, 60)
-    lagging = {m: s.committed_index for m, s in st.items() if not (s.alive and s.committed_index >= top)}
+    lagging = {
+        m: f"alive={s.alive} end={s.ledger_end_index} committed={s.committed_index}"
+        for m, s in st.items()
+        if not (s.alive and s.committed_index >= top)
+    }
     checks.append(Check("every member committed every ack", not lagging, f"lagging: {lagging}" if lagging else f"up to {top}"))
     logs = {}
     for m in group.members:

@@ -107,9 +107,16 @@ class _Files:
     def read_span(self, pos: int, n: int) -> bytes:
         """``n`` bytes at ``pos``, which may run on into the following segments."""
         parts = []
+        refreshed = False
         while n > 0:
             i = bisect.bisect_right(self.starts, pos) - 1
             nxt = self.starts[i + 1] if 0 <= i < len(self.starts) - 1 else None
+            if nxt is None and not refreshed and i >= 0:
+                # the read runs past what the last known segment holds: a new one may exist
+                if pos + n > self.starts[i] + os.fstat(self._fd(self.starts[i])).st_size:
+                    self.refresh()
+                    refreshed = True
+                    continue
             take = n if nxt is None else min(n, nxt - pos)
             if take <= 0:
                 raise _out_of_bounds(f"{self.directory}: no data at position {pos}")

@@ -35,18 +35,35 @@ def follower_state(term: int = 2, leader: str | None = LEADER) -> MemberState:
 
 
 def push(kind: PushType, term: int = 2, **kw) -> PushEntryRequest:
-    return PushEntryRequest(group=GROUP, leader_id=LEADER, remote_id=FOLLOWER, term=term, type=kind, **kw)
+    return PushEntryRequest(
+        group=GROUP, leader_id=LEADER, remote_id=FOLLOWER, term=term, type=kind, **kw
+    )
 
 
-def append_req(leader_store: MemoryStore, first: int, count: int, term: int = 2, commit: int = -1) -> PushEntryRequest:
+def append_req(
+    leader_store: MemoryStore, first: int, count: int, term: int = 2, commit: int = -1
+) -> PushEntryRequest:
     batch = leader_store.read_batch(first, max_count=count)
-    return push(PushType.APPEND, term, first_index=first, count=batch.count, batch=batch, commit_index=commit)
+    return push(
+        PushType.APPEND,
+        term,
+        first_index=first,
+        count=batch.count,
+        batch=batch,
+        commit_index=commit,
+    )
 
 
 def resp(
-    code: ResponseCode = ResponseCode.SUCCESS, index: int = -1, begin: int = 0, end: int = -1, term: int = 2
+    code: ResponseCode = ResponseCode.SUCCESS,
+    index: int = -1,
+    begin: int = 0,
+    end: int = -1,
+    term: int = 2,
 ) -> PushEntryResponse:
-    return PushEntryResponse(GROUP, FOLLOWER, term, code, index=index, begin_index=begin, end_index=end)
+    return PushEntryResponse(
+        GROUP, FOLLOWER, term, code, index=index, begin_index=begin, end_index=end
+    )
 
 
 def config(**kw) -> ReplicationConfig:

@@ -125,7 +125,10 @@ def test_step_down() -> None:
     c.become_leader(1, 0, 2)
     c.add_pending(1, 1, 1, "a", 0)
     c.add_pending(1, 2, 2, "b", 0)
-    assert codes(c.step_down(2)) == [("a", ResponseCode.TERM_CHANGED), ("b", ResponseCode.TERM_CHANGED)]
+    assert codes(c.step_down(2)) == [
+        ("a", ResponseCode.TERM_CHANGED),
+        ("b", ResponseCode.TERM_CHANGED),
+    ]
     assert c.check(0) == (None, [])
     c.become_leader(3, 5, 5)
     c.add_pending(3, 6, 6, "x", 0)

@@ -3,9 +3,14 @@ from __future__ import annotations
 import pickle
 
 import pytest
-
 from rayledger.election import MemberState, MemoryTermStore
-from rayledger.replication import PushEntryRequest, PushEntryResponse, PushType, ReplicationConfig, check_append
+from rayledger.replication import (
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+    ReplicationConfig,
+    check_append,
+)
 from rayledger.storage import LedgerError, NotLeaderError, ResponseCode
 
 from .helpers import GROUP, LEADER, PEERS, push, store_with
@@ -22,7 +27,9 @@ def test_defaults_are_dledgers() -> None:
     assert c.peer_push_quota == 20 * 1024 * 1024
 
 
-@pytest.mark.parametrize("field", ["max_push_timeout_ms", "max_pending_pushes", "max_batch_push_bytes"])
+@pytest.mark.parametrize(
+    "field", ["max_push_timeout_ms", "max_pending_pushes", "max_batch_push_bytes"]
+)
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "3"])
 def test_config_validation(field: str, value) -> None:
     with pytest.raises(LedgerError) as exc:
@@ -66,7 +73,10 @@ def test_admission_codes() -> None:
     assert code_of(lambda: check(st, group="other")) == ResponseCode.UNKNOWN_GROUP
     assert code_of(lambda: check(st, target="f")) == ResponseCode.UNKNOWN_MEMBER
     assert code_of(lambda: check(st, transferring=True)) == ResponseCode.LEADER_TRANSFERRING
-    assert code_of(lambda: check(st, pending=11, max_pending_requests_num=10)) == ResponseCode.LEADER_PENDING_FULL
+    assert (
+        code_of(lambda: check(st, pending=11, max_pending_requests_num=10))
+        == ResponseCode.LEADER_PENDING_FULL
+    )
     check(st, pending=10, max_pending_requests_num=10)  # DLedger: full only when size > max
     assert code_of(lambda: check(st, bodies=())) == ResponseCode.REQUEST_WITH_EMPTY_BODYS
 

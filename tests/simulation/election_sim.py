@@ -110,6 +110,7 @@ class ElectionSim:
         faults: FaultConfig | None = None,
         tick_ms: int = 10,
         rpc_timeout_ms: int = 1000,
+        down_fail_ms: int | None = 5,
         append_every_ms: int | None = 500,
         sync_every_ms: int = 100,
         group: str = "g",
@@ -127,7 +128,7 @@ class ElectionSim:
         self.net = SimNetwork(
             self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock
         )
-        self.rpc = RpcLayer(self.net, rpc_timeout_ms)
+        self.rpc = RpcLayer(self.net, rpc_timeout_ms, down_fail_ms=down_fail_ms)
         self.append_every_ms = append_every_ms
         self.sync_every_ms = sync_every_ms
         self._next_append_ms = append_every_ms or 0

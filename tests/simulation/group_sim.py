@@ -207,10 +207,12 @@ class GroupSim:
         rpc_timeout_ms: int = 1000,
         group: str = "g",
         label: str = "",
+        test_name: str = "",
     ) -> None:
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
+        self.test_name = test_name  # for the reproduce hint in failures
         self.rng = random.Random(seed)
         self.group = group
         self.store_kind = store_kind
@@ -285,12 +287,9 @@ class GroupSim:
         raise SimulationFailure(
             f"[{self.label}] seed={self.seed} n={self.n} t={self.clock.now_ms}ms: {message}\n"
             f"reproduce with: RAYLEDGER_SIM_SEED={self.seed} "
-            f"pytest tests/simulation/test_group_sim.py -k '{self._test_hint()}'\n"
+            f"pytest tests/simulation/test_group_sim.py -k {self.test_name or 'group_sim'}\n"
             f"--- members ---\n{self.describe()}\n--- last events ---\n{trace}"
         )
-
-    def _test_hint(self) -> str:
-        return f"n{self.n} and {self.store_kind}"
 
     def describe(self) -> str:
         lines = []

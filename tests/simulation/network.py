@@ -268,16 +268,24 @@ class _Pending:
 class RpcLayer:
     """Request/response over :class:`SimNetwork`; the first answer to a call wins."""
 
-    def __init__(self, net: SimNetwork, timeout_ms: int = 1000) -> None:
+    def __init__(
+        self, net: SimNetwork, timeout_ms: int = 1000, *, down_fail_ms: int | None = None
+    ) -> None:
+        """``down_fail_ms``: a call to a node that is down fails this soon (a refused
+        connection or a dead actor) instead of after the full ``timeout_ms``."""
         self.net = net
         self.timeout_ms = timeout_ms
+        self.down_fail_ms = down_fail_ms
         self._pending: dict[int, _Pending] = {}
         self._deadlines: list[tuple[int, int]] = []
         self._ids = itertools.count(1)
 
     def call(self, caller: str, callee: str, request: Any) -> int:
         call_id = next(self._ids)
-        deadline = self.net.clock.now_ms + self.timeout_ms
+        wait = self.timeout_ms
+        if self.down_fail_ms is not None and self.net.is_down(callee):
+            wait = min(wait, self.down_fail_ms)
+        deadline = self.net.clock.now_ms + wait
         self._pending[call_id] = _Pending(caller, callee, request, deadline)
         heapq.heappush(self._deadlines, (deadline, call_id))
         self.net.send(caller, callee, RpcRequest(call_id, request))

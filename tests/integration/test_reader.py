@@ -1,0 +1,145 @@
+"""storage/reader.py: the read-only reader of a member's store directory (no Ray)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rayledger.storage import FileStore, LedgerError, ResponseCode, StoreConfig
+from rayledger.storage.reader import StoreReader, batch_to_table
+
+
+def _fingerprint(root: Path) -> dict[str, tuple[int, float, str]]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p)] = (st.st_size, st.st_mtime, hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    """A FileStore with tiny segments (many rolls), bodies of random sizes over three terms."""
+    cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=4096, index_segment_size=32 * 50)
+    store = FileStore(cfg)
+    rnd = random.Random(7)
+    bodies = []
+    for term in (1, 2, 5):
+        for _ in range(25):
+            batch = [rnd.randbytes(rnd.randint(0, 300)) for _ in range(rnd.randint(1, 8))]
+            store.append_as_leader(batch, term)
+            bodies += batch
+    store.update_committed_index(store.ledger_end_index)
+    yield store, bodies
+    store.close()
+
+
+def test_reads_match_the_store_for_every_range(small_store):
+    store, bodies = small_store
+    n = len(bodies)
+    with StoreReader(store.dir, verify_crc=True) as r:
+        assert r.begin_index() == 0 and r.end_index() == n - 1
+        assert r.read_table(0, n).column("body").to_pylist() == bodies
+        for a in range(0, n, 5):
+            for b in {a, a + 1, a + 37, n}:
+                b = min(b, n)
+                got = [(e.index, e.term, e.pos, e.body) for e in r.read_entries(a, b)]
+                want = [(e.index, e.term, e.pos, e.body) for e in store.get_range(a, b)]
+                assert got == want, (a, b)
+
+
+def test_small_tables_cover_the_range_once(small_store):
+    store, bodies = small_store
+    with StoreReader(store.dir) as r:
+        tables = list(r.iter_tables(3, len(bodies), max_bytes=700))
+    assert len(tables) > 5
+    idx = [i for t in tables for i in t.column("index").to_pylist()]
+    assert idx == list(range(3, len(bodies)))
+
+
+def test_reader_never_modifies_the_directory(small_store):
+    store, bodies = small_store
+    store.flush()
+    before = _fingerprint(store.dir)
+    with StoreReader(store.dir, verify_crc=True) as r:
+        r.read_table(0, len(bodies))
+        r.checkpoint()
+        r.committed_index_on_disk()
+    assert _fingerprint(store.dir) == before
+
+
+def test_reads_committed_prefix_while_the_writer_appends(tmp_path):
+    cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=64 * 1024, index_segment_size=32 * 1000)
+    store = FileStore(cfg)
+    store.append_as_leader([b"first"], 1)
+    store.update_committed_index(0)
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set() and i < 100_000:
+            store.append_as_leader([b"w%06d" % (i + k) for k in range(50)], 1)
+            store.update_committed_index(store.ledger_end_index)
+            i += 50
+            time.sleep(0.001)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        reads = 0
+        with StoreReader(store.dir, verify_crc=True) as r:
+            while reads < 30:
+                c = store.committed_index
+                t_ = r.read_table(0, c + 1)
+                assert t_.column("index").to_pylist() == list(range(c + 1))
+                assert t_.column("body")[0].as_py() == b"first"
+                reads += 1
+    finally:
+        stop.set()
+        t.join()
+        store.close()
+
+
+def test_corruption_is_reported_not_returned(small_store):
+    store, bodies = small_store
+    store.flush()
+    seg = sorted((store.dir / "data").iterdir())[0]
+    data = bytearray(seg.read_bytes())
+    data[60] ^= 0xFF  # inside the first entry's body
+    seg.write_bytes(bytes(data))
+    with StoreReader(store.dir, verify_crc=True) as r, pytest.raises(LedgerError) as ei:
+        r.read_table(0, 3)
+    assert ei.value.code == ResponseCode.CORRUPT_LOG
+    with StoreReader(store.dir) as r, pytest.raises(LedgerError) as ei:
+        r.read_table(0, len(bodies) + 5)  # past the end of the index
+    assert ei.value.code in (ResponseCode.INDEX_OUT_OF_BOUNDS, ResponseCode.CORRUPT_LOG)
+
+
+def test_not_a_store_dir(tmp_path):
+    with pytest.raises(LedgerError) as ei:
+        StoreReader(tmp_path)
+    assert ei.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+
+
+def test_batch_to_table_matches_entries(small_store):
+    store, bodies = small_store
+    batch = store.read_batch(4, max_count=40)
+    t = batch_to_table(batch.data, batch.first_index, batch.count, verify_crc=True)
+    assert t.column("index").to_pylist() == list(range(4, 44))
+    assert t.column("body").to_pylist() == bodies[4:44]
+    assert t.column("pos").to_pylist() == [e.pos for e in batch.entries()]
+
+
+def test_checkpoint_bound(small_store):
+    store, bodies = small_store
+    store.close()  # writes the final checkpoint
+    with StoreReader(store.dir) as r:
+        assert r.committed_index_on_disk() == len(bodies) - 1
+    assert os.path.exists(store.dir / "checkpoint")
