@@ -34,16 +34,16 @@ class LedgerConfig:
             )
 
     @classmethod
-    def fast(cls, **overrides) -> LedgerConfig:
-        """Short timers for tests and demos: heartbeat 100 ms, leak 3, votes 50-150 ms."""
+    def fast(cls, heartbeat_interval_ms: int = 100, max_heartbeat_leak: int = 3, **overrides) -> LedgerConfig:
+        """Short timers for demos, benchmarks and tests: heartbeat 100 ms, leak 3, votes 50-150 ms."""
         election = ElectionConfig(
-            heartbeat_interval_ms=100,
-            max_heartbeat_leak=3,
-            min_vote_interval_ms=50,
-            max_vote_interval_ms=150,
-            vote_wait_base_ms=100,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            max_heartbeat_leak=max_heartbeat_leak,
+            min_vote_interval_ms=heartbeat_interval_ms // 2,
+            max_vote_interval_ms=heartbeat_interval_ms * 3 // 2,
+            vote_wait_base_ms=heartbeat_interval_ms,
         )
-        base = cls(election=election, rpc_timeout_ms=1000)
+        base = cls(election=election, rpc_timeout_ms=max(1000, heartbeat_interval_ms * max_heartbeat_leak))
         return dataclasses.replace(base, **overrides) if overrides else base
 
     def for_member(self, data_dir: str | None) -> LedgerConfig:

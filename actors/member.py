@@ -289,7 +289,7 @@ class MemberActor:
             appended = self.store.append_as_leader(bodies, term)
             self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
             first, last = appended.first_index, appended.last_index
-            batch = self.store.read_batch(first, max_count=last - first + 1)
+            batch = appended.batch()
             end = self.store.ledger_end_index
             self._pending_appends += 1
         try:

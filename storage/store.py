@@ -59,10 +59,14 @@ class Appended:
     first_index: int
     term: int
     positions: list[int]
+    data: bytes = b""  # the batch as encoded on disk, ready to push to followers
 
     @property
     def last_index(self) -> int:
         return self.first_index + len(self.positions) - 1
+
+    def batch(self) -> EntryBatch:
+        return EntryBatch(self.first_index, len(self.positions), self.data)
 
 
 def _err(code: ResponseCode, msg: str) -> LedgerError:
@@ -344,7 +348,7 @@ class LogStore:
             self._chain = chain
             self.ledger_end_term = term
         self.after_append()
-        return Appended(first, term, positions)
+        return Appended(first, term, positions, data)
 
     def append_as_follower(self, batch: EntryBatch) -> None:
         """Store the leader's entries exactly where the leader has them (DLedger appendAsFollower).
