@@ -47,7 +47,7 @@ class QuorumAckCheckerActor:
             self._ticker = asyncio.ensure_future(self._tick())
         self.term = term
         self._committed_sent = -1
-        self._settle(self.core.become_leader(term, term_start_index, info["end"]))
+        self._settle(self.core.become_leader(term, term_start_index, info["end"], info["committed"]))
         self.core.update_water_mark(term, self.self_id, info["end"])
         self._check()
 

@@ -90,9 +90,11 @@ class LeaderView:
 
     # -- filling the view from the member (blocking: only on a cache miss) ------------------
     def fetch_batch(self, start: int, max_count: int = 1 << 20) -> RefBatch:
-        first, count, refs, info = ray.get(self.member.read_for_push.remote(start, self.max_batch_bytes, max_count))
+        first, count, refs, info, nbytes = ray.get(
+            self.member.read_for_push.remote(start, self.max_batch_bytes, max_count)
+        )
         self.update(info)
-        b = RefBatch(first, count, refs[0], 0)
+        b = RefBatch(first, count, refs[0], nbytes)
         self.add(b)
         return b
 
@@ -180,11 +182,11 @@ class EntryDispatcherActor:
             if core.state.value == "APPEND":
                 w = core.write_index
                 if w <= view.ledger_end_index and w not in view.batches:
-                    first, count, refs, info = await self.member.read_for_push.remote(
+                    first, count, refs, info, nbytes = await self.member.read_for_push.remote(
                         w, view.max_batch_bytes, 1 << 20
                     )
                     view.update(info)
-                    view.add(RefBatch(first, count, refs[0], 0))
+                    view.add(RefBatch(first, count, refs[0], nbytes))
             else:
                 index = core.compare_index
                 if index < 0 or index not in view.meta:

@@ -331,7 +331,7 @@ class MemberActor:
         with self._lock:
             batch = self.store.read_batch(start, max_bytes, max_count)
             info = self._leader_info()
-        return batch.first_index, batch.count, [ray.put(batch)], info
+        return batch.first_index, batch.count, [ray.put(batch)], info, len(batch.data)
 
     async def entry_meta(self, index: int) -> tuple[int, int, dict]:
         with self._lock:

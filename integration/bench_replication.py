@@ -86,6 +86,7 @@ def run_replication_bench(
             resolved_ok += r.last_index - r.first_index + 1
 
     t0 = time.perf_counter()
+    c0 = time.process_time()
     # election: the leader's empty entry, COMPARE/TRUNCATE with the empty followers
     first = leader.append_as_leader([b""], term).first_index
     checker.become_leader(term, first, leader.ledger_end_index)
@@ -113,6 +114,7 @@ def run_replication_bench(
         if resolved_ok == before and all(d.pending_pushes == 0 for d in dispatchers.values()):
             raise RuntimeError(f"replication stalled at {resolved_ok} of {entries} entries")
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
 
     end = leader.ledger_end_index
     for p, f in followers.items():
@@ -128,6 +130,8 @@ def run_replication_bench(
         "members": len(IDS),
         "seconds": round(elapsed, 4),
         "entries_per_s": round(entries / elapsed),
+        "cpu_seconds": round(cpu, 4),
+        "entries_per_cpu_s": round(entries / cpu) if cpu > 0 else None,  # steadier on a busy host
         "mb_per_s": round(entries * body_size / elapsed / 1e6, 2),
         "pushes": pushes,
         "committed_index": leader.committed_index,

@@ -280,3 +280,31 @@ def test_bad_inputs_get_their_codes_and_lose_nothing(make_group, tmp_path):
     assert c.get(r.index).body == b"keep"
     r2 = c.append(b"still-works")
     assert c.get(r2.index).body == b"still-works"
+
+
+def test_lossy_slow_links_and_one_way_cut_keep_the_log_safe(make_group):
+    g = make_group(store=False)
+    g.wait_for_leader()
+    c = g.client()
+    acked, unknown = {}, []
+    g.set_link_faults(drop=0.1, delay_ms=5)
+    for i in range(15):
+        try:
+            r = c.append(f"lossy{i}".encode(), timeout_s=30)
+            acked[r.index] = f"lossy{i}".encode()
+        except OutcomeUnknownError:
+            unknown.append(i)
+    leader = g.wait_for_leader()
+    # the leader can no longer reach the others, but still hears them
+    g.partition({leader}, set(g.members) - {leader}, one_way=True)
+    for i in range(5):
+        try:
+            r = c.append(f"oneway{i}".encode(), timeout_s=30)
+            acked[r.index] = f"oneway{i}".encode()
+        except (OutcomeUnknownError, LedgerError):
+            unknown.append(i)
+    g.heal()
+    r = c.append(b"healed", timeout_s=30)
+    acked[r.index] = b"healed"
+    assert len(acked) >= 10
+    assert_consistent(g, acked, wait_s=30)
