@@ -165,7 +165,10 @@ class EntryDispatcherActor:
             return
         self.view.add(RefBatch(first, count, ref[0], nbytes))
         self.view.ledger_end_index = max(self.view.ledger_end_index, end)
-        self._wake.set()
+        if self.core.write_index == first:
+            await self._step()  # the common case: push it now, without a loop turn
+        else:
+            self._wake.set()
 
     async def on_committed(self, term: int, index: int) -> None:
         if term == self.term and index > self.view.committed_index:

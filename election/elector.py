@@ -875,6 +875,11 @@ class Elector:
 
         if req.term < st.current_term:
             return self._heartbeat_response(req, C.EXPIRED_TERM), []
+        if req.term < st.known_max_term_in_group:
+            # We stepped down for a newer term that becomes current at our next tick
+            # (DLedger defers it to the maintainer).  Following the old leader in that
+            # window would undo the step-down and cancel a take-leadership.
+            return self._heartbeat_response(req, C.EXPIRED_TERM, st.known_max_term_in_group), []
         if req.term == st.current_term:
             if st.leader_id is None:
                 actions = self._change_role_to_follower(req.term, req.leader_id, now_ms)
@@ -895,7 +900,9 @@ class Elector:
         self._need_increase_term_immediately = True
         return self._heartbeat_response(req, C.TERM_NOT_READY), actions
 
-    def _heartbeat_response(self, req: HeartbeatRequest, code: ResponseCode) -> HeartbeatResponse:
+    def _heartbeat_response(
+        self, req: HeartbeatRequest, code: ResponseCode, term: int | None = None
+    ) -> HeartbeatResponse:
         st = self.state
         if code != ResponseCode.SUCCESS:
             log.info(
@@ -909,7 +916,7 @@ class Elector:
             )
         return HeartbeatResponse(
             code,
-            st.current_term,
+            st.current_term if term is None else term,
             group=st.group,
             local_id=st.self_id,
             remote_id=req.local_id,

@@ -60,7 +60,9 @@ class ConsumerCheckpoint:
     def _load(self) -> dict[str, Any]:
         data = read_json(self.path) or {}
         if data and (not isinstance(data.get("next_index"), int) or data["next_index"] < 0):
-            raise LedgerError.of(ResponseCode.CORRUPT_LOG, f"checkpoint {self.path} has no valid next_index: {data}")
+            raise LedgerError.of(
+                ResponseCode.CORRUPT_LOG, f"checkpoint {self.path} has no valid next_index: {data}"
+            )
         return data
 
     @property
@@ -85,7 +87,8 @@ class ConsumerCheckpoint:
             )
         if next_index < current:
             raise LedgerError.of(
-                ResponseCode.UNEXPECTED_ARGUMENT, f"checkpoint {self.path}: {next_index} is below {current}"
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"checkpoint {self.path}: {next_index} is below {current}",
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(
@@ -104,7 +107,12 @@ class ConsumerCheckpoint:
         data = self._load()
         atomic_write_json(
             self.path,
-            {"group": self.group or data.get("group"), "next_index": int(next_index), "runs": 0, "updated_at": time.time()},
+            {
+                "group": self.group or data.get("group"),
+                "next_index": int(next_index),
+                "runs": 0,
+                "updated_at": time.time(),
+            },
         )
 
     def __repr__(self) -> str:
@@ -148,7 +156,13 @@ def read_new(
     start = checkpoint.next_index
     stop = None if max_entries is None else start + max_entries
     df, read = committed_read(spark, group, start, stop)
-    log.info("consumer %s: read [%d, %d) (committed index %d)", checkpoint.path, read.start, read.stop, read.committed_index)
+    log.info(
+        "consumer %s: read [%d, %d) (committed index %d)",
+        checkpoint.path,
+        read.start,
+        read.stop,
+        read.committed_index,
+    )
     return PendingBatch(df, read.start, read.stop, read.committed_index, checkpoint)
 
 

@@ -66,7 +66,8 @@ def _body(seq: int) -> bytes:
 def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> float:
     """Append ``args.entries`` bodies from ``args.clients`` threads; returns the wall time."""
     batches = [
-        [_body(s) for s in range(a, min(args.entries, a + args.batch))] for a in range(0, args.entries, args.batch)
+        [_body(s) for s in range(a, min(args.entries, a + args.batch))]
+        for a in range(0, args.entries, args.batch)
     ]
     next_batch = iter(range(len(batches)))
     take = threading.Lock()
@@ -97,20 +98,27 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
             now = time.monotonic()
             with work.lock:
                 if results is not None:
-                    for r, body in zip(results, bodies):
+                    for r, body in zip(results, bodies, strict=True):
                         if r.index in work.acked:
                             work.duplicate_acks.append(r.index)
                         work.acked[r.index] = body
                         work.ack_terms[r.index] = r.term
                     killed_at = kill_state.get("at")
-                    if killed_at is not None and work.first_ack_after_kill is None and results[0].term > kill_state["term"]:
+                    if (
+                        killed_at is not None
+                        and work.first_ack_after_kill is None
+                        and results[0].term > kill_state["term"]
+                    ):
                         work.first_ack_after_kill = now - killed_at
                 elif not unknown:
                     work.failed.extend(bodies)
                 work.done_entries += len(bodies)
             progress(len(bodies))
 
-    threads = [threading.Thread(target=worker, args=(c,), name=f"demo-client-{c}", daemon=True) for c in range(args.clients)]
+    threads = [
+        threading.Thread(target=worker, args=(c,), name=f"demo-client-{c}", daemon=True)
+        for c in range(args.clients)
+    ]
     t0 = time.monotonic()
     for t in threads:
         t.start()
@@ -120,7 +128,10 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
             old = group.leader_id() or group.wait_for_leader(timeout_s=10)
             st = group.status()
             kill_state.update(old=old, term=st[old].term, at=time.monotonic())
-            log.info("killing leader %s (term %d)", old, st[old].term)
+            print(
+                f"killing leader {old} (term {st[old].term}); Ray will report its worker's death",
+                flush=True,
+            )
             group.kill(old)
             try:
                 new = group.wait_for_leader(timeout_s=30, exclude=old)
@@ -144,7 +155,9 @@ def _read_log(handle, start: int, stop: int) -> tuple[list[int], list[bytes]]:
         b = min(stop, a + READ_CHUNK)
         batch = ray.get(handle.read_batch.remote(a, b, True), timeout=60)
         if batch is None or batch.count != b - a:
-            raise LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, f"member returned a short batch for [{a}, {b})")
+            raise LedgerError.of(
+                ResponseCode.INDEX_OUT_OF_BOUNDS, f"member returned a short batch for [{a}, {b})"
+            )
         t = batch_to_table(batch.data, batch.first_index, batch.count)
         terms += t.column("term").to_pylist()
         bodies += t.column("body").to_pylist()
@@ -156,13 +169,22 @@ def _wait_caught_up(group, index: int, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         st = group.status()
-        if all(s.alive and s.committed_index >= index for s in st.values()) or time.monotonic() > deadline:
+        if (
+            all(s.alive and s.committed_index >= index for s in st.values())
+            or time.monotonic() > deadline
+        ):
             return st
         time.sleep(0.1)
 
 
 def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
-    checks = [Check("no index acknowledged twice", not work.duplicate_acks, f"{len(work.duplicate_acks)} duplicates")]
+    checks = [
+        Check(
+            "no index acknowledged twice",
+            not work.duplicate_acks,
+            f"{len(work.duplicate_acks)} duplicates",
+        )
+    ]
     if not work.acked:
         return checks + [Check("some appends acknowledged", False)], {}
     top = max(work.acked)
@@ -172,7 +194,13 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         for m, s in st.items()
         if not (s.alive and s.committed_index >= top)
     }
-    checks.append(Check("every member committed every ack", not lagging, f"lagging: {lagging}" if lagging else f"up to {top}"))
+    checks.append(
+        Check(
+            "every member committed every ack",
+            not lagging,
+            f"lagging: {lagging}" if lagging else f"up to {top}",
+        )
+    )
     logs = {}
     for m in group.members:
         try:
@@ -184,16 +212,29 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         wrong = sum(1 for i, b in work.acked.items() if bodies[i] != b)
         if wrong:
             bad[m] = wrong
-    checks.append(Check("acked bodies at acked indexes on every member", not bad and len(logs) == len(group.members),
-                        f"mismatches {bad}" if bad else f"{len(work.acked)} entries x {len(logs)} members"))
+    checks.append(
+        Check(
+            "acked bodies at acked indexes on every member",
+            not bad and len(logs) == len(group.members),
+            f"mismatches {bad}" if bad else f"{len(work.acked)} entries x {len(logs)} members",
+        )
+    )
     if logs:
         ref_terms, ref_bodies = next(iter(logs.values()))
         same = all(t == ref_terms and b == ref_bodies for t, b in logs.values())
         checks.append(Check("members' logs identical", same, f"{top + 1} entries"))
         counts = Counter(ref_bodies)
-        dup_acked = [b for b in work.acked.values() if counts[b] != 1]
+        missing = sum(1 for b in work.acked.values() if counts[b] == 0)
+        dup_acked = [(i, b) for i, b in work.acked.items() if counts[b] > 1]
         dup_unknown = [b for b in work.unknown if counts[b] > 1]
-        checks.append(Check("each acked entry exactly once", not dup_acked, f"{len(dup_acked)} not exactly once"))
+        detail = f"{missing} missing, {len(dup_acked)} duplicated"
+        if dup_acked:
+            i, b = dup_acked[0]
+            where = [k for k, body in enumerate(ref_bodies) if body == b]
+            detail += (
+                f" (e.g. acked at {i}, found at {where} with terms {[ref_terms[k] for k in where]})"
+            )
+        checks.append(Check("each acked entry exactly once", not missing and not dup_acked, detail))
         checks.append(
             Check(
                 "unknown entries at most once",
@@ -225,18 +266,33 @@ def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
     got = {r["term"]: (r["entries"], r["bytes"] or 0) for r in rows}
     terms, bodies = _read_log(group.handle(group.wait_for_leader(10)), read.start, read.stop)
     expected: dict[int, tuple[int, int]] = {}
-    for t, b in zip(terms, bodies):
+    for t, b in zip(terms, bodies, strict=True):
         n, size = expected.get(t, (0, 0))
         expected[t] = (n + 1, size + len(b))
     checks = [
-        Check("Spark read exactly the committed entries", sum(n for n, _ in got.values()) == read.count,
-              f"{sum(n for n, _ in got.values())} rows, committed [0, {read.stop})"),
-        Check("Spark per-term totals match the log", got == expected, "" if got == expected else f"{got} != {expected}"),
+        Check(
+            "Spark read exactly the committed entries",
+            sum(n for n, _ in got.values()) == read.count,
+            f"{sum(n for n, _ in got.values())} rows, committed [0, {read.stop})",
+        ),
+        Check(
+            "Spark per-term totals match the log",
+            got == expected,
+            "" if got == expected else f"{got} != {expected}",
+        ),
     ]
     return checks, {"per_term": got, "rows": read.count, "start_s": start_s, "query_s": query_s}
 
 
-def _summary(args, work: Workload, append_s: float, kill: dict, checks: list[Check], spark: dict | None, total_s: float) -> None:
+def _summary(
+    args,
+    work: Workload,
+    append_s: float,
+    kill: dict,
+    checks: list[Check],
+    spark: dict | None,
+    total_s: float,
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -245,21 +301,40 @@ def _summary(args, work: Workload, append_s: float, kill: dict, checks: list[Che
     t.add_column("what")
     t.add_column("value")
     acked = len(work.acked)
-    t.add_row("entries appended (acked / unknown / failed)", f"{acked} / {len(work.unknown)} / {len(work.failed)}")
+    t.add_row(
+        "entries appended (acked / unknown / failed)",
+        f"{acked} / {len(work.unknown)} / {len(work.failed)}",
+    )
     t.add_row("clients x batch", f"{args.clients} x {args.batch}")
-    t.add_row("append phase", f"{append_s:.1f} s, {acked / append_s:,.0f} acked entries/s" if append_s else "-")
+    t.add_row(
+        "append phase",
+        f"{append_s:.1f} s, {acked / append_s:,.0f} acked entries/s" if append_s else "-",
+    )
     t.add_row("leader killed -> new leader", f"{kill.get('old')} -> {kill.get('new')}")
-    t.add_row("failover (kill -> new leader seen)", f"{kill['failover_s']:.2f} s" if kill.get("failover_s") else "-")
+    t.add_row(
+        "failover (kill -> new leader seen)",
+        f"{kill['failover_s']:.2f} s" if kill.get("failover_s") else "-",
+    )
     fa = work.first_ack_after_kill
-    t.add_row("first ack under the new leader", f"{fa:.2f} s after the kill" if fa is not None else "-")
+    t.add_row(
+        "first ack under the new leader", f"{fa:.2f} s after the kill" if fa is not None else "-"
+    )
     if work.errors:
         t.add_row("client errors", ", ".join(f"{k}={v}" for k, v in sorted(work.errors.items())))
     if spark:
-        t.add_row("Spark start / query", f"{spark['start_s']:.1f} s / {spark['query_s']:.1f} s ({spark['rows']} rows)")
-        per = ", ".join(f"term {k}: {n} entries {b:,} B" for k, (n, b) in sorted(spark["per_term"].items()))
-        t.add_row("Spark: entries and bytes per term", per)
+        t.add_row(
+            "Spark start / read + aggregate", f"{spark['start_s']:.1f} s / {spark['query_s']:.1f} s"
+        )
     t.add_row("total", f"{total_s:.1f} s")
     con.print(t)
+    if spark:
+        st = Table(title=f"Spark: committed log per term ({spark['rows']:,} entries)")
+        st.add_column("term", justify="right")
+        st.add_column("entries", justify="right")
+        st.add_column("body bytes", justify="right")
+        for term, (n, b) in sorted(spark["per_term"].items()):
+            st.add_row(str(term), f"{n:,}", f"{b:,}")
+        con.print(st)
     ct = Table(title="checks")
     ct.add_column("check")
     ct.add_column("result")
@@ -272,25 +347,31 @@ def _summary(args, work: Workload, append_s: float, kill: dict, checks: list[Che
 def run_demo(args) -> int:
     """Run the demo; 0 when every check passed (see the module docstring)."""
     import ray
+    from rayledger.actors import LedgerConfig, LedgerGroup
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rayledger.actors import LedgerConfig, LedgerGroup
-
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     if args.entries <= 0 or args.clients <= 0 or args.batch <= 0:
-        raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "--entries, --clients and --batch must be positive")
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT, "--entries, --clients and --batch must be positive"
+        )
     t_start = time.monotonic()
     own_dir = args.data_dir is None
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="rayledger-demo-")
     own_ray = not ray.is_initialized()
     if own_ray:
         ray.init(
-            address=args.address,
+            address=args.address
+            or "local",  # a Ray of its own, never a cluster found on the machine
             namespace="rayledger",
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,
         )
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
     group = None
     checks: list[Check] = []
     spark_info = None
@@ -314,9 +395,16 @@ def run_demo(args) -> int:
             f"after {kill.get('failover_s') or float('nan'):.2f}s",
             flush=True,
         )
-        checks.append(Check("a new leader took over", bool(kill.get("new")) and kill.get("new") != kill.get("old"),
-                            kill.get("error", "")))
-        checks.append(Check("writes continued after the kill", work.first_ack_after_kill is not None))
+        checks.append(
+            Check(
+                "a new leader took over",
+                bool(kill.get("new")) and kill.get("new") != kill.get("old"),
+                kill.get("error", ""),
+            )
+        )
+        checks.append(
+            Check("writes continued after the kill", work.first_ack_after_kill is not None)
+        )
         print("verifying every acknowledged append on every member ...", flush=True)
         vchecks, _logs = _verify(group, work)
         checks += vchecks
@@ -344,5 +432,9 @@ def run_demo(args) -> int:
         if own_ray:
             ray.shutdown()
     ok = bool(checks) and all(c.ok for c in checks)
-    print("demo: all checks passed" if ok else "demo: FAILED: " + "; ".join(c.name for c in checks if not c.ok))
+    print(
+        "demo: all checks passed"
+        if ok
+        else "demo: FAILED: " + "; ".join(c.name for c in checks if not c.ok)
+    )
     return 0 if ok else 1

@@ -87,7 +87,10 @@ def export(
             b = min(end, a + chunk_entries)
             df, read = committed_read(spark, group, a, b, snap=snap)
             if read.stop != b:
-                raise LedgerError.of(ResponseCode.INTERNAL_ERROR, f"read [{read.start}, {read.stop}), wanted [{a}, {b})")
+                raise LedgerError.of(
+                    ResponseCode.INTERNAL_ERROR,
+                    f"read [{read.start}, {read.stop}), wanted [{a}, {b})",
+                )
             name = f"part-{a:020d}-{b:020d}"
             tmp = out / f"_tmp-{name}"
             df.write.mode("overwrite").parquet(str(tmp))
@@ -121,10 +124,20 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda n: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=False
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=False,
         )
         self._bar.start()
         task = self._bar.add_task(self.label, total=self.total)
@@ -138,15 +151,19 @@ class _progress:
 def export_main(args: Any) -> int:
     """Entry point of ``rayledger export`` (args: group, out, start, address, timeout)."""
     from .cli import _connect
-    from .spark import init_spark, stop_spark
+    from .spark import init_spark, spark_running, stop_spark
 
     if args.start is not None and args.start < 0:
-        raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"--from must be >= 0, got {args.start}")
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT, f"--from must be >= 0, got {args.start}"
+        )
     _connect(args.address)
+    own_spark = not spark_running()  # a caller's session is left running
     spark = init_spark(f"rayledger-export-{args.group}")
     try:
         result = export(spark, args.group, args.out, args.start, timeout_s=args.timeout)
     finally:
-        stop_spark()
+        if own_spark:
+            stop_spark()
     print(json.dumps(result))
     return 0

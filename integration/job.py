@@ -32,18 +32,24 @@ log = logging.getLogger("rayledger.integration")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rayledger.integration.job", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m rayledger.integration.job", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--group", "-g", required=True)
     p.add_argument("--create", action="store_true", help="start the group when it is not running")
     p.add_argument("--members", type=int, default=3, help="with --create: how many members")
-    p.add_argument("--store-dir", default=None, help="with --create: file store root (default: memory store)")
+    p.add_argument(
+        "--store-dir", default=None, help="with --create: file store root (default: memory store)"
+    )
     p.add_argument("--fast", action="store_true", help="with --create: short election timers")
     p.add_argument("--entries", type=int, default=1000)
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--body-size", type=int, default=64)
     p.add_argument("--read", choices=["client", "dataset", "spark"], default="client")
-    p.add_argument("--shutdown", action="store_true", help="stop the group (and delete its data) at the end")
+    p.add_argument(
+        "--shutdown", action="store_true", help="stop the group (and delete its data) at the end"
+    )
     p.add_argument("--address", default=None, help="Ray address (default: the job's cluster)")
     p.add_argument("--timeout", type=float, default=60.0)
     return p
@@ -51,17 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _group(args):
     import ray
-
     from rayledger.actors import LedgerConfig, LedgerGroup
     from rayledger.actors.group import group_members
 
     if group_members(args.group):
         return LedgerGroup.get(args.group), False
     if not args.create:
-        raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no group named {args.group!r} (pass --create)")
+        raise LedgerError.of(
+            ResponseCode.UNKNOWN_GROUP, f"no group named {args.group!r} (pass --create)"
+        )
     config = LedgerConfig.fast() if args.fast else LedgerConfig()
     try:
-        group = LedgerGroup.create(args.group, args.members, store_dir=args.store_dir, config=config)
+        group = LedgerGroup.create(
+            args.group, args.members, store_dir=args.store_dir, config=config
+        )
     except LedgerError:
         if group_members(args.group):  # another job created it meanwhile
             return LedgerGroup.get(args.group), False
@@ -74,8 +83,12 @@ def run(args) -> dict[str, Any]:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "auto", namespace="rayledger",
-                 log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=args.address or os.environ.get("RAY_ADDRESS") or "auto",
+            namespace="rayledger",
+            log_to_driver=False,
+            configure_logging=False,
+        )
     t0 = time.monotonic()
     group, created = _group(args)
     leader = group.wait_for_leader(timeout_s=args.timeout)
@@ -113,7 +126,7 @@ def run(args) -> dict[str, Any]:
                     errors.append(str(exc))
                 continue
             with lock:
-                for r, b in zip(results, bodies):
+                for r, b in zip(results, bodies, strict=True):
                     acked[r.index] = b
 
     t_append = time.monotonic()
@@ -153,18 +166,20 @@ def run(args) -> dict[str, Any]:
         "read_via": args.read,
     }
     if args.read in ("dataset", "spark") and acked:
-        from .spark import committed_dataset, committed_read, init_spark, stop_spark
+        from .spark import committed_dataset, committed_read, init_spark, spark_running, stop_spark
 
         lo, hi = min(acked), max(acked) + 1
         if args.read == "dataset":
             read = committed_dataset(args.group, lo, hi)
             rows = read.dataset.take_all() if read.dataset is not None else []
         else:
+            own_spark = not spark_running()
             spark = init_spark(f"rayledger-job-{args.group}")
             try:
                 rows = committed_read(spark, args.group, lo, hi)[0].collect()
             finally:
-                stop_spark()
+                if own_spark:
+                    stop_spark()
         got = {int(r["index"]): bytes(r["body"]) for r in rows}
         result["reader_rows"] = len(got)
         result["reader_mismatched"] = sum(1 for i, b in acked.items() if got.get(i) != b)

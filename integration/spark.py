@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayledger.storage import LedgerError, ResponseCode
-from rayledger.storage.reader import StoreReader, arrow_schema, batch_to_table, empty_table
+from rayledger.storage.reader import StoreReader, arrow_schema, batch_to_table
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -52,6 +52,7 @@ _SPARK_CONFIGS = {
     "spark.ray.raydp_spark_master.actor.resource.CPU": "0",
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
 
@@ -125,6 +126,14 @@ def init_spark(app_name: str = "rayledger", **overrides: Any) -> SparkSession:
     return spark
 
 
+def spark_running() -> bool:
+    """Is a RayDP Spark session running in this driver?"""
+    import raydp.context
+
+    ctx = raydp.context._global_spark_context
+    return ctx is not None and ctx._spark_session is not None
+
+
 def stop_spark() -> None:
     """Stop the RayDP Spark session, if one runs."""
     import raydp
@@ -182,9 +191,10 @@ def snapshot(group: str | os.PathLike, timeout_s: float = 5.0) -> CommittedSnaps
     """
     if not isinstance(group, str) or "/" in group:  # group names never hold "/": a directory
         with StoreReader(group) as r:
-            return CommittedSnapshot(str(group), r.committed_index_on_disk(), r.begin_index(), [], str(group))
+            return CommittedSnapshot(
+                str(group), r.committed_index_on_disk(), r.begin_index(), [], str(group)
+            )
     import ray
-
     from rayledger.actors.group import group_members
 
     if not ray.is_initialized():
@@ -213,11 +223,18 @@ def snapshot(group: str | os.PathLike, timeout_s: float = 5.0) -> CommittedSnaps
             continue
         views.append(
             MemberView(
-                m, handles[m], st.committed_index, st.ledger_begin_index, info["config"].store.data_dir, info.get("node_id")
+                m,
+                handles[m],
+                st.committed_index,
+                st.ledger_begin_index,
+                info["config"].store.data_dir,
+                info.get("node_id"),
             )
         )
     if not views:
-        raise LedgerError.of(ResponseCode.TIMEOUT, f"no member of {group!r} answered within {timeout_s}s")
+        raise LedgerError.of(
+            ResponseCode.TIMEOUT, f"no member of {group!r} answered within {timeout_s}s"
+        )
     committed = max(v.committed_index for v in views)
     # Best source first: knows the whole committed prefix; among those prefer a follower
     # (a file read costs nothing on the actor, an actor read does).
@@ -232,7 +249,9 @@ def _read_files(data_dir: str, start: int, stop: int, verify_crc: bool) -> Itera
         yield from r.iter_tables(start, stop, max_bytes=64 * 1024 * 1024)
 
 
-def _read_actors(handles: Sequence[Any], start: int, stop: int, chunk: int, verify_crc: bool) -> Iterator:
+def _read_actors(
+    handles: Sequence[Any], start: int, stop: int, chunk: int, verify_crc: bool
+) -> Iterator:
     import ray
 
     a = start
@@ -246,12 +265,17 @@ def _read_actors(handles: Sequence[Any], start: int, stop: int, chunk: int, veri
                 last = exc
                 continue
             if batch is None or batch.first_index != a or batch.count != b - a:
-                last = LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, f"a member returned a short batch for [{a}, {b})")
+                last = LedgerError.of(
+                    ResponseCode.INDEX_OUT_OF_BOUNDS,
+                    f"a member returned a short batch for [{a}, {b})",
+                )
                 continue
             yield batch_to_table(batch.data, batch.first_index, batch.count, verify_crc)
             break
         else:
-            raise LedgerError.of(ResponseCode.TIMEOUT, f"no member served committed entries [{a}, {b}): {last}")
+            raise LedgerError.of(
+                ResponseCode.TIMEOUT, f"no member served committed entries [{a}, {b}): {last}"
+            )
         a = b
 
 
@@ -271,14 +295,20 @@ def _make_datasource(snap: CommittedSnapshot, start: int, stop: int, verify_crc:
         def estimate_inmemory_data_size(self) -> int | None:
             return None
 
-        def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+        def get_read_tasks(
+            self, parallelism: int, per_task_row_limit=None, data_context=None
+        ) -> list:
             n = stop - start
             k = max(1, min(int(parallelism) if parallelism and parallelism > 0 else 1, n))
             step = math.ceil(n / k)
             if snap.offline_dir is not None:
                 source = [snap.offline_dir]
             else:
-                source = [m.store_dir for m in snap.members if m.committed_index >= stop - 1 and m.store_dir]
+                source = [
+                    m.store_dir
+                    for m in snap.members
+                    if m.committed_index >= stop - 1 and m.store_dir
+                ]
             handles = [m.handle for m in snap.members]
             tasks = []
             for a in range(start, stop, step):
@@ -287,8 +317,12 @@ def _make_datasource(snap: CommittedSnapshot, start: int, stop: int, verify_crc:
                     fn = _task(_read_files, source[0], a, b, verify_crc)
                 else:
                     fn = _task(_read_actors, handles, a, b, 16384, verify_crc)
-                meta = BlockMetadata(num_rows=b - a, size_bytes=None, input_files=None, exec_stats=None)
-                tasks.append(ReadTask(fn, meta, schema=arrow_schema(), per_task_row_limit=per_task_row_limit))
+                meta = BlockMetadata(
+                    num_rows=b - a, size_bytes=None, input_files=None, exec_stats=None
+                )
+                tasks.append(
+                    ReadTask(fn, meta, schema=arrow_schema(), per_task_row_limit=per_task_row_limit)
+                )
             return tasks
 
     return LedgerDatasource()
@@ -329,7 +363,9 @@ def committed_dataset(
     Blocks are pyarrow tables with columns ``index, term, pos, body``.
     """
     if type(start) is not int or start < 0 or (stop is not None and type(stop) is not int):
-        raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"bad range start={start!r} stop={stop!r}")
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT, f"bad range start={start!r} stop={stop!r}"
+        )
     snap = snap or snapshot(group)
     end = snap.committed_index + 1 if stop is None else min(stop, snap.committed_index + 1)
     if start >= end:
@@ -346,11 +382,15 @@ def committed_dataset(
     blocks = max(1, math.ceil(n / per))
     remote_args: dict[str, Any] = {}
     if snap.file_backed and snap.members:
-        node = next((m.node_id for m in snap.members if m.committed_index >= end - 1 and m.store_dir), None)
+        node = next(
+            (m.node_id for m in snap.members if m.committed_index >= end - 1 and m.store_dir), None
+        )
         if node and len(ray.nodes()) > 1:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            remote_args["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            remote_args["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                node_id=node, soft=False
+            )
     ds = ray.data.read_datasource(
         _make_datasource(snap, start, end, verify_crc),
         override_num_blocks=blocks,
@@ -377,7 +417,11 @@ def committed_dataframe(
 
 
 def committed_read(
-    spark: SparkSession, group: str | os.PathLike, start: int = 0, stop: int | None = None, **kwargs: Any
+    spark: SparkSession,
+    group: str | os.PathLike,
+    start: int = 0,
+    stop: int | None = None,
+    **kwargs: Any,
 ) -> tuple[DataFrame, CommittedRead]:
     """Like :func:`committed_dataframe`, and also says which range it read."""
     read = committed_dataset(group, start, stop, **kwargs)
@@ -387,7 +431,9 @@ def committed_read(
 
 
 # -- benchmark ------------------------------------------------------------------------------------
-def build_log(path: str | os.PathLike, entries: int, body_size: int = 128, batch: int = 2000) -> Path:
+def build_log(
+    path: str | os.PathLike, entries: int, body_size: int = 128, batch: int = 2000
+) -> Path:
     """Write a committed log of ``entries`` bodies straight into a FileStore at ``path``."""
     from rayledger.storage import FileStore, StoreConfig
 
@@ -419,7 +465,13 @@ def run_spark_bench(quick: bool) -> dict:
     entries = 100_000 if quick else 1_000_000
     own_ray = not ray.is_initialized()
     if own_ray:
-        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address="local",
+            namespace=NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     tmp = tempfile.mkdtemp(prefix="rayledger-spark-bench-")
     try:
         t0 = time.perf_counter()
@@ -434,7 +486,9 @@ def run_spark_bench(quick: bool) -> dict:
         count = df.count()
         read_s = time.perf_counter() - t0
         if count != entries:
-            raise LedgerError.of(ResponseCode.INTERNAL_ERROR, f"bench read {count} rows, expected {entries}")
+            raise LedgerError.of(
+                ResponseCode.INTERNAL_ERROR, f"bench read {count} rows, expected {entries}"
+            )
         return {
             "bench": "spark",
             "entries": entries,

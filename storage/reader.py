@@ -158,7 +158,8 @@ class StoreReader:
         self.dir = Path(data_dir)
         if not (self.dir / "data").is_dir() or not (self.dir / "index").is_dir():
             raise LedgerError.of(
-                ResponseCode.UNEXPECTED_ARGUMENT, f"{self.dir} is not a rayledger store directory (no data/ and index/)"
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"{self.dir} is not a rayledger store directory (no data/ and index/)",
             )
         self.verify_crc = verify_crc
         self._data = _Files(self.dir / "data")
@@ -198,7 +199,11 @@ class StoreReader:
         """Index units of entries ``start <= i < stop`` (an ``INDEX_DTYPE`` array)."""
         if start < 0 or stop < start:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"bad range [{start}, {stop})")
-        raw = self._index.read_span(start * INDEX_UNIT, (stop - start) * INDEX_UNIT) if stop > start else b""
+        raw = (
+            self._index.read_span(start * INDEX_UNIT, (stop - start) * INDEX_UNIT)
+            if stop > start
+            else b""
+        )
         units = np.frombuffer(raw, dtype=INDEX_DTYPE)
         bad_units = (units["magic"] != ENTRY_MAGIC) | (units["index"] != np.arange(start, stop))
         if bad_units.any():
@@ -216,11 +221,13 @@ class StoreReader:
         run_first = np.concatenate(([0], breaks))
         run_last = np.concatenate((breaks, [len(pos)])) - 1
         parts = []
-        for a, b in zip(run_first.tolist(), run_last.tolist()):
+        for a, b in zip(run_first.tolist(), run_last.tolist(), strict=True):
             p0, p1 = int(pos[a]), int(end[b])
             parts.append(self._data.read_span(p0, p1 - p0))  # may end exactly on a segment end
         buf = np.frombuffer(parts[0] if len(parts) == 1 else b"".join(parts), dtype=np.uint8)
-        offsets = np.concatenate(([0], np.cumsum(size)[:-1])) if len(size) else np.zeros(0, np.int64)
+        offsets = (
+            np.concatenate(([0], np.cumsum(size)[:-1])) if len(size) else np.zeros(0, np.int64)
+        )
         return buf, offsets
 
     def _check(self, buf: np.ndarray, offsets: np.ndarray, units: np.ndarray) -> np.ndarray:
@@ -235,7 +242,9 @@ class StoreReader:
         )
         if not ok.all():
             bad = int(np.flatnonzero(~ok)[0])
-            raise _corrupt(f"{self.dir}: entry {int(units['index'][bad])} does not match its index unit")
+            raise _corrupt(
+                f"{self.dir}: entry {int(units['index'][bad])} does not match its index unit"
+            )
         return heads
 
     def read_table(self, start: int, stop: int):
@@ -259,13 +268,15 @@ class StoreReader:
             part = units[a:b]
             buf, offsets = self._read_data(part)
             heads = self._check(buf, offsets, part)
-            yield _to_table(buf, offsets, part["size"].astype(np.int64), part, heads, self.verify_crc)
+            yield _to_table(
+                buf, offsets, part["size"].astype(np.int64), part, heads, self.verify_crc
+            )
             a = b
 
     def read_entries(self, start: int, stop: int) -> list[Entry]:
         t = self.read_table(start, stop)
         cols = [t.column(c).to_pylist() for c in ("index", "term", "pos", "body")]
-        return [Entry(i, term, p, b) for i, term, p, b in zip(*cols)]
+        return [Entry(i, term, p, b) for i, term, p, b in zip(*cols, strict=True)]
 
     def close(self) -> None:
         self._data.close()
@@ -331,11 +342,15 @@ def _to_table(buf, offsets, sizes, units, heads, verify_crc: bool):
     if verify_crc:
         crcs = heads["body_crc"].astype(np.int64) & 0xFFFF_FFFF
         mv = memoryview(bodies)
-        for k, (a, b) in enumerate(zip(body_offsets[:-1].tolist(), body_offsets[1:].tolist())):
+        for k, (a, b) in enumerate(
+            zip(body_offsets[:-1].tolist(), body_offsets[1:].tolist(), strict=True)
+        ):
             if zlib.crc32(mv[a:b]) != crcs[k]:
                 raise _corrupt(f"entry {int(units['index'][k])} fails its body CRC")
     body = pa.Array.from_buffers(
-        pa.binary(), len(lens), [None, pa.py_buffer(body_offsets), pa.py_buffer(np.ascontiguousarray(bodies))]
+        pa.binary(),
+        len(lens),
+        [None, pa.py_buffer(body_offsets), pa.py_buffer(np.ascontiguousarray(bodies))],
     )
     return pa.Table.from_arrays(
         [
@@ -374,7 +389,11 @@ def batch_to_table(data: bytes, first_index: int, count: int, verify_crc: bool =
     units["size"] = sizes
     units["index"] = np.arange(first_index, first_index + count)
     units["term"] = heads["term"]
-    ok = (heads["magic"] == ENTRY_MAGIC) & (heads["index"] == units["index"]) & (heads["size"] == sizes)
+    ok = (
+        (heads["magic"] == ENTRY_MAGIC)
+        & (heads["index"] == units["index"])
+        & (heads["size"] == sizes)
+    )
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise _corrupt(f"batch entry {first_index + bad} has a bad header")

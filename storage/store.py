@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import numpy as np
 from .codec import (
     ENTRY_MAGIC,
     HEADER,
+    HEADER_DTYPE,
     HEADER_SIZE,
     INDEX,
     INDEX_UNIT,
@@ -35,6 +37,7 @@ from .codec import (
     EntryBatch,
     _signed,
     chain_crc,
+    chain_crcs,
     crc32,
     decode_index,
     encode_entries,
@@ -50,6 +53,7 @@ AppendHook = Callable[[int, int, bytearray], None]
 """``hook(index, pos, body)``: may rewrite bytes of ``body`` in place (not its length)."""
 
 _BYTES_TYPES = frozenset({bytes, bytearray, memoryview})
+_I32 = struct.Struct(">i")
 
 
 @dataclass(slots=True, frozen=True)
@@ -379,79 +383,191 @@ class LogStore:
             if count <= 0 or not len(data):
                 raise _err(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "the batch has no entries")
             view = memoryview(data).cast("B")
-            n = len(view)
-            off = 0
-            index = first_index
-            term_floor = self.ledger_end_term
-            chain = self._chain
-            positions, sizes, terms = [], [], []
-            limit = self.config.max_entry_size + HEADER_SIZE
-            unpack = HEADER.unpack_from
-            while off < n:
-                if off + HEADER_SIZE > n:
-                    raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} is cut short")
-                magic, size, eidx, term, pos, _ch, echain, bcrc, body_size = unpack(view, off)
-                if (
-                    magic != ENTRY_MAGIC
-                    or body_size < 0
-                    or size != HEADER_SIZE + body_size
-                    or size > limit
-                    or off + size > n
-                ):
-                    raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} has a bad header")
-                if eidx != index or term < term_floor:
-                    raise _err(
-                        ResponseCode.INCONSISTENT_STATE,
-                        f"entry {eidx} (term {term}) cannot follow {index - 1} (term {term_floor})",
-                    )
-                got = crc32(view[off + HEADER_SIZE : off + size])
-                if _signed(got) != bcrc:
-                    raise _err(
-                        ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} fails its body CRC"
-                    )
-                if chain is not None and _signed(chain_crc(chain, got)) != echain:
-                    raise _err(
-                        ResponseCode.INCONSISTENT_STATE,
-                        f"entry {index}'s chain CRC does not follow this log (logs diverged before it)",
-                    )
-                chain = echain
-                positions.append(pos)
-                sizes.append(size)
-                terms.append(term)
-                term_floor = term
-                off += size
-                index += 1
-            if index - first_index != count:
-                raise _err(
-                    ResponseCode.UNEXPECTED_ARGUMENT,
-                    f"batch count {count} does not match its data ({index - first_index} entries)",
-                )
-            expected = self._data.positions_for(sizes)
-            if expected != positions:
-                k = next(
-                    i for i, (a, b) in enumerate(zip(expected, positions, strict=True)) if a != b
-                )
-                raise _err(
-                    ResponseCode.INCONSISTENT_STATE,
-                    f"entry {first_index + k} is at {positions[k]} on the leader, "
-                    f"would be at {expected[k]} here (segment sizes differ?)",
-                )
+            checked = self._verify_fast(view, first_index, count)
+            if checked is None:  # something is off: the entry-by-entry check says what
+                checked = self._verify_slow(view, first_index, count)
+            positions, sizes, terms, chain, term_floor, runs = checked
             self.check_disk()
-            self._write(first_index, view, positions, sizes, terms)
+            self._write(first_index, view, positions, sizes, terms, runs)
             self._chain = chain
             self.ledger_end_term = term_floor
         self.after_append()
 
-    def _write(
-        self, first: int, data, positions: list[int], sizes: list[int], terms: list[int]
-    ) -> None:
-        """Write encoded entries and their index units; on failure undo both."""
+    def _verify_fast(self, view, first_index: int, count: int):
+        """The checks of :meth:`_verify_slow`, vectorised; None when any fails.
+
+        One pass finds the entries (none when all have the first one's size),
+        numpy reads every header at once and checks magic, sizes, indexes,
+        terms, positions and the chain CRCs; only the body CRCs take a call
+        per entry.  Returns what ``_write`` needs, or None (nothing is raised
+        here: the slow check then finds and names the first bad entry).
+        """
+        n = len(view)
+        if n < HEADER_SIZE:
+            return None
+        limit = self.config.max_entry_size + HEADER_SIZE
+        size0 = _I32.unpack_from(view, 4)[0]
+        if not HEADER_SIZE <= size0 <= limit:
+            return None
+        uniform = count * size0 == n
+        if uniform:
+            h = np.ndarray((count,), HEADER_DTYPE, buffer=view, strides=(size0,))
+            sizes = h["size"]
+            uniform = bool((sizes == size0).all())
+        if uniform:
+            crcs = list(
+                map(
+                    crc32,
+                    map(
+                        view.__getitem__,
+                        map(
+                            slice,
+                            range(HEADER_SIZE, n + HEADER_SIZE, size0),
+                            range(size0, n + size0, size0),
+                        ),
+                    ),
+                )
+            )
+            offsets = None
+        else:
+            unpack_size = _I32.unpack_from
+            offs = []
+            append = offs.append
+            off = 0
+            while off < n:
+                if off + HEADER_SIZE > n:
+                    return None
+                size = unpack_size(view, off + 4)[0]
+                if not HEADER_SIZE <= size <= limit:
+                    return None
+                append(off)
+                off += size
+            if off != n or len(offs) != count:
+                return None
+            offsets = np.array(offs, dtype=np.int64)
+            h = (
+                np.frombuffer(view, dtype=np.uint8)[offsets[:, None] + np.arange(HEADER_SIZE)]
+                .view(HEADER_DTYPE)
+                .reshape(count)
+            )
+            sizes = h["size"]
+            crcs = [
+                crc32(view[a + HEADER_SIZE : b]) for a, b in zip(offs, offs[1:] + [n], strict=True)
+            ]
+        if (
+            (h["magic"] != ENTRY_MAGIC).any()
+            or (sizes != h["body_size"] + HEADER_SIZE).any()
+            or (h["index"] != np.arange(first_index, first_index + count)).any()
+        ):
+            return None
+        terms = h["term"]
+        if terms[0] < self.ledger_end_term or (count > 1 and (terms[1:] < terms[:-1]).any()):
+            return None
+        got = np.array(crcs, dtype=np.uint32)
+        if (got != h["bcrc"]).any():
+            return None
+        echain = np.asarray(h["chain"], dtype=np.uint32)
+        prev = np.empty(count, dtype=np.uint32)
+        prev[1:] = echain[:-1]
+        prev[0] = 0 if self._chain is None else self._chain & 0xFFFF_FFFF
+        bad = chain_crcs(prev, got) != echain
+        if self._chain is None:
+            bad[0] = False  # nothing to chain the first entry to (after a reset)
+        if bad.any():
+            return None
+        positions = h["pos"]
+        wp = self._data.write_pos
+        seg = self._data.segment_size
+        if wp // seg == (wp + n - 1) // seg:  # the batch fits the current segment as it is
+            if offsets is None:
+                expected = np.arange(wp, wp + n, size0, dtype=np.int64)
+            else:
+                expected = offsets + wp
+            if (positions != expected).any():
+                return None
+            runs = [(0, count, n)]
+        else:
+            positions, sizes = positions.tolist(), sizes.tolist()
+            if self._data.positions_for(sizes) != positions:
+                return None
+            runs = None
+        return positions, sizes, terms, _signed(int(echain[-1])), int(terms[-1]), runs
+
+    def _verify_slow(self, view, first_index: int, count: int):
+        """Check a follower batch entry by entry; raises on the first bad entry.
+
+        The reference check (and the one that names what is wrong): the fast
+        path falls back to it whenever anything does not hold.
+        """
+        n = len(view)
+        off = 0
+        index = first_index
+        term_floor = self.ledger_end_term
+        chain = self._chain
+        positions, sizes, terms = [], [], []
+        limit = self.config.max_entry_size + HEADER_SIZE
+        unpack = HEADER.unpack_from
+        while off < n:
+            if off + HEADER_SIZE > n:
+                raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} is cut short")
+            magic, size, eidx, term, pos, _ch, echain, bcrc, body_size = unpack(view, off)
+            if (
+                magic != ENTRY_MAGIC
+                or body_size < 0
+                or size != HEADER_SIZE + body_size
+                or size > limit
+                or off + size > n
+            ):
+                raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} has a bad header")
+            if eidx != index or term < term_floor:
+                raise _err(
+                    ResponseCode.INCONSISTENT_STATE,
+                    f"entry {eidx} (term {term}) cannot follow {index - 1} (term {term_floor})",
+                )
+            got = crc32(view[off + HEADER_SIZE : off + size])
+            if _signed(got) != bcrc:
+                raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} fails its body CRC")
+            if chain is not None and _signed(chain_crc(chain, got)) != echain:
+                raise _err(
+                    ResponseCode.INCONSISTENT_STATE,
+                    f"entry {index}'s chain CRC does not follow this log (logs diverged before it)",
+                )
+            chain = echain
+            positions.append(pos)
+            sizes.append(size)
+            terms.append(term)
+            term_floor = term
+            off += size
+            index += 1
+        if index - first_index != count:
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"batch count {count} does not match its data ({index - first_index} entries)",
+            )
+        expected = self._data.positions_for(sizes)
+        if expected != positions:
+            k = next(i for i, (a, b) in enumerate(zip(expected, positions, strict=True)) if a != b)
+            raise _err(
+                ResponseCode.INCONSISTENT_STATE,
+                f"entry {first_index + k} is at {positions[k]} on the leader, "
+                f"would be at {expected[k]} here (segment sizes differ?)",
+            )
+        return positions, sizes, terms, chain, term_floor, None
+
+    def _write(self, first: int, data, positions, sizes, terms, runs=None) -> None:
+        """Write encoded entries and their index units; on failure undo both.
+
+        ``positions``, ``sizes``, ``terms``: lists or numpy arrays; ``runs`` as
+        :func:`_runs` returns them, when the caller already knows.
+        """
         old_pos = self._data.write_pos
         try:
             view = memoryview(data)
             off = 0
-            for a, _b, nbytes in _runs(positions, sizes, self._data.segment_size):
-                self._data.write_at(positions[a], view[off : off + nbytes])
+            if runs is None:
+                runs = _runs(positions, sizes, self._data.segment_size)
+            for a, _b, nbytes in runs:
+                self._data.write_at(int(positions[a]), view[off : off + nbytes])
                 off += nbytes
             units = encode_index(positions, sizes, first, terms)
             ipos = first * INDEX_UNIT

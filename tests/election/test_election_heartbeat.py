@@ -77,6 +77,16 @@ def test_term_not_ready_steps_down_and_catches_up(h) -> None:
     assert (el.role, el.leader_id) == (Role.FOLLOWER, "n2")
 
 
+def test_old_leader_is_not_followed_once_a_newer_term_is_known(h) -> None:
+    el = h.make(term=4)
+    h.become_follower(el, "n1")
+    el.handle_vote(h.vote_req(el, "n2", term=5), 10)  # steps down; term 5 pending
+    assert el.term == 4 and el.need_increase_term_immediately
+    resp, actions = el.handle_heartbeat(h.hb_req(el, "n1", term=4), 12)
+    assert resp.code is C.EXPIRED_TERM and resp.term == 5
+    assert el.role is Role.CANDIDATE and actions == []
+
+
 def test_follower_times_out_after_max_heartbeat_leak(h) -> None:
     cfg = ElectionConfig(heartbeat_interval_ms=100, max_heartbeat_leak=2)
     el = h.make(term=1, config=cfg)

@@ -92,7 +92,12 @@ def head_cluster():
         address = f"http://127.0.0.1:{dash}"
         deadline = time.monotonic() + 60
         while True:  # the job server comes up a little after `ray start` returns
-            st = subprocess.run([RAY, "job", "list", "--address", address], capture_output=True, text=True, env=_env())
+            st = subprocess.run(
+                [RAY, "job", "list", "--address", address],
+                capture_output=True,
+                text=True,
+                env=_env(),
+            )
             if st.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -125,7 +130,9 @@ def test_job_submit_creates_appends_and_reads(head_cluster, tmp_path):
     assert (store / "jobgrp").is_dir()
 
     # A second job (another driver) attaches to the running group by name.
-    second = _submit(head_cluster, "--group", "jobgrp", "--entries", "300", "--batch", "100", "--shutdown")
+    second = _submit(
+        head_cluster, "--group", "jobgrp", "--entries", "300", "--batch", "100", "--shutdown"
+    )
     assert second["ok"] and not second["created"]
     assert second["acked"] == 300
     assert second["first_index"] > first["last_index"]

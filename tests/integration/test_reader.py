@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rayledger.storage import FileStore, LedgerError, ResponseCode, StoreConfig
 from rayledger.storage.reader import StoreReader, batch_to_table
 
@@ -27,7 +26,9 @@ def _fingerprint(root: Path) -> dict[str, tuple[int, float, str]]:
 @pytest.fixture
 def small_store(tmp_path):
     """A FileStore with tiny segments (many rolls), bodies of random sizes over three terms."""
-    cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=4096, index_segment_size=32 * 50)
+    cfg = StoreConfig(
+        data_dir=str(tmp_path / "n0"), data_segment_size=4096, index_segment_size=32 * 50
+    )
     store = FileStore(cfg)
     rnd = random.Random(7)
     bodies = []
@@ -76,7 +77,9 @@ def test_reader_never_modifies_the_directory(small_store):
 
 
 def test_reads_committed_prefix_while_the_writer_appends(tmp_path):
-    cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=64 * 1024, index_segment_size=32 * 1000)
+    cfg = StoreConfig(
+        data_dir=str(tmp_path / "n0"), data_segment_size=64 * 1024, index_segment_size=32 * 1000
+    )
     store = FileStore(cfg)
     store.append_as_leader([b"first"], 1)
     store.update_committed_index(0)

@@ -1,0 +1,1 @@
+"""Deterministic simulations of the protocol cores (no Ray, fake clock, seeded faults)."""
