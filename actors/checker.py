@@ -14,7 +14,6 @@ import itertools
 import logging
 
 import ray
-
 from rayledger.replication import QuorumAckChecker
 from rayledger.storage import ResponseCode
 
@@ -47,7 +46,9 @@ class QuorumAckCheckerActor:
             self._ticker = asyncio.ensure_future(self._tick())
         self.term = term
         self._committed_sent = -1
-        self._settle(self.core.become_leader(term, term_start_index, info["end"], info["committed"]))
+        self._settle(
+            self.core.become_leader(term, term_start_index, info["end"], info["committed"])
+        )
         self.core.update_water_mark(term, self.self_id, info["end"])
         self._check()
 
@@ -75,7 +76,11 @@ class QuorumAckCheckerActor:
 
     def _check(self) -> None:
         committed, resolved = self.core.check(now_ms())
-        if committed is not None and committed > self._committed_sent and not self._notify_scheduled:
+        if (
+            committed is not None
+            and committed > self._committed_sent
+            and not self._notify_scheduled
+        ):
             # coalesce: one notification per loop turn, however many reports advanced it
             self._notify_scheduled = True
             asyncio.get_running_loop().call_soon(self._notify_committed)

@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 
 import ray
-
 from rayledger.storage import (
     Entry,
     LedgerError,
@@ -91,21 +90,32 @@ class LedgerClient:
                 s = ray.get(ref, timeout=1.0)
             except Exception:
                 continue
-            if s.role is not None and s.role.value == "LEADER" and (best is None or s.term > best[0]):
+            if (
+                s.role is not None
+                and s.role.value == "LEADER"
+                and (best is None or s.term > best[0])
+            ):
                 best = (s.term, m)
         return best[1] if best else None
 
     # -- appends ------------------------------------------------------------------------------
     def append(self, body: bytes, timeout_s: float | None = None) -> AppendResult:
         if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"body must be bytes, not {type(body).__name__}")
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"body must be bytes, not {type(body).__name__}"
+            )
         return self.append_batch([body], timeout_s)[0]
 
-    def append_batch(self, bodies: Sequence[bytes], timeout_s: float | None = None) -> list[AppendResult]:
+    def append_batch(
+        self, bodies: Sequence[bytes], timeout_s: float | None = None
+    ) -> list[AppendResult]:
         """Append a batch as one unit; returns once the whole batch is committed."""
-        if isinstance(bodies, (bytes, bytearray, memoryview, str)) or not isinstance(bodies, Sequence):
+        if isinstance(bodies, (bytes, bytearray, memoryview, str)) or not isinstance(
+            bodies, Sequence
+        ):
             raise LedgerError.of(
-                ResponseCode.UNEXPECTED_ARGUMENT, f"bodies must be a list of bytes, not {type(bodies).__name__}"
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"bodies must be a list of bytes, not {type(bodies).__name__}",
             )
         bodies = list(bodies)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
@@ -116,14 +126,18 @@ class LedgerClient:
                 self._leader = self._find_leader()
                 if self._leader is None:
                     if time.monotonic() > deadline:
-                        raise LedgerError.of(ResponseCode.TIMEOUT, f"no leader of {self.group!r} before the deadline: {last}")
+                        raise LedgerError.of(
+                            ResponseCode.TIMEOUT,
+                            f"no leader of {self.group!r} before the deadline: {last}",
+                        )
                     time.sleep(0.05)
                     continue
             target = self._leader
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LedgerError.of(
-                    ResponseCode.TIMEOUT, f"no leader of {self.group!r} took the append before the deadline: {last}"
+                    ResponseCode.TIMEOUT,
+                    f"no leader of {self.group!r} took the append before the deadline: {last}",
                 )
             try:
                 ref = self._handle(target).append.remote(bodies, self.group, target)
@@ -150,7 +164,11 @@ class LedgerClient:
                     ResponseCode.APPEND_OUTCOME_UNKNOWN,
                     f"append to {target} did not finish before the deadline; it may still commit",
                 ) from exc
-            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError) as exc:
+            except (
+                ray.exceptions.ActorDiedError,
+                ray.exceptions.ActorUnavailableError,
+                ray.exceptions.RayActorError,
+            ) as exc:
                 self._leader = None
                 raise OutcomeUnknownError(
                     ResponseCode.APPEND_OUTCOME_UNKNOWN,
@@ -167,7 +185,10 @@ class LedgerClient:
         while time.monotonic() < deadline:
             target = self._target()
             try:
-                return ray.get(getattr(self._handle(target), method).remote(*args), timeout=max(0.1, deadline - time.monotonic()))
+                return ray.get(
+                    getattr(self._handle(target), method).remote(*args),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
             except NotLeaderError as exc:
                 if exc.leader_id and exc.leader_id != target and tried < 3 * len(self.members):
                     self._leader = exc.leader_id
@@ -182,7 +203,9 @@ class LedgerClient:
                 tried += 1
                 if tried % len(self.members) == 0:
                     time.sleep(0.05)
-        raise LedgerError.of(ResponseCode.TIMEOUT, f"no member of {self.group!r} answered {method}: {last}")
+        raise LedgerError.of(
+            ResponseCode.TIMEOUT, f"no member of {self.group!r} answered {method}: {last}"
+        )
 
     def get(self, index: int) -> Entry:
         """The committed entry at ``index``."""

@@ -25,16 +25,21 @@ class LedgerConfig:
     maintain_interval_ms: int = 10  # DLedger's maintainState period
     rpc_timeout_ms: int = 3000  # one vote / heartbeat / push call
     dispatcher_cache_bytes: int = 64 * 1024 * 1024  # recent batches a dispatcher keeps refs to
-    max_restarts: int = -1  # for file-backed members: Ray restarts a dead member this often (-1: always)
+    max_restarts: int = (
+        -1
+    )  # for file-backed members: Ray restarts a dead member this often (-1: always)
 
     def __post_init__(self) -> None:
         if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:
             raise LedgerError.of(
-                ResponseCode.UNEXPECTED_ARGUMENT, "maintain_interval_ms and rpc_timeout_ms must be positive"
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                "maintain_interval_ms and rpc_timeout_ms must be positive",
             )
 
     @classmethod
-    def fast(cls, heartbeat_interval_ms: int = 100, max_heartbeat_leak: int = 3, **overrides) -> LedgerConfig:
+    def fast(
+        cls, heartbeat_interval_ms: int = 100, max_heartbeat_leak: int = 3, **overrides
+    ) -> LedgerConfig:
         """Short timers for demos, benchmarks and tests: heartbeat 100 ms, leak 3, votes 50-150 ms."""
         election = ElectionConfig(
             heartbeat_interval_ms=heartbeat_interval_ms,
@@ -43,7 +48,9 @@ class LedgerConfig:
             max_vote_interval_ms=heartbeat_interval_ms * 3 // 2,
             vote_wait_base_ms=heartbeat_interval_ms,
         )
-        base = cls(election=election, rpc_timeout_ms=max(1000, heartbeat_interval_ms * max_heartbeat_leak))
+        base = cls(
+            election=election, rpc_timeout_ms=max(1000, heartbeat_interval_ms * max_heartbeat_leak)
+        )
         return dataclasses.replace(base, **overrides) if overrides else base
 
     def for_member(self, data_dir: str | None) -> LedgerConfig:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-
 from rayledger.replication import EntryDispatcher, PushEntryRequest
 from rayledger.storage import LedgerError
 
@@ -113,7 +112,9 @@ class LeaderView:
         m = self.meta.get(index)
         return (m or self.fetch_meta(index))[1]
 
-    def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62) -> RefBatch:
+    def read_batch(
+        self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62
+    ) -> RefBatch:
         b = self.batches.get(start)
         if b is not None and b.count <= max_count:
             return b
@@ -122,11 +123,15 @@ class LeaderView:
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class EntryDispatcherActor:
-    def __init__(self, group: str, self_id: str, peer_id: str, config: LedgerConfig, member, checker):
+    def __init__(
+        self, group: str, self_id: str, peer_id: str, config: LedgerConfig, member, checker
+    ):
         self.group, self.self_id, self.peer_id = group, self_id, peer_id
         self.config = config
         self.core = EntryDispatcher(group, self_id, peer_id, config.replication)
-        self.view = LeaderView(config.dispatcher_cache_bytes, member, config.replication.max_batch_push_bytes)
+        self.view = LeaderView(
+            config.dispatcher_cache_bytes, member, config.replication.max_batch_push_bytes
+        )
         self.member = member
         self.checker = checker
         self.faults = LinkFaults()
@@ -160,7 +165,9 @@ class EntryDispatcherActor:
         self.core.check_and_fresh_state(term, None, False)
         self.view.clear()
 
-    async def on_append(self, term: int, first: int, count: int, ref: list, end: int, nbytes: int = 0) -> None:
+    async def on_append(
+        self, term: int, first: int, count: int, ref: list, end: int, nbytes: int = 0
+    ) -> None:
         if term != self.term or not self.active:
             return
         self.view.add(RefBatch(first, count, ref[0], nbytes))
@@ -212,7 +219,12 @@ class EntryDispatcherActor:
         except ray.exceptions.RayError:
             return
         if term != self.term and self.active:
-            log.info("[%s->%s] member no longer leads term %d; dispatcher stops", self.self_id, self.peer_id, self.term)
+            log.info(
+                "[%s->%s] member no longer leads term %d; dispatcher stops",
+                self.self_id,
+                self.peer_id,
+                self.term,
+            )
             await self.deactivate(term)
 
     async def _run(self) -> None:
@@ -223,7 +235,9 @@ class EntryDispatcherActor:
                 if self.active:
                     await self._step()
             except Exception:
-                log.exception("[%s->%s] dispatcher error term=%d", self.self_id, self.peer_id, self.term)
+                log.exception(
+                    "[%s->%s] dispatcher error term=%d", self.self_id, self.peer_id, self.term
+                )
                 await asyncio.sleep(0.05)
             try:
                 await asyncio.wait_for(self._wake.wait(), self.config.maintain_interval_ms / 1000)
@@ -242,7 +256,9 @@ class EntryDispatcherActor:
             if self.faults.active:
                 await self.faults.before_send(self.peer_id)
             if self._follower is None:
-                self._follower = ray.get_actor(actor_name(self.group, self.peer_id), namespace=NAMESPACE)
+                self._follower = ray.get_actor(
+                    actor_name(self.group, self.peer_id), namespace=NAMESPACE
+                )
             batch = req.batch
             if isinstance(batch, RefBatch):
                 wire = replace(req, batch=None)
@@ -251,7 +267,14 @@ class EntryDispatcherActor:
                 ref = self._follower.push.remote(req, None)
             resp = await asyncio.wait_for(ref, self.config.rpc_timeout_ms / 1000)
         except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
-            log.debug("[%s->%s] push %s@%d failed: %s", self.self_id, self.peer_id, req.type, req.first_index, exc)
+            log.debug(
+                "[%s->%s] push %s@%d failed: %s",
+                self.self_id,
+                self.peer_id,
+                req.type,
+                req.first_index,
+                exc,
+            )
             self._follower = None if isinstance(exc, ValueError) else self._follower
         if req.term != self.term or not self.active:
             return
@@ -274,4 +297,3 @@ class EntryDispatcherActor:
                 self.member.on_peer_progress.remote(self.peer_id, wm)
         except ray.exceptions.RayError:
             pass
-

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import ray
-
 from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -43,12 +42,16 @@ def group_members(name: str) -> list[str]:
 class LedgerGroup:
     """A handle on a group of :class:`MemberActor`; cheap to create, any driver can hold one."""
 
-    def __init__(self, name: str, members: Sequence[str], store_dir: str | None, config: LedgerConfig):
+    def __init__(
+        self, name: str, members: Sequence[str], store_dir: str | None, config: LedgerConfig
+    ):
         self.name = name
         self.members = list(members)
         self.store_dir = store_dir
         self.config = config
-        self._handles = {m: ray.get_actor(actor_name(name, m), namespace=NAMESPACE) for m in self.members}
+        self._handles = {
+            m: ray.get_actor(actor_name(name, m), namespace=NAMESPACE) for m in self.members
+        }
 
     # -- creating and finding -------------------------------------------------------------
     @classmethod
@@ -91,7 +94,9 @@ class LedgerGroup:
                 probe.write_bytes(b"")
                 probe.unlink()
             except OSError as exc:
-                raise LedgerError.of(ResponseCode.DISK_ERROR, f"store_dir {store_dir} is not writable: {exc}") from exc
+                raise LedgerError.of(
+                    ResponseCode.DISK_ERROR, f"store_dir {store_dir} is not writable: {exc}"
+                ) from exc
         if not ray.is_initialized():
             ray.init(namespace=NAMESPACE)
         if group_members(name):
@@ -131,7 +136,10 @@ class LedgerGroup:
         info = None
         for m in ids:
             try:
-                info = ray.get(ray.get_actor(actor_name(name, m), namespace=NAMESPACE).info.remote(), timeout=10)
+                info = ray.get(
+                    ray.get_actor(actor_name(name, m), namespace=NAMESPACE).info.remote(),
+                    timeout=10,
+                )
                 break
             except Exception:
                 continue
@@ -146,7 +154,9 @@ class LedgerGroup:
 
     def handle(self, member: str):
         if member not in self._handles:
-            raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.name!r}")
+            raise LedgerError.of(
+                ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.name!r}"
+            )
         return self._handles[member]
 
     # -- watching ---------------------------------------------------------------------------
@@ -177,7 +187,10 @@ class LedgerGroup:
             if leader is not None and leader != exclude:
                 return leader
             time.sleep(0.05)
-        raise LedgerError.of(ResponseCode.TIMEOUT, f"no leader in group {self.name!r} after {timeout_s}s: {self.status()}")
+        raise LedgerError.of(
+            ResponseCode.TIMEOUT,
+            f"no leader in group {self.name!r} after {timeout_s}s: {self.status()}",
+        )
 
     # -- operations ---------------------------------------------------------------------------
     def transfer_leadership(self, target: str, timeout_s: float = 15.0) -> str:
@@ -196,7 +209,9 @@ class LedgerGroup:
                 if self.leader_id() == target:
                     return target
                 time.sleep(0.05)
-        raise LedgerError.of(ResponseCode.TIMEOUT, f"leadership did not move to {target} within {timeout_s}s")
+        raise LedgerError.of(
+            ResponseCode.TIMEOUT, f"leadership did not move to {target} within {timeout_s}s"
+        )
 
     def kill(self, member: str) -> None:
         """Kill the member's process hard (SIGKILL); Ray restarts a file-backed member."""
@@ -214,7 +229,9 @@ class LedgerGroup:
                 return
         ray.kill(h, no_restart=False)
 
-    def partition(self, *sides: Iterable[str], one_way: bool = False, drop: float = 0.0, delay_ms: float = 0.0) -> None:
+    def partition(
+        self, *sides: Iterable[str], one_way: bool = False, drop: float = 0.0, delay_ms: float = 0.0
+    ) -> None:
         """Cut every link between members on different sides.
 
         With ``one_way`` only messages from the first side to the others are cut.

@@ -24,7 +24,6 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 from rayledger.election import (
     Elector,
     MemberState,
@@ -54,7 +53,9 @@ def now_ms() -> int:
 
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
 class MemberActor:
-    def __init__(self, group: str, self_id: str, peers: list[str], config: LedgerConfig, data_dir: str | None):
+    def __init__(
+        self, group: str, self_id: str, peers: list[str], config: LedgerConfig, data_dir: str | None
+    ):
         logging.basicConfig(
             level=os.environ.get("RAYLEDGER_LOG_LEVEL", "WARNING"),
             format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -81,7 +82,13 @@ class MemberActor:
         self._started = time.time()
         self.elector.add_role_change_handler(self._on_role_change_callback)
         self._boot()
-        log.info("[%s] member of %s started: term=%d end=%d", self_id, group, self.state.current_term, self.store.ledger_end_index)
+        log.info(
+            "[%s] member of %s started: term=%d end=%d",
+            self_id,
+            group,
+            self.state.current_term,
+            self.store.ledger_end_index,
+        )
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> str:
@@ -99,16 +106,18 @@ class MemberActor:
         from .checker import QuorumAckCheckerActor
         from .dispatcher import EntryDispatcherActor
 
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        here = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False
+        )
         me = ray.get_runtime_context().current_actor
         self._checker = QuorumAckCheckerActor.options(scheduling_strategy=here).remote(
             self.group, self.self_id, self.peers, self.config, me
         )
         for peer in self.peers:
             if peer != self.self_id:
-                self._dispatchers[peer] = EntryDispatcherActor.options(scheduling_strategy=here).remote(
-                    self.group, self.self_id, peer, self.config, me, self._checker
-                )
+                self._dispatchers[peer] = EntryDispatcherActor.options(
+                    scheduling_strategy=here
+                ).remote(self.group, self.self_id, peer, self.config, me, self._checker)
         self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
         self._maintainer = asyncio.ensure_future(self._maintain())
 
@@ -164,12 +173,22 @@ class MemberActor:
     async def _role_changed(self, change: RoleChange) -> None:
         """Start or stop leading; changes are handled one at a time, in order."""
         async with self._role_lock:
-            log.info("[%s] role %s term=%d leader=%s", self.self_id, change.role.value, change.term, change.leader_id)
-            if self._leader_term >= 0 and (change.role != Role.LEADER or change.term != self._leader_term):
+            log.info(
+                "[%s] role %s term=%d leader=%s",
+                self.self_id,
+                change.role.value,
+                change.term,
+                change.leader_id,
+            )
+            if self._leader_term >= 0 and (
+                change.role != Role.LEADER or change.term != self._leader_term
+            ):
                 self._leader_term = -1
                 self._ready_term = -1
                 await self._checker.step_down.remote(change.term)
-                await asyncio.gather(*(d.deactivate.remote(change.term) for d in self._dispatchers.values()))
+                await asyncio.gather(
+                    *(d.deactivate.remote(change.term) for d in self._dispatchers.values())
+                )
             if change.role != Role.LEADER:
                 return
             with self._lock:
@@ -182,7 +201,9 @@ class MemberActor:
                 self._leader_term = change.term
                 info = self._leader_info()
             await self._checker.become_leader.remote(change.term, appended.first_index, info)
-            await asyncio.gather(*(d.activate.remote(change.term, info) for d in self._dispatchers.values()))
+            await asyncio.gather(
+                *(d.activate.remote(change.term, info) for d in self._dispatchers.values())
+            )
             with self._lock:
                 if self.state.is_leader and self.state.current_term == change.term:
                     self._ready_term = change.term
@@ -219,12 +240,18 @@ class MemberActor:
     async def transfer_leadership(self, target: str):
         """Ask this member (the leader) to hand leadership to ``target``."""
         if target not in self.peers:
-            raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER, f"{target!r} is not a member of {self.group!r}")
+            raise LedgerError.of(
+                ResponseCode.UNKNOWN_MEMBER, f"{target!r} is not a member of {self.group!r}"
+            )
         with self._lock:
             resp, actions = self.elector.transfer_leadership(target, now_ms())
         self._apply_threadsafe(actions)
         if resp.code != ResponseCode.SUCCESS:
-            raise LedgerError.of(resp.code, f"{self.self_id} cannot transfer leadership to {target}", leader_id=self.state.leader_id)
+            raise LedgerError.of(
+                resp.code,
+                f"{self.self_id} cannot transfer leadership to {target}",
+                leader_id=self.state.leader_id,
+            )
         return resp
 
     @ray.method(concurrency_group="election")
@@ -253,9 +280,13 @@ class MemberActor:
         }
 
     @ray.method(concurrency_group="election")
-    async def set_faults(self, cut: list[str], drop: dict[str, float], delay_ms: dict[str, float]) -> None:
+    async def set_faults(
+        self, cut: list[str], drop: dict[str, float], delay_ms: dict[str, float]
+    ) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
-        await asyncio.gather(*(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values()))
+        await asyncio.gather(
+            *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values())
+        )
 
     # -- data RPCs ------------------------------------------------------------------------
     async def push(self, req: PushEntryRequest, batch=None):
@@ -269,7 +300,9 @@ class MemberActor:
         self._resolve(answers)
         return await fut
 
-    async def append(self, bodies: list, group: str | None = None, target: str | None = None) -> list[tuple]:
+    async def append(
+        self, bodies: list, group: str | None = None, target: str | None = None
+    ) -> list[tuple]:
         """Append a batch as leader; returns [(index, term, pos)] once a quorum stores it."""
         with self._lock:
             check_append(
@@ -284,7 +317,9 @@ class MemberActor:
             term = self.state.current_term
             if self._ready_term != term:
                 raise LedgerError.of(
-                    ResponseCode.LEADER_NOT_READY, f"{self.self_id} is taking office for term {term}", leader_id=self.self_id
+                    ResponseCode.LEADER_NOT_READY,
+                    f"{self.self_id} is taking office for term {term}",
+                    leader_id=self.self_id,
                 )
             appended = self.store.append_as_leader(bodies, term)
             self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
@@ -348,7 +383,8 @@ class MemberActor:
                 leader_id=leader,
             )
         return LedgerError.of(
-            ResponseCode.INDEX_OUT_OF_BOUNDS, f"entry {index} is not committed (committed index {committed})"
+            ResponseCode.INDEX_OUT_OF_BOUNDS,
+            f"entry {index} is not committed (committed index {committed})",
         )
 
     async def get(self, index: int, committed_only: bool = True) -> Entry:
@@ -361,10 +397,18 @@ class MemberActor:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
         with self._lock:
-            if committed_only and stop - 1 > self.store.committed_index and not self.state.is_leader:
+            if (
+                committed_only
+                and stop - 1 > self.store.committed_index
+                and not self.state.is_leader
+            ):
                 if self.state.leader_id not in (None, self.self_id):
                     raise self._not_committed_here(stop - 1)
-            limit = self.store.committed_index + 1 if committed_only else self.store.ledger_end_index + 1
+            limit = (
+                self.store.committed_index + 1
+                if committed_only
+                else self.store.ledger_end_index + 1
+            )
             if start >= min(stop, limit):
                 return []
             return self.store.get_range(start, min(stop, limit))
@@ -372,7 +416,11 @@ class MemberActor:
     async def read_batch(self, start: int, stop: int, committed_only: bool = True):
         """Encoded entries in [start, stop) (clipped to the committed index) as one EntryBatch."""
         with self._lock:
-            limit = self.store.committed_index + 1 if committed_only else self.store.ledger_end_index + 1
+            limit = (
+                self.store.committed_index + 1
+                if committed_only
+                else self.store.ledger_end_index + 1
+            )
             stop = min(stop, limit)
             if start >= stop:
                 return None
@@ -400,5 +448,3 @@ class MemberActor:
 def _set_result(fut: asyncio.Future, value) -> None:
     if not fut.done():
         fut.set_result(value)
-
-

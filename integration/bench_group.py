@@ -16,7 +16,6 @@ import time
 import uuid
 
 import ray
-
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup
 from rayledger.election import ElectionConfig
 
@@ -55,7 +54,7 @@ def _latency(group: LedgerGroup, n: int) -> list[float]:
     c = group.client()
     c.append(b"warm")
     out = []
-    for i in range(n):
+    for _ in range(n):
         t0 = time.perf_counter()
         c.append(b"x" * 128)
         out.append((time.perf_counter() - t0) * 1000)

@@ -20,7 +20,12 @@ def _connect(address: str | None) -> None:
     if ray.is_initialized():
         return
     try:
-        ray.init(address=address or "auto", namespace="rayledger", log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=address or "auto",
+            namespace="rayledger",
+            log_to_driver=False,
+            configure_logging=False,
+        )
     except ConnectionError as exc:
         raise SystemExit(
             f"error: no Ray cluster at {address or 'auto'} ({exc}); start one with `ray start --head`"
@@ -138,20 +143,28 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rayledger", description="DLedger's replicated commitlog on Ray")
+    p = argparse.ArgumentParser(
+        prog="rayledger", description="DLedger's replicated commitlog on Ray"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_group(sp, timeout: float = 30.0):
         sp.add_argument("--group", "-g", required=True, help="group name")
-        sp.add_argument("--address", default=None, help="Ray address (default: the running cluster)")
+        sp.add_argument(
+            "--address", default=None, help="Ray address (default: the running cluster)"
+        )
         sp.add_argument("--timeout", type=float, default=timeout, help="seconds to wait")
         return sp
 
-    demo = sub.add_parser("demo", help="the main job: failover, checks and a Spark aggregation on a local Ray")
+    demo = sub.add_parser(
+        "demo", help="the main job: failover, checks and a Spark aggregation on a local Ray"
+    )
     demo.add_argument("--entries", type=int, default=100_000)
     demo.add_argument("--clients", type=int, default=4)
     demo.add_argument("--batch", type=int, default=200, help="entries per append batch")
-    demo.add_argument("--data-dir", default=None, help="where the group keeps its files (default: a temp dir)")
+    demo.add_argument(
+        "--data-dir", default=None, help="where the group keeps its files (default: a temp dir)"
+    )
     demo.add_argument("--address", default=None, help="use this Ray cluster instead of a local one")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark step")
     demo.add_argument("--keep", action="store_true", help="keep the data directory")
@@ -167,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("--json", action="store_true")
     ss.set_defaults(func=cmd_status)
 
-    ap = with_group(sub.add_parser("append", help="append entries (one per argument) and wait for commit"))
+    ap = with_group(
+        sub.add_parser("append", help="append entries (one per argument) and wait for commit")
+    )
     ap.add_argument("bodies", nargs="*", help="entry bodies (UTF-8)")
     ap.add_argument("--file", help="also append this file's bytes as one entry")
     ap.set_defaults(func=cmd_append)
@@ -183,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = with_group(sub.add_parser("export", help="committed entries to Parquet through Spark"))
     ex.add_argument("--out", required=True, help="output directory")
-    ex.add_argument("--from", dest="start", type=int, default=None, help="first index (default: resume)")
+    ex.add_argument(
+        "--from", dest="start", type=int, default=None, help="first index (default: resume)"
+    )
     ex.set_defaults(func=cmd_export)
 
     be = sub.add_parser("bench", help="benchmarks (figures go to docs/BENCHMARKS.md)")

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import ray
-
 from rayledger.actors import LedgerGroup
 
 pytestmark = pytest.mark.ray

@@ -11,7 +11,6 @@ import time
 
 import pytest
 import ray
-
 from rayledger.actors import (
     LedgerClient,
     LedgerConfig,
@@ -54,7 +53,9 @@ def committed_log(group: LedgerGroup, member: str) -> list[tuple[int, int, bytes
     return [] if batch is None else [(e.index, e.term, e.body) for e in batch.entries()]
 
 
-def assert_consistent(group: LedgerGroup, acked: dict[int, bytes], members=None, wait_s: float = 20.0) -> None:
+def assert_consistent(
+    group: LedgerGroup, acked: dict[int, bytes], members=None, wait_s: float = 20.0
+) -> None:
     """Every member's committed log agrees on its common prefix and holds every acked append."""
     members = members or group.members
     deadline = time.monotonic() + wait_s
@@ -69,7 +70,9 @@ def assert_consistent(group: LedgerGroup, acked: dict[int, bytes], members=None,
         assert lg == ref[: len(lg)], f"{m} disagrees with the longest committed log"
         by_index = {i: body for i, _t, body in lg}
         for index, body in acked.items():
-            assert by_index.get(index) == body, f"acknowledged entry {index} missing or changed on {m}"
+            assert by_index.get(index) == body, (
+                f"acknowledged entry {index} missing or changed on {m}"
+            )
 
 
 def test_elect_append_and_read_back_everywhere(make_group):
@@ -84,7 +87,7 @@ def test_elect_append_and_read_back_everywhere(make_group):
         assert c.get(r.index).body == f"e{i}".encode()
     rs = c.append_batch([b"b0", b"b1", b"b2"])
     assert [r.index for r in rs] == list(range(rs[0].index, rs[0].index + 3))
-    acked.update({r.index: b for r, b in zip(rs, [b"b0", b"b1", b"b2"])})
+    acked.update({r.index: b for r, b in zip(rs, [b"b0", b"b1", b"b2"], strict=True)})
     assert c.committed_index() >= rs[-1].index
     got = c.read(rs[0].index, rs[-1].index + 1)
     assert [e.body for e in got] == [b"b0", b"b1", b"b2"]
@@ -223,7 +226,9 @@ def test_memory_group_and_second_driver(make_group):
         print("INDEX", r2.index)
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     index = int(out.stdout.split("INDEX")[1].split()[0])
     assert g.client().get(index).body == b"from-driver-2"
@@ -269,13 +274,22 @@ def test_bad_inputs_get_their_codes_and_lose_nothing(make_group, tmp_path):
     assert code_of(lambda: g.handle("nobody")) == ResponseCode.UNKNOWN_MEMBER
     assert code_of(lambda: LedgerGroup.create(g.name, 3)) == ResponseCode.UNEXPECTED_ARGUMENT
     assert code_of(lambda: LedgerGroup.create("x-" + g.name, 0)) == ResponseCode.UNEXPECTED_ARGUMENT
-    assert code_of(lambda: LedgerGroup.create("x-" + g.name, ["a", "a"])) == ResponseCode.UNEXPECTED_ARGUMENT
+    assert (
+        code_of(lambda: LedgerGroup.create("x-" + g.name, ["a", "a"]))
+        == ResponseCode.UNEXPECTED_ARGUMENT
+    )
     ro = tmp_path / "ro"
     ro.mkdir()
     os.chmod(ro, 0o500)
     if os.geteuid() != 0:  # root can write anywhere
-        assert code_of(lambda: LedgerGroup.create("x-" + g.name, 3, store_dir=str(ro))) == ResponseCode.DISK_ERROR
-    assert code_of(lambda: LedgerGroup.create("x-" + g.name, 3, store_dir="/proc/nope")) == ResponseCode.DISK_ERROR
+        assert (
+            code_of(lambda: LedgerGroup.create("x-" + g.name, 3, store_dir=str(ro)))
+            == ResponseCode.DISK_ERROR
+        )
+    assert (
+        code_of(lambda: LedgerGroup.create("x-" + g.name, 3, store_dir="/proc/nope"))
+        == ResponseCode.DISK_ERROR
+    )
     # nothing was lost and the group still works
     assert c.get(r.index).body == b"keep"
     r2 = c.append(b"still-works")
