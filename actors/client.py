@@ -149,6 +149,10 @@ class LedgerClient:
             try:
                 out = ray.get(ref, timeout=remaining)
                 return [AppendResult(i, t, p) for i, t, p in out]
+            except OutcomeUnknownError:
+                # stored by the leader but not acknowledged by a quorum: never retry it
+                self._leader = None
+                raise
             except LedgerError as exc:
                 last = exc
                 if exc.code not in _RETRY_BEFORE_STORE:

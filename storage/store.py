@@ -656,6 +656,13 @@ class LogStore:
                 ResponseCode.UNEXPECTED_ARGUMENT,
                 f"cannot reset to a negative index/position ({begin_index}, {begin_pos})",
             )
+        hole = begin_pos % self.config.data_segment_size
+        if 0 < hole < HEADER_SIZE:
+            # entries start at a segment's start or after at least one whole entry
+            raise _err(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"no entry can start at position {begin_pos} ({hole} bytes into its segment)",
+            )
         with self._lock:
             self._check_writable()
             if begin_index <= self.committed_index:

@@ -19,6 +19,7 @@ def ray_session():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a Ray of our own, never another cluster on the machine
             num_cpus=2,
             namespace="rayledger",
             include_dashboard=False,

@@ -11,10 +11,11 @@ import os
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from rayledger.storage import EntryBatch, FileStore, LedgerError, MemoryStore
+from rayledger.storage import EntryBatch, FileStore, LedgerError, MemoryStore, ResponseCode
 from rayledger.storage.codec import HEADER_SIZE, encode_entries
 
 from .helpers import abandon, small_config
@@ -113,6 +114,11 @@ class StoreMachine(RuleBasedStateMachine):
     def reset(self, skip, pos_gap):
         begin = max(self.end, self.committed) + skip
         pos = self.store.write_pos + pos_gap
+        if 0 < pos % self.store.config.data_segment_size < HEADER_SIZE:
+            with pytest.raises(LedgerError) as info:  # no entry can start there
+                self.store.reset(begin, pos)
+            assert info.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+            return
         self.store.reset(begin, pos)
         self.model.clear()
         self.begin, self.end = begin, begin - 1
