@@ -166,11 +166,24 @@ class EntryDispatcherActor:
         self.view.clear()
 
     async def on_append(
-        self, term: int, first: int, count: int, ref: list, end: int, nbytes: int = 0
+        self,
+        term: int,
+        first: int,
+        count: int,
+        ref: list,
+        end: int,
+        nbytes: int = 0,
+        edges: tuple[int, int] | None = None,
     ) -> None:
+        """The leader stored a batch (``edges``: positions of its first and last entry)."""
         if term != self.term or not self.active:
             return
         self.view.add(RefBatch(first, count, ref[0], nbytes))
+        if edges is not None:
+            # every entry of a leader's batch has the leader's term: COMPARE/COMMIT pushes
+            # that name a batch edge need no round trip to the member
+            self.view.meta[first] = (term, edges[0])
+            self.view.meta[first + count - 1] = (term, edges[1])
         self.view.ledger_end_index = max(self.view.ledger_end_index, end)
         if self.core.write_index == first:
             await self._step()  # the common case: push it now, without a loop turn

@@ -327,10 +327,11 @@ class MemberActor:
             batch = appended.batch()
             end = self.store.ledger_end_index
             self._pending_appends += 1
+        edges = (appended.positions[0], appended.positions[-1])
         try:
             ref = ray.put(batch)
             for d in self._dispatchers.values():
-                d.on_append.remote(term, first, batch.count, [ref], end, len(batch.data))
+                d.on_append.remote(term, first, batch.count, [ref], end, len(batch.data), edges)
             code = await self._checker.wait_commit.remote(term, first, last)
         finally:
             self._pending_appends -= 1
