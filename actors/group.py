@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -103,8 +104,11 @@ class LedgerGroup:
             raise _bad(f"a group named {name!r} already exists in namespace {NAMESPACE!r}")
 
         restarts = config.max_restarts if store_dir is not None else 0
+        # One member per node when there are several (round robin over live nodes);
+        # soft, so Ray may restart a member elsewhere when its node is gone.
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")) if spread else []
         handles = []
-        for m in ids:
+        for i, m in enumerate(ids):
             data_dir = str(Path(store_dir) / name / m) if store_dir is not None else None
             opts = dict(
                 name=actor_name(name, m),
@@ -113,8 +117,10 @@ class LedgerGroup:
                 max_restarts=restarts,
                 max_task_retries=0,
             )
-            if spread and len(ray.nodes()) > 1:
-                opts["scheduling_strategy"] = "SPREAD"
+            if len(nodes) > 1:
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    node_id=nodes[i % len(nodes)], soft=True
+                )
             handles.append(MemberActor.options(**opts).remote(name, m, ids, config, data_dir))
         try:
             ray.get([h.start.remote() for h in handles])
