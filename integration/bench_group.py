@@ -79,7 +79,13 @@ def _failover(group: LedgerGroup) -> float:
 def run(quick: bool = False) -> dict:
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, namespace="rayledger", include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            namespace="rayledger",
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     root = tempfile.mkdtemp(prefix="rayledger-bench-")
     out: dict = {"members": 3, "store": "file", "flush": "async", "body_bytes": 128}
     try:

@@ -1,0 +1,47 @@
+"""Every `rayledger bench` in the README runs and prints its figures (quick sizes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def bench(which: str, timeout: float = 600) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "rayledger.integration.cli", "bench", which, "--json", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_bench_store():
+    r = bench("store")
+    for key in (
+        "append_entries_per_s",
+        "append_mb_per_s",
+        "get_entries_per_s",
+        "recovery_s_per_gib",
+    ):
+        assert r[key] > 0, (key, r)
+
+
+def test_bench_replication():
+    assert bench("replication")["entries_per_s"] > 0
+
+
+@pytest.mark.ray
+def test_bench_group():
+    r = bench("group")
+    for key in ("append_entries_per_s", "append_p50_ms", "append_p99_ms", "failover_s"):
+        assert r[key] > 0, (key, r)
+
+
+@pytest.mark.spark
+def test_bench_spark():
+    assert bench("spark")["rows_per_s"] > 0
