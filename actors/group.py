@@ -104,8 +104,9 @@ class LedgerGroup:
             raise _bad(f"a group named {name!r} already exists in namespace {NAMESPACE!r}")
 
         restarts = config.max_restarts if store_dir is not None else 0
-        # One member per node when there are several (round robin over live nodes);
-        # soft, so Ray may restart a member elsewhere when its node is gone.
+        # One member per node when there are several (round robin over live nodes). The
+        # affinity is hard, as a member's disk is on its host: when a node is gone its
+        # member stays down (a host failure), while a crashed process restarts in place.
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")) if spread else []
         handles = []
         for i, m in enumerate(ids):
@@ -119,7 +120,7 @@ class LedgerGroup:
             )
             if len(nodes) > 1:
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    node_id=nodes[i % len(nodes)], soft=True
+                    node_id=nodes[i % len(nodes)], soft=False
                 )
             handles.append(MemberActor.options(**opts).remote(name, m, ids, config, data_dir))
         try:

@@ -26,6 +26,9 @@ SCRIPT = textwrap.dedent(
     nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="rayledger", log_to_driver=False)
+    deadline = time.time() + 60
+    while sum(1 for n in ray.nodes() if n["Alive"]) < 3 and time.time() < deadline:
+        time.sleep(0.2)
     out = {}
     try:
         g = LedgerGroup.create("multi", 3, store_dir=root, config=LedgerConfig.fast())
