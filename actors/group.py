@@ -15,6 +15,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
+from rayledger.storage.metafile import ensure_writable_dir
 
 from .client import LedgerClient
 from .config import LedgerConfig
@@ -89,15 +90,7 @@ class LedgerGroup:
             raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
         if store_dir is not None:
             store_dir = str(Path(store_dir).expanduser().resolve())
-            try:
-                Path(store_dir).mkdir(parents=True, exist_ok=True)
-                probe = Path(store_dir) / f".probe-{os.getpid()}"
-                probe.write_bytes(b"")
-                probe.unlink()
-            except OSError as exc:
-                raise LedgerError.of(
-                    ResponseCode.DISK_ERROR, f"store_dir {store_dir} is not writable: {exc}"
-                ) from exc
+            ensure_writable_dir(store_dir)
         if not ray.is_initialized():
             ray.init(namespace=NAMESPACE)
         if group_members(name):

@@ -80,7 +80,6 @@ class MemberActor:
         self._ready_term = -1  # the term whose checker and dispatchers are set up
         self._pending_appends = 0
         self._started = time.time()
-        self.elector.add_role_change_handler(self._on_role_change_callback)
         self._boot()
         log.info(
             "[%s] member of %s started: term=%d end=%d",
@@ -120,9 +119,6 @@ class MemberActor:
                 ).remote(self.group, self.self_id, peer, self.config, me, self._checker)
         self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
         self._maintainer = asyncio.ensure_future(self._maintain())
-
-    def _on_role_change_callback(self, term: int, role: Role) -> None:
-        pass  # role changes arrive as RoleChange actions too; this proves the hook is wired
 
     async def _maintain(self) -> None:
         interval = self.config.maintain_interval_ms / 1000

@@ -36,7 +36,7 @@ from .codec import (
 )
 from .config import StoreConfig
 from .errors import LedgerError, ResponseCode
-from .metafile import atomic_write_json, read_json
+from .metafile import atomic_write_json, ensure_writable_dir, read_json
 from .segments import SegmentList
 from .store import LogStore
 
@@ -73,15 +73,7 @@ class FileStore(LogStore):
                 ResponseCode.UNEXPECTED_ARGUMENT, "FileStore needs config.data_dir"
             )
         self.dir = Path(config.data_dir)
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / ".writable"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise LedgerError.of(
-                ResponseCode.DISK_ERROR, f"store dir {self.dir} is not writable: {exc}"
-            ) from exc
+        ensure_writable_dir(self.dir)
         data = SegmentList(config.data_segment_size, self.dir / "data")
         try:
             index = SegmentList(config.index_segment_size, self.dir / "index")

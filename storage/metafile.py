@@ -56,3 +56,18 @@ def read_json(path: str | os.PathLike) -> Any | None:
         raise LedgerError.of(
             ResponseCode.CORRUPT_LOG, f"unreadable metadata file {path}: {exc}"
         ) from exc
+
+
+def ensure_writable_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and prove it takes files, or raise DISK_ERROR."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise LedgerError.of(
+            ResponseCode.DISK_ERROR, f"{path} is not a writable directory: {exc}"
+        ) from exc
+    return path

@@ -26,27 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from .codec import ENTRY_MAGIC, HEADER, HEADER_SIZE, INDEX_DTYPE, INDEX_UNIT, Entry, blank_size
-from .errors import LedgerError, ResponseCode
-from .metafile import read_json
-
-CHECKPOINT = "checkpoint"
-
-# The part of an entry header the reader checks against the index unit.
-_HEAD_DTYPE = np.dtype(
-    [
-        ("magic", ">i4"),
-        ("size", ">i4"),
-        ("index", ">i8"),
-        ("term", ">i8"),
-        ("pos", ">i8"),
-        ("channel", ">i4"),
-        ("chain", ">i4"),
-        ("body_crc", ">i4"),
-        ("body_size", ">i4"),
-    ]
+from .codec import (
+    ENTRY_MAGIC,
+    HEADER,
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    INDEX_DTYPE,
+    INDEX_UNIT,
+    Entry,
+    blank_size,
 )
-assert _HEAD_DTYPE.itemsize == HEADER_SIZE
+from .errors import LedgerError, ResponseCode
+from .file_store import CHECKPOINT
+from .metafile import read_json
 
 #: Largest body payload put into one arrow table (binary offsets are int32).
 MAX_TABLE_BYTES = 256 * 1024 * 1024
@@ -317,7 +309,7 @@ def _headers(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndar
         rows = buf.reshape(n, int(sizes[0]))[:, :HEADER_SIZE]
     else:
         rows = buf[offsets[:, None] + np.arange(HEADER_SIZE)]
-    return np.ascontiguousarray(rows).view(_HEAD_DTYPE).reshape(-1)
+    return np.ascontiguousarray(rows).view(HEADER_DTYPE).reshape(-1)
 
 
 def _bodies(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -340,7 +332,7 @@ def _to_table(buf, offsets, sizes, units, heads, verify_crc: bool):
     body_offsets = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=body_offsets[1:])
     if verify_crc:
-        crcs = heads["body_crc"].astype(np.int64) & 0xFFFF_FFFF
+        crcs = heads["bcrc"].astype(np.int64)
         mv = memoryview(bodies)
         for k, (a, b) in enumerate(
             zip(body_offsets[:-1].tolist(), body_offsets[1:].tolist(), strict=True)
