@@ -54,6 +54,7 @@ class LedgerGroup:
         self._handles = {
             m: ray.get_actor(actor_name(name, m), namespace=NAMESPACE) for m in self.members
         }
+        self._pids: dict[str, int] = {}  # processes this handle paused
 
     # -- creating and finding -------------------------------------------------------------
     @classmethod
@@ -228,6 +229,30 @@ class LedgerGroup:
             except ProcessLookupError:
                 return
         ray.kill(h, no_restart=False)
+
+    def pause(self, member: str) -> None:
+        """Freeze the member's process (SIGSTOP), like a long GC pause or a hung host."""
+        self._signal(member, signal.SIGSTOP)
+
+    def resume(self, member: str) -> None:
+        """Let a paused member run again (SIGCONT)."""
+        self._signal(member, signal.SIGCONT)
+
+    def _signal(self, member: str, sig: int) -> None:
+        pid = self._pids.get(member) if sig == signal.SIGCONT else None
+        if pid is None:
+            info = ray.get(self.handle(member).info.remote(), timeout=10)
+            if info["node_id"] != ray.get_runtime_context().get_node_id():
+                raise LedgerError.of(
+                    ResponseCode.UNSUPPORTED,
+                    f"{member} runs on another node; pause/resume work on the local node only",
+                )
+            pid = info["pid"]
+        self._pids[member] = pid
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
     def partition(
         self, *sides: Iterable[str], one_way: bool = False, drop: float = 0.0, delay_ms: float = 0.0
