@@ -214,12 +214,23 @@ class LedgerGroup:
             ResponseCode.TIMEOUT, f"leadership did not move to {target} within {timeout_s}s"
         )
 
+    def _info(self, member: str, timeout_s: float = 30.0) -> dict:
+        """The member's process facts, waiting while Ray restarts it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return ray.get(self.handle(member).info.remote(), timeout=5)
+            except ray.exceptions.RayError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
     def kill(self, member: str) -> None:
         """Kill the member's process hard (SIGKILL); Ray restarts a file-backed member."""
         h = self.handle(member)
         try:
-            info = ray.get(h.info.remote(), timeout=5)
-        except Exception:
+            info = self._info(member, timeout_s=10)
+        except ray.exceptions.RayError:
             info = None
         here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         if info and info["node_id"] == here and socket.gethostname():
@@ -241,7 +252,7 @@ class LedgerGroup:
     def _signal(self, member: str, sig: int) -> None:
         pid = self._pids.get(member) if sig == signal.SIGCONT else None
         if pid is None:
-            info = ray.get(self.handle(member).info.remote(), timeout=10)
+            info = self._info(member)
             if info["node_id"] != ray.get_runtime_context().get_node_id():
                 raise LedgerError.of(
                     ResponseCode.UNSUPPORTED,
