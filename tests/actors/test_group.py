@@ -48,8 +48,17 @@ def make_group(ray_session, tmp_path, group_name):
 
 
 def committed_log(group: LedgerGroup, member: str) -> list[tuple[int, int, bytes]]:
+    """A member's committed log, waiting while Ray restarts it (a kill is still settling)."""
     h = group.handle(member)
-    batch = ray.get(h.read_batch.remote(0, 1 << 40, True), timeout=30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            batch = ray.get(h.read_batch.remote(0, 1 << 40, True), timeout=30)
+            break
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     return [] if batch is None else [(e.index, e.term, e.body) for e in batch.entries()]
 
 
