@@ -88,20 +88,32 @@ class LeaderView:
             self.meta.clear()
 
     # -- filling the view from the member (blocking: only on a cache miss) ------------------
-    def fetch_batch(self, start: int, max_count: int = 1 << 20) -> RefBatch:
-        first, count, refs, info, nbytes = ray.get(
-            self.member.read_for_push.remote(start, self.max_batch_bytes, max_count)
-        )
+    # A fetch is a member call whose answer ``took_*`` folds in; the core's synchronous
+    # reads block on it (rare), the prefetch before each step awaits it.
+    def batch_call(self, start: int, max_count: int = 1 << 20):
+        return self.member.read_for_push.remote(start, self.max_batch_bytes, max_count)
+
+    def took_batch(self, answer) -> RefBatch:
+        first, count, refs, info, nbytes = answer
         self.update(info)
         b = RefBatch(first, count, refs[0], nbytes)
         self.add(b)
         return b
 
-    def fetch_meta(self, index: int) -> tuple[int, int]:
-        term, pos, info = ray.get(self.member.entry_meta.remote(index))
+    def meta_call(self, index: int):
+        return self.member.entry_meta.remote(index)
+
+    def took_meta(self, index: int, answer) -> tuple[int, int]:
+        term, pos, info = answer
         self.update(info)
         self.meta[index] = (term, pos)
         return term, pos
+
+    def fetch_batch(self, start: int, max_count: int = 1 << 20) -> RefBatch:
+        return self.took_batch(ray.get(self.batch_call(start, max_count)))
+
+    def fetch_meta(self, index: int) -> tuple[int, int]:
+        return self.took_meta(index, ray.get(self.meta_call(index)))
 
     # -- the LeaderLog protocol the dispatcher core reads -------------------------------------
     def get_term(self, index: int) -> int:
@@ -205,19 +217,13 @@ class EntryDispatcherActor:
             if core.state.value == "APPEND":
                 w = core.write_index
                 if w <= view.ledger_end_index and w not in view.batches:
-                    first, count, refs, info, nbytes = await self.member.read_for_push.remote(
-                        w, view.max_batch_bytes, 1 << 20
-                    )
-                    view.update(info)
-                    view.add(RefBatch(first, count, refs[0], nbytes))
+                    view.took_batch(await view.batch_call(w))
             else:
                 index = core.compare_index
-                if index < 0 or index not in view.meta:
-                    index = index if index >= 0 else view.ledger_end_index
-                    if index >= 0:
-                        term, pos, info = await self.member.entry_meta.remote(index)
-                        view.meta[index] = (term, pos)
-                        view.update(info)
+                if index < 0:
+                    index = view.ledger_end_index
+                if index >= 0 and index not in view.meta:
+                    view.took_meta(index, await view.meta_call(index))
         except (ray.exceptions.RayError, LedgerError) as exc:
             log.debug("[%s->%s] prefetch failed: %s", self.self_id, self.peer_id, exc)
 

@@ -280,7 +280,9 @@ class FileStore(LogStore):
                 index.reset(first_scanned * INDEX_UNIT)
             else:
                 index.truncate(first_scanned * INDEX_UNIT)
-            self._write_units(first_scanned, encode_index(positions, sizes, first_scanned, terms))
+            self._index.write_span(
+                first_scanned * INDEX_UNIT, encode_index(positions, sizes, first_scanned, terms)
+            )
             log.warning("%s: index rebuilt from entry %d", self.dir, first_scanned)
         elif not positions and report.full_scan and not self._index_has(begin_index * INDEX_UNIT):
             index.reset(begin_index * INDEX_UNIT)
@@ -343,11 +345,6 @@ class FileStore(LogStore):
             return None
         h = check_entry(seg.pread(off, size), 0, None)
         return None if h is None or h[4] != seg.start + off else h[2]
-
-    def _unit_raw(self, index: int):
-        from .codec import INDEX
-
-        return INDEX.unpack(self._index.read(index * INDEX_UNIT, INDEX_UNIT))
 
     def _index_trusted(self, first: int, last: int, next_pos: int) -> bool:
         """Do index units ``first..last`` describe a well-formed log ending before ``next_pos``?
@@ -414,13 +411,6 @@ class FileStore(LogStore):
             and units["size"].tolist() == sizes
             and units["term"].tolist() == terms
         )
-
-    def _write_units(self, first: int, units: bytes) -> None:
-        ipos, iseg, uoff = first * INDEX_UNIT, self._index.segment_size, 0
-        while uoff < len(units):
-            take = min(len(units) - uoff, iseg - (ipos + uoff) % iseg)
-            self._index.write_at(ipos + uoff, units[uoff : uoff + take])
-            uoff += take
 
     # -- durability -------------------------------------------------------------------
     def _checkpoint(self, force: bool = False) -> None:

@@ -293,6 +293,27 @@ class SegmentList:
                 return seg.pread(pos - seg.start, size)
         raise LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, f"no data at position {pos}+{size}")
 
+    def read_span(self, pos: int, size: int) -> bytes:
+        """``size`` bytes at ``pos``, across segment boundaries (fixed-size units, no padding)."""
+        seg = self.segment_size
+        chunks = []
+        while size:
+            take = min(size, seg - pos % seg)
+            chunks.append(self.read(pos, take))
+            pos += take
+            size -= take
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def write_span(self, pos: int, data) -> None:
+        """Append ``data`` at ``pos``, split at segment boundaries (fixed-size units, no padding)."""
+        seg = self.segment_size
+        view = memoryview(data)
+        off = 0
+        while off < len(view):
+            take = min(len(view) - off, seg - (pos + off) % seg)
+            self.write_at(pos + off, view[off : off + take])
+            off += take
+
     def truncate(self, pos: int) -> None:
         """Drop every byte at and after ``pos``."""
         try:

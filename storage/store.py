@@ -169,6 +169,10 @@ class LogStore:
             index = _as_int(index, "index")
         if not self.ledger_begin_index <= index <= self.ledger_end_index:
             raise self._out_of_bounds(index)
+        return self._unit_raw(index)
+
+    def _unit_raw(self, index: int) -> tuple[int, int, int, int, int]:
+        """The index unit of ``index`` as stored, without bounds checks (recovery reads these)."""
         return INDEX.unpack(self._index.read(index * INDEX_UNIT, INDEX_UNIT))
 
     def get_term(self, index: int) -> int:
@@ -242,16 +246,7 @@ class LogStore:
         return EntryBatch(start, count, parts[0] if len(parts) == 1 else b"".join(parts))
 
     def _read_units(self, start: int, n: int) -> np.ndarray:
-        chunks = []
-        pos = start * INDEX_UNIT
-        remaining = n * INDEX_UNIT
-        seg_size = self._index.segment_size
-        while remaining:
-            take = min(remaining, seg_size - pos % seg_size)
-            chunks.append(self._index.read(pos, take))
-            pos += take
-            remaining -= take
-        return decode_index(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return decode_index(self._index.read_span(start * INDEX_UNIT, n * INDEX_UNIT))
 
     def first_index_of_term(self, term: int) -> int:
         """The first stored index whose entry has ``term``, or -1 (terms never decrease)."""
@@ -569,14 +564,7 @@ class LogStore:
             for a, _b, nbytes in runs:
                 self._data.write_at(int(positions[a]), view[off : off + nbytes])
                 off += nbytes
-            units = encode_index(positions, sizes, first, terms)
-            ipos = first * INDEX_UNIT
-            iseg = self._index.segment_size
-            uoff = 0
-            while uoff < len(units):
-                take = min(len(units) - uoff, iseg - (ipos + uoff) % iseg)
-                self._index.write_at(ipos + uoff, units[uoff : uoff + take])
-                uoff += take
+            self._index.write_span(first * INDEX_UNIT, encode_index(positions, sizes, first, terms))
         except BaseException:
             try:
                 self._data.truncate(old_pos)
