@@ -1,113 +1,177 @@
-"""QuorumAckCheckerActor: commits by quorum and resolves the appends waiting for it.
+"""QuorumAckCheckerActor: commits by quorum and resolves the leader's waiting rounds.
 
-The leader's ``append`` awaits :meth:`wait_commit`; dispatchers report their
-followers' water marks with :meth:`report`.  The sans-I/O
-:class:`rayledger.replication.QuorumAckChecker` decides the committed index
-(Raft §5.4.2: only entries of the current term commit directly) and which
-waiting appends succeed, time out (WAIT_QUORUM_ACK_TIMEOUT) or lose their term.
+The leader registers every round it stores (:meth:`add_round`); dispatchers
+report their followers' water marks (:meth:`report`).  The
+:class:`~.logic.CheckerLogic` decides the committed index (Raft section 5.4.2:
+only entries of the current term commit directly) and which rounds succeed,
+time out (WAIT_QUORUM_ACK_TIMEOUT) or lose their term; the shell tells the
+leader in one :meth:`MemberActor.on_resolved` call per loop turn.  Nothing
+polls: a timer is set for the oldest round's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import os
+import threading
 
 import ray
-from rayledger.replication import QuorumAckChecker
-from rayledger.storage import ResponseCode
+from rayledger.replication import Resolved
+from rayledger.storage import LedgerError, ResponseCode
 
 from .config import LedgerConfig
+from .logic import CheckerLogic, LeaderInfo
 from .member import now_ms
 
 log = logging.getLogger("rayledger.actors")
 
 
-@ray.remote(num_cpus=0, max_concurrency=100000)
+@ray.remote(num_cpus=0, max_concurrency=1000)
 class QuorumAckCheckerActor:
     def __init__(self, group: str, self_id: str, peers: list[str], config: LedgerConfig, member):
         self.group, self.self_id = group, self_id
-        self.config = config
-        self.core = QuorumAckChecker(group, self_id, list(peers), config.replication)
+        self.logic = CheckerLogic(group, self_id, list(peers), config.replication)
         self.member = member
-        self.term = -1
-        self._futures: dict[int, asyncio.Future] = {}
-        self._tokens = itertools.count()
-        self._ticker: asyncio.Task | None = None
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
         self._committed_sent = -1
+        self._out: list[tuple[int, object]] = []
+        self._cg_gen: int | None = None
         self._dispatchers: list = []
-        self._notify_scheduled = False
+
+    async def pid(self) -> int:
+        return os.getpid()
 
     async def set_dispatchers(self, dispatchers: list) -> None:
+        """The member's dispatchers: told when the committed index moves, for their COMMITs."""
         self._dispatchers = list(dispatchers)
 
-    async def become_leader(self, term: int, term_start_index: int, info: dict) -> None:
-        if self._ticker is None:
-            self._ticker = asyncio.ensure_future(self._tick())
-        self.term = term
-        self._committed_sent = -1
-        self._settle(
-            self.core.become_leader(term, term_start_index, info["end"], info["committed"])
-        )
-        self.core.update_water_mark(term, self.self_id, info["end"])
+    async def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list:
+        self._loop = asyncio.get_running_loop()
+        with self._lock:
+            failed = self.logic.become_leader(term, term_start_index, info)
+            self._committed_sent = -1
         self._check()
+        return [(r.token, r.code) for r in failed]
 
-    async def step_down(self, term: int) -> None:
-        self.term = -1
-        self._settle(self.core.step_down(term))
+    async def step_down(self, term: int) -> list:
+        """Leadership ended: the rounds still waiting are answered to the caller."""
+        with self._lock:
+            failed = self.logic.step_down(term)
+            failed += [r for r in self._out_resolved()]
+            self._cg_gen = None
+        return [(r.token, r.code) for r in failed]
 
-    async def report(self, term: int, peer: str, index: int) -> int | None:
-        if term != self.term:
-            return None
-        self.core.update_water_mark(term, peer, index)
+    def _out_resolved(self) -> list[Resolved]:
+        out, self._out = self._out, []
+        return [r for _, r in out]
+
+    @ray.method(enable_task_events=False)
+    async def add_round(self, term: int, first: int, last: int, token) -> None:
+        with self._lock:
+            if term != self.logic.term:
+                self._out.append(
+                    (term, Resolved(token, ResponseCode.TERM_CHANGED, first, last, term))
+                )
+            else:
+                self.logic.add_round(term, first, last, token, now_ms())
+        self._kick()
+
+    @ray.method(enable_task_events=False)
+    async def report(self, term: int, peer: str, water_mark: int) -> int | None:
+        """A follower stores the leader's log up to ``water_mark``; returns the committed
+        index of ``term`` (None when this checker does not serve that term)."""
+        with self._lock:
+            if term != self.logic.term:
+                return None
+            self.logic.report(term, peer, water_mark)
         self._check()
-        return self.core.committed_index
+        return self.logic.committed_index
 
-    async def wait_commit(self, term: int, first: int, last: int) -> ResponseCode:
-        if term != self.term:
-            return ResponseCode.TERM_CHANGED
-        token = next(self._tokens)
-        fut = asyncio.get_running_loop().create_future()
-        self._futures[token] = fut
-        self.core.update_water_mark(term, self.self_id, last)
-        self.core.add_pending(term, first, last, token, now_ms())
-        self._check()
-        return await fut
+    # -- the compiled path (see fastpath.py); cg_report runs on the graph's thread -----------
+    async def cg_begin(self, term: int, gen: int) -> None:
+        with self._lock:
+            if term != self.logic.term:
+                raise LedgerError.of(
+                    ResponseCode.TERM_CHANGED, f"checker serves term {self.logic.term}"
+                )
+            self._cg_gen = gen
+
+    async def cg_end(self, gen: int) -> None:
+        with self._lock:
+            if self._cg_gen == gen:
+                self._cg_gen = None
+
+    def cg_report(self, ack):
+        """A follower's water mark and the rounds of its execution, from the graph."""
+        gen, term, peer, wm, rounds = ack
+        now = now_ms()
+        with self._lock:
+            if gen != self._cg_gen or term != self.logic.term:
+                return None
+            for first, last, token in rounds:
+                self.logic.add_round(term, first, last, token, now)
+            if wm >= 0:
+                self.logic.report(term, peer, wm)
+            committed, resolved = self.logic.check(now)
+            resolved += self._out_resolved()
+            if committed is not None and committed > self._committed_sent:
+                self._committed_sent = committed
+            else:
+                committed = None
+        if committed is not None:
+            self._tell_dispatchers(term, committed)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._arm)
+        return term, committed, [(r.token, r.code) for r in resolved]
+
+    def _tell_dispatchers(self, term: int, committed: int) -> None:
+        """Dispatchers learn the committed index for their COMMIT pushes (an idle follower
+        hears of the last commit no other way)."""
+        for d in self._dispatchers:
+            d.on_committed.remote(term, committed)
+
+    def _arm(self) -> None:
+        """Set the timer for the oldest waiting round's deadline."""
+        with self._lock:
+            deadline = self.logic.next_deadline_ms() if self.logic.term >= 0 else None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None:
+            self._timer = self._loop.call_later(
+                max(0.001, (deadline - now_ms()) / 1000), self._check
+            )
+
+    def _kick(self) -> None:
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._check)
 
     def _check(self) -> None:
-        committed, resolved = self.core.check(now_ms())
-        if (
-            committed is not None
-            and committed > self._committed_sent
-            and not self._notify_scheduled
-        ):
-            # coalesce: one notification per loop turn, however many reports advanced it
-            self._notify_scheduled = True
-            asyncio.get_running_loop().call_soon(self._notify_committed)
-        self._settle(resolved)
-
-    def _notify_committed(self) -> None:
-        """Tell the member (its store) and the dispatchers (their COMMIT pushes) the new index."""
-        self._notify_scheduled = False
-        committed = self.core.committed_index
-        if self.term < 0 or committed <= self._committed_sent:
-            return
-        self._committed_sent = committed
-        self.member.on_committed.remote(self.term, committed)
-        for d in self._dispatchers:
-            d.on_committed.remote(self.term, committed)
-
-    def _settle(self, resolved) -> None:
-        for r in resolved:
-            fut = self._futures.pop(r.token, None)
-            if fut is not None and not fut.done():
-                fut.set_result(r.code)
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.maintain_interval_ms / 1000)
-            if self.term >= 0:
-                try:
-                    self._check()
-                except Exception:
-                    log.exception("[%s] checker error term=%d", self.self_id, self.term)
+        """Commit what a quorum stores; one message to the leader with what changed."""
+        self._scheduled = False
+        now = now_ms()
+        with self._lock:
+            term = self.logic.term
+            if term < 0:
+                return
+            committed, resolved = self.logic.check(now)
+            resolved += self._out_resolved()
+            deadline = self.logic.next_deadline_ms()
+            if committed is not None and committed > self._committed_sent:
+                self._committed_sent = committed
+            else:
+                committed = None
+        if committed is not None or resolved:
+            self.member.on_resolved.remote(term, committed, [(r.token, r.code) for r in resolved])
+        if committed is not None:
+            self._tell_dispatchers(term, committed)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None and self._loop is not None:
+            self._timer = self._loop.call_later(max(0.001, (deadline - now) / 1000), self._check)

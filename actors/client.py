@@ -1,21 +1,38 @@
 """LedgerClient: appends and committed reads against whichever member leads.
 
-It follows ``NOT_LEADER`` answers (and probes members when it has no hint)
-until its deadline.  It retries an append only when the append certainly did
-not happen (the member refused it before storing anything); when a call's
-outcome is unknown — the member died or the quorum wait failed mid-call — it
-raises :class:`OutcomeUnknownError` instead of risking a silent duplicate.
+A client is thread-safe, and one client shared by many threads (or coroutines,
+through :meth:`LedgerClient.append_async`) coalesces their appends, like a Kafka
+producer: an append joins a queue, and a sender thread sends everything queued
+as one call to the leader as soon as one of its ``max_in_flight`` call slots is
+free (no linger when the client is idle).  Every append still gets its own
+result or its own error.
+
+It follows ``NOT_LEADER`` answers (and asks every member who leads when it has
+no hint) until the append's deadline.  It retries an append only when the
+append certainly did not happen (the member refused it before storing
+anything); when a call's outcome is unknown -- the member died or the quorum
+wait failed mid-call -- every append of that call raises
+:class:`OutcomeUnknownError` instead of risking a silent duplicate.  A call
+refused for bad input (a too-large entry, say) is split, so only the appends
+that are wrong get the error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import ray
+from rayledger.election import Role
 from rayledger.storage import (
     Entry,
+    InvalidRequestError,
     LedgerError,
     NotLeaderError,
     OutcomeUnknownError,
@@ -34,16 +51,64 @@ _RETRY_BEFORE_STORE = {
     ResponseCode.LEADER_PENDING_FULL,
     ResponseCode.DISK_FULL,
 }
+_BYTES = (bytes, bytearray, memoryview)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One caller's append: its bodies, its deadline and the future it waits on."""
+
+    bodies: list
+    deadline: float
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    sent: bool = False  # a call carrying it reached Ray: from then on its outcome may be unknown
+    alone: bool = False  # send it in a call of its own (its batch was refused as bad input)
+    last_error: Exception | None = None
+
+
+def _check_bodies(bodies) -> list:
+    if isinstance(bodies, (*_BYTES, str)) or not isinstance(bodies, Sequence):
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"bodies must be a list of bytes, not {type(bodies).__name__}",
+        )
+    bodies = list(bodies)
+    if not bodies:
+        raise LedgerError.of(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "the batch has no entries")
+    for i, b in enumerate(bodies):
+        if not isinstance(b, _BYTES):
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"body {i} must be bytes, not {type(b).__name__}"
+            )
+    return bodies
 
 
 class LedgerClient:
-    def __init__(self, group: str, members: Sequence[str], timeout_s: float = 30.0):
+    def __init__(
+        self,
+        group: str,
+        members: Sequence[str],
+        timeout_s: float = 30.0,
+        *,
+        max_in_flight: int = 4,
+        max_batch_entries: int = 20_000,
+        max_batch_bytes: int = 4 << 20,
+    ):
         self.group = group
         self.members = list(members)
         self.timeout_s = timeout_s
+        self.max_in_flight = max_in_flight
+        self.max_batch_entries = max_batch_entries
+        self.max_batch_bytes = max_batch_bytes
         self._handles: dict[str, object] = {}
         self._leader: str | None = None
         self._probe = 0
+        self._cv = threading.Condition()
+        self._queue: deque[_Pending] = deque()
+        self._in_flight = 0
+        self._sender: threading.Thread | None = None
+        self._closed = False
+        self._backoff_until = 0.0
 
     @classmethod
     def connect(cls, group: str, timeout_s: float = 30.0) -> LedgerClient:
@@ -64,12 +129,35 @@ class LedgerClient:
             self._handles[member] = h
         return h
 
-    def _target(self) -> str:
-        """The member believed to lead; asks every member's status when there is no belief.
+    def _find_leader(self, timeout_s: float = 1.0) -> str | None:
+        """Ask every member at once; the highest-term member that says it leads."""
+        refs = {}
+        for m in self.members:
+            try:
+                refs[m] = self._handle(m).status.remote()
+            except ValueError:
+                self._handles.pop(m, None)
+        best = None
+        pending = list(refs.values())
+        by_ref = {r: m for m, r in refs.items()}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            ready, pending = ray.wait(
+                pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                break
+            try:
+                s = ray.get(ready[0])
+            except Exception:
+                continue
+            if s.role == Role.LEADER and (best is None or s.term > best[0]):
+                best = (s.term, by_ref[ready[0]])
+                if len(refs) - len(pending) > len(refs) // 2:
+                    break  # a majority answered: a higher-term leader would be known to it
+        return best[1] if best else None
 
-        Appends go only to a member that says it leads, so a probe never lands an
-        append on a member that is restarting (whose outcome would be unknown).
-        """
+    def _target(self) -> str:
         if self._leader is None:
             self._leader = self._find_leader()
         if self._leader is None:
@@ -77,30 +165,10 @@ class LedgerClient:
             return self.members[self._probe % len(self.members)]
         return self._leader
 
-    def _find_leader(self) -> str | None:
-        refs = {}
-        for m in self.members:
-            try:
-                refs[m] = self._handle(m).status.remote()
-            except ValueError:
-                continue
-        best = None
-        for m, ref in refs.items():
-            try:
-                s = ray.get(ref, timeout=1.0)
-            except Exception:
-                continue
-            if (
-                s.role is not None
-                and s.role.value == "LEADER"
-                and (best is None or s.term > best[0])
-            ):
-                best = (s.term, m)
-        return best[1] if best else None
-
     # -- appends ------------------------------------------------------------------------------
     def append(self, body: bytes, timeout_s: float | None = None) -> AppendResult:
-        if not isinstance(body, (bytes, bytearray, memoryview)):
+        """Append one entry; returns where it landed once it is committed."""
+        if not isinstance(body, _BYTES):
             raise LedgerError.of(
                 ResponseCode.UNEXPECTED_ARGUMENT, f"body must be bytes, not {type(body).__name__}"
             )
@@ -110,76 +178,266 @@ class LedgerClient:
         self, bodies: Sequence[bytes], timeout_s: float | None = None
     ) -> list[AppendResult]:
         """Append a batch as one unit; returns once the whole batch is committed."""
-        if isinstance(bodies, (bytes, bytearray, memoryview, str)) or not isinstance(
-            bodies, Sequence
-        ):
+        p = self._submit(bodies, timeout_s)
+        try:
+            return p.future.result(timeout=max(0.0, p.deadline - time.monotonic()) + 0.05)
+        except concurrent.futures.TimeoutError:
+            exc = self._expire(p)
+        if exc is None:
+            return p.future.result()
+        raise exc
+
+    async def append_async(self, body: bytes, timeout_s: float | None = None) -> AppendResult:
+        """``append`` for async drivers and Ray actors: awaits without blocking the loop."""
+        if not isinstance(body, _BYTES):
             raise LedgerError.of(
-                ResponseCode.UNEXPECTED_ARGUMENT,
-                f"bodies must be a list of bytes, not {type(bodies).__name__}",
+                ResponseCode.UNEXPECTED_ARGUMENT, f"body must be bytes, not {type(body).__name__}"
             )
-        bodies = list(bodies)
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        delay = 0.01
-        last: Exception | None = None
-        while True:
-            if self._leader is None:
-                self._leader = self._find_leader()
-                if self._leader is None:
-                    if time.monotonic() > deadline:
-                        raise LedgerError.of(
-                            ResponseCode.TIMEOUT,
-                            f"no leader of {self.group!r} before the deadline: {last}",
-                        )
-                    time.sleep(0.05)
-                    continue
-            target = self._leader
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LedgerError.of(
-                    ResponseCode.TIMEOUT,
-                    f"no leader of {self.group!r} took the append before the deadline: {last}",
+        return (await self.append_batch_async([body], timeout_s))[0]
+
+    async def append_batch_async(
+        self, bodies: Sequence[bytes], timeout_s: float | None = None
+    ) -> list[AppendResult]:
+        p = self._submit(bodies, timeout_s)
+        fut = asyncio.wrap_future(p.future)
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(fut), max(0.0, p.deadline - time.monotonic()) + 0.05
+            )
+        except asyncio.TimeoutError:
+            exc = self._expire(p)
+        if exc is None:
+            return p.future.result()
+        raise exc
+
+    def append_future(
+        self, bodies: Sequence[bytes], timeout_s: float | None = None
+    ) -> concurrent.futures.Future:
+        """Queue a batch and return at once; the future gives ``list[AppendResult]`` or raises.
+
+        Use it to keep many appends in flight from one thread.
+        """
+        return self._submit(bodies, timeout_s).future
+
+    def _submit(self, bodies, timeout_s: float | None) -> _Pending:
+        bodies = _check_bodies(bodies)
+        p = _Pending(bodies, time.monotonic() + (timeout_s or self.timeout_s))
+        with self._cv:
+            if self._closed:
+                raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "the client is closed")
+            if (
+                not self._queue
+                and self._in_flight < self.max_in_flight
+                and self._leader is not None
+                and time.monotonic() >= self._backoff_until
+            ):
+                # nothing to coalesce with: send from this thread, no hand-off
+                self._in_flight += 1
+                direct = True
+            else:
+                direct = False
+        if direct:
+            self._send([p])
+            return p
+        with self._cv:
+            self._queue.append(p)
+            if self._sender is None or not self._sender.is_alive():
+                self._sender = threading.Thread(
+                    target=self._send_loop, name=f"rayledger-client-{self.group}", daemon=True
                 )
-            try:
-                ref = self._handle(target).append.remote(bodies, self.group, target)
-            except ValueError as exc:  # actor not found (gone)
-                last = exc
+                self._sender.start()
+            self._cv.notify_all()
+        return p
+
+    def _expire(self, p: _Pending) -> LedgerError | None:
+        """The caller's deadline passed: queued means never stored, sent means unknown."""
+        with self._cv:
+            if p in self._queue:
+                self._queue.remove(p)
+                exc = LedgerError.of(
+                    ResponseCode.TIMEOUT,
+                    f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
+                )
+                p.future.set_exception(exc)
+                return exc
+        if p.future.done():
+            return p.future.exception()  # it ended meanwhile: its own answer
+        exc = OutcomeUnknownError(
+            ResponseCode.APPEND_OUTCOME_UNKNOWN,
+            f"append to {self.group!r} did not finish before the deadline; it may still commit",
+        )
+        if not p.future.done():
+            p.future.set_exception(exc)
+        return exc
+
+    def close(self) -> None:
+        """Stop the sender thread; queued appends fail with TIMEOUT (never sent)."""
+        with self._cv:
+            self._closed = True
+            while self._queue:
+                p = self._queue.popleft()
+                if not p.future.done():
+                    p.future.set_exception(
+                        LedgerError.of(ResponseCode.TIMEOUT, "the client was closed")
+                    )
+            self._cv.notify_all()
+
+    # -- the sender -----------------------------------------------------------------------------
+    def _take(self) -> list[_Pending]:
+        """Everything queued that fits one call (called with the lock held)."""
+        q = self._queue
+        now = time.monotonic()
+        while q and (q[0].future.done() or q[0].deadline < now):
+            p = q.popleft()
+            if not p.future.done():
+                p.future.set_exception(
+                    LedgerError.of(
+                        ResponseCode.TIMEOUT,
+                        f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
+                    )
+                )
+        if not q:
+            return []
+        if q[0].alone:
+            return [q.popleft()]
+        out, n, size = [], 0, 0
+        while q and not q[0].alone:
+            p = q[0]
+            k = len(p.bodies)
+            if out and (n + k > self.max_batch_entries or size > self.max_batch_bytes):
+                break
+            out.append(q.popleft())
+            n += k
+            size += sum(map(len, p.bodies))
+        return out
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if self._closed:
+                        self._sender = None
+                        return
+                    if self._queue and self._in_flight < self.max_in_flight:
+                        break
+                    if not self._queue and self._in_flight == 0:
+                        self._cv.wait(1.0)
+                        if not self._queue and self._in_flight == 0:
+                            self._sender = None  # idle: a new append starts another
+                            return
+                        continue
+                    self._cv.wait(0.5)
+                batch = self._take()
+                if not batch:
+                    continue
+                self._in_flight += 1
+                pause = self._backoff_until - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self._send(batch)
+
+    def _send(self, batch: list[_Pending]) -> None:
+        """Send one call; its answer is handled by :meth:`_done` on a Ray thread."""
+        target = self._leader
+        if target is None:
+            target = self._leader = self._find_leader()
+        if target is None:
+            self._requeue(batch, LedgerError.of(ResponseCode.NOT_LEADER, "no leader known"), 0.05)
+            return
+        bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
+        try:
+            ref = self._handle(target).append.remote(bodies, self.group, target)
+        except ValueError as exc:  # actor not found (gone)
+            self._leader = None
+            self._handles.pop(target, None)
+            self._requeue(batch, exc, 0.01)
+            return
+        for p in batch:
+            p.sent = True
+        ref.future().add_done_callback(lambda f: self._done(batch, target, f))
+
+    def _requeue(self, batch: list[_Pending], why: Exception, backoff_s: float = 0.0) -> None:
+        """Put appends that were certainly not stored back at the head of the queue."""
+        with self._cv:
+            self._in_flight -= 1
+            if backoff_s:
+                self._backoff_until = time.monotonic() + backoff_s
+            for p in reversed(batch):
+                p.last_error = why
+                p.sent = False
+                self._queue.appendleft(p)
+            self._cv.notify_all()
+
+    def _done(self, batch: list[_Pending], target: str, f: concurrent.futures.Future) -> None:
+        """A call ended: hand every append its own result or error (on a Ray thread)."""
+        try:
+            out = f.result()
+        except OutcomeUnknownError as exc:
+            # stored by the leader but not acknowledged by a quorum: never retry it
+            if self._leader == target:
                 self._leader = None
-                time.sleep(delay)
-                continue
-            try:
-                out = ray.get(ref, timeout=remaining)
-                return [AppendResult(i, t, p) for i, t, p in out]
-            except OutcomeUnknownError:
-                # stored by the leader but not acknowledged by a quorum: never retry it
-                self._leader = None
-                raise
-            except LedgerError as exc:
-                last = exc
-                if exc.code not in _RETRY_BEFORE_STORE:
-                    raise
+            self._fail(batch, lambda e=exc: OutcomeUnknownError(e.code, e.message, leader_id=None))
+            return
+        except LedgerError as exc:
+            if exc.code in _RETRY_BEFORE_STORE:
                 if isinstance(exc, NotLeaderError) and exc.leader_id and exc.leader_id != target:
                     self._leader = exc.leader_id
-                    continue
-                if exc.code == ResponseCode.NOT_LEADER:
+                elif exc.code == ResponseCode.NOT_LEADER:
                     self._leader = None
-            except ray.exceptions.GetTimeoutError as exc:
-                ray.cancel(ref)
-                raise OutcomeUnknownError(
-                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
-                    f"append to {target} did not finish before the deadline; it may still commit",
-                ) from exc
-            except (
-                ray.exceptions.ActorDiedError,
-                ray.exceptions.ActorUnavailableError,
-                ray.exceptions.RayActorError,
-            ) as exc:
+                hinted = exc.code == ResponseCode.NOT_LEADER and exc.leader_id
+                self._requeue(batch, exc, 0.0 if hinted else 0.01)
+                return
+            if isinstance(exc, InvalidRequestError) and len(batch) > 1:
+                for p in batch:  # find out which appends are wrong: one call each
+                    p.alone = True
+                self._requeue(batch, exc)
+                return
+            self._fail(
+                batch, lambda e=exc: LedgerError.of(e.code, e.message, leader_id=e.leader_id)
+            )
+            return
+        except (
+            ray.exceptions.ActorDiedError,
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.RayActorError,
+        ) as exc:
+            if self._leader == target:
                 self._leader = None
-                raise OutcomeUnknownError(
+            name = type(exc).__name__
+            self._fail(
+                batch,
+                lambda: OutcomeUnknownError(
                     ResponseCode.APPEND_OUTCOME_UNKNOWN,
-                    f"member {target} failed during the append ({type(exc).__name__}); it may still commit",
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+                    f"member {target} failed during the append ({name}); it may still commit",
+                ),
+            )
+            return
+        except Exception as exc:  # anything else: the call's outcome is unknown
+            self._fail(
+                batch,
+                lambda e=exc: OutcomeUnknownError(
+                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                    f"append to {target} failed ({e!r}); it may still commit",
+                ),
+            )
+            return
+        with self._cv:
+            self._in_flight -= 1
+            self._cv.notify_all()
+        k = 0
+        for p in batch:
+            n = len(p.bodies)
+            if not p.future.done():
+                p.future.set_result([AppendResult(i, t, pos) for i, t, pos in out[k : k + n]])
+            k += n
+
+    def _fail(self, batch: list[_Pending], make) -> None:
+        with self._cv:
+            self._in_flight -= 1
+            self._cv.notify_all()
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(make())
 
     # -- reads --------------------------------------------------------------------------------
     def _read_call(self, method: str, *args):

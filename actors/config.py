@@ -28,6 +28,15 @@ class LedgerConfig:
     max_restarts: int = (
         -1
     )  # for file-backed members: Ray restarts a dead member this often (-1: always)
+    fast_path: bool = False  # run the steady-state round as a Ray Compiled Graph (see fastpath.py)
+    fast_path_stall_ms: int | None = None  # leave the graph after this; None: heartbeat / 2
+
+    def stall_ms(self) -> int:
+        """How long one compiled-graph execution may take before plain calls take over
+        (within one heartbeat interval: half of it, between 20 and 500 ms)."""
+        if self.fast_path_stall_ms is not None:
+            return self.fast_path_stall_ms
+        return max(20, min(500, self.election.heartbeat_interval_ms // 2))
 
     def __post_init__(self) -> None:
         if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:

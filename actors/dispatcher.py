@@ -1,136 +1,35 @@
-"""EntryDispatcherActor: pushes its leader's entries to one follower (DLedger EntryDispatcher).
+"""EntryDispatcherActor: the Ray transport of one leader -> follower :class:`~.logic.DispatcherLogic`.
 
-The COMPARE / TRUNCATE / APPEND / COMMIT logic is the sans-I/O
-:class:`rayledger.replication.EntryDispatcher`; this shell feeds it a view of the
-leader's log made of the batches the leader announced (each put into the object
-store once, as an ObjectRef) and fetches what the view lacks from the member.
-Pushes are pipelined: every request the core emits is sent at once, and the
-answers are folded back as they arrive.  Payload bytes go from the object store
-to the follower without passing through this process.
+The member announces every round it stores (the bytes inline, or one ObjectRef
+for a large round); the logic decides what to push and the shell sends it,
+pipelined: every request goes out at once and answers are folded back as they
+arrive.  What the logic lacks (a batch evicted from its cache, the term of an
+entry to COMPARE) it asks for as a need, and the shell fetches it from the
+member with a term-fenced call.  Nothing polls: the shell runs when an
+announcement, an answer or a fetched batch arrives, and otherwise sleeps until
+the logic's next deadline (a resend, a COMMIT push).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
+import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import ray
-from rayledger.replication import EntryDispatcher, PushEntryRequest
-from rayledger.storage import LedgerError
+from rayledger.replication import PushEntryRequest, PushType
+from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 
 from .config import LedgerConfig
 from .faults import LinkDown, LinkFaults
+from .logic import Announcement, CachedBatch, DispatcherLogic, LeaderInfo
 from .member import NAMESPACE, actor_name, now_ms
 
 log = logging.getLogger("rayledger.actors")
-
-
-@dataclass(slots=True)
-class RefBatch:
-    """A batch whose bytes live in the object store; the core reads only the counts."""
-
-    first_index: int
-    count: int
-    ref: Any
-    nbytes: int
-
-    @property
-    def last_index(self) -> int:
-        return self.first_index + self.count - 1
-
-
-class LeaderView:
-    """The part of the leader's log a dispatcher needs, cached from announcements."""
-
-    def __init__(self, cache_bytes: int, member, max_batch_bytes: int):
-        self.cache_bytes = cache_bytes
-        self.member = member
-        self.max_batch_bytes = max_batch_bytes
-        self.batches: OrderedDict[int, RefBatch] = OrderedDict()
-        self.meta: dict[int, tuple[int, int]] = {}
-        self.cached_bytes = 0
-        self.ledger_begin_index = 0
-        self.ledger_end_index = -1
-        self.ledger_end_term = -1
-        self.committed_index = -1
-
-    def update(self, info: dict) -> None:
-        self.ledger_begin_index = info["begin"]
-        self.ledger_end_index = max(self.ledger_end_index, info["end"])
-        self.committed_index = max(self.committed_index, info["committed"])
-
-    def clear(self) -> None:
-        self.batches.clear()
-        self.meta.clear()
-        self.cached_bytes = 0
-        self.ledger_end_index = -1
-        self.committed_index = -1
-
-    def add(self, batch: RefBatch) -> None:
-        self.batches[batch.first_index] = batch
-        self.cached_bytes += batch.nbytes
-        while self.cached_bytes > self.cache_bytes and len(self.batches) > 1:
-            _, old = self.batches.popitem(last=False)
-            self.cached_bytes -= old.nbytes
-
-    def prune(self, water_mark: int) -> None:
-        while self.batches:
-            first, b = next(iter(self.batches.items()))
-            if b.last_index > water_mark:
-                break
-            self.batches.popitem(last=False)
-            self.cached_bytes -= b.nbytes
-        if len(self.meta) > 4096:
-            self.meta.clear()
-
-    # -- filling the view from the member (blocking: only on a cache miss) ------------------
-    # A fetch is a member call whose answer ``took_*`` folds in; the core's synchronous
-    # reads block on it (rare), the prefetch before each step awaits it.
-    def batch_call(self, start: int, max_count: int = 1 << 20):
-        return self.member.read_for_push.remote(start, self.max_batch_bytes, max_count)
-
-    def took_batch(self, answer) -> RefBatch:
-        first, count, refs, info, nbytes = answer
-        self.update(info)
-        b = RefBatch(first, count, refs[0], nbytes)
-        self.add(b)
-        return b
-
-    def meta_call(self, index: int):
-        return self.member.entry_meta.remote(index)
-
-    def took_meta(self, index: int, answer) -> tuple[int, int]:
-        term, pos, info = answer
-        self.update(info)
-        self.meta[index] = (term, pos)
-        return term, pos
-
-    def fetch_batch(self, start: int, max_count: int = 1 << 20) -> RefBatch:
-        return self.took_batch(ray.get(self.batch_call(start, max_count)))
-
-    def fetch_meta(self, index: int) -> tuple[int, int]:
-        return self.took_meta(index, ray.get(self.meta_call(index)))
-
-    # -- the LeaderLog protocol the dispatcher core reads -------------------------------------
-    def get_term(self, index: int) -> int:
-        m = self.meta.get(index)
-        return (m or self.fetch_meta(index))[0]
-
-    def get_pos(self, index: int) -> int:
-        m = self.meta.get(index)
-        return (m or self.fetch_meta(index))[1]
-
-    def read_batch(
-        self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62
-    ) -> RefBatch:
-        b = self.batches.get(start)
-        if b is not None and b.count <= max_count:
-            return b
-        return self.fetch_batch(start, max_count)
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -140,134 +39,194 @@ class EntryDispatcherActor:
     ):
         self.group, self.self_id, self.peer_id = group, self_id, peer_id
         self.config = config
-        self.core = EntryDispatcher(group, self_id, peer_id, config.replication)
-        self.view = LeaderView(
-            config.dispatcher_cache_bytes, member, config.replication.max_batch_push_bytes
+        self.logic = DispatcherLogic(
+            group, self_id, peer_id, config.replication, config.dispatcher_cache_bytes
         )
+        self._lock = threading.Lock()
         self.member = member
         self.checker = checker
         self.faults = LinkFaults()
-        self.term = -1
-        self.active = False
         self._follower = None
-        self._wake: asyncio.Event | None = None
-        self._runner: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._fetching = False
+        self._reporting = False
         self._last_progress = 0.0
-        self._last_lease_check = time.monotonic()
-        self._reported = -1
+        self._cg_gen: int | None = None  # the compiled-graph generation this dispatcher serves
+        self._cg_sent: dict[tuple[int, int], PushEntryRequest] = {}
+        self._cg_keys = itertools.count()
 
-    def _ensure_running(self) -> None:
-        if self._runner is None:
-            self._wake = asyncio.Event()
-            self._runner = asyncio.ensure_future(self._run())
+    async def pid(self) -> int:
+        return os.getpid()
 
-    async def activate(self, term: int, info: dict) -> None:
-        self._ensure_running()
-        self.term = term
-        self.view.clear()
-        self.view.update(info)
-        self.core.check_and_fresh_state(term, self.self_id, True)
-        self.active = True
-        self._reported = -1
-        self._wake.set()
+    # -- from the member and the checker -------------------------------------------------
+    async def activate(self, info: LeaderInfo) -> None:
+        self._loop = asyncio.get_running_loop()
+        with self._lock:
+            self.logic.activate(info)
+        self._kick()
 
     async def deactivate(self, term: int) -> None:
-        self._ensure_running()
-        self.active = False
-        self.core.check_and_fresh_state(term, None, False)
-        self.view.clear()
+        with self._lock:
+            self.logic.deactivate(term)
+            self._cg_gen = None
+            self._cg_sent.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    async def on_append(
-        self,
-        term: int,
-        first: int,
-        count: int,
-        ref: list,
-        end: int,
-        nbytes: int = 0,
-        edges: tuple[int, int] | None = None,
-    ) -> None:
-        """The leader stored a batch (``edges``: positions of its first and last entry)."""
-        if term != self.term or not self.active:
-            return
-        self.view.add(RefBatch(first, count, ref[0], nbytes))
-        if edges is not None:
-            # every entry of a leader's batch has the leader's term: COMPARE/COMMIT pushes
-            # that name a batch edge need no round trip to the member
-            self.view.meta[first] = (term, edges[0])
-            self.view.meta[first + count - 1] = (term, edges[1])
-        self.view.ledger_end_index = max(self.view.ledger_end_index, end)
-        if self.core.write_index == first:
-            await self._step()  # the common case: push it now, without a loop turn
+    @ray.method(enable_task_events=False)
+    async def on_announcement(self, a: Announcement) -> None:
+        """The leader stored a round: push it now when it is next in line."""
+        with self._lock:
+            now = self.logic.on_announcement(a)
+        if now:
+            self._pump()
         else:
-            self._wake.set()
+            self._kick()
 
+    @ray.method(enable_task_events=False)
     async def on_committed(self, term: int, index: int) -> None:
-        if term == self.term and index > self.view.committed_index:
-            self.view.committed_index = index
-            self._wake.set()
+        with self._lock:
+            due = self.logic.on_committed(term, index)
+        if due:
+            self._kick()
+
+    # -- the compiled path (see fastpath.py); cg_* run on the graph's thread -----------------
+    async def cg_begin(self, term: int, gen: int) -> None:
+        with self._lock:
+            if term != self.logic.term:
+                raise LedgerError.of(
+                    ResponseCode.TERM_CHANGED, f"dispatcher serves term {self.logic.term}"
+                )
+            self._cg_gen = gen
+            self._cg_sent.clear()
+
+    async def cg_end(self, gen: int) -> None:
+        """The leader left graph ``gen``: its pushes in flight are lost, push again."""
+        with self._lock:
+            if self._cg_gen != gen:
+                return
+            self._cg_gen = None
+            self._cg_sent.clear()
+            self.logic.rewind()
+            term = self.logic.term
+        # water marks that went into the graph may never have reached the checker
+        if not self._reporting:
+            self._reporting = True
+            asyncio.ensure_future(self._report(term, force=True))
+        self._kick()
+
+    def cg_push(self, g):
+        """A round through the graph: the pushes the logic wants now (others go plain)."""
+        a = g.announcement
+        wire, plain = [], []
+        with self._lock:
+            if g.gen != self._cg_gen:
+                return (g.gen, a.term, g.rounds), []
+            self.logic.on_announcement(a)
+            for req in self.logic.next_requests(now_ms()):
+                batch = req.batch
+                inline = batch is None or isinstance(batch.payload, EntryBatch)
+                if inline and req.type in (PushType.APPEND, PushType.COMMIT):
+                    key = (g.gen, next(self._cg_keys))
+                    self._cg_sent[key] = req
+                    wire.append((key, replace(req, batch=batch.payload) if batch else req))
+                else:
+                    plain.append(req)
+            need = self.logic.need is not None
+        if (plain or need) and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._send_all, plain)
+        return (g.gen, a.term, g.rounds), wire
+
+    def cg_ack(self, answered):
+        """The follower's answers: fold them in, report the water mark to the checker."""
+        (gen, term, rounds), answers = answered
+        now = now_ms()
+        with self._lock:
+            for key, resp in answers:
+                req = self._cg_sent.pop(key, None)
+                if req is not None:
+                    self.logic.on_response(req, resp, now)
+            wm = self.logic.water_mark if self.logic.term == term else -1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._after_ack, wm)
+        return gen, term, self.peer_id, wm, rounds
+
+    def _send_all(self, reqs: list) -> None:
+        for req in reqs:
+            asyncio.ensure_future(self._send(req))
+        self._kick()
+
+    def _after_ack(self, wm: int) -> None:
+        now = time.monotonic()
+        if wm >= 0 and now - self._last_progress > 0.05:
+            self._last_progress = now
+            self.member.on_peer_progress.remote(self.peer_id, wm)
+        self._kick()
 
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
 
-    async def _prefetch(self) -> None:
-        """Fetch what the core is about to read, so its reads rarely block."""
-        core, view = self.core, self.view
-        try:
-            if core.state.value == "APPEND":
-                w = core.write_index
-                if w <= view.ledger_end_index and w not in view.batches:
-                    view.took_batch(await view.batch_call(w))
-            else:
-                index = core.compare_index
-                if index < 0:
-                    index = view.ledger_end_index
-                if index >= 0 and index not in view.meta:
-                    view.took_meta(index, await view.meta_call(index))
-        except (ray.exceptions.RayError, LedgerError) as exc:
-            log.debug("[%s->%s] prefetch failed: %s", self.self_id, self.peer_id, exc)
+    # -- the pump --------------------------------------------------------------------------
+    def _kick(self) -> None:
+        """Run the pump once in this loop turn, however many events asked for it."""
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._pump)
 
-    async def _still_leading(self) -> None:
-        """Safety net: stop pushing if the member no longer leads this term."""
-        now = time.monotonic()
-        if now - self._last_lease_check < 1.0:
-            return
-        self._last_lease_check = now
+    def _pump(self) -> None:
+        self._scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = now_ms()
+        with self._lock:
+            if not self.logic.active:
+                return
+            reqs = self.logic.next_requests(now)
+            need = self.logic.need
+            term = self.logic.term
+            wake = self.logic.next_wakeup_ms(now)
+        for req in reqs:
+            asyncio.ensure_future(self._send(req))
+        if need is not None and not self._fetching:
+            self._fetching = True
+            asyncio.ensure_future(self._fetch(term, need.kind, need.index))
+        if wake is not None:
+            self._timer = self._loop.call_later(max(0.001, (wake - now) / 1000), self._pump)
+
+    async def _fetch(self, term: int, kind: str, index: int) -> None:
+        cfg = self.config.replication
         try:
-            term = await self.member.leading_term.remote()
-        except ray.exceptions.RayError:
-            return
-        if term != self.term and self.active:
-            log.info(
-                "[%s->%s] member no longer leads term %d; dispatcher stops",
+            if kind == "batch":
+                answer = await self.member.read_for_push.remote(
+                    term, index, cfg.max_batch_push_bytes, cfg.max_batch_push_count
+                )
+                if answer is not None:
+                    (first, count, payload, nbytes), info = answer
+                    answer = (CachedBatch(first, count, payload, nbytes), info)
+                with self._lock:
+                    self.logic.took_batch(term, answer)
+            else:
+                answer = await self.member.entry_meta.remote(term, index)
+                with self._lock:
+                    self.logic.took_meta(term, index, answer)
+        except (ray.exceptions.RayError, LedgerError) as exc:
+            log.debug(
+                "[%s->%s] term=%d fetch %s@%d failed: %s",
                 self.self_id,
                 self.peer_id,
-                self.term,
+                term,
+                kind,
+                index,
+                exc,
             )
-            await self.deactivate(term)
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                if self.active:
-                    await self._still_leading()
-                if self.active:
-                    await self._step()
-            except Exception:
-                log.exception(
-                    "[%s->%s] dispatcher error term=%d", self.self_id, self.peer_id, self.term
-                )
-                await asyncio.sleep(0.05)
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.config.maintain_interval_ms / 1000)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
-
-    async def _step(self) -> None:
-        await self._prefetch()
-        for req in self.core.next_requests(now_ms(), self.view):
-            asyncio.ensure_future(self._send(req))
+            await asyncio.sleep(0.05)
+        finally:
+            self._fetching = False
+        self._kick()
 
     async def _send(self, req: PushEntryRequest) -> None:
         resp = None
@@ -279,40 +238,59 @@ class EntryDispatcherActor:
                     actor_name(self.group, self.peer_id), namespace=NAMESPACE
                 )
             batch = req.batch
-            if isinstance(batch, RefBatch):
+            if isinstance(batch, CachedBatch):
+                payload = batch.payload
                 wire = replace(req, batch=None)
-                ref = self._follower.push.remote(wire, batch.ref)
+                if isinstance(payload, EntryBatch):
+                    wire.batch = payload
+                    ref = self._follower.push.remote(wire, None)
+                else:
+                    ref = self._follower.push.remote(wire, payload)
             else:
                 ref = self._follower.push.remote(req, None)
             resp = await asyncio.wait_for(ref, self.config.rpc_timeout_ms / 1000)
         except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
             log.debug(
-                "[%s->%s] push %s@%d failed: %s",
+                "[%s->%s] push %s@%d term=%d failed: %s",
                 self.self_id,
                 self.peer_id,
-                req.type,
+                req.type.value,
                 req.first_index,
+                req.term,
                 exc,
             )
-            self._follower = None if isinstance(exc, ValueError) else self._follower
-        if req.term != self.term or not self.active:
-            return
-        self.core.on_response(req, resp, now_ms())
-        wm = self.core.water_mark
-        if wm > self._reported:
-            self._reported = wm
-            self.view.prune(wm)
-            asyncio.ensure_future(self._report(req.term, wm))
-        self._wake.set()
+            if isinstance(exc, ValueError):
+                self._follower = None
+        with self._lock:
+            wm = self.logic.on_response(req, resp, now_ms())
+        if wm is not None and not self._reporting:
+            self._reporting = True
+            asyncio.ensure_future(self._report(req.term))
+        self._kick()
 
-    async def _report(self, term: int, wm: int) -> None:
+    async def _report(self, term: int, force: bool = False) -> None:
+        """Report the follower's water mark (the latest, one report in flight at a time)."""
         try:
-            committed = await self.checker.report.remote(term, self.peer_id, wm)
-            if committed is not None:
-                self.view.committed_index = max(self.view.committed_index, committed)
-            now = time.monotonic()
-            if now - self._last_progress > 0.05:
-                self._last_progress = now
-                self.member.on_peer_progress.remote(self.peer_id, wm)
-        except ray.exceptions.RayError:
-            pass
+            while True:
+                with self._lock:
+                    if self.logic.term != term or not self.logic.active:
+                        return
+                    wm = self.logic.water_mark
+                committed = await self.checker.report.remote(term, self.peer_id, wm)
+                if committed is not None:
+                    with self._lock:
+                        due = self.logic.on_committed(term, committed)
+                    if due:
+                        self._kick()
+                now = time.monotonic()
+                if now - self._last_progress > 0.05:
+                    self._last_progress = now
+                    self.member.on_peer_progress.remote(self.peer_id, wm)
+                with self._lock:
+                    if self.logic.water_mark <= wm and not force:
+                        return
+                force = False
+        except ray.exceptions.RayError as exc:
+            log.debug("[%s->%s] report failed: %s", self.self_id, self.peer_id, exc)
+        finally:
+            self._reporting = False

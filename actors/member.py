@@ -1,46 +1,52 @@
-"""MemberActor: one member of a group — its store, MemberState, elector and entry handler.
+"""MemberActor: the Ray transport of one member's :class:`~.logic.MemberLogic`.
 
-A thin async shell: it owns the clock, the Ray handles and the asyncio loop, and
-feeds the sans-I/O cores (``rayledger.election``, ``rayledger.replication``).
-The state-maintainer loop ticks the elector every ``maintain_interval_ms`` as
-DLedger's ``maintainState`` does.  Votes and heartbeats run in their own Ray
-concurrency group (their own thread and loop), so a queue of bulk pushes never
-delays them; all core state is touched under one lock, never across an await.
+A thin async shell: it owns the clock, the Ray handles and the asyncio loop.
+The elector is ticked every ``maintain_interval_ms`` (DLedger's
+``maintainState``).  Votes and heartbeats run in their own Ray concurrency group
+(their own thread and loop), so a queue of bulk pushes never delays them; all
+logic state is touched under one lock, never across an await.
 
-While it leads, the member's :class:`EntryDispatcherActor` (one per peer) push
-entries and its :class:`QuorumAckCheckerActor` resolves the appends waiting for
-a quorum.  They are created by the member, on its node, and die with it.
+Appends are coalesced: every append that arrives in one turn of the event loop
+joins one store batch and one replication round (group commit).  A round is
+announced to the member's :class:`EntryDispatcherActor` s (one per peer) and
+registered with its :class:`QuorumAckCheckerActor`, which answers with
+:meth:`MemberActor.on_resolved` once a quorum stores it.  The helpers are created
+by the member, on its node, and die with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
-import random
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from rayledger.election import (
-    Elector,
-    MemberState,
-    Role,
-    RoleChange,
-    Send,
+from rayledger.replication import PushEntryRequest
+from rayledger.storage import (
+    Entry,
+    EntryBatch,
+    LedgerError,
+    OutcomeUnknownError,
+    ResponseCode,
+    open_store,
 )
-from rayledger.replication import EntryHandler, PushEntryRequest, check_append
-from rayledger.storage import Entry, LedgerError, OutcomeUnknownError, ResponseCode, open_store
 
 from .config import LedgerConfig
+from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults
+from .logic import MemberLogic, Round, StartLeading, StopLeading
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
 
 NAMESPACE = "rayledger"
+INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
 
 
 def actor_name(group: str, member: str) -> str:
@@ -49,6 +55,16 @@ def actor_name(group: str, member: str) -> str:
 
 def now_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
 
 
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
@@ -65,28 +81,38 @@ class MemberActor:
         self.peers = list(peers)
         self.config = config.for_member(data_dir)
         self._lock = threading.RLock()
-        self.store = open_store(self.config.store)
-        self.state = MemberState(group, self_id, self.peers, data_dir=data_dir)
-        self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
-        self.elector = Elector(self.state, self.config.election, random.Random())
-        self.handler = EntryHandler(group, self_id, self.state, self.store, self.config.replication)
+        store = open_store(self.config.store)
+        self.logic = MemberLogic(
+            group,
+            self_id,
+            self.peers,
+            store,
+            self.config.election,
+            self.config.replication,
+            data_dir=data_dir,
+        )
+        self.store = store
         self.faults = LinkFaults()
         self._handles: dict[str, Any] = {}
         self._dispatchers: dict[str, Any] = {}
         self._checker = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._maintainer: asyncio.Task | None = None
-        self._leader_term = -1
-        self._ready_term = -1  # the term whose checker and dispatchers are set up
-        self._pending_appends = 0
+        self._queue: list[tuple[asyncio.Future, list]] = []
+        self._round_scheduled = False
+        self._rounds: dict[int, tuple[Round, list[asyncio.Future]]] = {}
+        self._round_ids = itertools.count()
+        self._outstanding = 0
         self._started = time.time()
+        self._fast: FastPath | None = None
+        self._late: list = []  # answers to compiled-path pushes that came out of order
+        install_loop_registry()
         self._boot()
         log.info(
             "[%s] member of %s started: term=%d end=%d",
             self_id,
             group,
-            self.state.current_term,
-            self.store.ledger_end_index,
+            self.logic.state.current_term,
+            store.ledger_end_index,
         )
 
     # -- lifecycle --------------------------------------------------------------------
@@ -125,8 +151,7 @@ class MemberActor:
         while True:
             try:
                 with self._lock:
-                    actions = self.elector.tick(now_ms())
-                    answers = self.handler.tick(now_ms())
+                    actions, answers = self.logic.tick(now_ms())
                 self._resolve(answers)
                 await self._apply(actions)
             except Exception:
@@ -142,13 +167,13 @@ class MemberActor:
         return h
 
     async def _apply(self, actions: list) -> None:
-        for action in actions:
-            if isinstance(action, Send):
-                asyncio.ensure_future(self._send(action.to, action.message))
-            elif isinstance(action, RoleChange):
-                await self._role_changed(action)
-            else:
-                log.info("[%s] %s", self.self_id, action)
+        if not actions:
+            return
+        sends, role_changed = MemberLogic.split(actions)
+        for s in sends:
+            asyncio.ensure_future(self._send(s.to, s.message))
+        if role_changed:
+            await self._sync_role()
 
     async def _send(self, to: str, msg) -> None:
         resp = None
@@ -163,73 +188,112 @@ class MemberActor:
             if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
                 self._handles.pop(to, None)
         with self._lock:
-            actions = self.elector.on_response(to, msg, resp, now_ms())
+            actions = self.logic.on_election_response(to, msg, resp, now_ms())
         await self._apply(actions)
 
-    async def _role_changed(self, change: RoleChange) -> None:
-        """Start or stop leading; changes are handled one at a time, in order."""
+    async def _sync_role(self) -> None:
+        """Start or stop leading; changes are carried out one at a time, in order."""
         async with self._role_lock:
-            log.info(
-                "[%s] role %s term=%d leader=%s",
-                self.self_id,
-                change.role.value,
-                change.term,
-                change.leader_id,
-            )
-            if self._leader_term >= 0 and (
-                change.role != Role.LEADER or change.term != self._leader_term
-            ):
-                self._leader_term = -1
-                self._ready_term = -1
-                await self._checker.step_down.remote(change.term)
-                await asyncio.gather(
-                    *(d.deactivate.remote(change.term) for d in self._dispatchers.values())
-                )
-            if change.role != Role.LEADER:
-                return
             with self._lock:
-                if not self.state.is_leader or self.state.current_term != change.term:
-                    return  # already superseded
-                # Raft §5.4.2: commit only entries of the leader's own term, so start the
-                # term with an empty entry that carries everything before it.
-                appended = self.store.append_as_leader([b""], change.term)
-                self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
-                self._leader_term = change.term
-                info = self._leader_info()
-            await self._checker.become_leader.remote(change.term, appended.first_index, info)
-            await asyncio.gather(
-                *(d.activate.remote(change.term, info) for d in self._dispatchers.values())
-            )
-            with self._lock:
-                if self.state.is_leader and self.state.current_term == change.term:
-                    self._ready_term = change.term
+                changes = self.logic.leadership()
+            for change in changes:
+                if isinstance(change, StopLeading):
+                    await self._stop_leading(change)
+                else:
+                    await self._start_leading(change)
 
-    def _leader_info(self) -> dict:
-        s = self.store
-        return {
-            "begin": s.ledger_begin_index,
-            "end": s.ledger_end_index,
-            "end_term": s.ledger_end_term,
-            "committed": s.committed_index,
-        }
+    async def _stop_leading(self, change: StopLeading) -> None:
+        if self._fast is not None:
+            self._fast.stop()
+        try:
+            resolved = await self._checker.step_down.remote(change.new_term)
+            self._finish(resolved)
+        except ray.exceptions.RayError as exc:
+            log.warning("[%s] checker step_down failed: %s", self.self_id, exc)
+        # whatever the checker did not answer ends here: the outcome is unknown
+        for rid in [r for r, (rnd, _) in self._rounds.items() if rnd.term == change.term]:
+            self._finish_round(rid, ResponseCode.TERM_CHANGED)
+        await asyncio.gather(
+            *(d.deactivate.remote(change.term) for d in self._dispatchers.values()),
+            return_exceptions=True,
+        )
+
+    async def _start_leading(self, change: StartLeading) -> None:
+        term = change.term
+        try:
+            await self._checker.become_leader.remote(term, change.term_start_index, change.info)
+            await asyncio.gather(
+                *(d.activate.remote(change.info) for d in self._dispatchers.values())
+            )
+        except ray.exceptions.RayError as exc:
+            log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term, exc)
+            return
+        with self._lock:
+            ready = self.logic.mark_ready(term)
+        if ready:
+            log.info("[%s] term=%d: ready to take appends", self.self_id, term)
+            if self.config.fast_path and len(self.peers) > 1:
+                self._fast_path().start(term)
+
+    def _fast_path(self) -> FastPath:
+        if self._fast is None:
+            followers = {p: self._peer(p) for p in self.peers if p != self.self_id}
+            self._fast = FastPath(
+                self.self_id,
+                followers,
+                self._dispatchers,
+                self._checker,
+                self.config.stall_ms(),
+                self._on_graph_output,
+                self._on_graph_fallback,
+                self._loop,
+            )
+        return self._fast
+
+    def _on_graph_output(self, term: int, committed: int | None, resolved: list) -> None:
+        if committed is not None:
+            with self._lock:
+                self.logic.on_committed(term, committed)
+        self._finish(resolved)
+
+    def _on_graph_fallback(self, items: list) -> None:
+        """Rounds that were queued or in flight in an abandoned graph travel again as plain
+        calls (a follower answers a push it already holds from its log)."""
+        for a, rounds in items:
+            waiting = [(f, la, rid) for f, la, rid in rounds if rid in self._rounds]
+            if not waiting:
+                continue
+            self._announce_plain(a)
+            for first, last, rid in waiting:
+                self._checker.add_round.remote(a.term, first, last, rid)
+
+    def _announce_plain(self, a) -> None:
+        batch = a.payload
+        if not isinstance(batch, EntryBatch) or len(batch.data) > INLINE_BYTES:
+            a = replace(a, payload=ray.put(batch))
+        for d in self._dispatchers.values():
+            d.on_announcement.remote(a)
 
     def _resolve(self, answers) -> None:
         for fut, resp in answers:
-            if not fut.done():
+            if type(fut) is tuple:  # a compiled-path push answered late: with the next one
+                with self._lock:
+                    self._late.append((fut[1], resp))
+            elif not fut.done():
                 fut.get_loop().call_soon_threadsafe(_set_result, fut, resp)
 
     # -- election RPCs (own concurrency group) ----------------------------------------------
-    @ray.method(concurrency_group="election")
+    @ray.method(concurrency_group="election", enable_task_events=False)
     async def handle_election(self, req):
         """A vote, pre-vote, heartbeat or leadership-transfer request from a peer."""
         with self._lock:
-            resp, actions = self.elector.handle(req, now_ms())
+            resp, actions = self.logic.handle_election(req, now_ms())
         self._apply_threadsafe(actions)
         return resp
 
     def _apply_threadsafe(self, actions: list) -> None:
         """Election handlers run on another loop; actions are carried out on the main one."""
-        if actions and self._loop is not None:
+        if actions:
             asyncio.run_coroutine_threadsafe(self._apply(actions), self._loop)
 
     @ray.method(concurrency_group="election")
@@ -240,23 +304,24 @@ class MemberActor:
                 ResponseCode.UNKNOWN_MEMBER, f"{target!r} is not a member of {self.group!r}"
             )
         with self._lock:
-            resp, actions = self.elector.transfer_leadership(target, now_ms())
+            resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
         self._apply_threadsafe(actions)
         if resp.code != ResponseCode.SUCCESS:
             raise LedgerError.of(
                 resp.code,
                 f"{self.self_id} cannot transfer leadership to {target}",
-                leader_id=self.state.leader_id,
+                leader_id=self.logic.state.leader_id,
             )
         return resp
 
     @ray.method(concurrency_group="election")
     async def status(self) -> MemberStatus:
         with self._lock:
+            st = self.logic.state
             return MemberStatus(
-                role=self.state.role,
-                term=self.state.current_term,
-                leader_id=self.state.leader_id,
+                role=st.role,
+                term=st.current_term,
+                leader_id=st.leader_id,
                 ledger_begin_index=self.store.ledger_begin_index,
                 ledger_end_index=self.store.ledger_end_index,
                 committed_index=self.store.committed_index,
@@ -276,6 +341,25 @@ class MemberActor:
         }
 
     @ray.method(concurrency_group="election")
+    async def stats(self) -> dict:
+        """Counters of this member's transport (for benchmarks and operators)."""
+        f = self._fast
+        return {
+            "leading_term": self.logic.leading_term,
+            "fast_path_active": bool(f and f.active),
+            "fast_path_compiles": f.compiles if f else 0,
+            "fast_path_fallbacks": f.fallbacks if f else 0,
+            "rounds_waiting": len(self._rounds),
+        }
+
+    @ray.method(concurrency_group="election")
+    async def helper_pids(self) -> dict[str, int]:
+        """Process ids of this member's checker and dispatchers (for fault injection)."""
+        refs = {"checker": self._checker.pid.remote()}
+        refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self._dispatchers.items()})
+        return {k: await r for k, r in refs.items()}
+
+    @ray.method(concurrency_group="election")
     async def set_faults(
         self, cut: list[str], drop: dict[str, float], delay_ms: dict[str, float]
     ) -> None:
@@ -284,96 +368,168 @@ class MemberActor:
             *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values())
         )
 
-    # -- data RPCs ------------------------------------------------------------------------
+    # -- follower ---------------------------------------------------------------------------
+    @ray.method(enable_task_events=False)
     async def push(self, req: PushEntryRequest, batch=None):
-        """A push from the leader's dispatcher (batch arrives from the object store)."""
+        """A push from the leader's dispatcher (a large batch arrives from the object store)."""
         if batch is not None:
             req.batch = batch
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut = self._loop.create_future()
         with self._lock:
-            answers = self.handler.handle_push(req, fut, now_ms())
-        self._resolve(answers)
+            answers = self.logic.on_push(req, fut, now_ms())
+        for f, resp in answers:
+            if f is fut:
+                _set_result(fut, resp)
+            else:
+                self._resolve([(f, resp)])
         return await fut
 
+    def cg_push(self, pushed):
+        """Pushes from the leader's compiled graph (runs on the graph's thread)."""
+        carry, wire = pushed
+        answers = []
+        now = now_ms()
+        with self._lock:
+            for key, req in wire:
+                for tok, resp in self.logic.on_push(req, ("cg", key), now):
+                    if type(tok) is tuple:
+                        answers.append((tok[1], resp))
+                    elif not tok.done():
+                        tok.get_loop().call_soon_threadsafe(_set_result, tok, resp)
+            if self._late:
+                answers += self._late
+                self._late = []
+        return carry, answers
+
+    @ray.method(concurrency_group="election")
+    async def cg_reset(self, term: int) -> int:
+        """A leader of ``term`` is about to compile its graph: leave every older one."""
+        n = reset_loops(self)
+        if n:
+            log.info("[%s] term=%d: left %d old compiled-graph loop(s)", self.self_id, term, n)
+        return n
+
+    # -- leader: appends ----------------------------------------------------------------------
+    @ray.method(enable_task_events=False)
     async def append(
         self, bodies: list, group: str | None = None, target: str | None = None
     ) -> list[tuple]:
-        """Append a batch as leader; returns [(index, term, pos)] once a quorum stores it."""
+        """Append a batch as leader; returns [(index, term, pos)] once a quorum stores it.
+
+        The batch joins the round of everything appended in the same loop turn.
+        """
         with self._lock:
-            check_append(
-                self.state,
-                group if group is not None else self.group,
-                target,
-                bodies,
-                self._pending_appends,
-                self.config.replication,
-                self.elector_transferring(),
+            _, bodies = self.logic.admit(
+                bodies, group if group is not None else self.group, target, self._outstanding
             )
-            term = self.state.current_term
-            if self._ready_term != term:
-                raise LedgerError.of(
-                    ResponseCode.LEADER_NOT_READY,
-                    f"{self.self_id} is taking office for term {term}",
-                    leader_id=self.self_id,
-                )
-            appended = self.store.append_as_leader(bodies, term)
-            self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
-            first, last = appended.first_index, appended.last_index
-            batch = appended.batch()
-            end = self.store.ledger_end_index
-            self._pending_appends += 1
-        edges = (appended.positions[0], appended.positions[-1])
+        fut = self._loop.create_future()
+        self._queue.append((fut, bodies))
+        self._outstanding += 1
+        if not self._round_scheduled:
+            self._round_scheduled = True
+            self._loop.call_soon(self._write_round)
         try:
-            ref = ray.put(batch)
-            for d in self._dispatchers.values():
-                d.on_append.remote(term, first, batch.count, [ref], end, len(batch.data), edges)
-            code = await self._checker.wait_commit.remote(term, first, last)
+            return await fut
         finally:
-            self._pending_appends -= 1
-        if code != ResponseCode.SUCCESS:
-            # The entries are in this member's log and may still commit under a later
-            # leader: the outcome is unknown, never a plain failure to retry.
-            raise OutcomeUnknownError(
-                code,
-                f"entries {first}..{last} (term {term}) were stored by {self.self_id} but not "
-                f"acknowledged by a quorum; the outcome is unknown, check before retrying",
-                leader_id=self.state.leader_id,
-            )
-        with self._lock:  # the checker's on_committed may still be in flight: read-your-writes
-            self.store.update_committed_index(last)
-        return [(first + k, term, p) for k, p in enumerate(appended.positions)]
+            self._outstanding -= 1
 
-    def elector_transferring(self) -> bool:
-        return self.elector.transferring
-
-    async def on_committed(self, term: int, index: int) -> None:
-        """From the checker: the quorum stores everything up to ``index``."""
+    def _write_round(self) -> None:
+        """Group commit: the queued appends become one store batch and one round."""
+        self._round_scheduled = False
+        queue, self._queue = self._queue, []
+        if not queue:
+            return
+        rid = next(self._round_ids)
         with self._lock:
-            if self.state.current_term == term:
-                self.store.update_committed_index(index)
+            term = self.logic.ready_term
+            try:
+                rnd = self.logic.write_round([(None, b) for _, b in queue], term)
+            except LedgerError as exc:
+                for fut, _ in queue:
+                    _set_exception(
+                        fut, LedgerError.of(exc.code, exc.message, leader_id=exc.leader_id)
+                    )
+                return
+            a = self.logic.announcement(rnd, None)
+        self._rounds[rid] = (rnd, [f for f, _ in queue])
+        batch = rnd.appended.batch()
+        fast = self._fast
+        if fast is not None and fast.active:
+            if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
+                return
+        self._announce_plain(replace(a, payload=batch))
+        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
 
+    @ray.method(enable_task_events=False)
+    async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
+        """From the checker: the committed index moved and/or rounds ended."""
+        if committed is not None:
+            with self._lock:
+                self.logic.on_committed(term, committed)
+        self._finish(resolved)
+
+    def _finish(self, resolved) -> None:
+        for token, code in resolved:
+            self._finish_round(token, code)
+
+    def _finish_round(self, rid: int, code: ResponseCode) -> None:
+        item = self._rounds.pop(rid, None)
+        if item is None:
+            return
+        rnd, futs = item
+        if code == ResponseCode.SUCCESS:
+            with self._lock:  # read-your-writes, even before the checker's index arrives
+                self.logic.on_committed(rnd.term, rnd.last_index)
+            positions = rnd.appended.positions
+            base = rnd.first_index
+            for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
+                _set_result(
+                    fut,
+                    [(i, rnd.term, positions[i - base]) for i in range(first, last + 1)],
+                )
+            return
+        for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
+            # the entries are in this member's log and may still commit under a later
+            # leader: the outcome is unknown, never a plain failure to retry
+            _set_exception(
+                fut,
+                OutcomeUnknownError(
+                    code,
+                    f"entries {first}..{last} (term {rnd.term}) were stored by {self.self_id} "
+                    f"but not acknowledged by a quorum ({code.name}); the outcome is unknown, "
+                    "check before retrying",
+                    leader_id=self.logic.state.leader_id,
+                ),
+            )
+
+    # -- answers to this member's helpers (fenced by term) ------------------------------------
+    @ray.method(enable_task_events=False)
     async def on_peer_progress(self, peer: str, match_index: int) -> None:
         with self._lock:
-            actions = self.elector.on_peer_progress(peer, match_index, now_ms())
+            actions = self.logic.on_peer_progress(peer, match_index, now_ms())
         await self._apply(actions)
 
-    async def read_for_push(self, start: int, max_bytes: int, max_count: int):
-        """For a dispatcher that missed a batch: encoded entries from ``start``, put once."""
+    async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
+        """For a dispatcher of ``term`` that missed a batch: entries from ``start``."""
         with self._lock:
-            batch = self.store.read_batch(start, max_bytes, max_count)
-            info = self._leader_info()
-        return batch.first_index, batch.count, [ray.put(batch)], info, len(batch.data)
+            answer = self.logic.read_for_push(term, start, max_bytes, max_count)
+        if answer is None:
+            return None
+        batch, info = answer
+        payload = batch if len(batch.data) <= INLINE_BYTES else ray.put(batch)
+        return (batch.first_index, batch.count, payload, len(batch.data)), info
 
-    async def entry_meta(self, index: int) -> tuple[int, int, dict]:
+    async def entry_meta(self, term: int, index: int):
         with self._lock:
-            return self.store.get_term(index), self.store.get_pos(index), self._leader_info()
+            return self.logic.entry_meta(term, index)
 
+    # -- reads ----------------------------------------------------------------------------------
     def _not_committed_here(self, index: int) -> LedgerError:
         """An uncommitted read: a follower points the client at the leader, which may know more."""
         committed = self.store.committed_index
-        leader = self.state.leader_id
-        if not self.state.is_leader and leader is not None and leader != self.self_id:
+        st = self.logic.state
+        leader = st.leader_id
+        if not st.is_leader and leader is not None and leader != self.self_id:
             return LedgerError.of(
                 ResponseCode.NOT_LEADER,
                 f"entry {index} is not committed on {self.self_id} (committed index {committed}); ask the leader",
@@ -394,12 +550,9 @@ class MemberActor:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
         with self._lock:
-            if (
-                committed_only
-                and stop - 1 > self.store.committed_index
-                and not self.state.is_leader
-            ):
-                if self.state.leader_id not in (None, self.self_id):
+            st = self.logic.state
+            if committed_only and stop - 1 > self.store.committed_index and not st.is_leader:
+                if st.leader_id not in (None, self.self_id):
                     raise self._not_committed_here(stop - 1)
             limit = (
                 self.store.committed_index + 1
@@ -425,8 +578,8 @@ class MemberActor:
 
     @ray.method(concurrency_group="election")
     async def leading_term(self) -> int:
-        """The term this member leads with its dispatchers set up, or -1."""
-        return self._leader_term if self.state.is_leader else -1
+        """The term this member leads with its helpers set up, or -1."""
+        return self.logic.leading_term if self.logic.state.is_leader else -1
 
     async def committed_index(self) -> int:
         return self.store.committed_index
@@ -440,8 +593,3 @@ class MemberActor:
             self._maintainer.cancel()
         with self._lock:
             self.store.close()
-
-
-def _set_result(fut: asyncio.Future, value) -> None:
-    if not fut.done():
-        fut.set_result(value)

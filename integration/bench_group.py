@@ -1,8 +1,23 @@
-"""`rayledger bench group`: a 3-member file-backed group on a local Ray.
+"""`rayledger bench group`: a file-backed group on a local Ray, tried as its users would.
 
-Measures committed-append throughput (batches of 1000 128-byte entries from
-several concurrent clients), single-entry latency at low load, and failover
-time (leader killed -> first successful append) with fast and default timers.
+Figures (``--json`` prints them as one object):
+
+- ``single_p50_ms`` / ``single_p99_ms``: one client, sequential ``client.append(body)``;
+- ``concurrent_entries_per_s`` / ``concurrent_p99_ms`` / ``concurrent_errors``:
+  ``threads`` threads sharing one ``LedgerClient``, each appending single entries in a
+  loop (the client coalesces them into few calls);
+- ``pipelined_entries_per_s`` / ``pipelined_p99_ms``: one thread keeping
+  ``pipelined_depth`` single appends in flight through ``append_future`` (what an async
+  driver gets from ``append_async``);
+- ``batch_entries_per_s`` / ``batch_p50_ms`` / ``batch_p99_ms``: ``clients`` clients
+  each appending batches of ``batch`` entries;
+- ``failover_s`` (``LedgerConfig.fast()``) and ``failover_default_timers_s`` (DLedger's
+  timers): SIGKILL the leader, time until the first acknowledged append;
+- ``idle_cpu_cores`` / ``idle_processes``: CPU used by the group's processes (members,
+  dispatchers, checkers) while nobody appends.
+
+Bodies are 128 random bytes.  With ``sync_flush`` an acknowledgement means the entry
+was fdatasynced on a quorum.
 """
 
 from __future__ import annotations
@@ -14,52 +29,161 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import wait
 
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup
 from rayledger.election import ElectionConfig
+from rayledger.storage import StoreConfig
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
     values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    return round(values[min(len(values) - 1, int(q * len(values)))], 2)
 
 
-def _throughput(group: LedgerGroup, clients: int, batches: int, batch: int, body: int) -> float:
+def _single(group: LedgerGroup, n: int, body: int) -> dict:
+    c = group.client()
+    c.append(b"warm")
+    lat = []
+    payload = os.urandom(body)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.append(payload)
+        lat.append((time.perf_counter() - t0) * 1000)
+    return {"single_p50_ms": _pct(lat, 0.5), "single_p99_ms": _pct(lat, 0.99)}
+
+
+def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> dict:
+    c = group.client()
+    c.append(b"warm")
+    payload = os.urandom(body)
+    lats: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[Exception] = []
+    stop = time.monotonic() + seconds
+
+    def worker(k: int) -> None:
+        out = lats[k]
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            try:
+                c.append(payload)
+            except LedgerError as exc:
+                errors.append(exc)
+                continue
+            out.append((time.perf_counter() - t0) * 1000)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    all_lat = [x for lat in lats for x in lat]
+    return {
+        "concurrent_threads": threads,
+        "concurrent_entries_per_s": round(len(all_lat) / dt),
+        "concurrent_p50_ms": _pct(all_lat, 0.5),
+        "concurrent_p99_ms": _pct(all_lat, 0.99),
+        "concurrent_errors": len(errors),
+    }
+
+
+def _pipelined(group: LedgerGroup, depth: int, seconds: float, body: int) -> dict:
+    c = group.client()
+    c.append(b"warm")
+    payload = os.urandom(body)
+    inflight: dict = {}
+    lat: list[float] = []
+    errors = 0
+    stop = time.monotonic() + seconds
+    t0 = time.perf_counter()
+    while time.monotonic() < stop or inflight:
+        while time.monotonic() < stop and len(inflight) < depth:
+            inflight[c.append_future([payload])] = time.perf_counter()
+        done, _ = wait(list(inflight), return_when="FIRST_COMPLETED")
+        now = time.perf_counter()
+        for f in done:
+            started = inflight.pop(f)
+            if f.exception() is None:
+                lat.append((now - started) * 1000)
+            else:
+                errors += 1
+    dt = time.perf_counter() - t0
+    return {
+        "pipelined_depth": depth,
+        "pipelined_entries_per_s": round(len(lat) / dt),
+        "pipelined_p99_ms": _pct(lat, 0.99),
+        "pipelined_errors": errors,
+    }
+
+
+def _batches(group: LedgerGroup, clients: int, rounds: int, batch: int, body: int) -> dict:
     payload = [os.urandom(body) for _ in range(batch)]
     errors: list[Exception] = []
+    lat: list[float] = []
 
     def worker() -> None:
         c = group.client()
-        for _ in range(batches):
+        for _ in range(rounds):
+            t = time.perf_counter()
             try:
                 c.append_batch(payload)
             except LedgerError as exc:
                 errors.append(exc)
+                continue
+            lat.append((time.perf_counter() - t) * 1000)
 
     group.client().append_batch(payload)  # warm up every hop
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    ts = [threading.Thread(target=worker) for _ in range(clients)]
     t0 = time.perf_counter()
-    for t in threads:
+    for t in ts:
         t.start()
-    for t in threads:
+    for t in ts:
         t.join()
     dt = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return clients * batches * batch / dt
+    return {
+        "batch_clients": clients,
+        "batch_size": batch,
+        "batch_entries_per_s": round(len(lat) * batch / dt),
+        "batch_p50_ms": _pct(lat, 0.5),
+        "batch_p99_ms": _pct(lat, 0.99),
+        "batch_errors": len(errors),
+    }
 
 
-def _latency(group: LedgerGroup, n: int) -> list[float]:
-    c = group.client()
-    c.append(b"warm")
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        c.append(b"x" * 128)
-        out.append((time.perf_counter() - t0) * 1000)
-        time.sleep(0.002)
-    return out
+def _group_pids(group: LedgerGroup) -> list[int]:
+    pids = []
+    for m in group.members:
+        h = group.handle(m)
+        pids.append(ray.get(h.info.remote(), timeout=10)["pid"])
+        pids += list(ray.get(h.helper_pids.remote(), timeout=10).values())
+    return pids
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except OSError:
+        return 0
+
+
+def _idle(group: LedgerGroup, seconds: float) -> dict:
+    time.sleep(1.0)  # let the last appends settle
+    pids = _group_pids(group)
+    before = [_cpu_ticks(p) for p in pids]
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    dt = time.monotonic() - t0
+    after = [_cpu_ticks(p) for p in pids]
+    hz = os.sysconf("SC_CLK_TCK")
+    used = sum(b - a for a, b in zip(before, after, strict=True)) / hz
+    return {"idle_cpu_cores": round(used / dt, 3), "idle_processes": len(pids)}
 
 
 def _failover(group: LedgerGroup) -> float:
@@ -71,12 +195,20 @@ def _failover(group: LedgerGroup) -> float:
     while True:
         try:
             c.append(b"after", timeout_s=60)
-            return time.perf_counter() - t0
+            return round(time.perf_counter() - t0, 3)
         except LedgerError:
-            time.sleep(0.01)
+            time.sleep(0.005)
 
 
-def run(quick: bool = False) -> dict:
+def run(
+    quick: bool = False,
+    clients: int = 4,
+    batch: int = 1000,
+    members: int = 3,
+    threads: int = 64,
+    sync_flush: bool = False,
+    body: int = 128,
+) -> dict:
     started = not ray.is_initialized()
     if started:
         ray.init(
@@ -87,27 +219,49 @@ def run(quick: bool = False) -> dict:
             log_to_driver=False,
         )
     root = tempfile.mkdtemp(prefix="rayledger-bench-")
-    out: dict = {"members": 3, "store": "file", "flush": "async", "body_bytes": 128}
+    out: dict = {
+        "members": members,
+        "store": "file",
+        "flush": "sync" if sync_flush else "async",
+        "body_bytes": body,
+        "load_avg_1m_before": round(os.getloadavg()[0], 2),
+    }
+    store = StoreConfig(sync_flush=sync_flush)
     try:
-        fast = LedgerConfig.fast()
-        g = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", 3, store_dir=root, config=fast)
-        g.wait_for_leader()
-        clients, batches = (4, 10) if quick else (4, 60)
-        out["append_entries_per_s"] = round(_throughput(g, clients, batches, 1000, 128))
-        out["clients"] = clients
-        lat = _latency(g, 100 if quick else 500)
-        out["append_p50_ms"] = round(statistics.median(lat), 2)
-        out["append_p99_ms"] = round(_percentile(lat, 0.99), 2)
-        out["failover_s"] = round(_failover(g), 3)
-        g.shutdown(delete_data=True)
+        fast = LedgerConfig.fast(store=store)
+        name = f"bench-{uuid.uuid4().hex[:6]}"
+        g = LedgerGroup.create(name, members, store_dir=root, config=fast)
+        try:
+            g.wait_for_leader(timeout_s=60)
+            out.update(_single(g, 100 if quick else 500, body))
+            out.update(_concurrent(g, threads, 3 if quick else 10, body))
+            out.update(_pipelined(g, 256, 3 if quick else 10, body))
+            out.update(_batches(g, clients, 5 if quick else 40, batch, body))
+            out.update(_idle(g, 3 if quick else 10))
+            out["failover_s"] = _failover(g)
+        finally:
+            g.shutdown(delete_data=True)
         if not quick:
-            dflt = LedgerConfig(election=ElectionConfig())
-            g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", 3, store_dir=root, config=dflt)
-            g2.wait_for_leader(timeout_s=60)
-            out["failover_default_timers_s"] = round(_failover(g2), 3)
-            g2.shutdown(delete_data=True)
+            dflt = LedgerConfig(election=ElectionConfig(), store=store)
+            g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", members, root, dflt)
+            try:
+                g2.wait_for_leader(timeout_s=60)
+                out["failover_default_timers_s"] = _failover(g2)
+            finally:
+                g2.shutdown(delete_data=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if started:
             ray.shutdown()
+    out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def summary(figures: list[dict], keys: list[str]) -> dict:
+    """The range of each figure over several runs (for BENCHMARKS.md)."""
+    out = {}
+    for k in keys:
+        vals = [f[k] for f in figures if k in f]
+        if vals:
+            out[k] = (min(vals), statistics.median(vals), max(vals))
     return out

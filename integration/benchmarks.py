@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+def group_options(args) -> dict:
+    """The ``bench group`` flags as keyword arguments of ``bench_group.run``."""
+    return {
+        "clients": getattr(args, "clients", 4),
+        "batch": getattr(args, "batch", 1000),
+        "members": getattr(args, "members", 3),
+        "threads": getattr(args, "threads", 64),
+        "sync_flush": bool(getattr(args, "sync_flush", False)),
+    }
+
+
 def run(which: str, args) -> dict:
     quick = bool(getattr(args, "quick", False))
     if which == "store":
@@ -16,7 +27,11 @@ def run(which: str, args) -> dict:
     if which == "group":
         from .bench_group import run as run_group
 
-        return run_group(quick=quick)
+        return run_group(quick=quick, **group_options(args))
+    if which == "peer":
+        from .bench_peer import run as run_peer
+
+        return run_peer(quick=quick, **group_options(args))
     if which == "spark":
         from .spark import run_spark_bench
 

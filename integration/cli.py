@@ -204,9 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=cmd_export)
 
     be = sub.add_parser("bench", help="benchmarks (figures go to docs/BENCHMARKS.md)")
-    be.add_argument("which", choices=["store", "replication", "group", "spark"])
+    be.add_argument("which", choices=["store", "replication", "group", "peer", "spark"])
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")
     be.add_argument("--quick", action="store_true", help="a smaller run")
+    be.add_argument("--clients", type=int, default=4, help="group: batch clients")
+    be.add_argument("--batch", type=int, default=1000, help="group: entries per batch")
+    be.add_argument("--members", type=int, default=3, help="group: members")
+    be.add_argument("--threads", type=int, default=64, help="group: threads sharing one client")
+    be.add_argument(
+        "--sync-flush", action="store_true", help="group: ack only after fdatasync on a quorum"
+    )
     be.add_argument("--gib", type=float, default=1.0, help="store: size of the recovery log")
     be.set_defaults(func=cmd_bench)
     return p

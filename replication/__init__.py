@@ -10,7 +10,7 @@ messages.
 from .admission import check_append
 from .checker import QuorumAckChecker, Resolved
 from .config import ReplicationConfig
-from .dispatcher import DispatcherState, EntryDispatcher, LeaderLog
+from .dispatcher import DispatcherState, EntryDispatcher, LeaderLog, NotCached
 from .handler import EntryHandler
 from .messages import PushEntryRequest, PushEntryResponse, PushType
 
@@ -19,6 +19,7 @@ __all__ = [
     "EntryDispatcher",
     "EntryHandler",
     "LeaderLog",
+    "NotCached",
     "PushEntryRequest",
     "PushEntryResponse",
     "PushType",

@@ -149,6 +149,12 @@ class QuorumAckChecker:
         else:
             pending.append(item)
 
+    def next_deadline_ms(self) -> int | None:
+        """When the oldest waiting append times out (None when nothing waits)."""
+        if self._stale:
+            return 0
+        return self._pending[0][3] if self._pending else None
+
     def quorum_index(self) -> int:
         marks = self._water_marks.get(self.term)
         if not marks:

@@ -40,8 +40,23 @@ class DispatcherState(str, Enum):
     APPEND = "APPEND"
 
 
+class NotCached(Exception):
+    """A :class:`LeaderLog` lacks what the core asked for (a dispatcher's cached view of its
+    leader's log): ``kind`` is ``"batch"`` or ``"meta"`` at ``index``.  The core stops,
+    keeps what it built, records the need in :attr:`EntryDispatcher.need`, and the shell
+    fetches it and asks again -- the core itself never blocks."""
+
+    def __init__(self, kind: str, index: int):
+        super().__init__(kind, index)
+        self.kind = kind
+        self.index = index
+
+
 class LeaderLog(Protocol):
-    """What a dispatcher reads from its leader's log; :class:`~rayledger.storage.LogStore` fits."""
+    """What a dispatcher reads from its leader's log; :class:`~rayledger.storage.LogStore` fits.
+
+    A cache of the leader's log may raise :class:`NotCached` from any read.
+    """
 
     ledger_begin_index: int
     ledger_end_index: int
@@ -93,6 +108,7 @@ class EntryDispatcher:
         self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
         self.pushes_sent = 0
         self.resends = 0
+        self.need: NotCached | None = None  # what the last next_requests lacked
 
     # -- observers ----------------------------------------------------------------------
     @property
@@ -181,12 +197,16 @@ class EntryDispatcher:
     # -- what to send -------------------------------------------------------------------
     def next_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
         """Everything to send now: pipelined pushes, a resend, a COMPARE/TRUNCATE or a COMMIT."""
+        self.need = None
         if not self.active:
             return []
         try:
             if self._state is DispatcherState.APPEND:
                 return self._append_requests(now_ms, log_)
             return self._control_request(now_ms, log_)
+        except NotCached as exc:
+            self.need = exc  # raised before any state changed: ask again once fetched
+            return []
         except LedgerError as exc:
             # e.g. the entries to push were cleaned from the leader's log: compare again
             log.warning(
@@ -255,6 +275,8 @@ class EntryDispatcher:
     def _append_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
         cfg = self.config
         out: list[PushEntryRequest] = []
+        if now_ms < self._backoff_until:
+            return out
         pending = self._pending
         if pending:
             # DLedger doCheckAppendResponse: the oldest push unanswered too long goes again
@@ -288,10 +310,14 @@ class EntryDispatcher:
                 self._last_leak_check_ms = now_ms
         end = log_.ledger_end_index
         while self._write_index <= end and len(pending) < cfg.max_pending_pushes:
-            if not self._quota_allows(now_ms, end, log_):
-                break
             start = self._write_index
-            batch = log_.read_batch(start, cfg.max_batch_push_bytes, cfg.max_batch_push_count)
+            try:
+                if not self._quota_allows(now_ms, end, log_):
+                    break
+                batch = log_.read_batch(start, cfg.max_batch_push_bytes, cfg.max_batch_push_count)
+            except NotCached as exc:
+                self.need = exc  # send what was built; the shell fetches the rest
+                break
             last = start + batch.count - 1
             nbytes = _batch_bytes(batch)
             out.append(self._append_request(batch, nbytes, log_))
@@ -361,6 +387,33 @@ class EntryDispatcher:
             )
         return False
 
+    def next_wakeup_ms(self, now_ms: int) -> int | None:
+        """When :meth:`next_requests` may next have something to send without a new event
+        (a resend, a COMMIT, a COMPARE again, the end of a backoff); None when inactive."""
+        if not self.active:
+            return None
+        cfg = self.config
+        if self._backoff_until > now_ms:
+            return self._backoff_until
+        if self._state is DispatcherState.APPEND:
+            due = self._last_push_ms + cfg.commit_push_interval_ms
+            if self._pending:
+                due = min(due, next(iter(self._pending.values()))[0] + cfg.max_push_timeout_ms + 1)
+            if self._quota_bytes >= cfg.peer_push_quota:
+                due = min(due, self._quota_window_ms + 1000)
+        elif self._ctrl is not None:
+            due = self._ctrl_sent_ms + cfg.compare_timeout_ms + 1
+        else:
+            # nothing in flight: a COMPARE is due, or there is nothing to compare yet
+            due = self._last_push_ms + cfg.commit_push_interval_ms
+        return max(now_ms + 1, due)
+
+    def rewind(self) -> None:
+        """Push again from the follower's water mark (pushes in flight were lost with their
+        transport): the follower answers a push it already holds from its log."""
+        if self.active and self._state is DispatcherState.APPEND:
+            self._change_state(DispatcherState.APPEND, self._water_mark)
+
     # -- answers --------------------------------------------------------------------------
     def on_response(
         self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
@@ -369,7 +422,7 @@ class EntryDispatcher:
         if not self.active or req.term != self.term:
             return
         if req.type is PushType.APPEND:
-            self._on_append_response(req, resp)
+            self._on_append_response(req, resp, now_ms)
         elif req.type is PushType.COMPARE or req.type is PushType.TRUNCATE:
             ctrl = self._ctrl
             if ctrl is None or ctrl.type is not req.type or ctrl.first_index != req.first_index:
@@ -396,9 +449,26 @@ class EntryDispatcher:
             )
             self._change_state(DispatcherState.COMPARE, -1)
 
-    def _on_append_response(self, req: PushEntryRequest, resp: PushEntryResponse | None) -> None:
+    def _on_append_response(
+        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
+    ) -> None:
         if resp is None:
-            return  # resent after max_push_timeout_ms
+            # the call failed (the follower is down or restarting, the link is cut): after a
+            # pause, push again from the water mark instead of resending each push in flight
+            # one timeout after another
+            if self._state is DispatcherState.APPEND and req.first_index in self._pending:
+                log.info(
+                    "[%s] push to %s term=%d: %d..%d got no answer, push again from %d",
+                    self.self_id,
+                    self.peer_id,
+                    self.term,
+                    req.first_index,
+                    req.last_index,
+                    self._water_mark + 1,
+                )
+                self._change_state(DispatcherState.APPEND, self._water_mark)
+                self._backoff_until = now_ms + self.config.error_backoff_ms
+            return
         code = resp.code
         if code == ResponseCode.SUCCESS:
             slot = self._pending.get(req.first_index)

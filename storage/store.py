@@ -303,6 +303,11 @@ class LogStore:
             )
         return bodies, [HEADER_SIZE + n for n in lens]
 
+    def check_bodies(self, bodies) -> list:
+        """The bodies as a list of bytes, or the LedgerError ``append_as_leader`` would raise
+        for them (type, empty batch, size); nothing is written."""
+        return self._check_bodies(bodies)[0]
+
     def check_disk(self) -> None:
         """Raise DISK_FULL when appends must be refused (file store only)."""
 

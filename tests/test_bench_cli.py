@@ -35,11 +35,33 @@ def test_bench_replication():
     assert bench("replication")["entries_per_s"] > 0
 
 
+GROUP_FIGURES = (
+    "single_p50_ms",
+    "single_p99_ms",
+    "concurrent_entries_per_s",
+    "concurrent_p99_ms",
+    "pipelined_entries_per_s",
+    "batch_entries_per_s",
+    "failover_s",
+    "idle_cpu_cores",
+)
+
+
 @pytest.mark.ray
 def test_bench_group():
     r = bench("group")
-    for key in ("append_entries_per_s", "append_p50_ms", "append_p99_ms", "failover_s"):
+    for key in GROUP_FIGURES:
         assert r[key] > 0, (key, r)
+    assert r["concurrent_errors"] == 0 and r["batch_errors"] == 0, r
+
+
+@pytest.mark.ray
+def test_bench_peer():
+    r = bench("peer")
+    for side in ("pysyncobj", "rayledger"):
+        for key in ("single_p50_ms", "concurrent_entries_per_s", "batch_entries_per_s"):
+            assert r[side][key] > 0, (side, key, r[side])
+    assert set(r["ratio"]) >= {"single_p50_ms", "batch_entries_per_s"}
 
 
 @pytest.mark.spark

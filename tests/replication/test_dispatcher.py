@@ -302,15 +302,30 @@ def test_stale_inconsistent_for_forgotten_push_is_ignored() -> None:
 
 
 @pytest.mark.parametrize(
-    "code", [ResponseCode.REPEATED_PUSH, ResponseCode.UNKNOWN, ResponseCode.TERM_NOT_READY, None]
+    "code", [ResponseCode.REPEATED_PUSH, ResponseCode.UNKNOWN, ResponseCode.TERM_NOT_READY]
 )
 def test_other_append_answers_wait_for_resend(code) -> None:
     log = store_with([1] * 2)
     d = dispatcher()
     to_append(d, log, 0)
     (req,) = d.next_requests(0, log)
-    d.on_response(req, None if code is None else resp(code, 1, 0, 0), 1)
+    d.on_response(req, resp(code, 1, 0, 0), 1)
     assert d.state is DispatcherState.APPEND and d.pending_pushes == 1 and d.water_mark == 0
+
+
+def test_failed_call_pushes_again_from_the_water_mark_after_a_pause() -> None:
+    log = store_with([1] * 4)
+    d = dispatcher(error_backoff_ms=100)
+    to_append(d, log, 0)
+    log.append_as_leader([b"x"], 1)
+    first = d.next_requests(0, log)
+    assert [r.first_index for r in first] == [1]
+    d.on_response(first[0], None, 5)  # the follower is down: no answer at all
+    assert d.pending_pushes == 0 and d.write_index == 1 and d.water_mark == 0
+    assert d.next_requests(50, log) == []  # pausing, not spinning on a dead follower
+    assert d.next_wakeup_ms(50) == 105
+    (again,) = d.next_requests(105, log)
+    assert again.first_index == 1 and again.type is PushType.APPEND
 
 
 def test_commit_when_idle() -> None:

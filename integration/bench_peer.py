@@ -1,0 +1,344 @@
+"""`rayledger bench peer`: PySyncObj 0.3.17 and rayledger on the same workload, one run.
+
+PySyncObj is the closest Python peer (Raft, pure-Python transport).  Both sides report
+``bench group``'s figures: ``single_p50_ms``/``single_p99_ms`` (one caller, sequential
+synchronous appends), ``concurrent_entries_per_s``/``concurrent_p99_ms`` (``threads``
+callers doing sequential synchronous appends for a fixed time) and
+``batch_entries_per_s`` (``clients`` callers submitting ``batch`` appends per round; PySyncObj
+has no batch call, so: asynchronous appends with callbacks).
+
+Fairness notes.  Each PySyncObj node runs in a process of its own ('spawn'), as each
+rayledger member runs in a Ray worker, and keeps its log in a journal file (``journalFile``,
+mmap'ed and never fsynced, about rayledger's default asynchronous flush) with compaction
+dumps written by a forked child (``fullDumpFile``).  The callers run inside the leader's
+process: PySyncObj pays no client hop, rayledger's clients reach the leader through Ray.
+PySyncObj keeps its default timers but ``appendEntriesUseBatch=False`` (by default entries
+wait for the next 100 ms heartbeat: ~100 ms per single append and 2-9x less throughput on
+this workload) and a 0.5 s connection retry.  Every wait is bounded: a stalled run yields zeros and an
+``error`` field, never a hang; PySyncObj's warnings are counted in ``pysyncobj_log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("rayledger.bench")
+
+THROUGHPUTS = ("concurrent_entries_per_s", "batch_entries_per_s")
+LATENCIES = ("single_p50_ms", "single_p99_ms", "concurrent_p99_ms")
+FIGURES = LATENCIES[:2] + THROUGHPUTS[:1] + LATENCIES[2:] + THROUGHPUTS[1:]
+# PySyncObj's defaults (election 0.4-1.4 s, heartbeat 0.1 s, tick 0.05 s) but for these.
+PEER_CONF: dict[str, Any] = {
+    "dynamicMembershipChange": False,
+    "appendEntriesUseBatch": False,
+    "connectionRetryTime": 0.5,
+}
+
+
+def _require_pysyncobj() -> None:
+    try:
+        import pysyncobj  # noqa: F401
+    except ImportError:
+        from rayledger.storage import LedgerError, ResponseCode
+
+        raise LedgerError.of(
+            ResponseCode.UNSUPPORTED,
+            "pip install '.[bench]' (or pysyncobj==0.3.17) to run the PySyncObj side",
+        ) from None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _make_node(addrs: list[str], index: int, workdir: str, conf: dict[str, Any]):
+    from pysyncobj import SyncObj, SyncObjConf, replicated
+
+    class PeerLedger(SyncObj):
+        def __init__(self) -> None:
+            base = os.path.join(workdir, f"node{index}")
+            cfg = SyncObjConf(journalFile=base + ".journal", fullDumpFile=base + ".dump", **conf)
+            super().__init__(addrs[index], [a for a in addrs if a != addrs[index]], cfg)
+            self.bodies: list[bytes] = []
+
+        @replicated
+        def append(self, body: bytes) -> int:
+            self.bodies.append(body)
+            return len(self.bodies)
+
+    return PeerLedger()
+
+
+def _sync_appends(node, body: bytes, until: float, count: int, tmo: float) -> tuple:
+    """Sequential synchronous appends until ``count`` are tried or ``until`` passes;
+    returns the latencies (ms) of the acked ones and the failure reasons of the others."""
+    lat: list[float] = []
+    fails: list[str] = []
+    while len(lat) + len(fails) < count and time.monotonic() < until:
+        t0 = time.perf_counter()
+        try:
+            node.append(body, sync=True, timeout=tmo)
+            lat.append((time.perf_counter() - t0) * 1000)
+        except Exception as exc:  # SyncObjException: 'Timeout' or a FAIL_REASON code
+            fails.append(f"sync:{exc.args[0] if exc.args else exc!r}")
+    return lat, fails
+
+
+def _workload(node, res_q, p: dict[str, Any]) -> None:
+    """Runs in the leader's process; sends one message per phase."""
+    body, tmo, fails = os.urandom(p["body_bytes"]), p["append_timeout"], Counter()
+    _sync_appends(node, body, time.monotonic() + tmo, 20, tmo)  # warm up
+    lat, failed = _sync_appends(node, body, time.monotonic() + 60, p["singles"], tmo)
+    fails.update(failed)
+    p50 = statistics.median(lat) if lat else 0.0
+    res_q.put(("phase", {"single_p50_ms": p50, "single_p99_ms": _percentile(lat, 0.99)}))
+
+    runs: list[tuple] = []
+    until = time.monotonic() + p["duration"]
+
+    def caller() -> None:
+        runs.append(_sync_appends(node, body, until, 1 << 40, tmo))
+
+    t0 = time.perf_counter()
+    _in_threads(p["threads"], caller, until + tmo + 5)
+    dt, lat = time.perf_counter() - t0, [x for r in runs for x in r[0]]
+    for r in runs:
+        fails.update(r[1])
+    phase = {"concurrent_entries_per_s": len(lat) / dt, "concurrent_p99_ms": _percentile(lat, 0.99)}
+    phase["concurrent_errors"] = sum(len(r[1]) for r in runs) + p["threads"] - len(runs)
+    res_q.put(("phase", phase))
+
+    lock, acked = threading.Lock(), [0]
+
+    def submitter() -> None:
+        done, left = threading.Event(), [p["batch"]]
+
+        def on_result(_res: Any, err: int) -> None:
+            with lock:
+                acked[0] += err == 0
+                fails.update([f"async:{err}"] if err else [])
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+
+        for _ in range(p["batch"]):
+            node.append(body, callback=on_result)
+        done.wait(tmo)
+
+    t0 = time.perf_counter()
+    for _ in range(p["rounds"]):
+        _in_threads(p["clients"], submitter, time.monotonic() + tmo + 5)
+    phase = {"batch_entries_per_s": acked[0] / (time.perf_counter() - t0)}
+    phase["batch_errors"] = p["rounds"] * p["clients"] * p["batch"] - acked[0]
+    res_q.put(("phase", {**phase, "failures": dict(fails)}))
+
+
+def _in_threads(n: int, target: Callable[[], None], until: float) -> None:
+    """Run ``target`` in ``n`` daemon threads, waiting for them until ``until`` at most."""
+    threads = [threading.Thread(target=target, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, until - time.monotonic()))
+
+
+def _tally_pysyncobj_log() -> Counter:
+    """Count PySyncObj's warnings instead of printing them; they go into the result."""
+    tally: Counter = Counter()
+
+    class Tally(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            exc = record.exc_info[1] if record.exc_info else None
+            what = str(record.msg).split("%")[0].strip()  # the message without its numbers
+            tally[f"{record.levelname}: {what}" + (f" [{exc!r}]" if exc else "")] += 1
+
+    logger = logging.getLogger("pysyncobj")
+    logger.addHandler(Tally(logging.WARNING))
+    logger.propagate = False
+    return tally
+
+
+def _node_main(addrs: list[str], index: int, workdir: str, conf: dict, cmd_q, res_q, life: float):
+    """A PySyncObj node in a process of its own; answers the parent's commands."""
+    parent, end, tally, node = os.getppid(), time.monotonic() + life, _tally_pysyncobj_log(), None
+    try:
+        node = _make_node(addrs, index, workdir, conf)
+        while time.monotonic() < end and os.getppid() == parent:
+            try:
+                cmd = cmd_q.get(timeout=0.2)
+            except queue.Empty:  # tell the parent how this node sees the group
+                leader = getattr(node._getLeader(), "id", None)
+                res_q.put(("status", index, node.isReady(), node._isLeader(), leader))
+                continue
+            if cmd[0] == "run":
+                term = node._getTerm()
+                _workload(node, res_q, cmd[1])
+                res_q.put(("done", {"leader_stable": node._isLeader() and node._getTerm() == term}))
+            else:
+                break
+    except BaseException as exc:  # reported to the parent
+        res_q.put(("error", f"node {index}: {exc!r}"))
+    finally:
+        if node is not None:
+            node.destroy()
+        res_q.put(("log", dict(tally)))
+
+
+def _wait_for_leader(procs: list, res_q, timeout: float) -> int:
+    """The leader's index, once every node is ready and names it as the leader."""
+    deadline, seen = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            msg = res_q.get(timeout=0.2)
+            if msg[0] == "error":
+                raise RuntimeError(msg[1])
+            if msg[0] == "status":
+                seen[msg[1]] = msg[2:]  # (ready, is leader, leader id), the latest per node
+        if not all(proc.is_alive() for proc in procs):
+            raise RuntimeError("a node exited before a leader was elected")
+        leaders = [i for i, (_, lead, _) in seen.items() if lead]
+        if len(seen) == len(procs) and len(leaders) == 1:
+            lid = seen[leaders[0]][2]
+            if all(ready and leader == lid for ready, _, leader in seen.values()):
+                return leaders[0]
+    raise TimeoutError(f"no leader with all {len(procs)} nodes ready within {timeout:g} s")
+
+
+def _read_log(res_q, logged: Counter) -> bool:
+    """Read one message, keeping a node's log tally; False once nothing comes."""
+    try:
+        msg = res_q.get(timeout=0.1)
+    except (queue.Empty, OSError, EOFError, ValueError):
+        return False
+    logged.update(msg[1] if msg[0] == "log" else {})
+    return True
+
+
+def _stop(procs: list, cmd_qs: list, res_q) -> Counter:
+    """Ask the nodes to stop, then SIGTERM and SIGKILL (by pid) any still running; returns
+    what they logged (read while they exit: a child waits for its queue to be drained)."""
+    for q in cmd_qs:
+        q.put(("stop",))
+    started, logged = [proc for proc in procs if proc.pid is not None], Counter()
+    for stop, grace in ((None, 5.0), ("terminate", 3.0), ("kill", 3.0)):
+        for proc in started:
+            if stop is not None and proc.is_alive():
+                getattr(proc, stop)()
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(proc.is_alive() for proc in started):
+            _read_log(res_q, logged)
+    while _read_log(res_q, logged):
+        pass
+    for q in [res_q, *cmd_qs]:
+        q.close()
+        q.cancel_join_thread()
+    return logged
+
+
+def run_pysyncobj(
+    quick: bool = False,
+    threads: int = 64,
+    clients: int = 4,
+    batch: int = 1000,
+    body_bytes: int = 128,
+    nodes: int = 3,
+) -> dict:
+    """The PySyncObj side: ``nodes`` nodes on loopback, callers in the leader's process."""
+    _require_pysyncobj()
+    p: dict[str, Any] = dict(body_bytes=body_bytes, threads=threads, clients=clients, batch=batch)
+    p.update(singles=100 if quick else 300, duration=3.0 if quick else 8.0)
+    p.update(rounds=3 if quick else 10, append_timeout=5.0 if quick else 10.0)
+    tmo = p["append_timeout"]
+    budget = 2 * tmo + 60 + p["duration"] + 10 + p["rounds"] * (tmo + 5)  # every phase's bound
+    out: dict[str, Any] = {"nodes": nodes, "body_bytes": body_bytes, **dict.fromkeys(FIGURES, 0.0)}
+    ctx = mp.get_context("spawn")
+    workdir = tempfile.mkdtemp(prefix="rayledger-peer-")
+    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(nodes)]
+    res_q, cmd_qs = ctx.Queue(), [ctx.Queue() for _ in addrs]
+    args = [(addrs, i, workdir, PEER_CONF, cmd_qs[i], res_q, budget + 90) for i in range(nodes)]
+    procs = [ctx.Process(target=_node_main, args=a, daemon=True) for a in args]
+    phase = "election"
+    try:
+        for proc in procs:
+            proc.start()
+        t0 = time.monotonic()
+        leader = _wait_for_leader(procs, res_q, 30.0 if quick else 60.0)
+        out["election_s"] = round(time.monotonic() - t0, 2)
+        log.info("pysyncobj leader is node %d (%s)", leader, addrs[leader])
+        cmd_qs[leader].put(("run", p))
+        deadline = time.monotonic() + budget
+        for phase in ("single", "concurrent", "batch", "done"):  # noqa: B007
+            while (msg := res_q.get(timeout=max(0.1, deadline - time.monotonic())))[0] == "status":
+                pass  # the followers keep reporting
+            if msg[0] not in ("phase", "done"):
+                raise RuntimeError(msg[1] if msg[0] == "error" else "a node exited mid-run")
+            out.update(msg[1])
+    except queue.Empty:
+        out["error"] = f"pysyncobj stalled: no {phase} result within {budget:.0f} s"
+    except Exception as exc:  # a failed peer run is a result
+        out["error"] = f"pysyncobj failed during {phase}: {exc}"
+    finally:
+        out["pysyncobj_log"] = dict(_stop(procs, cmd_qs, res_q))
+        shutil.rmtree(workdir, ignore_errors=True)
+    if "error" in out:
+        log.warning("%s", out["error"])
+    for k in FIGURES:
+        out[k] = round(float(out[k]), 0 if k in THROUGHPUTS else 2)
+    return out
+
+
+def run(
+    quick: bool = False,
+    clients: int = 4,
+    batch: int = 1000,
+    members: int = 3,
+    threads: int = 64,
+    sync_flush: bool = False,
+) -> dict:
+    """PySyncObj first, then rayledger (``bench group``), with ratios (>1: rayledger better)."""
+    _require_pysyncobj()
+    peer = run_pysyncobj(quick=quick, threads=threads, clients=clients, batch=batch, nodes=members)
+    from .bench_group import run as run_group
+
+    kw = dict(clients=clients, batch=batch, members=members, threads=threads)
+    ours = run_group(quick=quick, sync_flush=sync_flush, **kw)
+    ratio: dict[str, float | None] = {}
+    for k in FIGURES:
+        a, b = (ours.get(k), peer.get(k)) if k in THROUGHPUTS else (peer.get(k), ours.get(k))
+        ok = isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0
+        ratio[k] = round(a / b, 2) if ok else None
+    workload = dict(members=members, body_bytes=128, threads=threads, clients=clients)
+    workload.update(batch=batch, quick=quick, rayledger_sync_flush=sync_flush)
+    workload.update(single_appends=100 if quick else 300, concurrent_s=3.0 if quick else 8.0)
+    workload["pysyncobj"] = (
+        "0.3.17, a process per node, journalFile (mmap, never fsynced) + fullDumpFile, "
+        "appendEntriesUseBatch=False, callers in the leader's process, batch = async appends"
+    )
+    workload["ratio"] = "rayledger/pysyncobj (throughputs), pysyncobj/rayledger (latencies)"
+    return {
+        "workload": workload,
+        "pysyncobj": peer,
+        "rayledger": ours,
+        "ratio": ratio,
+        "rayledger_ahead_on_every_figure": all(r is not None and r > 1 for r in ratio.values()),
+    }

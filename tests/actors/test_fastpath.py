@@ -1,0 +1,87 @@
+"""The optional compiled steady-state path (Ray Compiled Graph) on real Ray.
+
+It must carry appends, fall back to plain calls when a follower stops answering
+(a paused follower never holds back a majority's commit), come back when the
+follower answers again, and survive the death of the leader that drove it (the
+followers leave the dead leader's graph so the next leader can build its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import ray
+from groupcheck import TEST_CONFIG, assert_consistent
+
+pytestmark = pytest.mark.ray
+
+FAST = dataclasses.replace(TEST_CONFIG, fast_path=True)
+
+
+def stats(g, member: str) -> dict:
+    return ray.get(g.handle(member).stats.remote(), timeout=30)
+
+
+def wait_active(g, timeout_s: float = 60.0, compiles_at_least: int = 1) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leader = g.leader_id()
+        if leader is not None:
+            s = stats(g, leader)
+            if s["fast_path_active"] and s["fast_path_compiles"] >= compiles_at_least:
+                return leader
+        time.sleep(0.2)
+    raise AssertionError(f"compiled path not active: {[stats(g, m) for m in g.members]}")
+
+
+def test_compiled_path_carries_appends_falls_back_and_comes_back(make_group):
+    g = make_group(config=FAST)
+    leader = wait_active(g)
+    c = g.client()
+    acked = {}
+    for i in range(30):
+        r = c.append(b"g%d" % i)
+        acked[r.index] = b"g%d" % i
+    assert stats(g, leader)["fast_path_fallbacks"] == 0
+    follower = next(m for m in g.members if m != leader)
+    g.pause(follower)
+    try:
+        t0 = time.monotonic()
+        for i in range(10):
+            r = c.append(b"p%d" % i, timeout_s=20)
+            acked[r.index] = b"p%d" % i
+        assert time.monotonic() - t0 < 15, "a paused follower held back the majority"
+        assert stats(g, leader)["fast_path_fallbacks"] >= 1
+    finally:
+        g.resume(follower)
+    wait_active(g, compiles_at_least=2)
+    for i in range(10):
+        r = c.append(b"r%d" % i)
+        acked[r.index] = b"r%d" % i
+    assert_consistent(g, acked)
+
+
+@pytest.mark.chaos
+def test_next_leader_builds_its_graph_after_the_driver_dies(make_group):
+    """Marked chaos: on 2 cores the spinning loops of the dead driver's graph and of the new
+    one can starve heartbeats long enough for elections to churn (see BENCHMARKS.md)."""
+    g = make_group(config=FAST)
+    old = wait_active(g)
+    c = g.client(timeout_s=30)
+    acked = {c.append(b"before").index: b"before"}
+    old_pid = ray.get(g.handle(old).info.remote(), timeout=30)["pid"]
+    g.kill(old)
+    # the next leader (another member, or the restarted one) drives a graph of its own
+    # over followers that were executing the dead driver's graph
+    deadline = time.monotonic() + 90
+    while True:
+        leader = wait_active(g, timeout_s=max(1.0, deadline - time.monotonic()))
+        if ray.get(g.handle(leader).info.remote(), timeout=30)["pid"] != old_pid:
+            break
+        time.sleep(0.5)
+    for i in range(10):
+        r = c.append(b"n%d" % i)
+        acked[r.index] = b"n%d" % i
+    assert_consistent(g, acked, wait_s=60)
