@@ -26,6 +26,8 @@ from .member import now_ms
 
 log = logging.getLogger("rayledger.actors")
 
+COMMIT_NOTICE_S = 0.005  # how long the committed index stands still before dispatchers hear
+
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class QuorumAckCheckerActor:
@@ -41,6 +43,8 @@ class QuorumAckCheckerActor:
         self._out: list[tuple[int, object]] = []
         self._cg_gen: int | None = None
         self._dispatchers: list = []
+        self._notice: tuple[int, int] | None = None
+        self._notice_timer: asyncio.TimerHandle | None = None
 
     async def pid(self) -> int:
         return os.getpid()
@@ -129,8 +133,27 @@ class QuorumAckCheckerActor:
         return term, committed, [(r.token, r.code) for r in resolved]
 
     def _tell_dispatchers(self, term: int, committed: int) -> None:
-        """Dispatchers learn the committed index for their COMMIT pushes (an idle follower
-        hears of the last commit no other way)."""
+        """Dispatchers learn the committed index for their COMMIT pushes.
+
+        Under load every announcement and report answer carries it; only the last commit
+        before a pause reaches an idle follower no other way, so the notice goes out once
+        the index has stood still for ``COMMIT_NOTICE_S`` (one message, not one per round).
+        """
+        self._notice = (term, committed)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._arm_notice)
+
+    def _arm_notice(self) -> None:
+        if self._notice_timer is not None:
+            self._notice_timer.cancel()
+        self._notice_timer = self._loop.call_later(COMMIT_NOTICE_S, self._send_notice)
+
+    def _send_notice(self) -> None:
+        self._notice_timer = None
+        if self._notice is None:
+            return
+        term, committed = self._notice
+        self._notice = None
         for d in self._dispatchers:
             d.on_committed.remote(term, committed)
 

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import ray
 from rayledger.election import Role
 from rayledger.storage import (
@@ -424,11 +425,15 @@ class LedgerClient:
         with self._cv:
             self._in_flight -= 1
             self._cv.notify_all()
+        first, term, positions = out
+        pos = np.frombuffer(positions, dtype=np.int64).tolist()
         k = 0
         for p in batch:
             n = len(p.bodies)
             if not p.future.done():
-                p.future.set_result([AppendResult(i, t, pos) for i, t, pos in out[k : k + n]])
+                p.future.set_result(
+                    [AppendResult(first + k + j, term, pos[k + j]) for j in range(n)]
+                )
             k += n
 
     def _fail(self, batch: list[_Pending], make) -> None:

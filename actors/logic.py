@@ -150,6 +150,13 @@ class MemberLogic:
         """(election actions, push answers) due now."""
         return self.elector.tick(now_ms), self.handler.tick(now_ms)
 
+    def next_tick_ms(self, now_ms: int, granularity_ms: int) -> int:
+        """When :meth:`tick` must run next (the elector's next deadline; queued
+        out-of-order pushes need the handler's periodic check)."""
+        if self.handler.queued:
+            return now_ms + granularity_ms
+        return self.elector.next_tick_ms(now_ms, granularity_ms)
+
     def handle_election(self, req: object, now_ms: int) -> tuple[object, list]:
         return self.elector.handle(req, now_ms)
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.replication import PushEntryRequest
@@ -46,6 +47,7 @@ from .types import MemberStatus
 log = logging.getLogger("rayledger.actors")
 
 NAMESPACE = "rayledger"
+MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
 
 
@@ -147,16 +149,22 @@ class MemberActor:
         self._maintainer = asyncio.ensure_future(self._maintain())
 
     async def _maintain(self) -> None:
-        interval = self.config.maintain_interval_ms / 1000
+        """DLedger's maintainState, event-timed: sleep until the elector's next deadline
+        (at least ``maintain_interval_ms``, at most one second) instead of every 10 ms."""
+        interval = self.config.maintain_interval_ms
         while True:
+            delay = interval
             try:
+                now = now_ms()
                 with self._lock:
-                    actions, answers = self.logic.tick(now_ms())
+                    actions, answers = self.logic.tick(now)
                 self._resolve(answers)
                 await self._apply(actions)
+                with self._lock:
+                    delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
             except Exception:
                 log.exception("[%s] maintain loop error", self.self_id)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(1000, max(interval, delay)) / 1000)
 
     # -- talking to peers ---------------------------------------------------------------
     def _peer(self, peer: str):
@@ -414,7 +422,8 @@ class MemberActor:
     async def append(
         self, bodies: list, group: str | None = None, target: str | None = None
     ) -> list[tuple]:
-        """Append a batch as leader; returns [(index, term, pos)] once a quorum stores it.
+        """Append a batch as leader; once a quorum stores it, returns ``(first index, term,
+        positions)`` with the positions as little-endian int64 bytes (compact to send back).
 
         The batch joins the round of everything appended in the same loop turn.
         """
@@ -425,13 +434,19 @@ class MemberActor:
         fut = self._loop.create_future()
         self._queue.append((fut, bodies))
         self._outstanding += 1
-        if not self._round_scheduled:
-            self._round_scheduled = True
-            self._loop.call_soon(self._write_round)
+        self._schedule_round()
         try:
             return await fut
         finally:
             self._outstanding -= 1
+
+    def _schedule_round(self) -> None:
+        """Write the queue as a round in this loop turn, unless ``MAX_ROUNDS`` rounds already
+        wait for their quorum: then the queue grows until one of them ends, and goes out as
+        one larger round (every round costs a dozen actor calls, whatever its size)."""
+        if not self._round_scheduled and self._queue and len(self._rounds) < MAX_ROUNDS:
+            self._round_scheduled = True
+            self._loop.call_soon(self._write_round)
 
     def _write_round(self) -> None:
         """Group commit: the queued appends become one store batch and one round."""
@@ -476,16 +491,17 @@ class MemberActor:
         item = self._rounds.pop(rid, None)
         if item is None:
             return
+        self._schedule_round()
         rnd, futs = item
         if code == ResponseCode.SUCCESS:
             with self._lock:  # read-your-writes, even before the checker's index arrives
                 self.logic.on_committed(rnd.term, rnd.last_index)
-            positions = rnd.appended.positions
+            positions = np.asarray(rnd.appended.positions, dtype=np.int64)
             base = rnd.first_index
             for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
+                # compact: (first index, term, positions as int64 bytes), expanded by the client
                 _set_result(
-                    fut,
-                    [(i, rnd.term, positions[i - base]) for i in range(first, last + 1)],
+                    fut, (first, rnd.term, positions[first - base : last - base + 1].tobytes())
                 )
             return
         for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):

@@ -280,6 +280,35 @@ class Elector:
 
     # ==================================================================== tick
 
+    def next_tick_ms(self, now_ms: int, granularity_ms: int = 10) -> int:
+        """The latest time the next :meth:`tick` may run without acting late.
+
+        A leader's next heartbeat, a follower's heartbeat timeout; candidates, transfers
+        and preferred-leader checks keep ``granularity_ms``.  Ticking earlier is always
+        harmless, so a shell may sleep until then instead of polling (an idle group then
+        costs next to nothing).
+        """
+        soon = now_ms + granularity_ms
+        cfg = self.config
+        role = self.state.role
+        timers = self._timers
+        if role is Role.LEADER:
+            if self._transfer is not None or cfg.preferred_leader_ids:
+                return soon
+            rnd = self._heartbeat_round
+            if rnd is not None:
+                return max(now_ms + 1, min(rnd.deadline_ms, now_ms + cfg.heartbeat_interval_ms))
+            last = timers.last_send_heartbeat_ms
+            if last is None:
+                return soon
+            return max(now_ms + 1, last + cfg.heartbeat_interval_ms + 1)
+        if role is Role.FOLLOWER and self._pending_take is None:
+            last = timers.last_leader_heartbeat_ms
+            if last is None:
+                return soon
+            return max(now_ms + 1, last + cfg.heartbeat_timeout_ms + 1)
+        return soon
+
     def tick(self, now_ms: int) -> list[Action]:
         """DLedger's ``maintainState``: one step of the role's maintenance loop."""
         role = self.state.role

@@ -197,3 +197,27 @@ def test_check_can_append(h) -> None:
     assert err.value.leader_id == "n1"
     el2, _ = _leader(h, term=0)
     el2.check_can_append()
+
+
+# ------------------------------------------------------------- when to tick next
+
+
+def test_next_tick_follows_the_heartbeat_timers(h) -> None:
+    el = h.make(term=4)
+    assert el.next_tick_ms(0, 10) == 10  # a candidate keeps the fine granularity
+    h.become_follower(el, "n1", now=0)
+    el.handle_heartbeat(h.hb_req(el, "n1"), 5000)
+    timeout = el.config.heartbeat_timeout_ms
+    nxt = el.next_tick_ms(5100, 10)
+    assert nxt == 5000 + timeout + 1
+    # sleeping until then is never late: one ms earlier the follower still follows
+    assert el.tick(nxt - 1) == [] and el.role is Role.FOLLOWER
+    assert el.tick(nxt) and el.role is Role.CANDIDATE
+
+
+def test_next_tick_of_a_leader_is_its_next_heartbeat(h) -> None:
+    el = h.make(term=4)
+    now = h.become_leader(el, now=0)
+    el.tick(now)  # sends the first heartbeats
+    nxt = el.next_tick_ms(now, 10)
+    assert now < nxt <= now + el.config.heartbeat_interval_ms + 1
