@@ -138,7 +138,7 @@ class LedgerClient:
                 refs[m] = self._handle(m).status.remote()
             except ValueError:
                 self._handles.pop(m, None)
-        best = None
+        best = hint = None
         pending = list(refs.values())
         by_ref = {r: m for m, r in refs.items()}
         deadline = time.monotonic() + timeout_s
@@ -154,8 +154,14 @@ class LedgerClient:
                 continue
             if s.role == Role.LEADER and (best is None or s.term > best[0]):
                 best = (s.term, by_ref[ready[0]])
-                if len(refs) - len(pending) > len(refs) // 2:
-                    break  # a majority answered: a higher-term leader would be known to it
+            elif s.leader_id in refs and (hint is None or s.term > hint[0]):
+                hint = (s.term, s.leader_id)  # who a follower follows
+            if len(refs) - len(pending) > len(refs) // 2:
+                # a majority answered: a higher-term leader would be known to it, and with
+                # none yet, asking again soon beats waiting for a dead member's answer
+                break
+        if hint is not None and (best is None or hint[0] > best[0]):
+            best = hint  # a member that still says it leads an older term is stale
         return best[1] if best else None
 
     def _target(self) -> str:
