@@ -44,6 +44,28 @@ def _pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))], 2)
 
 
+def _timed(call, lat: list[float], errors: list[Exception]) -> None:
+    """Run ``call``; its latency in ms goes to ``lat``, or its LedgerError to ``errors``."""
+    t0 = time.perf_counter()
+    try:
+        call()
+    except LedgerError as exc:
+        errors.append(exc)
+        return
+    lat.append((time.perf_counter() - t0) * 1000)
+
+
+def _in_threads(target, n: int) -> float:
+    """Run ``target(k)`` in ``n`` threads; the wall time in seconds."""
+    ts = [threading.Thread(target=target, args=(k,)) for k in range(n)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def _single(group: LedgerGroup, n: int, body: int) -> dict:
     c = group.client()
     c.append(b"warm")
@@ -65,23 +87,10 @@ def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> 
     stop = time.monotonic() + seconds
 
     def worker(k: int) -> None:
-        out = lats[k]
         while time.monotonic() < stop:
-            t0 = time.perf_counter()
-            try:
-                c.append(payload)
-            except LedgerError as exc:
-                errors.append(exc)
-                continue
-            out.append((time.perf_counter() - t0) * 1000)
+            _timed(lambda: c.append(payload), lats[k], errors)
 
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    dt = time.perf_counter() - t0
+    dt = _in_threads(worker, threads)
     all_lat = [x for lat in lats for x in lat]
     return {
         "concurrent_threads": threads,
@@ -126,25 +135,13 @@ def _batches(group: LedgerGroup, clients: int, rounds: int, batch: int, body: in
     errors: list[Exception] = []
     lat: list[float] = []
 
-    def worker() -> None:
+    def worker(_k: int) -> None:
         c = group.client()
         for _ in range(rounds):
-            t = time.perf_counter()
-            try:
-                c.append_batch(payload)
-            except LedgerError as exc:
-                errors.append(exc)
-                continue
-            lat.append((time.perf_counter() - t) * 1000)
+            _timed(lambda: c.append_batch(payload), lat, errors)
 
     group.client().append_batch(payload)  # warm up every hop
-    ts = [threading.Thread(target=worker) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    dt = time.perf_counter() - t0
+    dt = _in_threads(worker, clients)
     return {
         "batch_clients": clients,
         "batch_size": batch,
