@@ -251,6 +251,11 @@ class FastPath:
             threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
             self._retry_later()
             return
+        if term != self.term or gen != self.gen:
+            # the term ended (or another build began) while the helpers were told: a graph
+            # marked active now would be one nobody executes
+            threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
+            return
         self.graph = graph
         self.active = True
         self.compiles += 1
@@ -326,10 +331,12 @@ class FastPath:
             if gen == self.gen:
                 self.fallback(f"a participant failed: {type(exc).__name__}: {exc}")
             return
+        if out is not None:
+            # also from an abandoned generation: the checker serves it until its cg_end
+            # arrives and may resolve there a round the fallback registered again
+            self._to_main(self.on_output, *out)
         if gen != self.gen:
             return
-        if out is not None:
-            self._to_main(self.on_output, *out)
         ex.waiting -= 1
         if ex.waiting == 0:
             while self._inflight and self._inflight[0].waiting == 0:
