@@ -31,6 +31,8 @@ from .member import NAMESPACE, actor_name, now_ms
 
 log = logging.getLogger("rayledger.actors")
 
+PROGRESS_S = 0.05  # how often a dispatcher tells its member a follower's progress
+
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class EntryDispatcherActor:
@@ -53,6 +55,8 @@ class EntryDispatcherActor:
         self._fetching = False
         self._reporting = False
         self._last_progress = 0.0
+        self._progress_wm = -1
+        self._progress_timer: asyncio.TimerHandle | None = None
         self._cg_gen: int | None = None  # the compiled-graph generation this dispatcher serves
         self._cg_sent: dict[tuple[int, int], PushEntryRequest] = {}
         self._cg_keys = itertools.count()
@@ -65,6 +69,7 @@ class EntryDispatcherActor:
         self._loop = asyncio.get_running_loop()
         with self._lock:
             self.logic.activate(info)
+            self._progress_wm = -1
         self._kick()
 
     async def deactivate(self, term: int) -> None:
@@ -160,11 +165,26 @@ class EntryDispatcherActor:
         self._kick()
 
     def _after_ack(self, wm: int) -> None:
-        now = time.monotonic()
-        if wm >= 0 and now - self._last_progress > 0.05:
-            self._last_progress = now
-            self.member.on_peer_progress.remote(self.peer_id, wm)
+        if wm >= 0:
+            self._progress(wm)
         self._kick()
+
+    def _progress(self, wm: int) -> None:
+        """Tell the member's elector how far the follower matches (leadership transfer waits
+        for it): at most every PROGRESS_S, and the last water mark always gets through."""
+        self._progress_wm = max(self._progress_wm, wm)
+        if self._progress_timer is not None:
+            return
+        due = self._last_progress + PROGRESS_S - time.monotonic()
+        if due <= 0:
+            self._send_progress()
+        else:
+            self._progress_timer = self._loop.call_later(due, self._send_progress)
+
+    def _send_progress(self) -> None:
+        self._progress_timer = None
+        self._last_progress = time.monotonic()
+        self.member.on_peer_progress.remote(self.peer_id, self._progress_wm)
 
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
@@ -193,16 +213,16 @@ class EntryDispatcherActor:
             asyncio.ensure_future(self._send(req))
         if need is not None and not self._fetching:
             self._fetching = True
-            asyncio.ensure_future(self._fetch(term, need.kind, need.index))
+            asyncio.ensure_future(self._fetch(term, need.kind, need.index, need.count))
         if wake is not None:
             self._timer = self._loop.call_later(max(0.001, (wake - now) / 1000), self._pump)
 
-    async def _fetch(self, term: int, kind: str, index: int) -> None:
+    async def _fetch(self, term: int, kind: str, index: int, count: int | None = None) -> None:
         cfg = self.config.replication
         try:
             if kind == "batch":
                 answer = await self.member.read_for_push.remote(
-                    term, index, cfg.max_batch_push_bytes, cfg.max_batch_push_count
+                    term, index, cfg.max_batch_push_bytes, count or cfg.max_batch_push_count
                 )
                 if answer is not None:
                     (first, count, payload, nbytes), info = answer
@@ -282,10 +302,7 @@ class EntryDispatcherActor:
                         due = self.logic.on_committed(term, committed)
                     if due:
                         self._kick()
-                now = time.monotonic()
-                if now - self._last_progress > 0.05:
-                    self._last_progress = now
-                    self.member.on_peer_progress.remote(self.peer_id, wm)
+                self._progress(wm)
                 with self._lock:
                     if self.logic.water_mark <= wm and not force:
                         return

@@ -398,7 +398,9 @@ class LeaderView:
     def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62):
         b = self.batches.get(start)
         if b is None or b.count > max_count:
-            raise NotCached("batch", start)
+            # a resend wants exactly its original range: fetch no more than that, or a
+            # larger cached batch would be fetched (and refused) again and again
+            raise NotCached("batch", start, max_count if max_count < (1 << 40) else None)
         return b
 
 

@@ -130,6 +130,8 @@ class MemberActor:
         """
         self._loop = asyncio.get_running_loop()
         self._role_lock = asyncio.Lock()
+        self._tick_wake = asyncio.Event()
+        self._sleep_until = 0
         from .checker import QuorumAckCheckerActor
         from .dispatcher import EntryDispatcherActor
 
@@ -150,7 +152,8 @@ class MemberActor:
 
     async def _maintain(self) -> None:
         """DLedger's maintainState, event-timed: sleep until the elector's next deadline
-        (at least ``maintain_interval_ms``, at most one second) instead of every 10 ms."""
+        (at least ``maintain_interval_ms``, at most one second) instead of every 10 ms; an
+        election message that brings the deadline forward wakes it (:meth:`_rearm`)."""
         interval = self.config.maintain_interval_ms
         while True:
             delay = interval
@@ -164,7 +167,22 @@ class MemberActor:
                     delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
             except Exception:
                 log.exception("[%s] maintain loop error", self.self_id)
-            await asyncio.sleep(min(1000, max(interval, delay)) / 1000)
+            delay = min(1000, max(interval, delay))
+            self._sleep_until = now_ms() + delay
+            self._tick_wake.clear()
+            try:
+                await asyncio.wait_for(self._tick_wake.wait(), delay / 1000)
+            except asyncio.TimeoutError:
+                pass
+            self._sleep_until = 0
+
+    def _rearm(self) -> None:
+        """Wake the maintainer when the elector's next deadline moved before its wake-up
+        (a leadership-transfer request, a new role); callable from any thread."""
+        with self._lock:
+            due = self.logic.next_tick_ms(now_ms(), self.config.maintain_interval_ms)
+        if due < self._sleep_until:
+            self._loop.call_soon_threadsafe(self._tick_wake.set)
 
     # -- talking to peers ---------------------------------------------------------------
     def _peer(self, peer: str):
@@ -198,6 +216,7 @@ class MemberActor:
         with self._lock:
             actions = self.logic.on_election_response(to, msg, resp, now_ms())
         await self._apply(actions)
+        self._rearm()
 
     async def _sync_role(self) -> None:
         """Start or stop leading; changes are carried out one at a time, in order."""
@@ -297,6 +316,7 @@ class MemberActor:
         with self._lock:
             resp, actions = self.logic.handle_election(req, now_ms())
         self._apply_threadsafe(actions)
+        self._rearm()
         return resp
 
     def _apply_threadsafe(self, actions: list) -> None:
@@ -314,6 +334,7 @@ class MemberActor:
         with self._lock:
             resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
         self._apply_threadsafe(actions)
+        self._rearm()
         if resp.code != ResponseCode.SUCCESS:
             raise LedgerError.of(
                 resp.code,

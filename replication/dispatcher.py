@@ -46,10 +46,11 @@ class NotCached(Exception):
     keeps what it built, records the need in :attr:`EntryDispatcher.need`, and the shell
     fetches it and asks again -- the core itself never blocks."""
 
-    def __init__(self, kind: str, index: int):
-        super().__init__(kind, index)
+    def __init__(self, kind: str, index: int, count: int | None = None):
+        super().__init__(kind, index, count)
         self.kind = kind
         self.index = index
+        self.count = count  # for a batch: at most this many entries (a resend's exact range)
 
 
 class LeaderLog(Protocol):
