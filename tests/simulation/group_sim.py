@@ -160,7 +160,8 @@ ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be
 MAX_ROUNDS = 1  # member.MAX_ROUNDS: rounds waiting for a quorum before appends queue up
 COMMIT_NOTICE_MS = 5  # checker.COMMIT_NOTICE_S: the committed index stands still, then notice
 MAINTAIN_MAX_SLEEP_MS = 1000  # MemberActor._maintain sleeps at most this long
-FETCH_LIVELOCK = 200  # one need fetched and answered this often in a row: a livelock
+FETCH_LOOP = 20  # one need fetched and answered this often in a row: a hot loop (counted)
+FETCH_LIVELOCK_MS = 20_000  # ... and for this long: a livelock (a failure)
 
 TRANSPORT_FIXES = {
     # FastPath._build: a graph whose term ended (or restarted) while its helpers were
@@ -239,8 +240,9 @@ class DispatcherShell:
     fetching: bool = False
     reporting: bool = False
     reporting_term: int = -1
-    last_need: tuple | None = None  # the last need fetched and answered, and how often
+    last_need: tuple | None = None  # the last need fetched and answered: since when, how often
     same_need: int = 0
+    same_need_since: int = 0
     last_progress: int = -(1 << 62)
     cg_gen: int | None = None
     cg_sent: dict = field(default_factory=dict)
@@ -1187,11 +1189,13 @@ class GroupSim:
             self._d_send(node, peer, req)
         if need is not None and not sh.fetching:
             sh.fetching = True
-            self._spawn(node, self._d_fetch(node, peer, term, need.kind, need.index))
+            self._spawn(node, self._d_fetch(node, peer, term, need.kind, need.index, need.count))
         if wake is not None:
             sh.timer = self._at(node, max(now + 1, wake), self._d_pump, node, peer)
 
-    def _d_fetch(self, node: Node, peer: str, term: int, kind: str, index: int):
+    def _d_fetch(
+        self, node: Node, peer: str, term: int, kind: str, index: int, count: int | None = None
+    ):
         """A batch the cache lacks, or an entry's (term, pos): the member's fenced answer."""
         cfg = self.replication
         lg = node.logic
@@ -1204,7 +1208,7 @@ class GroupSim:
                     term,
                     index,
                     cfg.max_batch_push_bytes,
-                    cfg.max_batch_push_count,
+                    count or cfg.max_batch_push_count,
                 )
             ]
             if isinstance(answer, LedgerError):
@@ -1235,20 +1239,26 @@ class GroupSim:
 
     def _note_need(self, node: Node, peer: str, need: tuple) -> None:
         """A dispatcher that fetches the same thing again and again, answered every time,
-        never gets what it needs: a livelock (and a hot loop of actor calls)."""
+        never gets what it needs: a hot loop of actor calls, and a livelock when it lasts."""
         sh = node.dsh[peer]
-        if sh.last_need == need:
-            sh.same_need += 1
-            if sh.same_need == FETCH_LIVELOCK:
+        now = self.clock.now_ms
+        if sh.last_need != need:
+            sh.last_need, sh.same_need, sh.same_need_since = need, 1, now
+            return
+        sh.same_need += 1
+        if sh.same_need == FETCH_LOOP:
+            self.stats["fetch_loops"] += 1
+        if sh.same_need >= FETCH_LOOP:
+            lasted = now - sh.same_need_since
+            self.stats["fetch_loop_max_ms"] = max(self.stats["fetch_loop_max_ms"], lasted)
+            if lasted > FETCH_LIVELOCK_MS:
                 d = node.dispatchers[peer]
                 self.fail(
-                    f"dispatcher {node.id}->{peer} fetched {need[1]}@{need[2]} (term {need[0]}) "
-                    f"{FETCH_LIVELOCK} times in a row and the answer never served: "
-                    f"{d.core!r} pending={d.core._pending} "
+                    f"dispatcher {node.id}->{peer} has fetched {need[1]}@{need[2]} (term "
+                    f"{need[0]}) {sh.same_need} times in {lasted} ms and the answer never "
+                    f"served: {d.core!r} pending={d.core._pending} "
                     f"cached={ {k: b.count for k, b in d.view.batches.items()} }"
                 )
-        else:
-            sh.last_need, sh.same_need = need, 1
 
     def _d_send(self, node: Node, peer: str, req: PushEntryRequest) -> None:
         batch = req.batch

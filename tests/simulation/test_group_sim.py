@@ -15,6 +15,24 @@ from rayledger.storage import ResponseCode
 from .group_sim import SIM_REPLICATION, GroupSim, sim_config_for
 from .network import sim_seeds
 
+# What this simulation found in the shipped code (reproduce with the seeds given):
+#
+# * actors/logic.py LeaderView.read_batch + the dispatcher's fetch: a resend of a pending
+#   push needs exactly its entries (read_batch(first, .., count)), the cache holds a larger
+#   batch at that index, and the fetch asks for max_batch_push_count entries again: the
+#   dispatcher fetches forever (a hot loop of actor calls; permanent when nothing else
+#   clears the pending push, e.g. max_pending_pushes=1).  RAYLEDGER_SIM_SEED=202787 (or
+#   203407) pytest tests/simulation/test_group_sim.py -k test_n5_memory.  Transient hot loops
+#   are counted in GroupSim.stats["fetch_loops"].
+# * actors/fastpath.py FastPath._collect drops the checker's answer of an abandoned graph
+#   generation, which cg_report still serves until cg_end arrives: a round resolved there
+#   is never answered (and with MAX_ROUNDS = 1 every later append waits behind it).
+#   RAYLEDGER_SIM_FAITHFUL=collect_forwards_abandoned_outputs RAYLEDGER_SIM_SEED=200656
+#   pytest tests/simulation/test_group_sim.py -k test_n3_memory (or 200979 with -k n5).
+# * actors/fastpath.py FastPath._build does not check, after its cg_begin calls, that the
+#   term it built for still runs (GroupSim.stats["fast_build_raced"]):
+#   RAYLEDGER_SIM_FAITHFUL=build_rechecks_generation models the code as written.
+
 
 @pytest.fixture(autouse=True)
 def _quiet_logs():
