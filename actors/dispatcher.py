@@ -58,7 +58,7 @@ class EntryDispatcherActor:
         self._progress_wm = -1
         self._progress_timer: asyncio.TimerHandle | None = None
         self._cg_gen: int | None = None  # the compiled-graph generation this dispatcher serves
-        self._cg_sent: dict[tuple[int, int], PushEntryRequest] = {}
+        self._cg_sent: dict[tuple, PushEntryRequest] = {}
         self._cg_keys = itertools.count()
 
     async def pid(self) -> int:
@@ -135,7 +135,12 @@ class EntryDispatcherActor:
                 batch = req.batch
                 inline = batch is None or isinstance(batch.payload, EntryBatch)
                 if inline and req.type in (PushType.APPEND, PushType.COMMIT):
-                    key = (g.gen, next(self._cg_keys))
+                    key = (
+                        self.self_id,
+                        a.term,
+                        g.gen,
+                        next(self._cg_keys),
+                    )  # unique across leaders
                     self._cg_sent[key] = req
                     wire.append((key, replace(req, batch=batch.payload) if batch else req))
                 else:
