@@ -296,7 +296,7 @@ class FastPath:
         if q and q[-1].announcement.nbytes + announcement.nbytes <= MAX_ROUND_BYTES:
             # still waiting for a slot: one execution carries both (contiguous entries)
             prev = q.pop()
-            announcement = _merge(prev.announcement, announcement)
+            announcement = prev.announcement.followed_by(announcement)
             rounds = list(prev.rounds) + list(rounds)
         q.append(GraphRound(self.gen, announcement, tuple(rounds)))
         self._wake.set()
@@ -379,23 +379,6 @@ class FastPath:
         self.checker.cg_end.remote(gen)
         self._to_main(self.on_fallback, items)
         self._retry_later()
-
-
-def _merge(a, b):
-    """Two consecutive announcements as one (their entries are contiguous)."""
-    from rayledger.storage import EntryBatch
-
-    pa, pb = a.payload, b.payload
-    payload = EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data)
-    return a.__class__(
-        term=a.term,
-        first=a.first,
-        count=a.count + b.count,
-        payload=payload,
-        nbytes=a.nbytes + b.nbytes,
-        edges=(a.edges[0], b.edges[1]),
-        committed=max(a.committed, b.committed),
-    )
 
 
 def _teardown(graph) -> None:

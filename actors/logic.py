@@ -41,7 +41,7 @@ from rayledger.replication import (
     Resolved,
     check_append,
 )
-from rayledger.storage import Appended, LedgerError, LogStore, ResponseCode
+from rayledger.storage import Appended, EntryBatch, LedgerError, LogStore, ResponseCode
 
 log = logging.getLogger("rayledger.actors")
 
@@ -107,6 +107,20 @@ class Announcement:
     nbytes: int
     edges: tuple[int, int]  # positions of the first and the last entry
     committed: int
+
+    def followed_by(self, b: Announcement) -> Announcement:
+        """This round and the next one as one (their entries are contiguous); both carry
+        their bytes as an :class:`~rayledger.storage.EntryBatch`."""
+        pa, pb = self.payload, b.payload
+        return Announcement(
+            term=self.term,
+            first=self.first,
+            count=self.count + b.count,
+            payload=EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data),
+            nbytes=self.nbytes + b.nbytes,
+            edges=(self.edges[0], b.edges[1]),
+            committed=max(self.committed, b.committed),
+        )
 
 
 # ======================================================================== member

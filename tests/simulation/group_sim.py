@@ -1505,7 +1505,7 @@ class GroupSim:
         q = fp.queue
         if q:
             prev = q.pop()
-            a = _merge(prev.announcement, a)
+            a = prev.announcement.followed_by(a)
             rounds = list(prev.rounds) + list(rounds)
         q.append(GraphRound(fp.gen, a, tuple(rounds)))
         self._fp_submit_some(node)
@@ -2110,21 +2110,6 @@ def _call(fn: Callable, *args):
         return fn(*args)
     except LedgerError as exc:
         return exc
-
-
-def _merge(a: Announcement, b: Announcement) -> Announcement:
-    """Two consecutive announcements as one (``fastpath._merge``)."""
-    pa, pb = a.payload, b.payload
-    payload = EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data)
-    return Announcement(
-        term=a.term,
-        first=a.first,
-        count=a.count + b.count,
-        payload=payload,
-        nbytes=a.nbytes + b.nbytes,
-        edges=(a.edges[0], b.edges[1]),
-        committed=max(a.committed, b.committed),
-    )
 
 
 def sim_config_for(seed: int) -> ReplicationConfig:
