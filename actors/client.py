@@ -41,6 +41,7 @@ from rayledger.storage import (
 )
 
 from .member import NAMESPACE, actor_name
+from .reads import Consistency
 from .types import AppendResult
 
 log = logging.getLogger("rayledger.actors")
@@ -451,42 +452,68 @@ class LedgerClient:
                 p.future.set_exception(make())
 
     # -- reads --------------------------------------------------------------------------------
-    def _read_call(self, method: str, *args):
+    # a read changes nothing, so unlike an append it is safe to try again elsewhere
+    _READ_RETRY = frozenset(
+        {ResponseCode.NOT_LEADER, ResponseCode.LEADER_NOT_READY, ResponseCode.TIMEOUT}
+    )
+
+    def _read_call(self, method: str, *args, consistency: str, member: str | None):
+        """Call ``method`` on the leader (or on ``member``; ``"any"`` spreads reads round
+        robin over the members), following NOT_LEADER, until the client's deadline."""
+        c = Consistency.of(consistency).value
+        if member is not None and member != "any" and member not in self.members:
+            raise LedgerError.of(
+                ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.group!r}"
+            )
         deadline = time.monotonic() + self.timeout_s
         last: Exception | None = None
         tried = 0
         while time.monotonic() < deadline:
-            target = self._target()
+            target = self._read_target(member, tried)
             try:
                 return ray.get(
-                    getattr(self._handle(target), method).remote(*args),
+                    getattr(self._handle(target), method).remote(*args, consistency=c),
                     timeout=max(0.1, deadline - time.monotonic()),
                 )
-            except NotLeaderError as exc:
-                if exc.leader_id and exc.leader_id != target and tried < 3 * len(self.members):
-                    self._leader = exc.leader_id
-                    tried += 1
-                    continue
-                raise
-            except LedgerError:
-                raise
+            except LedgerError as exc:
+                if exc.code not in self._READ_RETRY:
+                    raise
+                last = exc
+                hint = exc.leader_id if exc.code == ResponseCode.NOT_LEADER else None
+                self._leader = hint if hint in self.members and hint != target else None
             except (ray.exceptions.RayError, ValueError) as exc:
                 last = exc
                 self._leader = None
-                tried += 1
-                if tried % len(self.members) == 0:
-                    time.sleep(0.05)
+                self._handles.pop(target, None)
+            tried += 1
+            if member is not None and member != "any":
+                member = None  # the chosen member could not answer: let the leader
+            if tried % len(self.members) == 0:
+                time.sleep(0.05)
         raise LedgerError.of(
             ResponseCode.TIMEOUT, f"no member of {self.group!r} answered {method}: {last}"
         )
 
-    def get(self, index: int) -> Entry:
-        """The committed entry at ``index``."""
-        return self._read_call("get", index)
+    def _read_target(self, member: str | None, tried: int) -> str:
+        if member == "any":
+            self._probe += 1
+            return self.members[self._probe % len(self.members)]
+        return member if member is not None else self._target()
 
-    def read(self, start: int, stop: int) -> list[Entry]:
-        """Committed entries with ``start <= index < stop``."""
-        return self._read_call("read", start, stop)
+    def get(
+        self, index: int, consistency: str = "linearizable", member: str | None = None
+    ) -> Entry:
+        """The committed entry at ``index``.  ``consistency``: ``"linearizable"`` (read index,
+        the default), ``"lease"`` or ``"committed"`` (see actors/reads.py); ``member`` serves
+        the read from that member (or ``"any"``) instead of the leader."""
+        return self._read_call("get", index, consistency=consistency, member=member)
 
-    def committed_index(self) -> int:
-        return self._read_call("committed_index")
+    def read(
+        self, start: int, stop: int, consistency: str = "linearizable", member: str | None = None
+    ) -> list[Entry]:
+        """Committed entries with ``start <= index < stop`` (as :meth:`get`)."""
+        return self._read_call("read", start, stop, consistency=consistency, member=member)
+
+    def committed_index(self, consistency: str = "linearizable", member: str | None = None) -> int:
+        """The group's committed index, -1 when nothing is committed (as :meth:`get`)."""
+        return self._read_call("committed_index", consistency=consistency, member=member)

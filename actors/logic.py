@@ -155,6 +155,7 @@ class MemberLogic:
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start
         self.ready_term = -1  # the term whose helpers confirmed they started
+        self.term_start_index = -1  # the index of the leading term's empty entry
 
     def _sync_end(self) -> None:
         self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
@@ -209,6 +210,7 @@ class MemberLogic:
             appended = self.store.append_as_leader([b""], term)
             self._sync_end()
             self.leading_term = term
+            self.term_start_index = appended.first_index
             info = self.leader_info()
             log.info(
                 "[%s] term=%d: leads from index %d (end %d, committed %d)",
@@ -239,6 +241,27 @@ class MemberLogic:
             end_pos=s.get_pos(end) if end >= s.ledger_begin_index else -1,
             committed=s.committed_index,
         )
+
+    def read_base(self) -> tuple[int, int]:
+        """``(term, index of its first entry)`` for a read index on this leader: the read
+        index is valid only once that entry has committed (Raft section 6.4).  NOT_LEADER
+        (with the leader's id when known) or LEADER_NOT_READY otherwise."""
+        st = self.state
+        term = st.current_term
+        if not st.is_leader:
+            leader = st.leader_id if st.leader_id != self.self_id else None
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER,
+                f"{self.self_id} does not lead {self.group!r} (term {term})",
+                leader_id=leader,
+            )
+        if self.ready_term != term:
+            raise LedgerError.of(
+                ResponseCode.LEADER_NOT_READY,
+                f"{self.self_id} is taking office for term {term}",
+                leader_id=self.self_id,
+            )
+        return term, self.term_start_index
 
     def leads(self, term: int) -> bool:
         return (

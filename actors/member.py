@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest
 from rayledger.storage import (
     Entry,
@@ -42,6 +43,7 @@ from .config import LedgerConfig
 from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
+from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -107,6 +109,10 @@ class MemberActor:
         self._started = time.time()
         self._fast: FastPath | None = None
         self._late: list = []  # answers to compiled-path pushes that came out of order
+        self.reads = ReadIndexLogic(
+            self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
+        )
+        self._commit_waiters = CommitWaiters()
         install_loop_registry()
         self._boot()
         log.info(
@@ -162,6 +168,7 @@ class MemberActor:
                 with self._lock:
                     actions, answers = self.logic.tick(now)
                 self._resolve(answers)
+                self._commits_moved()
                 await self._apply(actions)
                 with self._lock:
                     delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
@@ -230,6 +237,11 @@ class MemberActor:
                     await self._start_leading(change)
 
     async def _stop_leading(self, change: StopLeading) -> None:
+        with self._lock:
+            readers = self.reads.step_down()
+        for token in readers:
+            if not token.done():
+                _set_exception(token, self._not_leader())
         if self._fast is not None:
             self._fast.stop()
         try:
@@ -281,7 +293,7 @@ class MemberActor:
         if committed is not None:
             with self._lock:
                 self.logic.on_committed(term, committed)
-        self._finish(resolved)
+        self._finish(resolved)  # also releases readers waiting for the commit
 
     def _on_graph_fallback(self, items: list) -> None:
         """Rounds that were queued or in flight in an abandoned graph travel again as plain
@@ -411,6 +423,7 @@ class MemberActor:
                 _set_result(fut, resp)
             else:
                 self._resolve([(f, resp)])
+        self._commits_moved()
         return await fut
 
     def cg_push(self, pushed):
@@ -507,6 +520,7 @@ class MemberActor:
     def _finish(self, resolved) -> None:
         for token, code in resolved:
             self._finish_round(token, code)
+        self._commits_moved()
 
     def _finish_round(self, rid: int, code: ResponseCode) -> None:
         item = self._rounds.pop(rid, None)
@@ -560,13 +574,167 @@ class MemberActor:
         with self._lock:
             return self.logic.entry_meta(term, index)
 
-    # -- reads ----------------------------------------------------------------------------------
-    def _not_committed_here(self, index: int) -> LedgerError:
-        """An uncommitted read: a follower points the client at the leader, which may know more."""
+    # -- reads (see reads.py for what each consistency promises) -------------------------
+    async def read_index(self, consistency: str = "linearizable") -> int:
+        """On the leader: an index every read that starts now may be served at (a follower
+        serving a linearizable read asks this, then waits until it has committed that far)."""
+        return await self._leader_read_index(Consistency.of(consistency))
+
+    async def _leader_read_index(self, c: Consistency) -> int:
+        deadline = time.monotonic() + self.config.rpc_timeout_ms / 1000
+        with self._lock:
+            term, start = self.logic.read_base()
+        # the term's first entry must commit first: until then the committed index may lag
+        await self._wait_committed(start, deadline)
+        with self._lock:
+            if self.logic.read_base()[0] != term:
+                raise self._not_leader()
+            index = self.store.committed_index
+            if c is not Consistency.LINEARIZABLE and self._lease_holds(term):
+                return index
+            fut = self._loop.create_future()
+            sends, confirmed = self.reads.request(term, index, fut, now_ms())
+        self._reads_out(sends, confirmed)
+        try:
+            return await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise LedgerError.of(
+                ResponseCode.TIMEOUT,
+                f"{self.self_id} could not confirm with a quorum that it still leads term {term}",
+            ) from None
+
+    def _lease_holds(self, term: int) -> bool:
+        """A lease read needs pre-vote on and no transfer under way (reads.py says why)."""
+        return (
+            self.config.election.enable_pre_vote
+            and not self.logic.elector.transferring
+            and self.reads.lease_holds(term, now_ms())
+        )
+
+    def _reads_out(self, sends: list, confirmed: list) -> None:
+        for token, index in confirmed:
+            if not token.done():
+                token.get_loop().call_soon_threadsafe(_set_result, token, index)
+        for rnd in sends:
+            for peer in self.reads.others:
+                asyncio.ensure_future(self._read_ping(peer, rnd))
+            self._loop.call_later(self.reads.round_timeout_ms / 1000 + 0.001, self._expire_reads)
+
+    async def _read_ping(self, peer: str, rnd) -> None:
+        """One heartbeat of a confirmation round; it counts if ``peer`` follows us in the
+        round's term."""
+        req = HeartbeatRequest(
+            group=self.group,
+            local_id=self.self_id,
+            remote_id=peer,
+            leader_id=self.self_id,
+            term=rnd.term,
+            round_id=-rnd.round_id,
+        )
+        ok = False
+        try:
+            if self.faults.active:
+                await self.faults.before_send(peer)
+            ref = self._peer(peer).handle_election.remote(req)
+            resp = await asyncio.wait_for(ref, self.reads.round_timeout_ms / 1000)
+            ok = resp.code == ResponseCode.SUCCESS and resp.term == rnd.term
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError):
+            pass
+        with self._lock:
+            sends, confirmed = self.reads.on_answer(rnd.round_id, peer, ok, now_ms())
+        self._reads_out(sends, confirmed)
+
+    def _expire_reads(self) -> None:
+        with self._lock:
+            sends, expired = self.reads.expire(now_ms())
+        for token in expired:
+            if not token.done():
+                _set_exception(token, asyncio.TimeoutError())
+        self._reads_out(sends, [])
+
+    def _not_leader(self) -> LedgerError:
+        st = self.logic.state
+        leader = st.leader_id if st.leader_id != self.self_id else None
+        return LedgerError.of(
+            ResponseCode.NOT_LEADER,
+            f"{self.self_id} no longer leads {self.group!r}",
+            leader_id=leader,
+        )
+
+    async def _follower_read_index(self, c: Consistency) -> int:
+        """Ask the leader for a read index, then wait until this member committed that far
+        (two RPC timeouts in all: a follower that missed pushes catches up after a pause)."""
+        deadline = time.monotonic() + 2 * self.config.rpc_timeout_ms / 1000
+        leader = self.logic.state.leader_id
+        if leader is None or leader == self.self_id:
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER, f"{self.self_id} knows no leader to ask for a read index"
+            )
+        try:
+            if self.faults.active:
+                await self.faults.before_send(leader)
+            ref = self._peer(leader).read_index.remote(c.value)
+            index = await asyncio.wait_for(ref, max(0.001, deadline - time.monotonic()))
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, LedgerError):
+                raise exc.cause from None
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER,
+                f"{self.self_id} could not get a read index from {leader}: {type(exc).__name__}",
+            ) from None
+        await self._wait_committed(index, deadline)
+        return index
+
+    async def _wait_committed(self, index: int, deadline: float) -> None:
+        if self.store.committed_index >= index:
+            return
+        fut = self._loop.create_future()
+        with self._lock:
+            self._commit_waiters.add(index, fut)
+        self._commits_moved()
+        try:
+            await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            with self._lock:
+                self._commit_waiters.discard(fut)
+            raise LedgerError.of(
+                ResponseCode.TIMEOUT,
+                f"{self.self_id} has committed up to {self.store.committed_index}, not yet "
+                f"{index}; it is catching up, try again or read from the leader",
+            ) from None
+
+    def _commits_moved(self) -> None:
+        """Release the readers waiting for the committed index (callable from any thread)."""
+        with self._lock:
+            done = self._commit_waiters.reached(self.store.committed_index)
+        for fut in done:
+            if not fut.done():
+                fut.get_loop().call_soon_threadsafe(_set_result, fut, None)
+
+    async def _read_limit(self, consistency: str) -> int:
+        """The highest index a read with ``consistency`` may return from this member."""
+        c = Consistency.of(consistency)
+        if c is Consistency.COMMITTED:
+            return self.store.committed_index
+        if self.logic.state.is_leader:
+            await self._leader_read_index(c)
+        else:
+            await self._follower_read_index(c)
+        return self.store.committed_index
+
+    def _not_committed_here(self, index: int, c: Consistency) -> LedgerError:
+        """An index past the read's limit.  A follower's own committed index may lag, so it
+        points a ``committed`` read at the leader, which may know more; past a read index the
+        entry is not committed in the group."""
         committed = self.store.committed_index
         st = self.logic.state
         leader = st.leader_id
-        if not st.is_leader and leader is not None and leader != self.self_id:
+        if (
+            c is Consistency.COMMITTED
+            and not st.is_leader
+            and leader is not None
+            and leader != self.self_id
+        ):
             return LedgerError.of(
                 ResponseCode.NOT_LEADER,
                 f"entry {index} is not committed on {self.self_id} (committed index {committed}); ask the leader",
@@ -577,28 +745,33 @@ class MemberActor:
             f"entry {index} is not committed (committed index {committed})",
         )
 
-    async def get(self, index: int, committed_only: bool = True) -> Entry:
+    async def get(
+        self, index: int, committed_only: bool = True, consistency: str = "committed"
+    ) -> Entry:
+        if type(index) is not int:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "index must be an int")
+        if committed_only:
+            limit = await self._read_limit(consistency)
+            if index > limit:
+                raise self._not_committed_here(index, Consistency.of(consistency))
         with self._lock:
-            if committed_only and type(index) is int and index > self.store.committed_index:
-                raise self._not_committed_here(index)
             return self.store.get(index)
 
-    async def read(self, start: int, stop: int, committed_only: bool = True) -> list[Entry]:
+    async def read(
+        self, start: int, stop: int, committed_only: bool = True, consistency: str = "committed"
+    ) -> list[Entry]:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
+        limit = self.store.ledger_end_index
+        if committed_only:
+            limit = await self._read_limit(consistency)
+            err = self._not_committed_here(stop - 1, Consistency.of(consistency))
+            if stop - 1 > limit and err.code == ResponseCode.NOT_LEADER:
+                raise err
         with self._lock:
-            st = self.logic.state
-            if committed_only and stop - 1 > self.store.committed_index and not st.is_leader:
-                if st.leader_id not in (None, self.self_id):
-                    raise self._not_committed_here(stop - 1)
-            limit = (
-                self.store.committed_index + 1
-                if committed_only
-                else self.store.ledger_end_index + 1
-            )
-            if start >= min(stop, limit):
+            if start >= min(stop, limit + 1):
                 return []
-            return self.store.get_range(start, min(stop, limit))
+            return self.store.get_range(start, min(stop, limit + 1))
 
     async def read_batch(self, start: int, stop: int, committed_only: bool = True):
         """Encoded entries in [start, stop) (clipped to the committed index) as one EntryBatch."""
@@ -618,8 +791,8 @@ class MemberActor:
         """The term this member leads with its helpers set up, or -1."""
         return self.logic.leading_term if self.logic.state.is_leader else -1
 
-    async def committed_index(self) -> int:
-        return self.store.committed_index
+    async def committed_index(self, consistency: str = "committed") -> int:
+        return await self._read_limit(consistency)
 
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
