@@ -35,6 +35,7 @@ class QuorumAckCheckerActor:
         self.group, self.self_id = group, self_id
         self.logic = CheckerLogic(group, self_id, list(peers), config.replication)
         self.member = member
+        member.helper_started.remote("checker", None, os.getpid())  # restarted: set me up
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False

@@ -46,6 +46,7 @@ class EntryDispatcherActor:
         )
         self._lock = threading.Lock()
         self.member = member
+        member.helper_started.remote("dispatcher", peer_id, os.getpid())  # restarted: set me up
         self.checker = checker
         self.faults = LinkFaults()
         self._follower = None

@@ -19,6 +19,7 @@ from rayledger.storage.metafile import ensure_writable_dir
 
 from .client import LedgerClient
 from .config import LedgerConfig
+from .faults import LinkFaults, save_faults
 from .member import NAMESPACE, MemberActor, actor_name
 from .types import MemberStatus
 
@@ -297,13 +298,13 @@ class LedgerGroup:
         refs = []
         for m, h in self._handles.items():
             others = [p for p in self.members if p != m]
-            refs.append(
-                h.set_faults.remote(
-                    sorted(cut[m]),
-                    {p: drop for p in others} if drop else {},
-                    {p: delay_ms for p in others} if delay_ms else {},
-                )
+            faults = LinkFaults(
+                set(cut[m]),
+                {p: drop for p in others} if drop else {},
+                {p: delay_ms for p in others} if delay_ms else {},
             )
+            save_faults(self.name, m, faults)  # a member restarted later starts with them
+            refs.append(h.set_faults.remote(sorted(faults.cut), faults.drop, faults.delay_ms))
         for r in refs:
             try:
                 ray.get(r, timeout=10)
@@ -311,6 +312,11 @@ class LedgerGroup:
                 log.warning("could not set faults on a member: %s", exc)
 
     def shutdown(self, delete_data: bool = False) -> None:
+        for m in self.members:
+            try:
+                save_faults(self.name, m, LinkFaults())  # forget its faults
+            except Exception:
+                pass
         for h in self._handles.values():
             try:
                 ray.get(h.close.remote(), timeout=5)

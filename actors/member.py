@@ -41,7 +41,7 @@ from rayledger.storage import (
 
 from .config import LedgerConfig
 from .fastpath import FastPath, install_loop_registry, reset_loops
-from .faults import LinkDown, LinkFaults
+from .faults import LinkDown, LinkFaults, load_faults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
@@ -50,6 +50,7 @@ log = logging.getLogger("rayledger.actors")
 
 NAMESPACE = "rayledger"
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
+HELPER_START_S = 30.0  # how long a new leader waits for helpers that are still starting
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
 
 
@@ -96,7 +97,7 @@ class MemberActor:
             data_dir=data_dir,
         )
         self.store = store
-        self.faults = LinkFaults()
+        self.faults = load_faults(group, self_id)  # faults follow a member across restarts
         self._handles: dict[str, Any] = {}
         self._dispatchers: dict[str, Any] = {}
         self._checker = None
@@ -113,6 +114,7 @@ class MemberActor:
             self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
         )
         self._commit_waiters = CommitWaiters()
+        self._helper_pids: dict[tuple[str, str | None], int] = {}
         install_loop_registry()
         self._boot()
         log.info(
@@ -145,14 +147,17 @@ class MemberActor:
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
         me = ray.get_runtime_context().current_actor
-        self._checker = QuorumAckCheckerActor.options(scheduling_strategy=here).remote(
+        # Ray restarts a helper whose process died; the new one tells its member
+        # (helper_restarted), which sets it up again for the term it leads
+        helper = {"scheduling_strategy": here, "max_restarts": -1}
+        self._checker = QuorumAckCheckerActor.options(**helper).remote(
             self.group, self.self_id, self.peers, self.config, me
         )
         for peer in self.peers:
             if peer != self.self_id:
-                self._dispatchers[peer] = EntryDispatcherActor.options(
-                    scheduling_strategy=here
-                ).remote(self.group, self.self_id, peer, self.config, me, self._checker)
+                self._dispatchers[peer] = EntryDispatcherActor.options(**helper).remote(
+                    self.group, self.self_id, peer, self.config, me, self._checker
+                )
         self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
         self._maintainer = asyncio.ensure_future(self._maintain())
 
@@ -258,21 +263,102 @@ class MemberActor:
         )
 
     async def _start_leading(self, change: StartLeading) -> None:
+        """Set the helpers up for the new term, trying again while they restart; a leader
+        that cannot get them working hands leadership on (after ``HELPER_START_S``: at a
+        member's start its helpers' processes may still be starting)."""
         term = change.term
-        try:
-            await self._checker.become_leader.remote(term, change.term_start_index, change.info)
-            await asyncio.gather(
-                *(d.activate.remote(change.info) for d in self._dispatchers.values())
-            )
-        except ray.exceptions.RayError as exc:
-            log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term, exc)
-            return
+        give_up = time.monotonic() + max(
+            HELPER_START_S, self.config.election.heartbeat_timeout_ms / 1000
+        )
+        delay = 0.05
+        while True:
+            try:
+                budget = max(give_up - time.monotonic(), self.config.rpc_timeout_ms / 1000)
+                await self._install_helpers(term, change.term_start_index, change.info, budget)
+                break
+            except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                log.error("[%s] term=%d: helpers did not start: %r", self.self_id, term, exc)
+            if not self.logic.leads(term):
+                return
+            if time.monotonic() > give_up:
+                self._hand_over(term, "its helpers did not start")
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
         with self._lock:
             ready = self.logic.mark_ready(term)
         if ready:
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
             if self.config.fast_path and len(self.peers) > 1:
                 self._fast_path().start(term)
+
+    async def _install_helpers(
+        self, term: int, start: int, info, timeout: float, only: str | None = None
+    ) -> None:
+        """Start the checker and the dispatchers (or one of them, ``only``) for ``term``."""
+        if only in (None, "checker"):
+            dispatchers = list(self._dispatchers.values())
+            await asyncio.wait_for(self._checker.set_dispatchers.remote(dispatchers), timeout)
+            await asyncio.wait_for(self._checker.become_leader.remote(term, start, info), timeout)
+            for rid, (rnd, _) in list(self._rounds.items()):
+                if rnd.term == term:  # rounds a dead checker held
+                    self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        dispatchers = [d for p, d in self._dispatchers.items() if only in (None, "checker", p)]
+        f = self.faults
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(d.set_faults.remote(sorted(f.cut), f.drop, f.delay_ms) for d in dispatchers),
+                *(d.activate.remote(info) for d in dispatchers),
+            ),
+            timeout,
+        )
+
+    async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
+        """Every helper says so when its process starts.  A second process for the same
+        helper means Ray restarted it after its process died: set it up again for the term
+        this member leads (a restarted checker also needs the rounds in flight and every
+        follower's water mark again, so the dispatchers start over too)."""
+        known = self._helper_pids.setdefault((kind, peer), pid)
+        if known == pid:
+            return
+        self._helper_pids[(kind, peer)] = pid
+        log.warning("[%s] %s helper restarted (%s), pid %d", self.self_id, kind, peer or "", pid)
+        async with self._role_lock:
+            with self._lock:
+                term = self.logic.leading_term
+                if not self.logic.leads(term):
+                    return
+                start, info = self.logic.term_start_index, self.logic.leader_info()
+            if self._fast is not None:
+                self._fast.stop()
+            # the helper is up (it called us): within an election timeout, or hand over
+            wait_s = max(self.config.election.heartbeat_timeout_ms, 2 * self.config.rpc_timeout_ms)
+            give_up = time.monotonic() + wait_s / 1000
+            while self.logic.leads(term):
+                try:
+                    budget = self.config.rpc_timeout_ms / 1000
+                    only = kind if kind == "checker" else peer
+                    await self._install_helpers(term, start, info, budget, only)
+                    return
+                except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                    log.error("[%s] term=%d: helper not restored: %s", self.self_id, term, exc)
+                if time.monotonic() > give_up:
+                    self._hand_over(term, f"its {kind} helper could not be restored")
+                    return
+                await asyncio.sleep(0.1)
+
+    def _hand_over(self, term: int, why: str) -> None:
+        """Leave leadership of ``term`` to a peer (a leader that cannot replicate must not
+        hold it: heartbeats alone would keep it forever)."""
+        peers = [p for p in self.peers if p != self.self_id]
+        if not peers or not self.logic.leads(term):
+            return
+        target = peers[term % len(peers)]
+        log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, term, target, why)
+        with self._lock:
+            _, actions = self.logic.elector.transfer_leadership(target, now_ms())
+        asyncio.ensure_future(self._apply(actions))
+        self._rearm()
 
     def _fast_path(self) -> FastPath:
         if self._fast is None:
@@ -406,7 +492,8 @@ class MemberActor:
     ) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
         await asyncio.gather(
-            *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values())
+            *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values()),
+            return_exceptions=True,  # a restarting helper gets them when it is set up again
         )
 
     # -- follower ---------------------------------------------------------------------------
