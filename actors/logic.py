@@ -41,7 +41,14 @@ from rayledger.replication import (
     Resolved,
     check_append,
 )
-from rayledger.storage import Appended, EntryBatch, LedgerError, LogStore, ResponseCode
+from rayledger.storage import (
+    Appended,
+    EntryBatch,
+    LedgerError,
+    LogStore,
+    OutcomeUnknownError,
+    ResponseCode,
+)
 
 log = logging.getLogger("rayledger.actors")
 
@@ -311,7 +318,20 @@ class MemberLogic:
             bodies = calls[0][1]
         else:
             bodies = [b for _, bs in calls for b in bs]
-        appended = self.store.append_as_leader(bodies, term)
+        end = self.store.ledger_end_index
+        try:
+            appended = self.store.append_as_leader(bodies, term)
+        except LedgerError as exc:
+            self._sync_end()
+            if self.store.ledger_end_index == end:
+                raise  # nothing was written: a plain failure, safe to retry
+            # written, then the store failed (a sync flush): they may still commit
+            raise OutcomeUnknownError(
+                ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                f"entries {end + 1}..{self.store.ledger_end_index} were written by "
+                f"{self.self_id} but the store then failed ({exc.code.name}: {exc.message}); "
+                "the outcome is unknown, check before retrying",
+            ) from exc
         self._sync_end()
         spans = []
         first = appended.first_index

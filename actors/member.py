@@ -582,19 +582,28 @@ class MemberActor:
                 rnd = self.logic.write_round([(None, b) for _, b in queue], term)
             except LedgerError as exc:
                 for fut, _ in queue:
-                    _set_exception(
-                        fut, LedgerError.of(exc.code, exc.message, leader_id=exc.leader_id)
-                    )
+                    _set_exception(fut, type(exc)(exc.code, exc.message, leader_id=exc.leader_id))
                 return
             a = self.logic.announcement(rnd, None)
         self._rounds[rid] = (rnd, [f for f, _ in queue])
-        batch = rnd.appended.batch()
-        fast = self._fast
-        if fast is not None and fast.active:
-            if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
-                return
-        self._announce_plain(replace(a, payload=batch))
-        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        try:
+            batch = rnd.appended.batch()
+            fast = self._fast
+            if fast is not None and fast.active:
+                if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
+                    return
+            self._announce_plain(replace(a, payload=batch))
+            self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        except Exception as exc:  # stored, but not sent on (e.g. ray.put failed)
+            log.error(
+                "[%s] term=%d: round %d..%d not sent: %r",
+                self.self_id,
+                term,
+                rnd.first_index,
+                rnd.last_index,
+                exc,
+            )
+            self._finish_round(rid, ResponseCode.INTERNAL_ERROR)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
