@@ -338,3 +338,21 @@ def test_seeded_chaos_kill_pause_partition(make_group):
 @pytest.mark.parametrize("seed", range(11, 16))
 def test_long_chaos_kill_pause_partition(make_group, seed):
     _chaos_run(make_group(), seed=seed, steps=20)
+
+
+def test_a_sync_flush_group_replicates_and_survives_a_leader_kill(make_group):
+    """Issue 10 §3(c): ``sync_flush`` set on the group's store works for every member."""
+    from dataclasses import replace
+
+    from rayledger.storage import StoreConfig
+
+    config = replace(TEST_CONFIG, store=StoreConfig(sync_flush=True))
+    g = make_group(members=3, config=config)
+    leader = g.wait_for_leader()
+    c = g.client(timeout_s=30)
+    acked = {r.index: b"s%d" % i for i, r in enumerate(c.append(b"s%d" % i) for i in range(20))}
+    rs = c.append_batch([b"b%d" % i for i in range(50)])
+    acked.update({r.index: b"b%d" % i for i, r in enumerate(rs)})
+    g.kill(leader)
+    g.wait_for_leader(timeout_s=60, exclude=leader)
+    assert_consistent(g, acked, wait_s=60)
