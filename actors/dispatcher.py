@@ -27,7 +27,7 @@ from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 from .config import LedgerConfig
 from .faults import LinkDown, LinkFaults
 from .logic import Announcement, CachedBatch, DispatcherLogic, LeaderInfo
-from .member import NAMESPACE, actor_name, now_ms
+from .naming import NAMESPACE, actor_name, now_ms
 
 log = logging.getLogger("rayledger.actors")
 

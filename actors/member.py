@@ -39,27 +39,21 @@ from rayledger.storage import (
     open_store,
 )
 
+from .checker import QuorumAckCheckerActor
 from .config import LedgerConfig
+from .dispatcher import EntryDispatcherActor
 from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults, load_faults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
+from .naming import NAMESPACE, actor_name, now_ms
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
 
-NAMESPACE = "rayledger"
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
 HELPER_START_S = 30.0  # how long a new leader waits for helpers that are still starting
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
-
-
-def actor_name(group: str, member: str) -> str:
-    return f"{group}/{member}"
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
@@ -140,9 +134,6 @@ class MemberActor:
         self._role_lock = asyncio.Lock()
         self._tick_wake = asyncio.Event()
         self._sleep_until = 0
-        from .checker import QuorumAckCheckerActor
-        from .dispatcher import EntryDispatcherActor
-
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
