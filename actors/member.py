@@ -132,7 +132,8 @@ class MemberActor:
         """
         self._loop = asyncio.get_running_loop()
         self._role_lock = asyncio.Lock()
-        self._tick_wake = asyncio.Event()
+        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
+        self._tick_wake: asyncio.Event | None = None
         self._sleep_until = 0
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
@@ -150,7 +151,22 @@ class MemberActor:
                     self.group, self.self_id, peer, self.config, me, self._checker
                 )
         self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
-        self._maintainer = asyncio.ensure_future(self._maintain())
+        me.run_maintainer.remote()
+
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def run_maintainer(self) -> None:
+        """The elector's clock runs on the election group's loop, beside the vote and
+        heartbeat handlers: a main loop busy with appends and pushes never delays a
+        heartbeat (role changes are carried out on the main loop)."""
+        if self._maintainer is not None:
+            return
+        self._tick_loop = asyncio.get_running_loop()
+        self._tick_wake = asyncio.Event()
+        self._maintainer = asyncio.current_task()
+        try:
+            await self._maintain()
+        except asyncio.CancelledError:
+            pass
 
     async def _maintain(self) -> None:
         """DLedger's maintainState, event-timed: sleep until the elector's next deadline
@@ -184,8 +200,8 @@ class MemberActor:
         (a leadership-transfer request, a new role); callable from any thread."""
         with self._lock:
             due = self.logic.next_tick_ms(now_ms(), self.config.maintain_interval_ms)
-        if due < self._sleep_until:
-            self._loop.call_soon_threadsafe(self._tick_wake.set)
+        if due < self._sleep_until and self._tick_loop is not None:
+            self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
 
     # -- talking to peers ---------------------------------------------------------------
     def _peer(self, peer: str):
@@ -196,13 +212,19 @@ class MemberActor:
         return h
 
     async def _apply(self, actions: list) -> None:
+        """Send the messages from the running loop (the election loop for the elector's
+        own, so they never wait behind the data path); a role change is carried out on
+        the main loop, where the append path lives."""
         if not actions:
             return
         sends, role_changed = MemberLogic.split(actions)
         for s in sends:
             asyncio.ensure_future(self._send(s.to, s.message))
         if role_changed:
-            await self._sync_role()
+            if asyncio.get_running_loop() is self._loop:
+                await self._sync_role()
+            else:
+                asyncio.run_coroutine_threadsafe(self._sync_role(), self._loop)
 
     async def _send(self, to: str, msg) -> None:
         resp = None
@@ -409,9 +431,9 @@ class MemberActor:
         return resp
 
     def _apply_threadsafe(self, actions: list) -> None:
-        """Election handlers run on another loop; actions are carried out on the main one."""
+        """Carry out an election handler's actions on its own loop (see :meth:`_apply`)."""
         if actions:
-            asyncio.run_coroutine_threadsafe(self._apply(actions), self._loop)
+            asyncio.ensure_future(self._apply(actions))
 
     @ray.method(concurrency_group="election")
     async def transfer_leadership(self, target: str):
@@ -471,11 +493,17 @@ class MemberActor:
         }
 
     @ray.method(concurrency_group="election")
-    async def helper_pids(self) -> dict[str, int]:
+    async def helper_pids(self) -> dict[str, int | None]:
         """Process ids of this member's checker and dispatchers (for fault injection)."""
         refs = {"checker": self._checker.pid.remote()}
         refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self._dispatchers.items()})
-        return {k: await r for k, r in refs.items()}
+        out: dict[str, int | None] = {}
+        for k, r in refs.items():
+            try:
+                out[k] = await asyncio.wait_for(r, self.config.rpc_timeout_ms / 1000)
+            except (ray.exceptions.RayError, asyncio.TimeoutError):
+                out[k] = None  # dead or restarting
+        return out
 
     @ray.method(concurrency_group="election")
     async def set_faults(
