@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import ray
@@ -507,3 +508,10 @@ class LedgerClient:
     def committed_index(self, consistency: str = "linearizable", member: str | None = None) -> int:
         """The group's committed index, -1 when nothing is committed (as :meth:`get`)."""
         return self._read_call("committed_index", consistency=consistency, member=member)
+
+    def query(
+        self, request: Any, consistency: str = "linearizable", member: str | None = None
+    ) -> Any:
+        """Ask the group's state machine (see actors/machine.py) once it has applied what
+        ``consistency`` requires; ``member`` as for :meth:`get`."""
+        return self._read_call("query", request, consistency=consistency, member=member)

@@ -45,6 +45,7 @@ from .dispatcher import EntryDispatcherActor
 from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults, load_faults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
+from .machine_runner import MachineRunner
 from .naming import NAMESPACE, actor_name, now_ms
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
@@ -108,6 +109,9 @@ class MemberActor:
             self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
         )
         self._commit_waiters = CommitWaiters()
+        self._machine_runner: MachineRunner | None = None
+        if self.config.state_machine is not None:
+            self._machine_runner = MachineRunner(self, data_dir)
         self._helper_pids: dict[tuple[str, str | None], int] = {}
         install_loop_registry()
         self._boot()
@@ -248,6 +252,9 @@ class MemberActor:
         async with self._role_lock:
             with self._lock:
                 changes = self.logic.leadership()
+            if self._machine_runner is not None:  # before it is asked whether it is ready
+                st = self.logic.state
+                await self._machine_runner.role_changed(st.role, st.current_term)
             for change in changes:
                 if isinstance(change, StopLeading):
                     await self._stop_leading(change)
@@ -298,6 +305,10 @@ class MemberActor:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
+        if self._machine_runner is not None and not await self._machine_runner.wait_ready(
+            lambda: self.logic.leads(term)
+        ):
+            return
         with self._lock:
             ready = self.logic.mark_ready(term)
         if ready:
@@ -819,7 +830,10 @@ class MemberActor:
             ) from None
 
     def _commits_moved(self) -> None:
-        """Release the readers waiting for the committed index (callable from any thread)."""
+        """Release the readers waiting for the committed index, and let the state machine
+        apply what committed (callable from any thread)."""
+        if self._machine_runner is not None:
+            self._machine_runner.kick()
         with self._lock:
             done = self._commit_waiters.reached(self.store.committed_index)
         for fut in done:
@@ -909,6 +923,15 @@ class MemberActor:
     async def committed_index(self, consistency: str = "committed") -> int:
         return await self._read_limit(consistency)
 
+    async def query(self, request, consistency: str = "committed"):
+        """Ask the state machine, once it has applied what ``consistency`` requires."""
+        if self._machine_runner is None:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED, f"group {self.group!r} runs no state machine"
+            )
+        limit = await self._read_limit(consistency)
+        return await self._machine_runner.query(request, limit)
+
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
 
@@ -916,5 +939,7 @@ class MemberActor:
     async def close(self) -> None:
         if self._maintainer is not None:
             self._maintainer.cancel()
+        if self._machine_runner is not None:
+            self._machine_runner.close()
         with self._lock:
             self.store.close()
