@@ -118,6 +118,7 @@ def _submit(address: str, *job_args: str) -> dict:
     return json.loads(lines[-1])
 
 
+@pytest.mark.timeout(660)  # two job submissions of up to 300 s each
 def test_job_submit_creates_appends_and_reads(head_cluster, tmp_path):
     store = tmp_path / "store"
     first = _submit(
