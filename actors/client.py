@@ -259,8 +259,10 @@ class LedgerClient:
     def _expire(self, p: _Pending) -> LedgerError | None:
         """The caller's deadline passed: queued means never stored, sent means unknown."""
         with self._cv:
-            if p in self._queue:
-                self._queue.remove(p)
+            # queued, or taken by the sender but not sent (it skips appends that are done)
+            if p in self._queue or (not p.sent and not p.future.done()):
+                if p in self._queue:
+                    self._queue.remove(p)
                 exc = LedgerError.of(
                     ResponseCode.TIMEOUT,
                     f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
@@ -351,6 +353,14 @@ class LedgerClient:
         if target is None:
             self._requeue(batch, LedgerError.of(ResponseCode.NOT_LEADER, "no leader known"), 0.05)
             return
+        with self._cv:  # an append whose caller gave up meanwhile is not sent
+            batch = [p for p in batch if not p.future.done()]
+            for p in batch:
+                p.sent = True  # from here on its outcome may be unknown
+            if not batch:
+                self._in_flight -= 1
+                self._cv.notify_all()
+                return
         bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
         try:
             ref = self._handle(target).append.remote(bodies, self.group, target)
@@ -359,8 +369,6 @@ class LedgerClient:
             self._handles.pop(target, None)
             self._requeue(batch, exc, 0.01)
             return
-        for p in batch:
-            p.sent = True
         ref.future().add_done_callback(lambda f: self._done(batch, target, f))
 
     def _requeue(self, batch: list[_Pending], why: Exception, backoff_s: float = 0.0) -> None:

@@ -852,21 +852,18 @@ class MemberActor:
         return self.store.committed_index
 
     def _not_committed_here(self, index: int, c: Consistency) -> LedgerError:
-        """An index past the read's limit.  A follower's own committed index may lag, so it
-        points a ``committed`` read at the leader, which may know more; past a read index the
-        entry is not committed in the group."""
+        """An index past the read's limit.  Past a leader's committed index or a read index
+        the entry is not committed in the group (INDEX_OUT_OF_BOUNDS); a follower's own
+        committed index may lag, so a ``committed`` read there is pointed at the leader
+        (NOT_LEADER, with its id when known) and never refused as out of bounds."""
         committed = self.store.committed_index
         st = self.logic.state
-        leader = st.leader_id
-        if (
-            c is Consistency.COMMITTED
-            and not st.is_leader
-            and leader is not None
-            and leader != self.self_id
-        ):
+        if c is Consistency.COMMITTED and not st.is_leader:
+            leader = st.leader_id if st.leader_id != self.self_id else None
             return LedgerError.of(
                 ResponseCode.NOT_LEADER,
-                f"entry {index} is not committed on {self.self_id} (committed index {committed}); ask the leader",
+                f"entry {index} is not committed on {self.self_id} (committed index "
+                f"{committed}); ask the leader",
                 leader_id=leader,
             )
         return LedgerError.of(

@@ -110,13 +110,15 @@ def test_a_group_runs_the_machine_on_every_member(make_group):
     # a follower restarted from disk replays only what it had not applied, then catches up
     follower = next(m for m in g.members if m != leader)
     g.kill(follower)
-    c.append(set_command("after", True))
+    after = c.append(set_command("after", True))
+    h = g.handle(follower)
     deadline = time.monotonic() + 60
-    while True:
+    while True:  # asked of the restarted member itself
         try:
-            if c.query({"get": "after"}, member=follower) == [True, c.committed_index()]:
+            got = ray.get(h.query.remote({"get": "after"}, "linearizable"), timeout=30)
+            if got == [True, after.index]:
                 break
-        except LedgerError:
+        except (LedgerError, ray.exceptions.RayError):
             pass
         assert time.monotonic() < deadline, "the restarted member did not catch up"
         time.sleep(0.2)
