@@ -20,14 +20,18 @@ TEST_CONFIG = LedgerConfig.fast(heartbeat_interval_ms=150, max_heartbeat_leak=4)
 T = TypeVar("T")
 
 
-def wait_until(cond: Callable[[], T], timeout_s: float, what: str, every_s: float = 0.05) -> T:
-    """Poll ``cond`` until it returns something true (returned) or fail naming ``what``."""
+def wait_until(
+    cond: Callable[[], T], timeout_s: float, what: str | Callable[[], str], every_s: float = 0.05
+) -> T:
+    """Poll ``cond`` until it returns something true (returned) or fail naming ``what``
+    (a callable is asked at the time of failure, to show the state then)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
+            what = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(every_s)
 
@@ -112,7 +116,11 @@ class Outcomes:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {"acked": len(self.acked), "unknown": len(self.unknown), "failed": len(self.failed)}
+            return {
+                "acked": len(self.acked),
+                "unknown": len(self.unknown),
+                "failed": len(self.failed),
+            }
 
     def __str__(self) -> str:
         return f"{self.counts()} last failures {self.failed[-3:]}"
