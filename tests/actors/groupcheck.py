@@ -39,15 +39,14 @@ def wait_until(
 def committed_log(group: LedgerGroup, member: str) -> list[tuple[int, int, bytes]]:
     """A member's committed log, waiting while Ray restarts it (a kill is still settling)."""
     h = group.handle(member)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def read() -> tuple | None:
         try:
-            batch = ray.get(h.read_batch.remote(0, 1 << 40, True), timeout=30)
-            break
+            return (ray.get(h.read_batch.remote(0, 1 << 40, True), timeout=30),)
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return None
+
+    (batch,) = wait_until(read, 60, f"{member} to answer a read", every_s=0.2)
     return [] if batch is None else [(e.index, e.term, e.body) for e in batch.entries()]
 
 
@@ -89,19 +88,21 @@ class Outcomes:
     unknown: list[bytes] = field(default_factory=list)
     failed: list[tuple[bytes, str]] = field(default_factory=list)
     conflicts: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # index acked twice
+    last_unknown: str = ""  # why the last unknown outcome was unknown
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def append(self, client: LedgerClient, body: bytes, timeout_s: float = 20.0) -> int | None:
         """Append ``body`` and record its outcome; the index when acked, else None."""
         try:
             r = client.append(body, timeout_s=timeout_s)
-        except OutcomeUnknownError:
+        except OutcomeUnknownError as exc:
             with self._lock:
                 self.unknown.append(body)
+                self.last_unknown = f"{exc}"[:200]
             return None
         except LedgerError as exc:
             with self._lock:
-                self.failed.append((body, exc.code.name))
+                self.failed.append((body, f"{exc.code.name}: {exc}"[:200]))
             return None
         with self._lock:
             old = self.acked.setdefault(r.index, body)
@@ -123,7 +124,9 @@ class Outcomes:
             }
 
     def __str__(self) -> str:
-        return f"{self.counts()} last failures {self.failed[-3:]}"
+        return (
+            f"{self.counts()} last failures {self.failed[-3:]} last unknown {self.last_unknown!r}"
+        )
 
 
 class Writer(threading.Thread):

@@ -177,3 +177,34 @@ def test_seeded_chaos_covers_every_fault_kind(make_group, members):
 @pytest.mark.parametrize("seed", range(11, 16))
 def test_long_chaos(make_group, members, seed):
     chaos_run(make_group(members=members), seed=seed, steps=30)
+
+
+def test_the_history_checks_fail_on_a_duplicate_a_phantom_and_a_lost_ack(make_group):
+    """The checks above can fail: each planted breakage is caught by the check that names it."""
+    g = make_group(members=3)
+    g.wait_for_leader(timeout_s=30)
+    c = g.client(timeout_s=30)
+    out = Outcomes()
+    for i in range(10):
+        assert out.append(c, b"h%d" % i) is not None, out
+    check_history(g, out, c)  # the honest history passes
+
+    def caught(history: Outcomes, match: str) -> None:
+        with pytest.raises(AssertionError, match=match):
+            check_history(g, history, c, wait_s=2)
+
+    def copy() -> Outcomes:
+        return Outcomes(dict(out.acked), list(out.ack_times), list(out.unknown), list(out.failed))
+
+    lost = copy()
+    lost.acked[max(out.acked) + 1] = b"never-appended"  # an ack the log does not hold
+    caught(lost, "acknowledged entry .* missing or changed")
+    failed = copy()
+    index = min(failed.acked)
+    failed.failed.append((failed.acked.pop(index), "TIMEOUT"))  # said to have failed
+    caught(failed, "appends that failed definitely were committed")
+    c.append(b"phantom")  # committed, but not recorded by any writer
+    caught(copy(), "committed bodies nobody appended")
+    out.unknown.append(b"phantom")
+    out.append(c, b"h0")  # the same body appended twice
+    caught(out, "bodies committed more than once")
