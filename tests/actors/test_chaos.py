@@ -165,6 +165,12 @@ def _ci_seed() -> int:
     return int(os.environ.get("RAYLEDGER_CHAOS_SEED", "7"))
 
 
+def _long_seeds() -> list[int]:
+    """The seeds of ``-m chaos``: RAYLEDGER_CHAOS_SEED alone when set, else 11..15."""
+    seed = os.environ.get("RAYLEDGER_CHAOS_SEED")
+    return [int(seed)] if seed else list(range(11, 16))
+
+
 @pytest.mark.parametrize("members", [3, 5])
 def test_seeded_chaos_covers_every_fault_kind(make_group, members):
     """A bounded run in CI: every fault kind once, in a seeded order."""
@@ -174,7 +180,7 @@ def test_seeded_chaos_covers_every_fault_kind(make_group, members):
 @pytest.mark.chaos
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("members", [3, 5])
-@pytest.mark.parametrize("seed", range(11, 16))
+@pytest.mark.parametrize("seed", _long_seeds())
 def test_long_chaos(make_group, members, seed):
     chaos_run(make_group(members=members), seed=seed, steps=30)
 
