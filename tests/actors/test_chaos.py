@@ -64,9 +64,10 @@ class Nemesis:
         def ask() -> tuple[str, dict[str, int]] | None:
             leader = self.g.wait_for_leader(timeout_s=30)
             try:
-                return leader, ray.get(self.g.handle(leader).helper_pids.remote(), timeout=10)
+                pids = ray.get(self.g.handle(leader).helper_pids.remote(), timeout=10)
             except ray.exceptions.RayError:
                 return None
+            return (leader, pids) if None not in pids.values() else None  # None: restarting
 
         return wait_until(ask, 60, "the leader's helpers to answer", every_s=0.2)
 

@@ -41,9 +41,10 @@ def test_a_killed_helper_is_restored_and_writes_continue(make_group, victim):
 
         def new_helper() -> dict[str, int] | None:
             try:
-                return ray.get(g.handle(leader).helper_pids.remote(), timeout=30)
+                pids = ray.get(g.handle(leader).helper_pids.remote(), timeout=30)
             except ray.exceptions.RayError:  # the helper is still restarting
                 return None
+            return pids if pids.get(key) is not None else None
 
         assert wait_until(new_helper, 30, f"the {victim} to answer again")[key] != pids[key]
     check_history(g, out, client)
