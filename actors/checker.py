@@ -22,7 +22,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from .config import LedgerConfig
 from .logic import CheckerLogic, LeaderInfo
-from .member import now_ms
+from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 

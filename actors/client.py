@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import ray
@@ -40,7 +41,7 @@ from rayledger.storage import (
     ResponseCode,
 )
 
-from .member import NAMESPACE, actor_name
+from .naming import NAMESPACE, actor_name, group_members
 from .reads import Consistency
 from .types import AppendResult
 
@@ -115,8 +116,6 @@ class LedgerClient:
     @classmethod
     def connect(cls, group: str, timeout_s: float = 30.0) -> LedgerClient:
         """A client for a running group, from any driver or Ray job."""
-        from .group import group_members
-
         if not ray.is_initialized():
             ray.init(address="auto", namespace=NAMESPACE)
         members = group_members(group)
@@ -380,54 +379,8 @@ class LedgerClient:
         """A call ended: hand every append its own result or error (on a Ray thread)."""
         try:
             out = f.result()
-        except OutcomeUnknownError as exc:
-            # stored by the leader but not acknowledged by a quorum: never retry it
-            if self._leader == target:
-                self._leader = None
-            self._fail(batch, lambda e=exc: OutcomeUnknownError(e.code, e.message, leader_id=None))
-            return
-        except LedgerError as exc:
-            if exc.code in _RETRY_BEFORE_STORE:
-                if isinstance(exc, NotLeaderError) and exc.leader_id and exc.leader_id != target:
-                    self._leader = exc.leader_id
-                elif exc.code == ResponseCode.NOT_LEADER:
-                    self._leader = None
-                hinted = exc.code == ResponseCode.NOT_LEADER and exc.leader_id
-                self._requeue(batch, exc, 0.0 if hinted else 0.01)
-                return
-            if isinstance(exc, InvalidRequestError) and len(batch) > 1:
-                for p in batch:  # find out which appends are wrong: one call each
-                    p.alone = True
-                self._requeue(batch, exc)
-                return
-            self._fail(
-                batch, lambda e=exc: LedgerError.of(e.code, e.message, leader_id=e.leader_id)
-            )
-            return
-        except (
-            ray.exceptions.ActorDiedError,
-            ray.exceptions.ActorUnavailableError,
-            ray.exceptions.RayActorError,
-        ) as exc:
-            if self._leader == target:
-                self._leader = None
-            name = type(exc).__name__
-            self._fail(
-                batch,
-                lambda: OutcomeUnknownError(
-                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
-                    f"member {target} failed during the append ({name}); it may still commit",
-                ),
-            )
-            return
-        except Exception as exc:  # anything else: the call's outcome is unknown
-            self._fail(
-                batch,
-                lambda e=exc: OutcomeUnknownError(
-                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
-                    f"append to {target} failed ({e!r}); it may still commit",
-                ),
-            )
+        except Exception as exc:
+            self._call_failed(batch, target, exc)
             return
         with self._cv:
             self._in_flight -= 1
@@ -442,6 +395,44 @@ class LedgerClient:
                     [AppendResult(first + k + j, term, pos[k + j]) for j in range(n)]
                 )
             k += n
+
+    def _call_failed(self, batch: list[_Pending], target: str, exc: Exception) -> None:
+        """Retry what was refused before anything was stored; everything else fails, as an
+        unknown outcome unless the member said nothing was stored."""
+        if isinstance(exc, OutcomeUnknownError):
+            # stored by the leader but not acknowledged by a quorum: never retry it
+            if self._leader == target:
+                self._leader = None
+            self._fail(batch, lambda e=exc: OutcomeUnknownError(e.code, e.message, leader_id=None))
+        elif isinstance(exc, LedgerError):
+            self._refused(batch, target, exc)
+        else:
+            if isinstance(exc, ray.exceptions.RayActorError) and self._leader == target:
+                self._leader = None  # includes ActorDiedError and ActorUnavailableError
+            self._fail(
+                batch,
+                lambda e=exc: OutcomeUnknownError(
+                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                    f"append to {target} failed ({type(e).__name__}); it may still commit",
+                ),
+            )
+
+    def _refused(self, batch: list[_Pending], target: str, exc: LedgerError) -> None:
+        if exc.code in _RETRY_BEFORE_STORE:
+            if isinstance(exc, NotLeaderError) and exc.leader_id and exc.leader_id != target:
+                self._leader = exc.leader_id
+            elif exc.code == ResponseCode.NOT_LEADER:
+                self._leader = None
+            hinted = exc.code == ResponseCode.NOT_LEADER and exc.leader_id
+            self._requeue(batch, exc, 0.0 if hinted else 0.01)
+        elif isinstance(exc, InvalidRequestError) and len(batch) > 1:
+            for p in batch:  # find out which appends are wrong: one call each
+                p.alone = True
+            self._requeue(batch, exc)
+        else:
+            self._fail(
+                batch, lambda e=exc: LedgerError.of(e.code, e.message, leader_id=e.leader_id)
+            )
 
     def _fail(self, batch: list[_Pending], make) -> None:
         with self._cv:
@@ -517,3 +508,10 @@ class LedgerClient:
     def committed_index(self, consistency: str = "linearizable", member: str | None = None) -> int:
         """The group's committed index, -1 when nothing is committed (as :meth:`get`)."""
         return self._read_call("committed_index", consistency=consistency, member=member)
+
+    def query(
+        self, request: Any, consistency: str = "linearizable", member: str | None = None
+    ) -> Any:
+        """Ask the group's state machine (see actors/machine.py) once it has applied what
+        ``consistency`` requires; ``member`` as for :meth:`get`."""
+        return self._read_call("query", request, consistency=consistency, member=member)

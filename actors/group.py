@@ -20,7 +20,8 @@ from rayledger.storage.metafile import ensure_writable_dir
 from .client import LedgerClient
 from .config import LedgerConfig
 from .faults import LinkFaults, save_faults
-from .member import NAMESPACE, MemberActor, actor_name
+from .member import MemberActor
+from .naming import NAMESPACE, actor_name, group_members
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -30,15 +31,23 @@ def _bad(msg: str) -> LedgerError:
     return LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, msg)
 
 
-def group_members(name: str) -> list[str]:
-    """Member ids of a running group, found by its named actors."""
-    prefix = f"{name}/"
-    found = ray.util.list_named_actors(all_namespaces=True)
-    ids = sorted(
-        a["name"][len(prefix) :]
-        for a in found
-        if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
-    )
+def _member_ids(members: int | Sequence[str]) -> list[str]:
+    """``n0..n{k-1}`` for a count, else the given ids, checked."""
+    if isinstance(members, bool):
+        raise _bad("members must be a count or a list of member ids")
+    if isinstance(members, int):
+        if members < 1:
+            raise _bad(f"a group needs at least 1 member, got {members}")
+        return [f"n{i}" for i in range(members)]
+    if not isinstance(members, Iterable) or isinstance(members, (str, bytes)):
+        raise _bad(f"members must be a count or a list of member ids, got {members!r}")
+    ids = list(members)
+    if not ids:
+        raise _bad("a group needs at least 1 member")
+    if any(not isinstance(m, str) or not m or "/" in m for m in ids):
+        raise _bad(f"member ids must be non-empty strings without '/', got {ids!r}")
+    if len(set(ids)) != len(ids):
+        raise _bad(f"duplicate member ids: {ids!r}")
     return ids
 
 
@@ -71,22 +80,7 @@ class LedgerGroup:
         """Start a group; every argument is checked before any actor starts."""
         if not isinstance(name, str) or not name or "/" in name:
             raise _bad(f"group name must be a non-empty string without '/', got {name!r}")
-        if isinstance(members, bool):
-            raise _bad("members must be a count or a list of member ids")
-        if isinstance(members, int):
-            if members < 1:
-                raise _bad(f"a group needs at least 1 member, got {members}")
-            ids = [f"n{i}" for i in range(members)]
-        elif isinstance(members, Iterable) and not isinstance(members, (str, bytes)):
-            ids = list(members)
-            if not ids:
-                raise _bad("a group needs at least 1 member")
-            if any(not isinstance(m, str) or not m or "/" in m for m in ids):
-                raise _bad(f"member ids must be non-empty strings without '/', got {ids!r}")
-            if len(set(ids)) != len(ids):
-                raise _bad(f"duplicate member ids: {ids!r}")
-        else:
-            raise _bad(f"members must be a count or a list of member ids, got {members!r}")
+        ids = _member_ids(members)
         config = config or LedgerConfig()
         if not isinstance(config, LedgerConfig):
             raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")

@@ -39,27 +39,22 @@ from rayledger.storage import (
     open_store,
 )
 
+from .checker import QuorumAckCheckerActor
 from .config import LedgerConfig
+from .dispatcher import EntryDispatcherActor
 from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults, load_faults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
+from .machine_runner import MachineRunner
+from .naming import NAMESPACE, actor_name, now_ms
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
 
-NAMESPACE = "rayledger"
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
 HELPER_START_S = 30.0  # how long a new leader waits for helpers that are still starting
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
-
-
-def actor_name(group: str, member: str) -> str:
-    return f"{group}/{member}"
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
@@ -114,6 +109,9 @@ class MemberActor:
             self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
         )
         self._commit_waiters = CommitWaiters()
+        self._machine_runner: MachineRunner | None = None
+        if self.config.state_machine is not None:
+            self._machine_runner = MachineRunner(self, data_dir)
         self._helper_pids: dict[tuple[str, str | None], int] = {}
         install_loop_registry()
         self._boot()
@@ -138,11 +136,9 @@ class MemberActor:
         """
         self._loop = asyncio.get_running_loop()
         self._role_lock = asyncio.Lock()
-        self._tick_wake = asyncio.Event()
+        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
+        self._tick_wake: asyncio.Event | None = None
         self._sleep_until = 0
-        from .checker import QuorumAckCheckerActor
-        from .dispatcher import EntryDispatcherActor
-
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
@@ -159,7 +155,22 @@ class MemberActor:
                     self.group, self.self_id, peer, self.config, me, self._checker
                 )
         self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
-        self._maintainer = asyncio.ensure_future(self._maintain())
+        me.run_maintainer.remote()
+
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def run_maintainer(self) -> None:
+        """The elector's clock runs on the election group's loop, beside the vote and
+        heartbeat handlers: a main loop busy with appends and pushes never delays a
+        heartbeat (role changes are carried out on the main loop)."""
+        if self._maintainer is not None:
+            return
+        self._tick_loop = asyncio.get_running_loop()
+        self._tick_wake = asyncio.Event()
+        self._maintainer = asyncio.current_task()
+        try:
+            await self._maintain()
+        except asyncio.CancelledError:
+            pass
 
     async def _maintain(self) -> None:
         """DLedger's maintainState, event-timed: sleep until the elector's next deadline
@@ -193,8 +204,8 @@ class MemberActor:
         (a leadership-transfer request, a new role); callable from any thread."""
         with self._lock:
             due = self.logic.next_tick_ms(now_ms(), self.config.maintain_interval_ms)
-        if due < self._sleep_until:
-            self._loop.call_soon_threadsafe(self._tick_wake.set)
+        if due < self._sleep_until and self._tick_loop is not None:
+            self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
 
     # -- talking to peers ---------------------------------------------------------------
     def _peer(self, peer: str):
@@ -205,13 +216,19 @@ class MemberActor:
         return h
 
     async def _apply(self, actions: list) -> None:
+        """Send the messages from the running loop (the election loop for the elector's
+        own, so they never wait behind the data path); a role change is carried out on
+        the main loop, where the append path lives."""
         if not actions:
             return
         sends, role_changed = MemberLogic.split(actions)
         for s in sends:
             asyncio.ensure_future(self._send(s.to, s.message))
         if role_changed:
-            await self._sync_role()
+            if asyncio.get_running_loop() is self._loop:
+                await self._sync_role()
+            else:
+                asyncio.run_coroutine_threadsafe(self._sync_role(), self._loop)
 
     async def _send(self, to: str, msg) -> None:
         resp = None
@@ -235,6 +252,9 @@ class MemberActor:
         async with self._role_lock:
             with self._lock:
                 changes = self.logic.leadership()
+            if self._machine_runner is not None:  # before it is asked whether it is ready
+                st = self.logic.state
+                await self._machine_runner.role_changed(st.role, st.current_term)
             for change in changes:
                 if isinstance(change, StopLeading):
                     await self._stop_leading(change)
@@ -285,6 +305,10 @@ class MemberActor:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
+        if self._machine_runner is not None and not await self._machine_runner.wait_ready(
+            lambda: self.logic.leads(term)
+        ):
+            return
         with self._lock:
             ready = self.logic.mark_ready(term)
         if ready:
@@ -418,9 +442,9 @@ class MemberActor:
         return resp
 
     def _apply_threadsafe(self, actions: list) -> None:
-        """Election handlers run on another loop; actions are carried out on the main one."""
+        """Carry out an election handler's actions on its own loop (see :meth:`_apply`)."""
         if actions:
-            asyncio.run_coroutine_threadsafe(self._apply(actions), self._loop)
+            asyncio.ensure_future(self._apply(actions))
 
     @ray.method(concurrency_group="election")
     async def transfer_leadership(self, target: str):
@@ -480,11 +504,17 @@ class MemberActor:
         }
 
     @ray.method(concurrency_group="election")
-    async def helper_pids(self) -> dict[str, int]:
+    async def helper_pids(self) -> dict[str, int | None]:
         """Process ids of this member's checker and dispatchers (for fault injection)."""
         refs = {"checker": self._checker.pid.remote()}
         refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self._dispatchers.items()})
-        return {k: await r for k, r in refs.items()}
+        out: dict[str, int | None] = {}
+        for k, r in refs.items():
+            try:
+                out[k] = await asyncio.wait_for(r, self.config.rpc_timeout_ms / 1000)
+            except (ray.exceptions.RayError, asyncio.TimeoutError):
+                out[k] = None  # dead or restarting
+        return out
 
     @ray.method(concurrency_group="election")
     async def set_faults(
@@ -800,7 +830,10 @@ class MemberActor:
             ) from None
 
     def _commits_moved(self) -> None:
-        """Release the readers waiting for the committed index (callable from any thread)."""
+        """Release the readers waiting for the committed index, and let the state machine
+        apply what committed (callable from any thread)."""
+        if self._machine_runner is not None:
+            self._machine_runner.kick()
         with self._lock:
             done = self._commit_waiters.reached(self.store.committed_index)
         for fut in done:
@@ -890,6 +923,15 @@ class MemberActor:
     async def committed_index(self, consistency: str = "committed") -> int:
         return await self._read_limit(consistency)
 
+    async def query(self, request, consistency: str = "committed"):
+        """Ask the state machine, once it has applied what ``consistency`` requires."""
+        if self._machine_runner is None:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED, f"group {self.group!r} runs no state machine"
+            )
+        limit = await self._read_limit(consistency)
+        return await self._machine_runner.query(request, limit)
+
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
 
@@ -897,5 +939,7 @@ class MemberActor:
     async def close(self) -> None:
         if self._maintainer is not None:
             self._maintainer.cancel()
+        if self._machine_runner is not None:
+            self._machine_runner.close()
         with self._lock:
             self.store.close()
