@@ -50,6 +50,20 @@ def committed_log(group: LedgerGroup, member: str) -> list[tuple[int, int, bytes
     return [] if batch is None else [(e.index, e.term, e.body) for e in batch.entries()]
 
 
+def helper_pids(group: LedgerGroup, member: str, timeout_s: float = 60.0) -> dict[str, int]:
+    """Process ids of a member's checker and dispatchers, once every one answers (a helper
+    that is starting or restarting reports None)."""
+
+    def ask() -> dict[str, int] | None:
+        try:
+            pids = ray.get(group.handle(member).helper_pids.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            return None
+        return pids if pids and None not in pids.values() else None
+
+    return wait_until(ask, timeout_s, f"the helpers of {member} to answer", every_s=0.2)
+
+
 def assert_consistent(
     group: LedgerGroup, acked: dict[int, bytes], members=None, wait_s: float = 20.0
 ) -> dict[str, list[tuple[int, int, bytes]]]:

@@ -18,8 +18,14 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-import ray
-from groupcheck import Outcomes, Writer, check_history, stop_writers, wait_until
+from groupcheck import (
+    Outcomes,
+    Writer,
+    check_history,
+    helper_pids,
+    stop_writers,
+    wait_until,
+)
 from rayledger.actors import LedgerClient, LedgerGroup
 
 pytestmark = pytest.mark.ray
@@ -59,17 +65,8 @@ class Nemesis:
         return self.rng.choice(self.g.members)
 
     def _helpers_of_leader(self) -> tuple[str, dict[str, int]]:
-        """The leader and its helpers' pids, once they all answer (one may be restarting)."""
-
-        def ask() -> tuple[str, dict[str, int]] | None:
-            leader = self.g.wait_for_leader(timeout_s=30)
-            try:
-                pids = ray.get(self.g.handle(leader).helper_pids.remote(), timeout=10)
-            except ray.exceptions.RayError:
-                return None
-            return (leader, pids) if None not in pids.values() else None  # None: restarting
-
-        return wait_until(ask, 60, "the leader's helpers to answer", every_s=0.2)
+        leader = self.g.wait_for_leader(timeout_s=30)
+        return leader, helper_pids(self.g, leader)
 
     def _sigkill(self, what: str, pid: int) -> None:
         try:

@@ -9,7 +9,14 @@ import time
 
 import pytest
 import ray
-from groupcheck import Outcomes, Writer, check_history, stop_writers, wait_until
+from groupcheck import (
+    Outcomes,
+    Writer,
+    check_history,
+    helper_pids,
+    stop_writers,
+    wait_until,
+)
 from rayledger.storage import LedgerError
 
 pytestmark = pytest.mark.ray
@@ -19,7 +26,7 @@ pytestmark = pytest.mark.ray
 def test_a_killed_helper_is_restored_and_writes_continue(make_group, victim):
     g = make_group(members=3)
     leader = g.wait_for_leader()
-    pids = ray.get(g.handle(leader).helper_pids.remote())
+    pids = helper_pids(g, leader)
     key = "checker" if victim == "checker" else next(k for k in pids if k.startswith("disp"))
     out = Outcomes()
     client = g.client(timeout_s=30)
@@ -38,15 +45,7 @@ def test_a_killed_helper_is_restored_and_writes_continue(make_group, victim):
         stop_writers([w])
     # the killed helper is back (a new process) when the same member still leads
     if g.leader_id() == leader:
-
-        def new_helper() -> dict[str, int] | None:
-            try:
-                pids = ray.get(g.handle(leader).helper_pids.remote(), timeout=30)
-            except ray.exceptions.RayError:  # the helper is still restarting
-                return None
-            return pids if pids.get(key) is not None else None
-
-        assert wait_until(new_helper, 30, f"the {victim} to answer again")[key] != pids[key]
+        assert helper_pids(g, leader, timeout_s=30)[key] != pids[key]
     check_history(g, out, client)
 
 
