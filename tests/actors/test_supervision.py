@@ -5,75 +5,48 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
 import ray
-from groupcheck import assert_consistent, committed_log
-from rayledger.storage import LedgerError, OutcomeUnknownError
+from groupcheck import (
+    Outcomes,
+    Writer,
+    check_history,
+    helper_pids,
+    stop_writers,
+    wait_until,
+)
+from rayledger.storage import LedgerError
 
 pytestmark = pytest.mark.ray
-
-
-class Writer(threading.Thread):
-    """Appends numbered bodies until stopped; records every outcome with its time."""
-
-    def __init__(self, client):
-        super().__init__(daemon=True)
-        self.client = client
-        self.acked: dict[int, bytes] = {}
-        self.ack_times: list[float] = []
-        self.unknown: list[bytes] = []
-        self.failed: list[tuple[bytes, str]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            body = b"w%d" % i
-            i += 1
-            try:
-                r = self.client.append(body, timeout_s=10)
-                self.acked[r.index] = body
-                self.ack_times.append(time.monotonic())
-            except OutcomeUnknownError:
-                self.unknown.append(body)
-            except LedgerError as exc:
-                self.failed.append((body, exc.code.name))
 
 
 @pytest.mark.parametrize("victim", ["checker", "dispatcher"])
 def test_a_killed_helper_is_restored_and_writes_continue(make_group, victim):
     g = make_group(members=3)
     leader = g.wait_for_leader()
-    pids = ray.get(g.handle(leader).helper_pids.remote())
+    pids = helper_pids(g, leader)
     key = "checker" if victim == "checker" else next(k for k in pids if k.startswith("disp"))
-    w = Writer(g.client(timeout_s=30))
+    out = Outcomes()
+    client = g.client(timeout_s=30)
+    w = Writer(client, "w", out)
     w.start()
     try:
-        time.sleep(1.0)
-        assert w.acked, "nothing was appended before the kill"
+        wait_until(lambda: len(out.acked) >= 5, 30, "appends before the kill")
         killed_at = time.monotonic()
         os.kill(pids[key], signal.SIGKILL)
-        deadline = killed_at + 30
-        while time.monotonic() < deadline:
-            if sum(t > killed_at + 0.5 for t in w.ack_times) >= 20:
-                break
-            time.sleep(0.1)
+        wait_until(
+            lambda: out.acks_since(killed_at + 0.5) >= 20,
+            30,
+            lambda: f"writes to go on after the {victim} was killed ({out})",
+        )
     finally:
-        w.stop.set()
-        w.join(30)
-    after = sum(t > killed_at + 0.5 for t in w.ack_times)
-    assert after >= 20, f"writes stalled after the {victim} was killed: {w.failed[-5:]}"
+        stop_writers([w])
     # the killed helper is back (a new process) when the same member still leads
     if g.leader_id() == leader:
-        new_pids = ray.get(g.handle(leader).helper_pids.remote(), timeout=30)
-        assert new_pids[key] != pids[key]
-    assert_consistent(g, w.acked)
-    bodies = [b for _, _, b in committed_log(g, g.members[0]) if b]  # b"": a term's first entry
-    assert len(bodies) == len(set(bodies)), "an append was stored twice"
-    assert set(w.acked.values()) <= set(bodies)
+        assert helper_pids(g, leader, timeout_s=30)[key] != pids[key]
+    check_history(g, out, client)
 
 
 def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group):
@@ -93,22 +66,23 @@ def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group)
     with pytest.raises(LedgerError):
         linearizable_index()
     g.kill(isolated)
-    deadline = time.monotonic() + 60
-    while True:  # wait for the restarted member
+
+    def back() -> bool:
         try:
             ray.get(h.info.remote(), timeout=10)
-            break
+            return True
         except ray.exceptions.RayError:
-            assert time.monotonic() < deadline, "the killed member did not come back"
-            time.sleep(0.2)
+            return False
+
+    wait_until(back, 60, "the killed member to come back")
     with pytest.raises(LedgerError):
         linearizable_index()  # still cut off after the restart
     g.heal()
-    deadline = time.monotonic() + 30
-    while True:
+
+    def reads_again() -> bool:
         try:
-            assert linearizable_index() >= r.index
-            break
+            return linearizable_index() >= r.index
         except LedgerError:
-            assert time.monotonic() < deadline, "heal() did not restore the member's links"
-            time.sleep(0.2)
+            return False
+
+    wait_until(reads_again, 30, "heal() to restore the member's links")
