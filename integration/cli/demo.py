@@ -63,6 +63,58 @@ def _body(seq: int) -> bytes:
     return head + b"." * (BODY_SIZE - len(head))
 
 
+def _append_one(client, bodies: list[bytes], work: Workload) -> tuple[list | None, bool]:
+    """Append one batch, retrying only refusals; returns (results, outcome unknown)."""
+    for _attempt in range(3):
+        try:
+            return client.append_batch(bodies), False
+        except OutcomeUnknownError as exc:  # may have committed: never retried
+            with work.lock:
+                work.unknown.extend(bodies)
+                work.errors[exc.code.name] += 1
+            return None, True
+        except LedgerError as exc:  # refused before anything was stored: safe to retry
+            with work.lock:
+                work.errors[exc.code.name] += 1
+    return None, False
+
+
+def _record(work: Workload, bodies: list[bytes], results, unknown: bool, kill_state: dict) -> None:
+    """Book one batch's outcome; the first ack in a later term times the take-over."""
+    now = time.monotonic()
+    with work.lock:
+        if results is not None:
+            for r, body in zip(results, bodies, strict=True):
+                if r.index in work.acked:
+                    work.duplicate_acks.append(r.index)
+                work.acked[r.index] = body
+                work.ack_terms[r.index] = r.term
+            killed_at = kill_state.get("at")
+            if (
+                killed_at is not None
+                and work.first_ack_after_kill is None
+                and results[0].term > kill_state["term"]
+            ):
+                work.first_ack_after_kill = now - killed_at
+        elif not unknown:
+            work.failed.extend(bodies)
+        work.done_entries += len(bodies)
+
+
+def _kill_leader(group, kill_state: dict) -> None:
+    """Kill the leader's process and time until another member leads."""
+    old = group.leader_id() or group.wait_for_leader(timeout_s=10)
+    term = group.status()[old].term
+    kill_state.update(old=old, term=term, at=time.monotonic())
+    print(f"killing leader {old} (term {term})", flush=True)
+    group.kill(old)
+    try:
+        new = group.wait_for_leader(timeout_s=30, exclude=old)
+        kill_state.update(new=new, failover_s=time.monotonic() - kill_state["at"])
+    except LedgerError as exc:
+        kill_state.update(new=None, failover_s=None, error=str(exc))
+
+
 def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> float:
     """Append ``args.entries`` bodies from ``args.clients`` threads; returns the wall time."""
     batches = [
@@ -79,41 +131,9 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
                 i = next(next_batch, None)
             if i is None:
                 return
-            bodies = batches[i]
-            results = None
-            unknown = False
-            for _attempt in range(3):
-                try:
-                    results = client.append_batch(bodies)
-                    break
-                except OutcomeUnknownError as exc:  # may have committed: never retried
-                    unknown = True
-                    with work.lock:
-                        work.unknown.extend(bodies)
-                        work.errors[exc.code.name] += 1
-                    break
-                except LedgerError as exc:  # refused before anything was stored: safe to retry
-                    with work.lock:
-                        work.errors[exc.code.name] += 1
-            now = time.monotonic()
-            with work.lock:
-                if results is not None:
-                    for r, body in zip(results, bodies, strict=True):
-                        if r.index in work.acked:
-                            work.duplicate_acks.append(r.index)
-                        work.acked[r.index] = body
-                        work.ack_terms[r.index] = r.term
-                    killed_at = kill_state.get("at")
-                    if (
-                        killed_at is not None
-                        and work.first_ack_after_kill is None
-                        and results[0].term > kill_state["term"]
-                    ):
-                        work.first_ack_after_kill = now - killed_at
-                elif not unknown:
-                    work.failed.extend(bodies)
-                work.done_entries += len(bodies)
-            progress(len(bodies))
+            results, unknown = _append_one(client, batches[i], work)
+            _record(work, batches[i], results, unknown, kill_state)
+            progress(len(batches[i]))
 
     threads = [
         threading.Thread(target=worker, args=(c,), name=f"demo-client-{c}", daemon=True)
@@ -122,22 +142,9 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
     t0 = time.monotonic()
     for t in threads:
         t.start()
-    # Kill the leader half-way and watch the take-over.
-    while any(t.is_alive() for t in threads):
+    while any(t.is_alive() for t in threads):  # kill the leader half-way
         if "at" not in kill_state and work.done_entries >= args.entries // 2:
-            old = group.leader_id() or group.wait_for_leader(timeout_s=10)
-            st = group.status()
-            kill_state.update(old=old, term=st[old].term, at=time.monotonic())
-            print(
-                f"killing leader {old} (term {st[old].term}); Ray will report its worker's death",
-                flush=True,
-            )
-            group.kill(old)
-            try:
-                new = group.wait_for_leader(timeout_s=30, exclude=old)
-                kill_state.update(new=new, failover_s=time.monotonic() - kill_state["at"])
-            except LedgerError as exc:
-                kill_state.update(new=None, failover_s=None, error=str(exc))
+            _kill_leader(group, kill_state)
         time.sleep(0.02)
     for t in threads:
         t.join()
@@ -177,14 +184,43 @@ def _wait_caught_up(group, index: int, timeout_s: float) -> dict:
         time.sleep(0.1)
 
 
-def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
-    checks = [
-        Check(
-            "no index acknowledged twice",
-            not work.duplicate_acks,
-            f"{len(work.duplicate_acks)} duplicates",
+def _exactly_once(work: Workload, ref_terms: list[int], ref_bodies: list[bytes]) -> list[Check]:
+    """Each acked body once in the log, each unknown one at most once."""
+    counts = Counter(ref_bodies)
+    missing = sum(1 for b in work.acked.values() if counts[b] == 0)
+    dup_acked = [(i, b) for i, b in work.acked.items() if counts[b] > 1]
+    dup_unknown = [b for b in work.unknown if counts[b] > 1]
+    detail = f"{missing} missing, {len(dup_acked)} duplicated"
+    if dup_acked:
+        i, b = dup_acked[0]
+        where = [k for k, body in enumerate(ref_bodies) if body == b]
+        detail += (
+            f" (e.g. acked at {i}, found at {where} with terms {[ref_terms[k] for k in where]})"
         )
+    committed_unknown = sum(1 for b in work.unknown if counts[b] == 1)
+    return [
+        Check("each acked entry exactly once", not missing and not dup_acked, detail),
+        Check(
+            "unknown entries at most once",
+            not dup_unknown,
+            f"{committed_unknown} of {len(work.unknown)} committed",
+        ),
     ]
+
+
+def _read_logs(group, top: int, checks: list[Check]) -> dict[str, tuple[list[int], list[bytes]]]:
+    logs = {}
+    for m in group.members:
+        try:
+            logs[m] = _read_log(group.handle(m), 0, top + 1)
+        except Exception as exc:
+            checks.append(Check(f"read {m}'s log", False, str(exc)))
+    return logs
+
+
+def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
+    dups = work.duplicate_acks
+    checks = [Check("no index acknowledged twice", not dups, f"{len(dups)} duplicates")]
     if not work.acked:
         return checks + [Check("some appends acknowledged", False)], {}
     top = max(work.acked)
@@ -194,19 +230,9 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         for m, s in st.items()
         if not (s.alive and s.committed_index >= top)
     }
-    checks.append(
-        Check(
-            "every member committed every ack",
-            not lagging,
-            f"lagging: {lagging}" if lagging else f"up to {top}",
-        )
-    )
-    logs = {}
-    for m in group.members:
-        try:
-            logs[m] = _read_log(group.handle(m), 0, top + 1)
-        except Exception as exc:
-            checks.append(Check(f"read {m}'s log", False, str(exc)))
+    detail = f"lagging: {lagging}" if lagging else f"up to {top}"
+    checks.append(Check("every member committed every ack", not lagging, detail))
+    logs = _read_logs(group, top, checks)
     bad = {}
     for m, (_terms, bodies) in logs.items():
         wrong = sum(1 for i, b in work.acked.items() if bodies[i] != b)
@@ -223,32 +249,14 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         ref_terms, ref_bodies = next(iter(logs.values()))
         same = all(t == ref_terms and b == ref_bodies for t, b in logs.values())
         checks.append(Check("members' logs identical", same, f"{top + 1} entries"))
-        counts = Counter(ref_bodies)
-        missing = sum(1 for b in work.acked.values() if counts[b] == 0)
-        dup_acked = [(i, b) for i, b in work.acked.items() if counts[b] > 1]
-        dup_unknown = [b for b in work.unknown if counts[b] > 1]
-        detail = f"{missing} missing, {len(dup_acked)} duplicated"
-        if dup_acked:
-            i, b = dup_acked[0]
-            where = [k for k, body in enumerate(ref_bodies) if body == b]
-            detail += (
-                f" (e.g. acked at {i}, found at {where} with terms {[ref_terms[k] for k in where]})"
-            )
-        checks.append(Check("each acked entry exactly once", not missing and not dup_acked, detail))
-        checks.append(
-            Check(
-                "unknown entries at most once",
-                not dup_unknown,
-                f"{sum(1 for b in work.unknown if counts[b] == 1)} of {len(work.unknown)} committed",
-            )
-        )
+        checks += _exactly_once(work, ref_terms, ref_bodies)
     return checks, logs
 
 
 def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
     from pyspark.sql import functions as F
 
-    from .spark import committed_read, init_spark
+    from ..spark import committed_read, init_spark
 
     t0 = time.monotonic()
     spark = init_spark("rayledger-demo")
@@ -420,7 +428,7 @@ def run_demo(args) -> int:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         if spark_started:
-            from .spark import stop_spark
+            from ..spark import stop_spark
 
             stop_spark()
         if group is not None:

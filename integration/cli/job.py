@@ -3,7 +3,7 @@
 .. code-block:: console
 
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
-        python -m rayledger.integration.job --group orders --create --entries 2000
+        python -m rayledger.integration.cli.job --group orders --create --entries 2000
 
 It attaches to the group by name (``--create`` starts it when missing), appends
 ``--entries`` unique bodies in batches from ``--clients`` threads, reads every
@@ -33,7 +33,7 @@ log = logging.getLogger("rayledger.integration")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m rayledger.integration.job", description=__doc__.split("\n")[0]
+        prog="python -m rayledger.integration.cli.job", description=__doc__.split("\n")[0]
     )
     p.add_argument("--group", "-g", required=True)
     p.add_argument("--create", action="store_true", help="start the group when it is not running")
@@ -166,7 +166,7 @@ def run(args) -> dict[str, Any]:
         "read_via": args.read,
     }
     if args.read in ("dataset", "spark") and acked:
-        from .spark import committed_dataset, committed_read, init_spark, spark_running, stop_spark
+        from ..spark import committed_dataset, committed_read, init_spark, spark_running, stop_spark
 
         lo, hi = min(acked), max(acked) + 1
         if args.read == "dataset":

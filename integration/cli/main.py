@@ -13,23 +13,7 @@ from collections.abc import Sequence
 
 from rayledger.storage import LedgerError
 
-
-def _connect(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    try:
-        ray.init(
-            address=address or "auto",
-            namespace="rayledger",
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    except ConnectionError as exc:
-        raise SystemExit(
-            f"error: no Ray cluster at {address or 'auto'} ({exc}); start one with `ray start --head`"
-        ) from exc
+from ..connect import connect
 
 
 def _status_table(group) -> list[dict]:
@@ -53,7 +37,7 @@ def _status_table(group) -> list[dict]:
 def cmd_start(args) -> int:
     from rayledger.actors import LedgerConfig, LedgerGroup
 
-    _connect(args.address)
+    connect(args.address)
     config = LedgerConfig.fast() if args.fast else LedgerConfig()
     members = args.members.split(",") if "," in args.members else int(args.members)
     group = LedgerGroup.create(args.group, members, store_dir=args.store_dir, config=config)
@@ -65,7 +49,7 @@ def cmd_start(args) -> int:
 def cmd_status(args) -> int:
     from rayledger.actors import LedgerGroup
 
-    _connect(args.address)
+    connect(args.address)
     rows = _status_table(LedgerGroup.get(args.group))
     if args.json:
         print(json.dumps(rows))
@@ -85,7 +69,7 @@ def cmd_status(args) -> int:
 def cmd_append(args) -> int:
     from rayledger.actors import LedgerClient
 
-    _connect(args.address)
+    connect(args.address)
     bodies = [b.encode() for b in args.bodies]
     if args.file:
         with open(args.file, "rb") as f:
@@ -100,7 +84,7 @@ def cmd_append(args) -> int:
 def cmd_get(args) -> int:
     from rayledger.actors import LedgerClient
 
-    _connect(args.address)
+    connect(args.address)
     client = LedgerClient.connect(args.group, timeout_s=args.timeout)
     entries = client.read(args.index, args.index + args.count)
     if not entries:
@@ -115,7 +99,7 @@ def cmd_get(args) -> int:
 def cmd_transfer(args) -> int:
     from rayledger.actors import LedgerGroup
 
-    _connect(args.address)
+    connect(args.address)
     group = LedgerGroup.get(args.group)
     leader = group.transfer_leadership(args.member, timeout_s=args.timeout)
     print(json.dumps({"group": args.group, "leader": leader}))
@@ -123,7 +107,7 @@ def cmd_transfer(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .export import export_main
+    from ..spark.export import export_main
 
     return export_main(args)
 
@@ -135,9 +119,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import benchmarks
+    from .. import bench
 
-    result = benchmarks.run(args.which, args)
+    result = bench.run(args.which, args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 
