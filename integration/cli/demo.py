@@ -30,6 +30,8 @@ from typing import Any
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 from rayledger.storage.reader import batch_to_table
 
+from .output import console, say
+
 log = logging.getLogger("rayledger.integration")
 
 BODY_SIZE = 100
@@ -106,7 +108,7 @@ def _kill_leader(group, kill_state: dict) -> None:
     old = group.leader_id() or group.wait_for_leader(timeout_s=10)
     term = group.status()[old].term
     kill_state.update(old=old, term=term, at=time.monotonic())
-    print(f"killing leader {old} (term {term})", flush=True)
+    say(f"killing leader {old} (term {term})")
     group.kill(old)
     try:
         new = group.wait_for_leader(timeout_s=30, exclude=old)
@@ -126,14 +128,17 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
 
     def worker(cid: int) -> None:
         client = group.client(timeout_s=15.0)
-        while True:
-            with take:
-                i = next(next_batch, None)
-            if i is None:
-                return
-            results, unknown = _append_one(client, batches[i], work)
-            _record(work, batches[i], results, unknown, kill_state)
-            progress(len(batches[i]))
+        try:
+            while True:
+                with take:
+                    i = next(next_batch, None)
+                if i is None:
+                    return
+                results, unknown = _append_one(client, batches[i], work)
+                _record(work, batches[i], results, unknown, kill_state)
+                progress(len(batches[i]))
+        finally:
+            client.close()  # no send loop left to call a dead actor at exit
 
     threads = [
         threading.Thread(target=worker, args=(c,), name=f"demo-client-{c}", daemon=True)
@@ -301,10 +306,9 @@ def _summary(
     spark: dict | None,
     total_s: float,
 ) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=sys.stdout)
+    con = console()
     t = Table(title="rayledger demo", show_header=False)
     t.add_column("what")
     t.add_column("value")
@@ -352,14 +356,71 @@ def _summary(
     con.print(ct)
 
 
-def run_demo(args) -> int:
-    """Run the demo; 0 when every check passed (see the module docstring)."""
+def _start_ray(args) -> bool:
+    """A Ray of the demo's own (never a cluster found on the machine) unless ``--address``."""
     import ray
-    from rayledger.actors import LedgerConfig, LedgerGroup
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=args.address or "local",
+        namespace="rayledger",
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return True
+
+
+def _append_phase(group, args) -> tuple[Workload, float, dict[str, Any], list[Check]]:
+    """The clients' appends with a leader kill half-way, under a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    work = Workload()
+    kill: dict[str, Any] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console()) as bar:
+        task = bar.add_task("appending", total=args.entries)
+        append_s = _run_clients(group, args, work, lambda n: bar.advance(task, n), kill)
+    failover = kill.get("failover_s")
+    say(
+        f"appended: {len(work.acked)} acked, {len(work.unknown)} unknown, {len(work.failed)} "
+        f"failed in {append_s:.1f}s; leader {kill.get('old')} killed, new leader "
+        f"{kill.get('new')} after {failover if failover is not None else float('nan'):.2f}s"
+    )
+    new_leader = bool(kill.get("new")) and kill.get("new") != kill.get("old")
+    checks = [
+        Check("a new leader took over", new_leader, kill.get("error", "")),
+        Check("writes continued after the kill", work.first_ack_after_kill is not None),
+    ]
+    return work, append_s, kill, checks
+
+
+def _run_steps(group, args, t_start: float, checks: list[Check]) -> bool:
+    """Append, verify, aggregate with Spark, report; returns whether Spark was started."""
+    leader = group.wait_for_leader(timeout_s=30)
+    say(f"leader: {leader}")
+    work, append_s, kill, phase_checks = _append_phase(group, args)
+    checks += phase_checks
+    say("verifying every acknowledged append on every member ...")
+    checks += _verify(group, work)[0]
+    spark_info = None
+    if not args.no_spark:
+        say("starting Spark through RayDP and aggregating the committed log ...")
+        schecks, spark_info = _spark_step(group, args)
+        checks += schecks
+    _summary(args, work, append_s, kill, checks, spark_info, time.monotonic() - t_start)
+    return not args.no_spark
+
+
+def run_demo(args) -> int:
+    """Run the demo; 0 when every check passed (see the module docstring)."""
+    from rayledger.actors import LedgerConfig, LedgerGroup
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
     if args.entries <= 0 or args.clients <= 0 or args.batch <= 0:
         raise LedgerError.of(
             ResponseCode.UNEXPECTED_ARGUMENT, "--entries, --clients and --batch must be positive"
@@ -367,82 +428,39 @@ def run_demo(args) -> int:
     t_start = time.monotonic()
     own_dir = args.data_dir is None
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="rayledger-demo-")
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        ray.init(
-            address=args.address
-            or "local",  # a Ray of its own, never a cluster found on the machine
-            namespace="rayledger",
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    own_ray = _start_ray(args)
     group = None
     checks: list[Check] = []
-    spark_info = None
-    spark_started = False
+    spark_started = not args.no_spark
     name = f"demo-{uuid.uuid4().hex[:6]}"
     try:
-        print(f"creating group {name} (3 members, file store under {data_dir})", flush=True)
+        say(f"creating group {name} (3 members, file store under {data_dir})")
         group = LedgerGroup.create(name, 3, store_dir=data_dir, config=LedgerConfig.fast())
-        leader = group.wait_for_leader(timeout_s=30)
-        print(f"leader: {leader}", flush=True)
-        work = Workload()
-        kill: dict[str, Any] = {}
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-        ) as bar:
-            task = bar.add_task("appending", total=args.entries)
-            append_s = _run_clients(group, args, work, lambda n: bar.advance(task, n), kill)
-        print(
-            f"appended: {len(work.acked)} acked, {len(work.unknown)} unknown, {len(work.failed)} failed "
-            f"in {append_s:.1f}s; leader {kill.get('old')} killed, new leader {kill.get('new')} "
-            f"after {kill.get('failover_s') or float('nan'):.2f}s",
-            flush=True,
-        )
-        checks.append(
-            Check(
-                "a new leader took over",
-                bool(kill.get("new")) and kill.get("new") != kill.get("old"),
-                kill.get("error", ""),
-            )
-        )
-        checks.append(
-            Check("writes continued after the kill", work.first_ack_after_kill is not None)
-        )
-        print("verifying every acknowledged append on every member ...", flush=True)
-        vchecks, _logs = _verify(group, work)
-        checks += vchecks
-        if not args.no_spark:
-            print("starting Spark through RayDP and aggregating the committed log ...", flush=True)
-            spark_started = True
-            schecks, spark_info = _spark_step(group, args)
-            checks += schecks
-        _summary(args, work, append_s, kill, checks, spark_info, time.monotonic() - t_start)
+        spark_started = _run_steps(group, args, t_start, checks)
     except Exception as exc:
-        log.exception("demo failed")
+        log.debug("demo failed", exc_info=True)
         checks.append(Check("demo ran to the end", False, f"{type(exc).__name__}: {exc}"))
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
-        if spark_started:
-            from ..spark import stop_spark
-
-            stop_spark()
-        if group is not None:
-            group.shutdown(delete_data=not args.keep)
-        if own_dir and not args.keep:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        elif args.keep:
-            print(f"data kept in {data_dir}")
-        if own_ray:
-            ray.shutdown()
+        _clean_up(args, group, spark_started, own_dir, data_dir, own_ray)
     ok = bool(checks) and all(c.ok for c in checks)
-    print(
-        "demo: all checks passed"
-        if ok
-        else "demo: FAILED: " + "; ".join(c.name for c in checks if not c.ok)
-    )
+    failed = "; ".join(f"{c.name} ({c.detail})" if c.detail else c.name for c in checks if not c.ok)
+    say("demo: all checks passed" if ok else f"demo: FAILED: {failed}")
     return 0 if ok else 1
+
+
+def _clean_up(args, group, spark_started: bool, own_dir: bool, data_dir: str, own_ray: bool):
+    """Stop Spark, the group and Ray in that order, so nothing calls a dead actor."""
+    import ray
+
+    if spark_started:
+        from ..spark import stop_spark
+
+        stop_spark()
+    if group is not None:
+        group.shutdown(delete_data=not args.keep)
+    if own_dir and not args.keep:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    elif args.keep:
+        say(f"data kept in {data_dir}")
+    if own_ray:
+        ray.shutdown()
