@@ -28,6 +28,7 @@ from .config import LedgerConfig
 from .faults import LinkDown, LinkFaults
 from .logic import Announcement, CachedBatch, DispatcherLogic, LeaderInfo
 from .member import NAMESPACE, actor_name, now_ms
+from .metrics import PeerMetrics
 
 log = logging.getLogger("rayledger.actors")
 
@@ -60,6 +61,7 @@ class EntryDispatcherActor:
         self._cg_gen: int | None = None  # the compiled-graph generation this dispatcher serves
         self._cg_sent: dict[tuple, PushEntryRequest] = {}
         self._cg_keys = itertools.count()
+        self._metrics = PeerMetrics(group, self_id, peer_id)
 
     async def pid(self) -> int:
         return os.getpid()
@@ -146,6 +148,7 @@ class EntryDispatcherActor:
                 else:
                     plain.append(req)
             need = self.logic.need is not None
+        self._metrics.sent_first(wire)
         if (plain or need) and self._loop is not None:
             self._loop.call_soon_threadsafe(self._send_all, plain)
         return (g.gen, a.term, g.rounds), wire
@@ -157,6 +160,7 @@ class EntryDispatcherActor:
         with self._lock:
             for key, resp in answers:
                 req = self._cg_sent.pop(key, None)
+                self._metrics.acked(key)
                 if req is not None:
                     self.logic.on_response(req, resp, now)
             wm = self.logic.water_mark if self.logic.term == term else -1
@@ -254,7 +258,7 @@ class EntryDispatcherActor:
         self._kick()
 
     async def _send(self, req: PushEntryRequest) -> None:
-        resp = None
+        resp, t0 = None, time.perf_counter()
         try:
             if self.faults.active:
                 await self.faults.before_send(self.peer_id)
@@ -288,6 +292,7 @@ class EntryDispatcherActor:
                 self._follower = None
         with self._lock:
             wm = self.logic.on_response(req, resp, now_ms())
+        self._metrics.answered(t0, resp)
         if wm is not None and not self._reporting:
             self._reporting = True
             asyncio.ensure_future(self._report(req.term))

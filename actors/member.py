@@ -42,6 +42,7 @@ from .config import LedgerConfig
 from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
+from .metrics import MemberMetrics
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -94,6 +95,7 @@ class MemberActor:
             data_dir=data_dir,
         )
         self.store = store
+        self._metrics = MemberMetrics(group, self_id, store, data_dir)
         self.faults = LinkFaults()
         self._handles: dict[str, Any] = {}
         self._dispatchers: dict[str, Any] = {}
@@ -163,6 +165,7 @@ class MemberActor:
                     actions, answers = self.logic.tick(now)
                 self._resolve(answers)
                 await self._apply(actions)
+                self._metrics.tick(self.logic.state, self.store, self._outstanding)
                 with self._lock:
                     delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
             except Exception:
@@ -489,6 +492,7 @@ class MemberActor:
             a = self.logic.announcement(rnd, None)
         self._rounds[rid] = (rnd, [f for f, _ in queue])
         batch = rnd.appended.batch()
+        self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
         fast = self._fast
         if fast is not None and fast.active:
             if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
@@ -512,6 +516,7 @@ class MemberActor:
         item = self._rounds.pop(rid, None)
         if item is None:
             return
+        self._metrics.round_done(rid, code == ResponseCode.SUCCESS)
         self._schedule_round()
         rnd, futs = item
         if code == ResponseCode.SUCCESS:
@@ -542,6 +547,7 @@ class MemberActor:
     # -- answers to this member's helpers (fenced by term) ------------------------------------
     @ray.method(enable_task_events=False)
     async def on_peer_progress(self, peer: str, match_index: int) -> None:
+        self._metrics.peer_progress(peer, match_index, self.store.ledger_end_index)
         with self._lock:
             actions = self.logic.on_peer_progress(peer, match_index, now_ms())
         await self._apply(actions)
@@ -578,6 +584,7 @@ class MemberActor:
         )
 
     async def get(self, index: int, committed_only: bool = True) -> Entry:
+        self._metrics.read("committed" if committed_only else "uncommitted")
         with self._lock:
             if committed_only and type(index) is int and index > self.store.committed_index:
                 raise self._not_committed_here(index)
@@ -586,6 +593,7 @@ class MemberActor:
     async def read(self, start: int, stop: int, committed_only: bool = True) -> list[Entry]:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
+        self._metrics.read("committed" if committed_only else "uncommitted")
         with self._lock:
             st = self.logic.state
             if committed_only and stop - 1 > self.store.committed_index and not st.is_leader:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rayledger.storage import LedgerError, ResponseCode
+
 
 def group_options(args) -> dict:
     """The ``bench group`` flags as keyword arguments of ``bench_group.run``."""
@@ -16,6 +18,8 @@ def group_options(args) -> dict:
 
 def run(which: str, args) -> dict:
     quick = bool(getattr(args, "quick", False))
+    if getattr(args, "plot", None) and which != "group":
+        raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "--plot is for `bench group` only")
     if which == "store":
         from .store import run_store_bench
 
@@ -27,7 +31,7 @@ def run(which: str, args) -> dict:
     if which == "group":
         from .group import run as run_group
 
-        return run_group(quick=quick, **group_options(args))
+        return run_group(quick=quick, plot=getattr(args, "plot", None), **group_options(args))
     if which == "peer":
         from .peer import run as run_peer
 
