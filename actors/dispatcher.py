@@ -27,6 +27,7 @@ from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 from .config import LedgerConfig
 from .faults import LinkDown, LinkFaults
 from .logic import Announcement, CachedBatch, DispatcherLogic, LeaderInfo
+from .metrics import PeerMetrics
 from .naming import NAMESPACE, actor_name, now_ms
 
 log = logging.getLogger("rayledger.actors")
@@ -61,6 +62,7 @@ class EntryDispatcherActor:
         self._cg_gen: int | None = None  # the compiled-graph generation this dispatcher serves
         self._cg_sent: dict[tuple, PushEntryRequest] = {}
         self._cg_keys = itertools.count()
+        self._metrics = PeerMetrics(group, self_id, peer_id)
 
     async def pid(self) -> int:
         return os.getpid()
@@ -147,6 +149,7 @@ class EntryDispatcherActor:
                 else:
                     plain.append(req)
             need = self.logic.need is not None
+        self._metrics.sent_first(wire)
         if (plain or need) and self._loop is not None:
             self._loop.call_soon_threadsafe(self._send_all, plain)
         return (g.gen, a.term, g.rounds), wire
@@ -158,6 +161,7 @@ class EntryDispatcherActor:
         with self._lock:
             for key, resp in answers:
                 req = self._cg_sent.pop(key, None)
+                self._metrics.acked(key)
                 if req is not None:
                     self.logic.on_response(req, resp, now)
             wm = self.logic.water_mark if self.logic.term == term else -1
@@ -255,7 +259,7 @@ class EntryDispatcherActor:
         self._kick()
 
     async def _send(self, req: PushEntryRequest) -> None:
-        resp = None
+        resp, t0 = None, time.perf_counter()
         try:
             if self.faults.active:
                 await self.faults.before_send(self.peer_id)
@@ -289,6 +293,7 @@ class EntryDispatcherActor:
                 self._follower = None
         with self._lock:
             wm = self.logic.on_response(req, resp, now_ms())
+        self._metrics.answered(t0, resp)
         if wm is not None and not self._reporting:
             self._reporting = True
             asyncio.ensure_future(self._report(req.term))

@@ -236,12 +236,15 @@ class LedgerGroup:
                 return
         ray.kill(h, no_restart=False)
 
-    def pause(self, member: str) -> None:
-        """Freeze the member's process (SIGSTOP), like a long GC pause or a hung host."""
+    def pause(self, member: str) -> int:
+        """Freeze the member's process (SIGSTOP), like a long GC pause or a hung host; its pid."""
         self._signal(member, signal.SIGSTOP)
+        return self._pids[member]
 
-    def resume(self, member: str) -> None:
-        """Let a paused member run again (SIGCONT)."""
+    def resume(self, member: str, pid: int | None = None) -> None:
+        """Let a paused member run again (SIGCONT); ``pid`` when another handle paused it."""
+        if pid is not None:
+            self._pids[member] = pid
         self._signal(member, signal.SIGCONT)
 
     def _signal(self, member: str, sig: int) -> None:

@@ -46,6 +46,7 @@ from .fastpath import FastPath, install_loop_registry, reset_loops
 from .faults import LinkDown, LinkFaults, load_faults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
 from .machine_runner import MachineRunner
+from .metrics import MemberMetrics
 from .naming import NAMESPACE, actor_name, now_ms
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
@@ -92,6 +93,7 @@ class MemberActor:
             data_dir=data_dir,
         )
         self.store = store
+        self._metrics = MemberMetrics(group, self_id, store, data_dir)
         self.faults = load_faults(group, self_id)  # faults follow a member across restarts
         self._handles: dict[str, Any] = {}
         self._dispatchers: dict[str, Any] = {}
@@ -186,6 +188,7 @@ class MemberActor:
                 self._resolve(answers)
                 self._commits_moved()
                 await self._apply(actions)
+                self._metrics.tick(self.logic.state, self.store, self._outstanding)
                 with self._lock:
                     delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
             except Exception:
@@ -618,6 +621,7 @@ class MemberActor:
         self._rounds[rid] = (rnd, [f for f, _ in queue])
         try:
             batch = rnd.appended.batch()
+            self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
             fast = self._fast
             if fast is not None and fast.active:
                 if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
@@ -652,6 +656,7 @@ class MemberActor:
         item = self._rounds.pop(rid, None)
         if item is None:
             return
+        self._metrics.round_done(rid, code == ResponseCode.SUCCESS)
         self._schedule_round()
         rnd, futs = item
         if code == ResponseCode.SUCCESS:
@@ -682,6 +687,7 @@ class MemberActor:
     # -- answers to this member's helpers (fenced by term) ------------------------------------
     @ray.method(enable_task_events=False)
     async def on_peer_progress(self, peer: str, match_index: int) -> None:
+        self._metrics.peer_progress(peer, match_index, self.store.ledger_end_index)
         with self._lock:
             actions = self.logic.on_peer_progress(peer, match_index, now_ms())
         await self._apply(actions)
@@ -874,6 +880,7 @@ class MemberActor:
     async def get(
         self, index: int, committed_only: bool = True, consistency: str = "committed"
     ) -> Entry:
+        self._metrics.read(Consistency.of(consistency).value if committed_only else "uncommitted")
         if type(index) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "index must be an int")
         if committed_only:
@@ -888,6 +895,7 @@ class MemberActor:
     ) -> list[Entry]:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
+        self._metrics.read(Consistency.of(consistency).value if committed_only else "uncommitted")
         limit = self.store.ledger_end_index
         if committed_only:
             limit = await self._read_limit(consistency)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("pysyncobj")
 psutil = pytest.importorskip("psutil")
 
-from rayledger.integration.bench_peer import FIGURES, run_pysyncobj  # noqa: E402
+from rayledger.integration.bench.peer import FIGURES, run_pysyncobj  # noqa: E402
 
 
 def test_run_pysyncobj_quick_gives_positive_figures_and_leaves_no_process():

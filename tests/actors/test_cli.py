@@ -64,7 +64,105 @@ def test_start_status_append_get_transfer(ray_session, group_name, tmp_path):
             pass
 
 
+def _json_lines(out: subprocess.CompletedProcess) -> list:
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return [json.loads(x) for x in out.stdout.strip().splitlines()]
+
+
+def _error(out: subprocess.CompletedProcess, code: str) -> str:
+    """An expected error: non-zero exit, the code and a next step on stderr, no traceback."""
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert code in out.stderr and "; " in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    return out.stderr
+
+
+def test_operating_commands(ray_session, group_name, tmp_path):
+    address = ray.get_runtime_context().gcs_address
+    g = ["--group", group_name, "--address", address]
+    out = cli("start", *g, "--members", "3", "--store-dir", str(tmp_path), "--fast")
+    assert out.returncode == 0, out.stderr[-2000:]
+    try:
+        bodies = [f"e{i}" for i in range(5)]
+        appended = _json_lines(cli("append", *g, *bodies))
+        first = appended[0]["index"]
+
+        # tail: committed entries from --from, as JSON lines; --follow stops at --max
+        rows = _json_lines(cli("tail", *g, "--from", str(first), "--json"))
+        assert [r["body"] for r in rows] == bodies and rows[0]["index"] == first
+        rows = _json_lines(
+            cli("tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json")
+        )
+        assert [r["body"] for r in rows] == ["e3", "e4"]
+
+        # status --watch: one JSON object per refresh, with lag and the append rate
+        snaps = _json_lines(
+            cli("status", *g, "--watch", "--json", "--count", "2", "--interval", "0.2")
+        )
+        assert len(snaps) == 2 and all(len(s["members"]) == 3 for s in snaps)
+        assert {"role", "term", "end", "committed", "lag", "alive"} <= set(snaps[0]["members"][0])
+        assert snaps[1]["append_rate"] is not None
+        table = cli("status", *g, "--watch", "--count", "1")
+        assert table.returncode == 0 and "LEADER" in table.stdout and "lag" in table.stdout
+
+        listed = _json_lines(cli("list", "--address", address, "--json"))[0]
+        mine = next(r for r in listed if r["group"] == group_name)
+        assert mine["members"] == 3 and mine["alive"] == 3 and mine["leader"]
+
+        # fault: pause and resume a follower, partition and heal, kill the leader
+        status = _json_lines(cli("status", *g, "--json"))[0]
+        leader = next(r["member"] for r in status if r["role"] == "LEADER")
+        follower = next(r["member"] for r in status if r["role"] != "LEADER")
+        assert _json_lines(cli("fault", "pause", *g, follower))[0]["member"] == follower
+        status = _json_lines(cli("status", *g, "--json"))[0]
+        assert not next(r for r in status if r["member"] == follower)["alive"]
+        _json_lines(cli("fault", "resume", *g, follower))
+        status = _json_lines(cli("status", *g, "--json"))[0]
+        assert next(r for r in status if r["member"] == follower)["alive"]
+        others = ",".join(m for m in ["n0", "n1", "n2"] if m != leader)
+        assert _json_lines(cli("fault", "partition", *g, leader, others))[0]["sides"]
+        _json_lines(cli("fault", "heal", *g))
+        killed = _json_lines(cli("fault", "kill", *g, "leader"))[0]
+        assert killed["member"] in ["n0", "n1", "n2"]
+        assert _json_lines(cli("append", *g, "after-kill"))[0]["index"] > appended[-1]["index"]
+
+        out = _json_lines(cli("stop", *g, "--delete-data"))[0]
+        assert out["stopped"] and not (tmp_path / group_name).exists()
+        listed = _json_lines(cli("list", "--address", address, "--json"))[0]
+        assert group_name not in [r["group"] for r in listed]
+    finally:
+        try:
+            LedgerGroup.get(group_name).shutdown(delete_data=True)
+        except Exception:
+            pass
+
+
+def test_operating_commands_bad_input(ray_session, group_name, tmp_path):
+    address = ray.get_runtime_context().gcs_address
+    nog = ["--group", "no-such-group", "--address", address]
+    for cmd in (["status"], ["tail"], ["stop"], ["fault", "heal"], ["status", "--watch"]):
+        _error(cli(*cmd, *nog), "UNKNOWN_GROUP")
+    nowhere = ["--group", group_name, "--address", "127.0.0.1:1"]
+    for cmd in (["status"], ["tail"], ["stop"], ["fault", "kill"]):
+        _error(cli(*cmd, *nowhere), "NETWORK_ERROR")
+    _error(cli("list", "--address", "127.0.0.1:1"), "NETWORK_ERROR")
+
+    g = ["--group", group_name, "--address", address]
+    out = cli("start", *g, "--members", "3", "--fast")
+    assert out.returncode == 0, out.stderr[-2000:]
+    try:
+        _error(cli("tail", *g, "--from", "-1"), "UNEXPECTED_ARGUMENT")
+        _error(cli("tail", *g, "--from", "1000000"), "INDEX_OUT_OF_BOUNDS")
+        _error(cli("get", *g, "1000000"), "INDEX_OUT_OF_BOUNDS")
+        _error(cli("fault", "kill", *g, "n9"), "UNKNOWN_MEMBER")
+        _error(cli("fault", "partition", *g, "n0"), "UNEXPECTED_ARGUMENT")
+        _error(cli("status", *g, "--watch", "--interval", "0"), "UNEXPECTED_ARGUMENT")
+    finally:
+        LedgerGroup.get(group_name).shutdown(delete_data=True)
+
+
 def test_help_for_every_subcommand():
-    for sub in ["demo", "start", "status", "append", "get", "transfer", "export", "bench"]:
+    subs = ["demo", "start", "status", "append", "get", "transfer", "export", "bench"]
+    for sub in subs + ["tail", "stop", "list", "fault"]:
         out = cli(sub, "--help", timeout=60)
         assert out.returncode == 0 and "usage" in out.stdout, sub

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from rayledger.integration.consumer import ConsumerCheckpoint
+from rayledger.integration.spark.consumer import ConsumerCheckpoint
 from rayledger.storage import LedgerError, ResponseCode
 
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.spark]
+
+NOISE = re.compile(
+    r"^.*(\b(INFO|WARN|WARNING|DEBUG)\b|\(raylet\)|log4j|StatusConsoleListener|Warning:).*$",
+    re.MULTILINE,
+)
 
 
 def test_demo_small_run_passes_every_check(tmp_path):
@@ -16,11 +22,15 @@ def test_demo_small_run_passes_every_check(tmp_path):
     env["RAY_ADDRESS"] = "local"  # a fresh local Ray, never another cluster on the machine
     cmd = [
         sys.executable, "-m", "rayledger.integration.cli", "demo", "--entries", "4000", "--clients", "2",
-        "--batch", "100", "--no-spark", "--data-dir", str(tmp_path / "data"),
+        "--batch", "100", "--data-dir", str(tmp_path / "data"),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
-    assert "demo: all checks passed" in out
-    assert "failover" in out
+    assert out.strip().splitlines()[-1] == "demo: all checks passed"
+    assert "failover" in out and "Spark per-term totals match the log" in out
+    # quiet: only the demo's own lines, none of Ray's, Spark's or py4j's (log4j levels,
+    # raylet messages, Python warnings), and nothing at all on stderr
+    assert not NOISE.findall(out), NOISE.findall(out)
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())

@@ -110,7 +110,7 @@ def head_cluster():
 def _submit(address: str, *job_args: str) -> dict:
     cmd = [
         RAY, "job", "submit", "--address", address, "--working-dir", ".", "--",
-        sys.executable, "-m", "rayledger.integration.job", *job_args,
+        sys.executable, "-m", "rayledger.integration.cli.job", *job_args,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=_env())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{") and '"group"' in ln]
@@ -146,7 +146,7 @@ def test_job_submit_creates_appends_and_reads(head_cluster, tmp_path):
 def test_job_without_create_fails_cleanly(head_cluster):
     cmd = [
         RAY, "job", "submit", "--address", head_cluster, "--working-dir", ".", "--",
-        sys.executable, "-m", "rayledger.integration.job", "--group", "nosuchgroup",
+        sys.executable, "-m", "rayledger.integration.cli.job", "--group", "nosuchgroup",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode != 0

@@ -13,9 +13,10 @@ import pyarrow.dataset as pads
 import pytest
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup, OutcomeUnknownError
-from rayledger.integration.consumer import ConsumerCheckpoint, consume, read_new
-from rayledger.integration.export import CHECKPOINT_FILE, chunks_in, export, export_main
-from rayledger.integration.spark import build_log, committed_dataframe, committed_read
+from rayledger.integration.bench.spark import build_log
+from rayledger.integration.spark import committed_dataframe, committed_read
+from rayledger.integration.spark.consumer import ConsumerCheckpoint, consume, read_new
+from rayledger.integration.spark.export import CHECKPOINT_FILE, chunks_in, export, export_main
 from rayledger.replication import ReplicationConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]

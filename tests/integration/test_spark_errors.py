@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from rayledger.integration import spark as spark_mod
+from rayledger.integration.spark import reader as spark_mod
 
 pytestmark = pytest.mark.ray
 

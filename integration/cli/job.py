@@ -3,7 +3,7 @@
 .. code-block:: console
 
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
-        python -m rayledger.integration.job --group orders --create --entries 2000
+        python -m rayledger.integration.cli.job --group orders --create --entries 2000
 
 It attaches to the group by name (``--create`` starts it when missing), appends
 ``--entries`` unique bodies in batches from ``--clients`` threads, reads every
@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
@@ -33,7 +34,7 @@ log = logging.getLogger("rayledger.integration")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m rayledger.integration.job", description=__doc__.split("\n")[0]
+        prog="python -m rayledger.integration.cli.job", description=__doc__.split("\n")[0]
     )
     p.add_argument("--group", "-g", required=True)
     p.add_argument("--create", action="store_true", help="start the group when it is not running")
@@ -79,38 +80,31 @@ def _group(args):
     return group, True
 
 
-def run(args) -> dict[str, Any]:
-    import ray
+@dataclass
+class _Appended:
+    """What the job's client threads got back."""
 
-    if not ray.is_initialized():
-        ray.init(
-            address=args.address or os.environ.get("RAY_ADDRESS") or "auto",
-            namespace="rayledger",
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    t0 = time.monotonic()
-    group, created = _group(args)
-    leader = group.wait_for_leader(timeout_s=args.timeout)
-    tag = uuid.uuid4().hex[:8]
+    acked: dict[int, bytes] = field(default_factory=dict)
+    unknown: int = 0
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _append(group, args, tag: str) -> tuple[_Appended, float]:
+    """``args.entries`` bodies in batches from ``args.clients`` threads; returns (outcome, seconds)."""
     pad = max(0, args.body_size)
 
     def body(i: int) -> bytes:
         b = f"job-{tag}-{i:09d}|".encode()
         return b + b"#" * max(0, pad - len(b))
 
-    starts = list(range(0, args.entries, args.batch))
-    it = iter(starts)
-    lock = threading.Lock()
-    acked: dict[int, bytes] = {}
-    unknown = 0
-    errors: list[str] = []
+    it = iter(range(0, args.entries, args.batch))
+    out = _Appended()
 
     def worker() -> None:
-        nonlocal unknown
         client = group.client(timeout_s=args.timeout)
         while True:
-            with lock:
+            with out.lock:
                 a = next(it, None)
             if a is None:
                 return
@@ -118,34 +112,71 @@ def run(args) -> dict[str, Any]:
             try:
                 results = client.append_batch(bodies)
             except OutcomeUnknownError:
-                with lock:
-                    unknown += len(bodies)
+                with out.lock:
+                    out.unknown += len(bodies)
                 continue
             except LedgerError as exc:
-                with lock:
-                    errors.append(str(exc))
+                with out.lock:
+                    out.errors.append(str(exc))
                 continue
-            with lock:
+            with out.lock:
                 for r, b in zip(results, bodies, strict=True):
-                    acked[r.index] = b
+                    out.acked[r.index] = b
 
-    t_append = time.monotonic()
+    t0 = time.monotonic()
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, args.clients))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    append_s = time.monotonic() - t_append
+    return out, time.monotonic() - t0
 
-    client = group.client(timeout_s=args.timeout)
-    read_back: dict[int, bytes] = {}
+
+def _read_back(client, acked: dict[int, bytes]) -> dict[int, bytes]:
+    """The committed bodies over the acked range, through the client."""
+    got: dict[int, bytes] = {}
     if acked:
         lo, hi = min(acked), max(acked) + 1
-        a = lo
-        while a < hi:
+        for a in range(lo, hi, 5000):
             for e in client.read(a, min(hi, a + 5000)):
-                read_back[e.index] = e.body
-            a += 5000
+                got[e.index] = e.body
+    return got
+
+
+def _read_with(args, acked: dict[int, bytes]) -> dict[str, int]:
+    """Read the acked range again through Ray Data or Spark and count mismatches."""
+    from ..spark import committed_dataset, committed_read, init_spark, spark_running, stop_spark
+
+    lo, hi = min(acked), max(acked) + 1
+    if args.read == "dataset":
+        read = committed_dataset(args.group, lo, hi)
+        rows = read.dataset.take_all() if read.dataset is not None else []
+    else:
+        own_spark = not spark_running()
+        spark = init_spark(f"rayledger-job-{args.group}")
+        try:
+            rows = committed_read(spark, args.group, lo, hi)[0].collect()
+        finally:
+            if own_spark:
+                stop_spark()
+    got = {int(r["index"]): bytes(r["body"]) for r in rows}
+    return {
+        "reader_rows": len(got),
+        "reader_mismatched": sum(1 for i, b in acked.items() if got.get(i) != b),
+    }
+
+
+def run(args) -> dict[str, Any]:
+    from ..connect import connect
+
+    connect(args.address or os.environ.get("RAY_ADDRESS"))
+    t0 = time.monotonic()
+    group, created = _group(args)
+    leader = group.wait_for_leader(timeout_s=args.timeout)
+    out, append_s = _append(group, args, uuid.uuid4().hex[:8])
+    acked = out.acked
+    client = group.client(timeout_s=args.timeout)
+    read_back = _read_back(client, acked)
     mismatched = [i for i, b in acked.items() if read_back.get(i) != b]
     result: dict[str, Any] = {
         "group": args.group,
@@ -154,8 +185,8 @@ def run(args) -> dict[str, Any]:
         "leader": leader,
         "requested": args.entries,
         "acked": len(acked),
-        "unknown": unknown,
-        "errors": errors[:5],
+        "unknown": out.unknown,
+        "errors": out.errors[:5],
         "first_index": min(acked) if acked else None,
         "last_index": max(acked) if acked else None,
         "committed_index": client.committed_index(),
@@ -166,29 +197,13 @@ def run(args) -> dict[str, Any]:
         "read_via": args.read,
     }
     if args.read in ("dataset", "spark") and acked:
-        from .spark import committed_dataset, committed_read, init_spark, spark_running, stop_spark
-
-        lo, hi = min(acked), max(acked) + 1
-        if args.read == "dataset":
-            read = committed_dataset(args.group, lo, hi)
-            rows = read.dataset.take_all() if read.dataset is not None else []
-        else:
-            own_spark = not spark_running()
-            spark = init_spark(f"rayledger-job-{args.group}")
-            try:
-                rows = committed_read(spark, args.group, lo, hi)[0].collect()
-            finally:
-                if own_spark:
-                    stop_spark()
-        got = {int(r["index"]): bytes(r["body"]) for r in rows}
-        result["reader_rows"] = len(got)
-        result["reader_mismatched"] = sum(1 for i, b in acked.items() if got.get(i) != b)
+        result.update(_read_with(args, acked))
     result["ok"] = (
         bool(acked)
         and not mismatched
-        and len(acked) + unknown <= args.entries
+        and len(acked) + out.unknown <= args.entries
         and result.get("reader_mismatched", 0) == 0
-        and not errors
+        and not out.errors
     )
     if args.shutdown:
         group.shutdown(delete_data=True)

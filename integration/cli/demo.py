@@ -30,6 +30,8 @@ from typing import Any
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 from rayledger.storage.reader import batch_to_table
 
+from .output import console, say
+
 log = logging.getLogger("rayledger.integration")
 
 BODY_SIZE = 100
@@ -63,6 +65,58 @@ def _body(seq: int) -> bytes:
     return head + b"." * (BODY_SIZE - len(head))
 
 
+def _append_one(client, bodies: list[bytes], work: Workload) -> tuple[list | None, bool]:
+    """Append one batch, retrying only refusals; returns (results, outcome unknown)."""
+    for _attempt in range(3):
+        try:
+            return client.append_batch(bodies), False
+        except OutcomeUnknownError as exc:  # may have committed: never retried
+            with work.lock:
+                work.unknown.extend(bodies)
+                work.errors[exc.code.name] += 1
+            return None, True
+        except LedgerError as exc:  # refused before anything was stored: safe to retry
+            with work.lock:
+                work.errors[exc.code.name] += 1
+    return None, False
+
+
+def _record(work: Workload, bodies: list[bytes], results, unknown: bool, kill_state: dict) -> None:
+    """Book one batch's outcome; the first ack in a later term times the take-over."""
+    now = time.monotonic()
+    with work.lock:
+        if results is not None:
+            for r, body in zip(results, bodies, strict=True):
+                if r.index in work.acked:
+                    work.duplicate_acks.append(r.index)
+                work.acked[r.index] = body
+                work.ack_terms[r.index] = r.term
+            killed_at = kill_state.get("at")
+            if (
+                killed_at is not None
+                and work.first_ack_after_kill is None
+                and results[0].term > kill_state["term"]
+            ):
+                work.first_ack_after_kill = now - killed_at
+        elif not unknown:
+            work.failed.extend(bodies)
+        work.done_entries += len(bodies)
+
+
+def _kill_leader(group, kill_state: dict) -> None:
+    """Kill the leader's process and time until another member leads."""
+    old = group.leader_id() or group.wait_for_leader(timeout_s=10)
+    term = group.status()[old].term
+    kill_state.update(old=old, term=term, at=time.monotonic())
+    say(f"killing leader {old} (term {term})")
+    group.kill(old)
+    try:
+        new = group.wait_for_leader(timeout_s=30, exclude=old)
+        kill_state.update(new=new, failover_s=time.monotonic() - kill_state["at"])
+    except LedgerError as exc:
+        kill_state.update(new=None, failover_s=None, error=str(exc))
+
+
 def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> float:
     """Append ``args.entries`` bodies from ``args.clients`` threads; returns the wall time."""
     batches = [
@@ -74,46 +128,17 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
 
     def worker(cid: int) -> None:
         client = group.client(timeout_s=15.0)
-        while True:
-            with take:
-                i = next(next_batch, None)
-            if i is None:
-                return
-            bodies = batches[i]
-            results = None
-            unknown = False
-            for _attempt in range(3):
-                try:
-                    results = client.append_batch(bodies)
-                    break
-                except OutcomeUnknownError as exc:  # may have committed: never retried
-                    unknown = True
-                    with work.lock:
-                        work.unknown.extend(bodies)
-                        work.errors[exc.code.name] += 1
-                    break
-                except LedgerError as exc:  # refused before anything was stored: safe to retry
-                    with work.lock:
-                        work.errors[exc.code.name] += 1
-            now = time.monotonic()
-            with work.lock:
-                if results is not None:
-                    for r, body in zip(results, bodies, strict=True):
-                        if r.index in work.acked:
-                            work.duplicate_acks.append(r.index)
-                        work.acked[r.index] = body
-                        work.ack_terms[r.index] = r.term
-                    killed_at = kill_state.get("at")
-                    if (
-                        killed_at is not None
-                        and work.first_ack_after_kill is None
-                        and results[0].term > kill_state["term"]
-                    ):
-                        work.first_ack_after_kill = now - killed_at
-                elif not unknown:
-                    work.failed.extend(bodies)
-                work.done_entries += len(bodies)
-            progress(len(bodies))
+        try:
+            while True:
+                with take:
+                    i = next(next_batch, None)
+                if i is None:
+                    return
+                results, unknown = _append_one(client, batches[i], work)
+                _record(work, batches[i], results, unknown, kill_state)
+                progress(len(batches[i]))
+        finally:
+            client.close()  # no send loop left to call a dead actor at exit
 
     threads = [
         threading.Thread(target=worker, args=(c,), name=f"demo-client-{c}", daemon=True)
@@ -122,22 +147,9 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
     t0 = time.monotonic()
     for t in threads:
         t.start()
-    # Kill the leader half-way and watch the take-over.
-    while any(t.is_alive() for t in threads):
+    while any(t.is_alive() for t in threads):  # kill the leader half-way
         if "at" not in kill_state and work.done_entries >= args.entries // 2:
-            old = group.leader_id() or group.wait_for_leader(timeout_s=10)
-            st = group.status()
-            kill_state.update(old=old, term=st[old].term, at=time.monotonic())
-            print(
-                f"killing leader {old} (term {st[old].term}); Ray will report its worker's death",
-                flush=True,
-            )
-            group.kill(old)
-            try:
-                new = group.wait_for_leader(timeout_s=30, exclude=old)
-                kill_state.update(new=new, failover_s=time.monotonic() - kill_state["at"])
-            except LedgerError as exc:
-                kill_state.update(new=None, failover_s=None, error=str(exc))
+            _kill_leader(group, kill_state)
         time.sleep(0.02)
     for t in threads:
         t.join()
@@ -177,14 +189,43 @@ def _wait_caught_up(group, index: int, timeout_s: float) -> dict:
         time.sleep(0.1)
 
 
-def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
-    checks = [
-        Check(
-            "no index acknowledged twice",
-            not work.duplicate_acks,
-            f"{len(work.duplicate_acks)} duplicates",
+def _exactly_once(work: Workload, ref_terms: list[int], ref_bodies: list[bytes]) -> list[Check]:
+    """Each acked body once in the log, each unknown one at most once."""
+    counts = Counter(ref_bodies)
+    missing = sum(1 for b in work.acked.values() if counts[b] == 0)
+    dup_acked = [(i, b) for i, b in work.acked.items() if counts[b] > 1]
+    dup_unknown = [b for b in work.unknown if counts[b] > 1]
+    detail = f"{missing} missing, {len(dup_acked)} duplicated"
+    if dup_acked:
+        i, b = dup_acked[0]
+        where = [k for k, body in enumerate(ref_bodies) if body == b]
+        detail += (
+            f" (e.g. acked at {i}, found at {where} with terms {[ref_terms[k] for k in where]})"
         )
+    committed_unknown = sum(1 for b in work.unknown if counts[b] == 1)
+    return [
+        Check("each acked entry exactly once", not missing and not dup_acked, detail),
+        Check(
+            "unknown entries at most once",
+            not dup_unknown,
+            f"{committed_unknown} of {len(work.unknown)} committed",
+        ),
     ]
+
+
+def _read_logs(group, top: int, checks: list[Check]) -> dict[str, tuple[list[int], list[bytes]]]:
+    logs = {}
+    for m in group.members:
+        try:
+            logs[m] = _read_log(group.handle(m), 0, top + 1)
+        except Exception as exc:
+            checks.append(Check(f"read {m}'s log", False, str(exc)))
+    return logs
+
+
+def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
+    dups = work.duplicate_acks
+    checks = [Check("no index acknowledged twice", not dups, f"{len(dups)} duplicates")]
     if not work.acked:
         return checks + [Check("some appends acknowledged", False)], {}
     top = max(work.acked)
@@ -194,19 +235,9 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         for m, s in st.items()
         if not (s.alive and s.committed_index >= top)
     }
-    checks.append(
-        Check(
-            "every member committed every ack",
-            not lagging,
-            f"lagging: {lagging}" if lagging else f"up to {top}",
-        )
-    )
-    logs = {}
-    for m in group.members:
-        try:
-            logs[m] = _read_log(group.handle(m), 0, top + 1)
-        except Exception as exc:
-            checks.append(Check(f"read {m}'s log", False, str(exc)))
+    detail = f"lagging: {lagging}" if lagging else f"up to {top}"
+    checks.append(Check("every member committed every ack", not lagging, detail))
+    logs = _read_logs(group, top, checks)
     bad = {}
     for m, (_terms, bodies) in logs.items():
         wrong = sum(1 for i, b in work.acked.items() if bodies[i] != b)
@@ -223,32 +254,14 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         ref_terms, ref_bodies = next(iter(logs.values()))
         same = all(t == ref_terms and b == ref_bodies for t, b in logs.values())
         checks.append(Check("members' logs identical", same, f"{top + 1} entries"))
-        counts = Counter(ref_bodies)
-        missing = sum(1 for b in work.acked.values() if counts[b] == 0)
-        dup_acked = [(i, b) for i, b in work.acked.items() if counts[b] > 1]
-        dup_unknown = [b for b in work.unknown if counts[b] > 1]
-        detail = f"{missing} missing, {len(dup_acked)} duplicated"
-        if dup_acked:
-            i, b = dup_acked[0]
-            where = [k for k, body in enumerate(ref_bodies) if body == b]
-            detail += (
-                f" (e.g. acked at {i}, found at {where} with terms {[ref_terms[k] for k in where]})"
-            )
-        checks.append(Check("each acked entry exactly once", not missing and not dup_acked, detail))
-        checks.append(
-            Check(
-                "unknown entries at most once",
-                not dup_unknown,
-                f"{sum(1 for b in work.unknown if counts[b] == 1)} of {len(work.unknown)} committed",
-            )
-        )
+        checks += _exactly_once(work, ref_terms, ref_bodies)
     return checks, logs
 
 
 def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
     from pyspark.sql import functions as F
 
-    from .spark import committed_read, init_spark
+    from ..spark import committed_read, init_spark
 
     t0 = time.monotonic()
     spark = init_spark("rayledger-demo")
@@ -293,10 +306,9 @@ def _summary(
     spark: dict | None,
     total_s: float,
 ) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=sys.stdout)
+    con = console()
     t = Table(title="rayledger demo", show_header=False)
     t.add_column("what")
     t.add_column("value")
@@ -344,14 +356,71 @@ def _summary(
     con.print(ct)
 
 
-def run_demo(args) -> int:
-    """Run the demo; 0 when every check passed (see the module docstring)."""
+def _start_ray(args) -> bool:
+    """A Ray of the demo's own (never a cluster found on the machine) unless ``--address``."""
     import ray
-    from rayledger.actors import LedgerConfig, LedgerGroup
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=args.address or "local",
+        namespace="rayledger",
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return True
+
+
+def _append_phase(group, args) -> tuple[Workload, float, dict[str, Any], list[Check]]:
+    """The clients' appends with a leader kill half-way, under a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    work = Workload()
+    kill: dict[str, Any] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console()) as bar:
+        task = bar.add_task("appending", total=args.entries)
+        append_s = _run_clients(group, args, work, lambda n: bar.advance(task, n), kill)
+    failover = kill.get("failover_s")
+    say(
+        f"appended: {len(work.acked)} acked, {len(work.unknown)} unknown, {len(work.failed)} "
+        f"failed in {append_s:.1f}s; leader {kill.get('old')} killed, new leader "
+        f"{kill.get('new')} after {failover if failover is not None else float('nan'):.2f}s"
+    )
+    new_leader = bool(kill.get("new")) and kill.get("new") != kill.get("old")
+    checks = [
+        Check("a new leader took over", new_leader, kill.get("error", "")),
+        Check("writes continued after the kill", work.first_ack_after_kill is not None),
+    ]
+    return work, append_s, kill, checks
+
+
+def _run_steps(group, args, t_start: float, checks: list[Check]) -> bool:
+    """Append, verify, aggregate with Spark, report; returns whether Spark was started."""
+    leader = group.wait_for_leader(timeout_s=30)
+    say(f"leader: {leader}")
+    work, append_s, kill, phase_checks = _append_phase(group, args)
+    checks += phase_checks
+    say("verifying every acknowledged append on every member ...")
+    checks += _verify(group, work)[0]
+    spark_info = None
+    if not args.no_spark:
+        say("starting Spark through RayDP and aggregating the committed log ...")
+        schecks, spark_info = _spark_step(group, args)
+        checks += schecks
+    _summary(args, work, append_s, kill, checks, spark_info, time.monotonic() - t_start)
+    return not args.no_spark
+
+
+def run_demo(args) -> int:
+    """Run the demo; 0 when every check passed (see the module docstring)."""
+    from rayledger.actors import LedgerConfig, LedgerGroup
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
     if args.entries <= 0 or args.clients <= 0 or args.batch <= 0:
         raise LedgerError.of(
             ResponseCode.UNEXPECTED_ARGUMENT, "--entries, --clients and --batch must be positive"
@@ -359,82 +428,39 @@ def run_demo(args) -> int:
     t_start = time.monotonic()
     own_dir = args.data_dir is None
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="rayledger-demo-")
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        ray.init(
-            address=args.address
-            or "local",  # a Ray of its own, never a cluster found on the machine
-            namespace="rayledger",
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    own_ray = _start_ray(args)
     group = None
     checks: list[Check] = []
-    spark_info = None
-    spark_started = False
+    spark_started = not args.no_spark
     name = f"demo-{uuid.uuid4().hex[:6]}"
     try:
-        print(f"creating group {name} (3 members, file store under {data_dir})", flush=True)
+        say(f"creating group {name} (3 members, file store under {data_dir})")
         group = LedgerGroup.create(name, 3, store_dir=data_dir, config=LedgerConfig.fast())
-        leader = group.wait_for_leader(timeout_s=30)
-        print(f"leader: {leader}", flush=True)
-        work = Workload()
-        kill: dict[str, Any] = {}
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-        ) as bar:
-            task = bar.add_task("appending", total=args.entries)
-            append_s = _run_clients(group, args, work, lambda n: bar.advance(task, n), kill)
-        print(
-            f"appended: {len(work.acked)} acked, {len(work.unknown)} unknown, {len(work.failed)} failed "
-            f"in {append_s:.1f}s; leader {kill.get('old')} killed, new leader {kill.get('new')} "
-            f"after {kill.get('failover_s') or float('nan'):.2f}s",
-            flush=True,
-        )
-        checks.append(
-            Check(
-                "a new leader took over",
-                bool(kill.get("new")) and kill.get("new") != kill.get("old"),
-                kill.get("error", ""),
-            )
-        )
-        checks.append(
-            Check("writes continued after the kill", work.first_ack_after_kill is not None)
-        )
-        print("verifying every acknowledged append on every member ...", flush=True)
-        vchecks, _logs = _verify(group, work)
-        checks += vchecks
-        if not args.no_spark:
-            print("starting Spark through RayDP and aggregating the committed log ...", flush=True)
-            spark_started = True
-            schecks, spark_info = _spark_step(group, args)
-            checks += schecks
-        _summary(args, work, append_s, kill, checks, spark_info, time.monotonic() - t_start)
+        spark_started = _run_steps(group, args, t_start, checks)
     except Exception as exc:
-        log.exception("demo failed")
+        log.debug("demo failed", exc_info=True)
         checks.append(Check("demo ran to the end", False, f"{type(exc).__name__}: {exc}"))
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
-        if spark_started:
-            from .spark import stop_spark
-
-            stop_spark()
-        if group is not None:
-            group.shutdown(delete_data=not args.keep)
-        if own_dir and not args.keep:
-            shutil.rmtree(data_dir, ignore_errors=True)
-        elif args.keep:
-            print(f"data kept in {data_dir}")
-        if own_ray:
-            ray.shutdown()
+        _clean_up(args, group, spark_started, own_dir, data_dir, own_ray)
     ok = bool(checks) and all(c.ok for c in checks)
-    print(
-        "demo: all checks passed"
-        if ok
-        else "demo: FAILED: " + "; ".join(c.name for c in checks if not c.ok)
-    )
+    failed = "; ".join(f"{c.name} ({c.detail})" if c.detail else c.name for c in checks if not c.ok)
+    say("demo: all checks passed" if ok else f"demo: FAILED: {failed}")
     return 0 if ok else 1
+
+
+def _clean_up(args, group, spark_started: bool, own_dir: bool, data_dir: str, own_ray: bool):
+    """Stop Spark, the group and Ray in that order, so nothing calls a dead actor."""
+    import ray
+
+    if spark_started:
+        from ..spark import stop_spark
+
+        stop_spark()
+    if group is not None:
+        group.shutdown(delete_data=not args.keep)
+    if own_dir and not args.keep:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    elif args.keep:
+        say(f"data kept in {data_dir}")
+    if own_ray:
+        ray.shutdown()

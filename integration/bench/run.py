@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rayledger.storage import LedgerError, ResponseCode
+
 
 def group_options(args) -> dict:
     """The ``bench group`` flags as keyword arguments of ``bench_group.run``."""
@@ -16,20 +18,22 @@ def group_options(args) -> dict:
 
 def run(which: str, args) -> dict:
     quick = bool(getattr(args, "quick", False))
+    if getattr(args, "plot", None) and which != "group":
+        raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "--plot is for `bench group` only")
     if which == "store":
-        from .bench import run_store_bench
+        from .store import run_store_bench
 
         return run_store_bench(quick=quick, gib=getattr(args, "gib", 1.0))
     if which == "replication":
-        from .bench_replication import run_replication_bench
+        from .replication import run_replication_bench
 
         return run_replication_bench(entries=200_000 if quick else 2_000_000)
     if which == "group":
-        from .bench_group import run as run_group
+        from .group import run as run_group
 
-        return run_group(quick=quick, **group_options(args))
+        return run_group(quick=quick, plot=getattr(args, "plot", None), **group_options(args))
     if which == "peer":
-        from .bench_peer import run as run_peer
+        from .peer import run as run_peer
 
         return run_peer(quick=quick, **group_options(args))
     if which == "spark":

@@ -318,7 +318,7 @@ def run(
     """PySyncObj first, then rayledger (``bench group``), with ratios (>1: rayledger better)."""
     _require_pysyncobj()
     peer = run_pysyncobj(quick=quick, threads=threads, clients=clients, batch=batch, nodes=members)
-    from .bench_group import run as run_group
+    from .group import run as run_group
 
     kw = dict(clients=clients, batch=batch, members=members, threads=threads)
     ours = run_group(quick=quick, sync_flush=sync_flush, **kw)

@@ -11,81 +11,29 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rayledger.storage import LedgerError
+from rayledger.storage import LedgerError, ResponseCode
 
-
-def _connect(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    try:
-        ray.init(
-            address=address or "auto",
-            namespace="rayledger",
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    except ConnectionError as exc:
-        raise SystemExit(
-            f"error: no Ray cluster at {address or 'auto'} ({exc}); start one with `ray start --head`"
-        ) from exc
-
-
-def _status_table(group) -> list[dict]:
-    rows = []
-    for m, s in group.status().items():
-        rows.append(
-            {
-                "member": m,
-                "alive": s.alive,
-                "role": s.role.value if s.role else None,
-                "term": s.term,
-                "leader": s.leader_id,
-                "begin": s.ledger_begin_index,
-                "end": s.ledger_end_index,
-                "committed": s.committed_index,
-            }
-        )
-    return rows
+from ..connect import connect
+from . import ops, output
+from .output import say
 
 
 def cmd_start(args) -> int:
     from rayledger.actors import LedgerConfig, LedgerGroup
 
-    _connect(args.address)
+    connect(args.address)
     config = LedgerConfig.fast() if args.fast else LedgerConfig()
     members = args.members.split(",") if "," in args.members else int(args.members)
     group = LedgerGroup.create(args.group, members, store_dir=args.store_dir, config=config)
     leader = group.wait_for_leader(timeout_s=args.timeout)
-    print(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
-    return 0
-
-
-def cmd_status(args) -> int:
-    from rayledger.actors import LedgerGroup
-
-    _connect(args.address)
-    rows = _status_table(LedgerGroup.get(args.group))
-    if args.json:
-        print(json.dumps(rows))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"group {args.group}")
-        for col in rows[0]:
-            table.add_column(col)
-        for r in rows:
-            table.add_row(*(str(v) for v in r.values()))
-        Console().print(table)
+    say(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
     return 0
 
 
 def cmd_append(args) -> int:
     from rayledger.actors import LedgerClient
 
-    _connect(args.address)
+    connect(args.address)
     bodies = [b.encode() for b in args.bodies]
     if args.file:
         with open(args.file, "rb") as f:
@@ -93,37 +41,38 @@ def cmd_append(args) -> int:
     client = LedgerClient.connect(args.group, timeout_s=args.timeout)
     results = client.append_batch(bodies)
     for r in results:
-        print(json.dumps({"index": r.index, "term": r.term, "pos": r.pos}))
+        say(json.dumps({"index": r.index, "term": r.term, "pos": r.pos}))
     return 0
 
 
 def cmd_get(args) -> int:
     from rayledger.actors import LedgerClient
 
-    _connect(args.address)
+    connect(args.address)
     client = LedgerClient.connect(args.group, timeout_s=args.timeout)
     entries = client.read(args.index, args.index + args.count)
     if not entries:
-        print(f"error: no committed entry at {args.index}", file=sys.stderr)
-        return 1
+        raise LedgerError(
+            ResponseCode.INDEX_OUT_OF_BOUNDS, f"no committed entry at index {args.index}"
+        )
     for e in entries:
         body = e.body.decode("utf-8", "backslashreplace")
-        print(json.dumps({"index": e.index, "term": e.term, "pos": e.pos, "body": body}))
+        say(json.dumps({"index": e.index, "term": e.term, "pos": e.pos, "body": body}))
     return 0
 
 
 def cmd_transfer(args) -> int:
     from rayledger.actors import LedgerGroup
 
-    _connect(args.address)
+    connect(args.address)
     group = LedgerGroup.get(args.group)
     leader = group.transfer_leadership(args.member, timeout_s=args.timeout)
-    print(json.dumps({"group": args.group, "leader": leader}))
+    say(json.dumps({"group": args.group, "leader": leader}))
     return 0
 
 
 def cmd_export(args) -> int:
-    from .export import export_main
+    from ..spark.export import export_main
 
     return export_main(args)
 
@@ -135,29 +84,48 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import benchmarks
+    from .. import bench
 
-    result = benchmarks.run(args.which, args)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    result = bench.run(args.which, args)
+    say(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rayledger", description="DLedger's replicated commitlog on Ray"
+#: The next step to suggest for each error code a user can meet at the command line.
+NEXT_STEP: dict[ResponseCode, str] = {
+    ResponseCode.UNKNOWN_GROUP: "see the running groups with `rayledger list`",
+    ResponseCode.UNKNOWN_MEMBER: "see the members with `rayledger status --group G`",
+    ResponseCode.NETWORK_ERROR: "start Ray with `ray start --head` or pass --address",
+    ResponseCode.INDEX_OUT_OF_BOUNDS: "check the range with `rayledger status --group G`",
+    ResponseCode.UNEXPECTED_ARGUMENT: "see `rayledger COMMAND --help`",
+    ResponseCode.TIMEOUT: "the group may have no leader: check `rayledger status --group G`",
+    ResponseCode.NOT_LEADER: "retry; the group is electing a leader",
+    ResponseCode.LEADER_NOT_READY: "retry; the group is electing a leader",
+    ResponseCode.UNSUPPORTED: "run the command on the member's node",
+}
+
+
+def _options() -> argparse.ArgumentParser:
+    """Options every subcommand takes."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose", "-v", action="store_true", help="also show Ray's and Spark's own output"
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    return common
 
-    def with_group(sp, timeout: float = 30.0):
-        sp.add_argument("--group", "-g", required=True, help="group name")
-        sp.add_argument(
-            "--address", default=None, help="Ray address (default: the running cluster)"
-        )
-        sp.add_argument("--timeout", type=float, default=timeout, help="seconds to wait")
-        return sp
 
+def _with_group(sp: argparse.ArgumentParser, timeout: float = 30.0) -> argparse.ArgumentParser:
+    sp.add_argument("--group", "-g", required=True, help="group name")
+    sp.add_argument("--address", default=None, help="Ray address (default: the running cluster)")
+    sp.add_argument("--timeout", type=float, default=timeout, help="seconds to wait")
+    return sp
+
+
+def _add_demo(sub, common) -> None:
     demo = sub.add_parser(
-        "demo", help="the main job: failover, checks and a Spark aggregation on a local Ray"
+        "demo",
+        parents=[common],
+        help="the main job: failover, checks and a Spark aggregation on a local Ray",
     )
     demo.add_argument("--entries", type=int, default=100_000)
     demo.add_argument("--clients", type=int, default=4)
@@ -170,40 +138,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the data directory")
     demo.set_defaults(func=cmd_demo)
 
-    st = with_group(sub.add_parser("start", help="start a group on the running Ray cluster"))
+
+def _add_group_commands(sub, common) -> None:
+    def add(name: str, help: str, func, timeout: float = 30.0) -> argparse.ArgumentParser:
+        sp = _with_group(sub.add_parser(name, parents=[common], help=help), timeout)
+        sp.set_defaults(func=func)
+        return sp
+
+    st = add("start", "start a group on the running Ray cluster", cmd_start)
     st.add_argument("--members", default="3", help="a count or comma-separated member ids")
     st.add_argument("--store-dir", default=None, help="file store root (default: memory store)")
     st.add_argument("--fast", action="store_true", help="short election timers (heartbeat 100 ms)")
-    st.set_defaults(func=cmd_start)
-
-    ss = with_group(sub.add_parser("status", help="each member's role, term and indexes"))
-    ss.add_argument("--json", action="store_true")
-    ss.set_defaults(func=cmd_status)
-
-    ap = with_group(
-        sub.add_parser("append", help="append entries (one per argument) and wait for commit")
-    )
+    ap = add("append", "append entries (one per argument) and wait for commit", cmd_append)
     ap.add_argument("bodies", nargs="*", help="entry bodies (UTF-8)")
     ap.add_argument("--file", help="also append this file's bytes as one entry")
-    ap.set_defaults(func=cmd_append)
-
-    gt = with_group(sub.add_parser("get", help="read committed entries"))
+    gt = add("get", "read committed entries", cmd_get)
     gt.add_argument("index", type=int)
     gt.add_argument("--count", type=int, default=1)
-    gt.set_defaults(func=cmd_get)
-
-    tr = with_group(sub.add_parser("transfer", help="move leadership to a member"))
+    tr = add("transfer", "move leadership to a member", cmd_transfer)
     tr.add_argument("member")
-    tr.set_defaults(func=cmd_transfer)
-
-    ex = with_group(sub.add_parser("export", help="committed entries to Parquet through Spark"))
+    ex = add("export", "committed entries to Parquet through Spark", cmd_export)
     ex.add_argument("--out", required=True, help="output directory")
     ex.add_argument(
         "--from", dest="start", type=int, default=None, help="first index (default: resume)"
     )
-    ex.set_defaults(func=cmd_export)
+    ops.add_commands(add, sub, common)
 
-    be = sub.add_parser("bench", help="benchmarks (figures go to docs/BENCHMARKS.md)")
+
+def _add_bench(sub, common) -> None:
+    be = sub.add_parser(
+        "bench", parents=[common], help="benchmarks (figures go to docs/BENCHMARKS.md)"
+    )
     be.add_argument("which", choices=["store", "replication", "group", "peer", "spark"])
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")
     be.add_argument("--quick", action="store_true", help="a smaller run")
@@ -215,21 +180,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--sync-flush", action="store_true", help="group: ack only after fdatasync on a quorum"
     )
     be.add_argument("--gib", type=float, default=1.0, help="store: size of the recovery log")
+    be.add_argument("--plot", default=None, help="group: draw latency CDF and throughput to a PNG")
     be.set_defaults(func=cmd_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _options()
+    p = argparse.ArgumentParser(
+        prog="rayledger", description="DLedger's replicated commitlog on Ray", parents=[common]
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_demo(sub, common)
+    _add_group_commands(sub, common)
+    _add_bench(sub, common)
     return p
+
+
+def _explain(exc: LedgerError) -> str:
+    hint = NEXT_STEP.get(exc.code)
+    return f"error: {exc}" + (f"; {hint}" if hint else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     args = build_parser().parse_args(argv)
+    if not args.verbose:
+        output.quiet()
+    code = 1
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except LedgerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        output.error(_explain(exc))
+        code = 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        output.error("error: interrupted")
+        code = 130
+    finally:
+        output.finish(code == 0)
+    return code
 
 
 if __name__ == "__main__":

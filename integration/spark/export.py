@@ -21,6 +21,7 @@ from typing import Any
 
 from rayledger.storage import LedgerError, ResponseCode
 
+from ..connect import connect
 from .consumer import ConsumerCheckpoint
 
 log = logging.getLogger("rayledger.integration")
@@ -70,7 +71,7 @@ def export(
     timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Export the committed entries of ``group`` from ``start`` (None: resume) to ``out``."""
-    from .spark import committed_read, snapshot
+    from .reader import committed_read, snapshot
 
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -150,14 +151,13 @@ class _progress:
 
 def export_main(args: Any) -> int:
     """Entry point of ``rayledger export`` (args: group, out, start, address, timeout)."""
-    from .cli import _connect
-    from .spark import init_spark, spark_running, stop_spark
+    from .reader import init_spark, spark_running, stop_spark
 
     if args.start is not None and args.start < 0:
         raise LedgerError.of(
             ResponseCode.UNEXPECTED_ARGUMENT, f"--from must be >= 0, got {args.start}"
         )
-    _connect(args.address)
+    connect(args.address)
     own_spark = not spark_running()  # a caller's session is left running
     spark = init_spark(f"rayledger-export-{args.group}")
     try:

@@ -71,7 +71,7 @@ def _in_threads(target, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _single(group: LedgerGroup, n: int, body: int) -> dict:
+def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -> dict:
     c = group.client()
     c.append(b"warm")
     lat = []
@@ -80,6 +80,8 @@ def _single(group: LedgerGroup, n: int, body: int) -> dict:
         t0 = time.perf_counter()
         c.append(payload)
         lat.append((time.perf_counter() - t0) * 1000)
+    if series is not None:
+        series["latency_ms"]["single append, 1 client"] = lat
     return {"single_p50_ms": _pct(lat, 0.5), "single_p99_ms": _pct(lat, 0.99)}
 
 
@@ -135,7 +137,9 @@ def _pipelined(group: LedgerGroup, depth: int, seconds: float, body: int) -> dic
     }
 
 
-def _batches(group: LedgerGroup, clients: int, rounds: int, batch: int, body: int) -> dict:
+def _batches(
+    group: LedgerGroup, clients: int, rounds: int, batch: int, body: int, series: dict | None = None
+) -> dict:
     payload = [os.urandom(body) for _ in range(batch)]
     errors: list[Exception] = []
     lat: list[float] = []
@@ -147,6 +151,8 @@ def _batches(group: LedgerGroup, clients: int, rounds: int, batch: int, body: in
 
     group.client().append_batch(payload)  # warm up every hop
     dt = _in_threads(worker, clients)
+    if series is not None:
+        series["latency_ms"][f"batch of {batch}, {clients} clients"] = lat
     return {
         "batch_clients": clients,
         "batch_size": batch,
@@ -239,6 +245,34 @@ def _failover(group: LedgerGroup, deadline_s: float = 120.0) -> float:
     raise LedgerError.of(ResponseCode.TIMEOUT, f"no append succeeded {deadline_s}s after the kill")
 
 
+def _measure(g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None) -> dict:
+    """Every figure on one group; with ``plot`` also a sweep over client counts, drawn."""
+    series: dict | None = {"latency_ms": {}, "throughput": [], "batch": batch} if plot else None
+    rounds = 5 if quick else 40
+    g.wait_for_leader(timeout_s=60)
+    term = _max_term(g)
+    out = _single(g, 100 if quick else 500, body, series)
+    out.update(_concurrent(g, threads, 3 if quick else 10, body))
+    out.update(_pipelined(g, 256, 3 if quick else 10, body))
+    out.update(_batches(g, clients, rounds, batch, body, series))
+    out["term_changes_under_load"] = _max_term(g) - term
+    out.update(_reads(g, min(threads, 16), 2 if quick else 5))
+    if series is not None:
+        for n in sorted({1, 2, clients, 2 * clients}):
+            r = out if n == clients else _batches(g, n, rounds, batch, body)
+            series["throughput"].append((n, r["batch_entries_per_s"]))
+        from .plot import plot_group
+
+        flush = "sync" if g.config.store.sync_flush else "async"
+        title = f"rayledger bench group: {len(g.members)} members, {flush} flush" + (
+            " (quick)" if quick else ""
+        )
+        out["plot"] = str(plot_group(series, plot, title))
+    out.update(_idle(g, 3 if quick else 10))
+    out["failover_s"] = _failover(g)
+    return out
+
+
 def run(
     quick: bool = False,
     clients: int = 4,
@@ -247,6 +281,7 @@ def run(
     threads: int = 64,
     sync_flush: bool = False,
     body: int = 128,
+    plot: str | None = None,
 ) -> dict:
     started = not ray.is_initialized()
     if started:
@@ -271,16 +306,7 @@ def run(
         name = f"bench-{uuid.uuid4().hex[:6]}"
         g = LedgerGroup.create(name, members, store_dir=root, config=fast)
         try:
-            g.wait_for_leader(timeout_s=60)
-            term = _max_term(g)
-            out.update(_single(g, 100 if quick else 500, body))
-            out.update(_concurrent(g, threads, 3 if quick else 10, body))
-            out.update(_pipelined(g, 256, 3 if quick else 10, body))
-            out.update(_batches(g, clients, 5 if quick else 40, batch, body))
-            out["term_changes_under_load"] = _max_term(g) - term
-            out.update(_reads(g, min(threads, 16), 2 if quick else 5))
-            out.update(_idle(g, 3 if quick else 10))
-            out["failover_s"] = _failover(g)
+            out.update(_measure(g, quick, clients, batch, threads, body, plot))
         finally:
             g.shutdown(delete_data=True)
         if not quick:

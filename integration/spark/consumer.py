@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.metafile import atomic_write_json, read_json
 
-from .spark import committed_read
+from .reader import committed_read
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession

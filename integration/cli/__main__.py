@@ -1,0 +1,7 @@
+"""``python -m rayledger.integration.cli``."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

@@ -1,0 +1,96 @@
+"""The command line's own output, kept apart from Ray's and Spark's.
+
+Ray (its startup, Data executor and raylet messages), the Spark JVM (log4j) and
+py4j write to the process's file descriptors 1 and 2, from Python threads and
+from child processes alike.  Unless ``--verbose`` is given, :func:`quiet` points
+both descriptors at a log file and gives the command line private copies of the
+terminal's stdout and stderr: :func:`say`, :func:`error` and :func:`console`
+write there, so a user sees only rayledger's lines, and the log file holds the
+rest for when something goes wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from typing import TextIO
+
+#: Third-party loggers held at ERROR in quiet mode (their INFO/WARN lines are noise here).
+NOISY_LOGGERS = ("ray", "ray.data", "ray.serve", "py4j", "pyspark", "raydp", "filelock")
+
+
+class _Streams:
+    """Where the command line's own lines go; the process's stdout/stderr by default."""
+
+    out: TextIO | None = None
+    err: TextIO | None = None
+    log_path: str | None = None
+
+
+def _out() -> TextIO:
+    return _Streams.out or sys.stdout
+
+
+def _err() -> TextIO:
+    return _Streams.err or sys.stderr
+
+
+def say(*parts: object, end: str = "\n") -> None:
+    """One line of the command's own output (stdout)."""
+    print(*parts, end=end, file=_out(), flush=True)
+
+
+def error(message: str) -> None:
+    """One line on stderr, plus where the third-party log is when there is one."""
+    print(message, file=_err(), flush=True)
+    if _Streams.log_path:
+        print(f"(Ray and Spark output of this run: {_Streams.log_path})", file=_err(), flush=True)
+
+
+def console(stderr: bool = False):
+    """A rich Console writing to the command's own stdout (or stderr)."""
+    from rich.console import Console
+
+    return Console(file=_err() if stderr else _out())
+
+
+def log_path() -> str | None:
+    return _Streams.log_path
+
+
+def quiet() -> str:
+    """Send fds 1 and 2 (and every child's) to a log file; returns its path."""
+    if _Streams.log_path:
+        return _Streams.log_path
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")  # Spark's and Ray's Python workers
+    fd, path = tempfile.mkstemp(prefix="rayledger-", suffix=".log")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _Streams.out = io.TextIOWrapper(
+        os.fdopen(os.dup(1), "wb", buffering=0), encoding="utf-8", line_buffering=True
+    )
+    _Streams.err = io.TextIOWrapper(
+        os.fdopen(os.dup(2), "wb", buffering=0), encoding="utf-8", line_buffering=True
+    )
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _Streams.log_path = path
+    return path
+
+
+def finish(ok: bool) -> None:
+    """Drop the log file of a run that went well; keep it (its path was printed) otherwise."""
+    path = _Streams.log_path
+    if path and ok:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

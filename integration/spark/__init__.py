@@ -1,0 +1,29 @@
+"""The committed log for Spark: the RayDP reader, consumer checkpoints, Parquet export."""
+
+from .reader import (
+    COLUMNS,
+    CommittedRead,
+    CommittedSnapshot,
+    SparkUnavailableError,
+    committed_dataframe,
+    committed_dataset,
+    committed_read,
+    init_spark,
+    snapshot,
+    spark_running,
+    stop_spark,
+)
+
+__all__ = [
+    "COLUMNS",
+    "CommittedRead",
+    "CommittedSnapshot",
+    "SparkUnavailableError",
+    "committed_dataframe",
+    "committed_dataset",
+    "committed_read",
+    "init_spark",
+    "snapshot",
+    "spark_running",
+    "stop_spark",
+]

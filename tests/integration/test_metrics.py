@@ -1,0 +1,110 @@
+"""The group's metrics, read back from a real Ray metrics endpoint in Prometheus text format.
+
+A child process starts its own Ray with a metrics export port (never the session's
+Ray), drives a group (appends, reads, a leader kill) and prints the endpoint's text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, time, urllib.request
+    import ray
+    from rayledger.actors import LedgerConfig, LedgerGroup
+
+    port, store = int(sys.argv[1]), sys.argv[2]
+    ray.init(address="local", num_cpus=2, namespace="rayledger", include_dashboard=False,
+             log_to_driver=False, configure_logging=False, _metrics_export_port=port)
+    group = LedgerGroup.create("metrics", 3, store_dir=store, config=LedgerConfig.fast())
+    try:
+        group.wait_for_leader(30)
+        client = group.client(timeout_s=30)
+        for i in range(20):
+            client.append_batch([b"x" * 100] * 50)
+        client.read(0, 10)
+        old = group.wait_for_leader(10)
+        group.kill(old)
+        group.wait_for_leader(30, exclude=old)
+        client.append_batch([b"y" * 100] * 50)
+        wanted = ("rayledger_append_latency_ms", "rayledger_peer_water_mark",
+                  "rayledger_elections_won", "rayledger_flush_latency_ms", "rayledger_reads",
+                  "rayledger_disk_bytes", "rayledger_peer_push_latency_ms")
+        deadline = time.monotonic() + 90
+        while True:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            if all(w in text for w in wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        print("=== METRICS ===")
+        print(text)
+    finally:
+        group.shutdown(delete_data=True)
+        ray.shutdown()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of ``name`` (Ray adds the ``ray_`` prefix)."""
+    out = []
+    pat = re.compile(r"^ray_" + re.escape(name) + r"(?:_total)?\{(.*?)\} (\S+)$")
+    for line in text.splitlines():
+        m = pat.match(line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            out.append((labels, float(m.group(2))))
+    return out
+
+
+def test_metrics_reach_prometheus(tmp_path):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_metrics_report_interval_ms"] = "1000"
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(port), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout.split("=== METRICS ===", 1)[1]
+
+    def members(name: str) -> dict[str, float]:
+        got = {}
+        for labels, value in _samples(text, name):
+            assert labels["group"] == "metrics", labels
+            got[labels["member"] + labels.get("peer", "") + labels.get("consistency", "")] = value
+        return got
+
+    assert set(members("rayledger_term")) == {"n0", "n1", "n2"}
+    assert max(members("rayledger_committed_index").values()) >= 1000
+    assert sorted(members("rayledger_role").values())[-1] == 2  # a leader
+    assert sum(members("rayledger_elections_won").values()) >= 2  # before and after the kill
+    assert sum(members("rayledger_appended_entries").values()) >= 1050
+    assert sum(members("rayledger_appended_bytes").values()) >= 105_000
+    counts = members("rayledger_append_latency_ms_count")
+    assert sum(counts.values()) >= 1
+    assert members("rayledger_peer_water_mark") and members("rayledger_peer_lag")
+    assert sum(members("rayledger_peer_push_latency_ms_count").values()) >= 1
+    assert sum(members("rayledger_flush_latency_ms_count").values()) >= 1
+    assert min(members("rayledger_disk_bytes").values()) > 0
+    assert sum(v for k, v in members("rayledger_reads").items() if k.endswith("committed")) >= 1
+    assert "rayledger_pending_appends" in text and "rayledger_ledger_end_index" in text
