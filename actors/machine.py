@@ -39,6 +39,7 @@ class MachineContext:
     member: str
     data_dir: str | None  # the member's directory (None for a memory store): keep files here
     args: dict
+    log: Any = None  # the member's store, to read committed entries (never to write)
 
 
 class StateMachine:

@@ -25,7 +25,9 @@ class MachineRunner:
     def __init__(self, member: Any, data_dir: str | None):
         cfg = member.config
         machine = load_machine(cfg.state_machine)
-        ctx = MachineContext(member.group, member.self_id, data_dir, dict(cfg.state_machine_args))
+        ctx = MachineContext(
+            member.group, member.self_id, data_dir, dict(cfg.state_machine_args), member.store
+        )
         self.applier = Applier(machine, ctx)
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
