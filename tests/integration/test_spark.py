@@ -254,3 +254,32 @@ def test_offline_directory_is_bounded_by_its_checkpoint(spark, tmp_path):
     assert df.count() == 3000
     assert df.filter(df.term == 2).count() == 0
     assert time.perf_counter() - t0 < 60
+
+
+def test_rocketmq_topics_as_dataframes(spark, ray_session, tmp_path, group_name):
+    """Issue 11 §7: a topic's committed messages, decoded, bounded by the committed index."""
+    from rayledger.integration.rocketmq import CommitLog
+    from rayledger.integration.rocketmq.spark import messages_dataframe
+
+    log = CommitLog.create(group_name, 3, str(tmp_path / "mq"), LedgerConfig.fast())
+    try:
+        for i in range(12):
+            r = log.put_message("T" if i % 3 else "U", i % 2, b"m%d" % i, tags="t", keys=f"k{i}")
+            assert r.ok
+        df = messages_dataframe(spark, group_name, topic="T")
+        rows = sorted(df.collect(), key=lambda r: r["index"])
+        assert [bytes(r["body"]) for r in rows] == [b"m%d" % i for i in range(12) if i % 3]
+        assert {r["topic"] for r in rows} == {"T"} and rows[0]["tags"] == "t"
+        assert rows[0]["properties"]["KEYS"] == rows[0]["keys"]
+        for r in rows:
+            m = log.get_message(r["phys_offset"])
+            assert (
+                m is not None and m.body == bytes(r["body"]) and m.queue_offset == r["queue_offset"]
+            )
+        assert messages_dataframe(spark, group_name).count() == 12
+        assert (
+            messages_dataframe(spark, group_name, start=rows[-1]["index"] + 1, topic="T").count()
+            == 0
+        )
+    finally:
+        log.group.shutdown(delete_data=True)
