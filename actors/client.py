@@ -248,13 +248,17 @@ class LedgerClient:
             return p
         with self._cv:
             self._queue.append(p)
-            if self._sender is None or not self._sender.is_alive():
-                self._sender = threading.Thread(
-                    target=self._send_loop, name=f"rayledger-client-{self.group}", daemon=True
-                )
-                self._sender.start()
+            self._ensure_sender()
             self._cv.notify_all()
         return p
+
+    def _ensure_sender(self) -> None:
+        """A sender thread runs while anything is queued (called with the lock held)."""
+        if self._sender is None or not self._sender.is_alive():
+            self._sender = threading.Thread(
+                target=self._send_loop, name=f"rayledger-client-{self.group}", daemon=True
+            )
+            self._sender.start()
 
     def _expire(self, p: _Pending) -> LedgerError | None:
         """The caller's deadline passed: queued means never stored, sent means unknown."""
@@ -381,6 +385,7 @@ class LedgerClient:
                 p.last_error = why
                 p.sent = False
                 self._queue.appendleft(p)
+            self._ensure_sender()  # an append sent directly has no sender thread behind it
             self._cv.notify_all()
 
     def _done(self, batch: list[_Pending], target: str, f: concurrent.futures.Future) -> None:

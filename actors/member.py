@@ -93,6 +93,10 @@ class MemberActor:
             data_dir=data_dir,
         )
         self.store = store
+        # sync_flush: fdatasync outside the member's lock, so heartbeats and votes never
+        # wait behind a flush; answers and rounds go out only once it is done
+        self._sync = bool(getattr(self.config.store, "sync_flush", False))
+        store.defer_sync = self._sync
         self._metrics = MemberMetrics(group, self_id, store, data_dir)
         self.faults = load_faults(group, self_id)  # faults follow a member across restarts
         self._handles: dict[str, Any] = {}
@@ -185,6 +189,8 @@ class MemberActor:
                 now = now_ms()
                 with self._lock:
                     actions, answers = self.logic.tick(now)
+                if self._sync and answers:
+                    await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
                 self._resolve(answers)
                 self._commits_moved()
                 await self._apply(actions)
@@ -290,6 +296,8 @@ class MemberActor:
         that cannot get them working hands leadership on (after ``HELPER_START_S``: at a
         member's start its helpers' processes may still be starting)."""
         term = change.term
+        if self._sync:  # the term's first entry is on disk before we count ourselves
+            await self._loop.run_in_executor(None, self.store.flush)
         give_up = time.monotonic() + max(
             HELPER_START_S, self.config.election.heartbeat_timeout_ms / 1000
         )
@@ -538,6 +546,8 @@ class MemberActor:
         fut = self._loop.create_future()
         with self._lock:
             answers = self.logic.on_push(req, fut, now_ms())
+        if self._sync and answers:  # acknowledge only what is on disk
+            await self._loop.run_in_executor(None, self.store.flush)
         for f, resp in answers:
             if f is fut:
                 _set_result(fut, resp)
@@ -552,15 +562,17 @@ class MemberActor:
         answers = []
         now = now_ms()
         with self._lock:
-            for key, req in wire:
-                for tok, resp in self.logic.on_push(req, ("cg", key), now):
-                    if type(tok) is tuple:
-                        answers.append((tok[1], resp))
-                    elif not tok.done():
-                        tok.get_loop().call_soon_threadsafe(_set_result, tok, resp)
+            done = [tr for key, req in wire for tr in self.logic.on_push(req, ("cg", key), now)]
             if self._late:
                 answers += self._late
                 self._late = []
+        if self._sync and done:
+            self.store.flush()  # the graph's thread waits for the disk, not the member
+        for tok, resp in done:
+            if type(tok) is tuple:
+                answers.append((tok[1], resp))
+            elif not tok.done():
+                tok.get_loop().call_soon_threadsafe(_set_result, tok, resp)
         return carry, answers
 
     @ray.method(concurrency_group="election")
@@ -622,6 +634,10 @@ class MemberActor:
         try:
             batch = rnd.appended.batch()
             self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
+            if self._sync:  # followers write meanwhile; the quorum counts us once we flushed
+                self._announce_plain(replace(a, payload=batch))
+                asyncio.ensure_future(self._register_synced(term, rnd, rid))
+                return
             fast = self._fast
             if fast is not None and fast.active:
                 if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
@@ -638,6 +654,17 @@ class MemberActor:
                 exc,
             )
             self._finish_round(rid, ResponseCode.INTERNAL_ERROR)
+
+    async def _register_synced(self, term: int, rnd: Round, rid: int) -> None:
+        """sync_flush: the round joins the quorum count once it is on this member's disk."""
+        try:
+            await self._loop.run_in_executor(None, self.store.flush)
+        except LedgerError as exc:
+            log.error("[%s] term=%d: flush of %d..%d failed: %s", self.self_id, term,
+                      rnd.first_index, rnd.last_index, exc)  # fmt: skip
+            self._finish_round(rid, ResponseCode.DISK_ERROR)  # stored: outcome unknown
+            return
+        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:

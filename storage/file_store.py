@@ -504,7 +504,7 @@ class FileStore(LogStore):
                 self._flush_cv.wait(1.0)
 
     def after_append(self) -> None:
-        if self.config.sync_flush:
+        if self.config.sync_flush and not self.defer_sync:
             self.flush()
 
     def after_truncate(self) -> None:

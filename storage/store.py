@@ -126,6 +126,9 @@ class LogStore:
         self._index = index
         self._lock = threading.RLock()
         self._hooks: list[AppendHook] = []
+        # With sync_flush, an append normally waits for its fdatasync.  A caller that holds a
+        # lock others need (the member actor) sets this and calls flush() itself, unlocked.
+        self.defer_sync = False
         self.ledger_begin_index = 0
         self.ledger_end_index = -1
         self.ledger_end_term = -1

@@ -147,3 +147,20 @@ def test_no_leader_times_out_without_storing(make_group):
         c.append(b"x")
     assert err.value.code == ResponseCode.TIMEOUT
     assert time.monotonic() - t0 < 10
+
+
+def test_an_append_sent_directly_to_a_stale_leader_follows_the_hint(make_group):
+    """The first append after a failover goes straight to the old leader (no sender thread
+    behind it); refused with NOT_LEADER it must be sent again, not wait for its deadline."""
+    g = make_group(store=False)
+    leader = g.wait_for_leader()
+    c = g.client(timeout_s=20)
+    c.append(b"warm")
+    deadline = time.monotonic() + 10
+    while c._sender is not None and c._sender.is_alive():  # the idle sender thread exits
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    c._leader = next(m for m in g.members if m != leader)  # what a failover leaves behind
+    t0 = time.monotonic()
+    r = c.append(b"x", timeout_s=15)
+    assert time.monotonic() - t0 < 5 and c.get(r.index).body == b"x"
