@@ -22,7 +22,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from .config import LedgerConfig
 from .logic import CheckerLogic, LeaderInfo
-from .member import now_ms
+from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 
@@ -35,6 +35,7 @@ class QuorumAckCheckerActor:
         self.group, self.self_id = group, self_id
         self.logic = CheckerLogic(group, self_id, list(peers), config.replication)
         self.member = member
+        member.helper_started.remote("checker", None, os.getpid())  # restarted: set me up
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False

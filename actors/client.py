@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import ray
@@ -40,7 +41,8 @@ from rayledger.storage import (
     ResponseCode,
 )
 
-from .member import NAMESPACE, actor_name
+from .naming import NAMESPACE, actor_name, group_members
+from .reads import Consistency
 from .types import AppendResult
 
 log = logging.getLogger("rayledger.actors")
@@ -114,8 +116,6 @@ class LedgerClient:
     @classmethod
     def connect(cls, group: str, timeout_s: float = 30.0) -> LedgerClient:
         """A client for a running group, from any driver or Ray job."""
-        from .group import group_members
-
         if not ray.is_initialized():
             ray.init(address="auto", namespace=NAMESPACE)
         members = group_members(group)
@@ -259,8 +259,10 @@ class LedgerClient:
     def _expire(self, p: _Pending) -> LedgerError | None:
         """The caller's deadline passed: queued means never stored, sent means unknown."""
         with self._cv:
-            if p in self._queue:
-                self._queue.remove(p)
+            # queued, or taken by the sender but not sent (it skips appends that are done)
+            if p in self._queue or (not p.sent and not p.future.done()):
+                if p in self._queue:
+                    self._queue.remove(p)
                 exc = LedgerError.of(
                     ResponseCode.TIMEOUT,
                     f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
@@ -351,6 +353,14 @@ class LedgerClient:
         if target is None:
             self._requeue(batch, LedgerError.of(ResponseCode.NOT_LEADER, "no leader known"), 0.05)
             return
+        with self._cv:  # an append whose caller gave up meanwhile is not sent
+            batch = [p for p in batch if not p.future.done()]
+            for p in batch:
+                p.sent = True  # from here on its outcome may be unknown
+            if not batch:
+                self._in_flight -= 1
+                self._cv.notify_all()
+                return
         bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
         try:
             ref = self._handle(target).append.remote(bodies, self.group, target)
@@ -359,8 +369,6 @@ class LedgerClient:
             self._handles.pop(target, None)
             self._requeue(batch, exc, 0.01)
             return
-        for p in batch:
-            p.sent = True
         ref.future().add_done_callback(lambda f: self._done(batch, target, f))
 
     def _requeue(self, batch: list[_Pending], why: Exception, backoff_s: float = 0.0) -> None:
@@ -379,54 +387,8 @@ class LedgerClient:
         """A call ended: hand every append its own result or error (on a Ray thread)."""
         try:
             out = f.result()
-        except OutcomeUnknownError as exc:
-            # stored by the leader but not acknowledged by a quorum: never retry it
-            if self._leader == target:
-                self._leader = None
-            self._fail(batch, lambda e=exc: OutcomeUnknownError(e.code, e.message, leader_id=None))
-            return
-        except LedgerError as exc:
-            if exc.code in _RETRY_BEFORE_STORE:
-                if isinstance(exc, NotLeaderError) and exc.leader_id and exc.leader_id != target:
-                    self._leader = exc.leader_id
-                elif exc.code == ResponseCode.NOT_LEADER:
-                    self._leader = None
-                hinted = exc.code == ResponseCode.NOT_LEADER and exc.leader_id
-                self._requeue(batch, exc, 0.0 if hinted else 0.01)
-                return
-            if isinstance(exc, InvalidRequestError) and len(batch) > 1:
-                for p in batch:  # find out which appends are wrong: one call each
-                    p.alone = True
-                self._requeue(batch, exc)
-                return
-            self._fail(
-                batch, lambda e=exc: LedgerError.of(e.code, e.message, leader_id=e.leader_id)
-            )
-            return
-        except (
-            ray.exceptions.ActorDiedError,
-            ray.exceptions.ActorUnavailableError,
-            ray.exceptions.RayActorError,
-        ) as exc:
-            if self._leader == target:
-                self._leader = None
-            name = type(exc).__name__
-            self._fail(
-                batch,
-                lambda: OutcomeUnknownError(
-                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
-                    f"member {target} failed during the append ({name}); it may still commit",
-                ),
-            )
-            return
-        except Exception as exc:  # anything else: the call's outcome is unknown
-            self._fail(
-                batch,
-                lambda e=exc: OutcomeUnknownError(
-                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
-                    f"append to {target} failed ({e!r}); it may still commit",
-                ),
-            )
+        except Exception as exc:
+            self._call_failed(batch, target, exc)
             return
         with self._cv:
             self._in_flight -= 1
@@ -442,6 +404,44 @@ class LedgerClient:
                 )
             k += n
 
+    def _call_failed(self, batch: list[_Pending], target: str, exc: Exception) -> None:
+        """Retry what was refused before anything was stored; everything else fails, as an
+        unknown outcome unless the member said nothing was stored."""
+        if isinstance(exc, OutcomeUnknownError):
+            # stored by the leader but not acknowledged by a quorum: never retry it
+            if self._leader == target:
+                self._leader = None
+            self._fail(batch, lambda e=exc: OutcomeUnknownError(e.code, e.message, leader_id=None))
+        elif isinstance(exc, LedgerError):
+            self._refused(batch, target, exc)
+        else:
+            if isinstance(exc, ray.exceptions.RayActorError) and self._leader == target:
+                self._leader = None  # includes ActorDiedError and ActorUnavailableError
+            self._fail(
+                batch,
+                lambda e=exc: OutcomeUnknownError(
+                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                    f"append to {target} failed ({type(e).__name__}); it may still commit",
+                ),
+            )
+
+    def _refused(self, batch: list[_Pending], target: str, exc: LedgerError) -> None:
+        if exc.code in _RETRY_BEFORE_STORE:
+            if isinstance(exc, NotLeaderError) and exc.leader_id and exc.leader_id != target:
+                self._leader = exc.leader_id
+            elif exc.code == ResponseCode.NOT_LEADER:
+                self._leader = None
+            hinted = exc.code == ResponseCode.NOT_LEADER and exc.leader_id
+            self._requeue(batch, exc, 0.0 if hinted else 0.01)
+        elif isinstance(exc, InvalidRequestError) and len(batch) > 1:
+            for p in batch:  # find out which appends are wrong: one call each
+                p.alone = True
+            self._requeue(batch, exc)
+        else:
+            self._fail(
+                batch, lambda e=exc: LedgerError.of(e.code, e.message, leader_id=e.leader_id)
+            )
+
     def _fail(self, batch: list[_Pending], make) -> None:
         with self._cv:
             self._in_flight -= 1
@@ -451,42 +451,75 @@ class LedgerClient:
                 p.future.set_exception(make())
 
     # -- reads --------------------------------------------------------------------------------
-    def _read_call(self, method: str, *args):
+    # a read changes nothing, so unlike an append it is safe to try again elsewhere
+    _READ_RETRY = frozenset(
+        {ResponseCode.NOT_LEADER, ResponseCode.LEADER_NOT_READY, ResponseCode.TIMEOUT}
+    )
+
+    def _read_call(self, method: str, *args, consistency: str, member: str | None):
+        """Call ``method`` on the leader (or on ``member``; ``"any"`` spreads reads round
+        robin over the members), following NOT_LEADER, until the client's deadline."""
+        c = Consistency.of(consistency).value
+        if member is not None and member != "any" and member not in self.members:
+            raise LedgerError.of(
+                ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.group!r}"
+            )
         deadline = time.monotonic() + self.timeout_s
         last: Exception | None = None
         tried = 0
         while time.monotonic() < deadline:
-            target = self._target()
+            target = self._read_target(member, tried)
             try:
                 return ray.get(
-                    getattr(self._handle(target), method).remote(*args),
+                    getattr(self._handle(target), method).remote(*args, consistency=c),
                     timeout=max(0.1, deadline - time.monotonic()),
                 )
-            except NotLeaderError as exc:
-                if exc.leader_id and exc.leader_id != target and tried < 3 * len(self.members):
-                    self._leader = exc.leader_id
-                    tried += 1
-                    continue
-                raise
-            except LedgerError:
-                raise
+            except LedgerError as exc:
+                if exc.code not in self._READ_RETRY:
+                    raise
+                last = exc
+                hint = exc.leader_id if exc.code == ResponseCode.NOT_LEADER else None
+                self._leader = hint if hint in self.members and hint != target else None
             except (ray.exceptions.RayError, ValueError) as exc:
                 last = exc
                 self._leader = None
-                tried += 1
-                if tried % len(self.members) == 0:
-                    time.sleep(0.05)
+                self._handles.pop(target, None)
+            tried += 1
+            if member is not None and member != "any":
+                member = None  # the chosen member could not answer: let the leader
+            if tried % len(self.members) == 0:
+                time.sleep(0.05)
         raise LedgerError.of(
             ResponseCode.TIMEOUT, f"no member of {self.group!r} answered {method}: {last}"
         )
 
-    def get(self, index: int) -> Entry:
-        """The committed entry at ``index``."""
-        return self._read_call("get", index)
+    def _read_target(self, member: str | None, tried: int) -> str:
+        if member == "any":
+            self._probe += 1
+            return self.members[self._probe % len(self.members)]
+        return member if member is not None else self._target()
 
-    def read(self, start: int, stop: int) -> list[Entry]:
-        """Committed entries with ``start <= index < stop``."""
-        return self._read_call("read", start, stop)
+    def get(
+        self, index: int, consistency: str = "linearizable", member: str | None = None
+    ) -> Entry:
+        """The committed entry at ``index``.  ``consistency``: ``"linearizable"`` (read index,
+        the default), ``"lease"`` or ``"committed"`` (see actors/reads.py); ``member`` serves
+        the read from that member (or ``"any"``) instead of the leader."""
+        return self._read_call("get", index, consistency=consistency, member=member)
 
-    def committed_index(self) -> int:
-        return self._read_call("committed_index")
+    def read(
+        self, start: int, stop: int, consistency: str = "linearizable", member: str | None = None
+    ) -> list[Entry]:
+        """Committed entries with ``start <= index < stop`` (as :meth:`get`)."""
+        return self._read_call("read", start, stop, consistency=consistency, member=member)
+
+    def committed_index(self, consistency: str = "linearizable", member: str | None = None) -> int:
+        """The group's committed index, -1 when nothing is committed (as :meth:`get`)."""
+        return self._read_call("committed_index", consistency=consistency, member=member)
+
+    def query(
+        self, request: Any, consistency: str = "linearizable", member: str | None = None
+    ) -> Any:
+        """Ask the group's state machine (see actors/machine.py) once it has applied what
+        ``consistency`` requires; ``member`` as for :meth:`get`."""
+        return self._read_call("query", request, consistency=consistency, member=member)

@@ -30,6 +30,16 @@ class LedgerConfig:
     )  # for file-backed members: Ray restarts a dead member this often (-1: always)
     fast_path: bool = False  # run the steady-state round as a Ray Compiled Graph (see fastpath.py)
     fast_path_stall_ms: int | None = None  # leave the graph after this; None: heartbeat / 2
+    # lease reads assume members' clocks run at rates differing by at most this (see reads.py)
+    max_clock_drift: float = 0.1
+    # a state machine every member runs, "package.module:Class" (see machine.py)
+    state_machine: str | None = None
+    state_machine_args: dict = field(default_factory=dict)
+
+    def lease_ms(self) -> int:
+        """How long a confirmed read-index round lets the leader serve lease reads: the time
+        a quorum refuses pre-votes after hearing from it, shortened for clock drift."""
+        return int(self.election.heartbeat_timeout_ms / (1 + self.max_clock_drift))
 
     def stall_ms(self) -> int:
         """How long one compiled-graph execution may take before plain calls take over
@@ -39,6 +49,20 @@ class LedgerConfig:
         return max(20, min(500, self.election.heartbeat_interval_ms // 2))
 
     def __post_init__(self) -> None:
+        if self.state_machine is not None and (
+            not isinstance(self.state_machine, str) or self.state_machine.count(":") != 1
+        ):
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"state_machine must be 'package.module:Class', got {self.state_machine!r}",
+            )
+        if not isinstance(self.state_machine_args, dict):
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "state_machine_args: a dict")
+        if not 0 <= self.max_clock_drift < 1:
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"max_clock_drift must be in [0, 1), got {self.max_clock_drift!r}",
+            )
         if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:
             raise LedgerError.of(
                 ResponseCode.UNEXPECTED_ARGUMENT,

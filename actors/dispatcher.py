@@ -27,8 +27,8 @@ from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 from .config import LedgerConfig
 from .faults import LinkDown, LinkFaults
 from .logic import Announcement, CachedBatch, DispatcherLogic, LeaderInfo
-from .member import NAMESPACE, actor_name, now_ms
 from .metrics import PeerMetrics
+from .naming import NAMESPACE, actor_name, now_ms
 
 log = logging.getLogger("rayledger.actors")
 
@@ -47,6 +47,7 @@ class EntryDispatcherActor:
         )
         self._lock = threading.Lock()
         self.member = member
+        member.helper_started.remote("dispatcher", peer_id, os.getpid())  # restarted: set me up
         self.checker = checker
         self.faults = LinkFaults()
         self._follower = None
@@ -299,13 +300,15 @@ class EntryDispatcherActor:
         self._kick()
 
     async def _report(self, term: int, force: bool = False) -> None:
-        """Report the follower's water mark (the latest, one report in flight at a time)."""
+        """Report the follower's water mark (the latest, one report in flight at a time).
+        The loop follows the current term: a report of an older term still in flight when
+        a new term starts must not swallow the new term's first report."""
         try:
             while True:
                 with self._lock:
-                    if self.logic.term != term or not self.logic.active:
+                    if not self.logic.active:
                         return
-                    wm = self.logic.water_mark
+                    term, wm = self.logic.term, self.logic.water_mark
                 committed = await self.checker.report.remote(term, self.peer_id, wm)
                 if committed is not None:
                     with self._lock:
@@ -314,7 +317,7 @@ class EntryDispatcherActor:
                         self._kick()
                 self._progress(wm)
                 with self._lock:
-                    if self.logic.water_mark <= wm and not force:
+                    if self.logic.term == term and self.logic.water_mark <= wm and not force:
                         return
                 force = False
         except ray.exceptions.RayError as exc:

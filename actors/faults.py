@@ -8,6 +8,7 @@ as a lost message would (after a short wait, so loops do not spin).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -34,3 +35,37 @@ class LinkFaults:
         delay = self.delay_ms.get(peer)
         if delay:
             await asyncio.sleep(delay / 1000)
+
+
+# Faults follow a member across restarts until heal(): the group records them in Ray's
+# cluster key-value store (GCS), and a member reads its own when its process starts.
+_KV_NAMESPACE = "rayledger-faults"
+
+
+def _key(group: str, member: str) -> str:
+    return f"{group}/{member}"
+
+
+def save_faults(group: str, member: str, faults: LinkFaults) -> None:
+    from ray.experimental import internal_kv
+
+    key = _key(group, member)
+    if not faults.active:
+        internal_kv._internal_kv_del(key, namespace=_KV_NAMESPACE)
+        return
+    value = {"cut": sorted(faults.cut), "drop": faults.drop, "delay_ms": faults.delay_ms}
+    internal_kv._internal_kv_put(key, json.dumps(value), namespace=_KV_NAMESPACE)
+
+
+def load_faults(group: str, member: str) -> LinkFaults:
+    """The faults recorded for ``member`` (none when the store is unreachable)."""
+    from ray.experimental import internal_kv
+
+    try:
+        raw = internal_kv._internal_kv_get(_key(group, member), namespace=_KV_NAMESPACE)
+    except Exception:  # no Ray here (a unit test): a member starts without faults
+        return LinkFaults()
+    if not raw:
+        return LinkFaults()
+    v = json.loads(raw)
+    return LinkFaults(set(v["cut"]), dict(v["drop"]), dict(v["delay_ms"]))

@@ -19,7 +19,9 @@ from rayledger.storage.metafile import ensure_writable_dir
 
 from .client import LedgerClient
 from .config import LedgerConfig
-from .member import NAMESPACE, MemberActor, actor_name
+from .faults import LinkFaults, save_faults
+from .member import MemberActor
+from .naming import NAMESPACE, actor_name, group_members
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -29,15 +31,23 @@ def _bad(msg: str) -> LedgerError:
     return LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, msg)
 
 
-def group_members(name: str) -> list[str]:
-    """Member ids of a running group, found by its named actors."""
-    prefix = f"{name}/"
-    found = ray.util.list_named_actors(all_namespaces=True)
-    ids = sorted(
-        a["name"][len(prefix) :]
-        for a in found
-        if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
-    )
+def _member_ids(members: int | Sequence[str]) -> list[str]:
+    """``n0..n{k-1}`` for a count, else the given ids, checked."""
+    if isinstance(members, bool):
+        raise _bad("members must be a count or a list of member ids")
+    if isinstance(members, int):
+        if members < 1:
+            raise _bad(f"a group needs at least 1 member, got {members}")
+        return [f"n{i}" for i in range(members)]
+    if not isinstance(members, Iterable) or isinstance(members, (str, bytes)):
+        raise _bad(f"members must be a count or a list of member ids, got {members!r}")
+    ids = list(members)
+    if not ids:
+        raise _bad("a group needs at least 1 member")
+    if any(not isinstance(m, str) or not m or "/" in m for m in ids):
+        raise _bad(f"member ids must be non-empty strings without '/', got {ids!r}")
+    if len(set(ids)) != len(ids):
+        raise _bad(f"duplicate member ids: {ids!r}")
     return ids
 
 
@@ -70,22 +80,7 @@ class LedgerGroup:
         """Start a group; every argument is checked before any actor starts."""
         if not isinstance(name, str) or not name or "/" in name:
             raise _bad(f"group name must be a non-empty string without '/', got {name!r}")
-        if isinstance(members, bool):
-            raise _bad("members must be a count or a list of member ids")
-        if isinstance(members, int):
-            if members < 1:
-                raise _bad(f"a group needs at least 1 member, got {members}")
-            ids = [f"n{i}" for i in range(members)]
-        elif isinstance(members, Iterable) and not isinstance(members, (str, bytes)):
-            ids = list(members)
-            if not ids:
-                raise _bad("a group needs at least 1 member")
-            if any(not isinstance(m, str) or not m or "/" in m for m in ids):
-                raise _bad(f"member ids must be non-empty strings without '/', got {ids!r}")
-            if len(set(ids)) != len(ids):
-                raise _bad(f"duplicate member ids: {ids!r}")
-        else:
-            raise _bad(f"members must be a count or a list of member ids, got {members!r}")
+        ids = _member_ids(members)
         config = config or LedgerConfig()
         if not isinstance(config, LedgerConfig):
             raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
@@ -300,13 +295,13 @@ class LedgerGroup:
         refs = []
         for m, h in self._handles.items():
             others = [p for p in self.members if p != m]
-            refs.append(
-                h.set_faults.remote(
-                    sorted(cut[m]),
-                    {p: drop for p in others} if drop else {},
-                    {p: delay_ms for p in others} if delay_ms else {},
-                )
+            faults = LinkFaults(
+                set(cut[m]),
+                {p: drop for p in others} if drop else {},
+                {p: delay_ms for p in others} if delay_ms else {},
             )
+            save_faults(self.name, m, faults)  # a member restarted later starts with them
+            refs.append(h.set_faults.remote(sorted(faults.cut), faults.drop, faults.delay_ms))
         for r in refs:
             try:
                 ray.get(r, timeout=10)
@@ -314,6 +309,11 @@ class LedgerGroup:
                 log.warning("could not set faults on a member: %s", exc)
 
     def shutdown(self, delete_data: bool = False) -> None:
+        for m in self.members:
+            try:
+                save_faults(self.name, m, LinkFaults())  # forget its faults
+            except Exception:
+                pass
         for h in self._handles.values():
             try:
                 ray.get(h.close.remote(), timeout=5)

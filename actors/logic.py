@@ -41,7 +41,14 @@ from rayledger.replication import (
     Resolved,
     check_append,
 )
-from rayledger.storage import Appended, EntryBatch, LedgerError, LogStore, ResponseCode
+from rayledger.storage import (
+    Appended,
+    EntryBatch,
+    LedgerError,
+    LogStore,
+    OutcomeUnknownError,
+    ResponseCode,
+)
 
 log = logging.getLogger("rayledger.actors")
 
@@ -155,6 +162,7 @@ class MemberLogic:
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start
         self.ready_term = -1  # the term whose helpers confirmed they started
+        self.term_start_index = -1  # the index of the leading term's empty entry
 
     def _sync_end(self) -> None:
         self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
@@ -209,6 +217,7 @@ class MemberLogic:
             appended = self.store.append_as_leader([b""], term)
             self._sync_end()
             self.leading_term = term
+            self.term_start_index = appended.first_index
             info = self.leader_info()
             log.info(
                 "[%s] term=%d: leads from index %d (end %d, committed %d)",
@@ -239,6 +248,27 @@ class MemberLogic:
             end_pos=s.get_pos(end) if end >= s.ledger_begin_index else -1,
             committed=s.committed_index,
         )
+
+    def read_base(self) -> tuple[int, int]:
+        """``(term, index of its first entry)`` for a read index on this leader: the read
+        index is valid only once that entry has committed (Raft section 6.4).  NOT_LEADER
+        (with the leader's id when known) or LEADER_NOT_READY otherwise."""
+        st = self.state
+        term = st.current_term
+        if not st.is_leader:
+            leader = st.leader_id if st.leader_id != self.self_id else None
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER,
+                f"{self.self_id} does not lead {self.group!r} (term {term})",
+                leader_id=leader,
+            )
+        if self.ready_term != term:
+            raise LedgerError.of(
+                ResponseCode.LEADER_NOT_READY,
+                f"{self.self_id} is taking office for term {term}",
+                leader_id=self.self_id,
+            )
+        return term, self.term_start_index
 
     def leads(self, term: int) -> bool:
         return (
@@ -288,7 +318,20 @@ class MemberLogic:
             bodies = calls[0][1]
         else:
             bodies = [b for _, bs in calls for b in bs]
-        appended = self.store.append_as_leader(bodies, term)
+        end = self.store.ledger_end_index
+        try:
+            appended = self.store.append_as_leader(bodies, term)
+        except LedgerError as exc:
+            self._sync_end()
+            if self.store.ledger_end_index == end:
+                raise  # nothing was written: a plain failure, safe to retry
+            # written, then the store failed (a sync flush): they may still commit
+            raise OutcomeUnknownError(
+                ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                f"entries {end + 1}..{self.store.ledger_end_index} were written by "
+                f"{self.self_id} but the store then failed ({exc.code.name}: {exc.message}); "
+                "the outcome is unknown, check before retrying",
+            ) from exc
         self._sync_end()
         spans = []
         first = appended.first_index

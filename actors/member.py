@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest
 from rayledger.storage import (
     Entry,
@@ -38,26 +39,23 @@ from rayledger.storage import (
     open_store,
 )
 
+from .checker import QuorumAckCheckerActor
 from .config import LedgerConfig
+from .dispatcher import EntryDispatcherActor
 from .fastpath import FastPath, install_loop_registry, reset_loops
-from .faults import LinkDown, LinkFaults
+from .faults import LinkDown, LinkFaults, load_faults
 from .logic import MemberLogic, Round, StartLeading, StopLeading
+from .machine_runner import MachineRunner
 from .metrics import MemberMetrics
+from .naming import NAMESPACE, actor_name, now_ms
+from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
 
-NAMESPACE = "rayledger"
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
+HELPER_START_S = 30.0  # how long a new leader waits for helpers that are still starting
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
-
-
-def actor_name(group: str, member: str) -> str:
-    return f"{group}/{member}"
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
@@ -96,7 +94,7 @@ class MemberActor:
         )
         self.store = store
         self._metrics = MemberMetrics(group, self_id, store, data_dir)
-        self.faults = LinkFaults()
+        self.faults = load_faults(group, self_id)  # faults follow a member across restarts
         self._handles: dict[str, Any] = {}
         self._dispatchers: dict[str, Any] = {}
         self._checker = None
@@ -109,6 +107,14 @@ class MemberActor:
         self._started = time.time()
         self._fast: FastPath | None = None
         self._late: list = []  # answers to compiled-path pushes that came out of order
+        self.reads = ReadIndexLogic(
+            self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
+        )
+        self._commit_waiters = CommitWaiters()
+        self._machine_runner: MachineRunner | None = None
+        if self.config.state_machine is not None:
+            self._machine_runner = MachineRunner(self, data_dir)
+        self._helper_pids: dict[tuple[str, str | None], int] = {}
         install_loop_registry()
         self._boot()
         log.info(
@@ -132,25 +138,41 @@ class MemberActor:
         """
         self._loop = asyncio.get_running_loop()
         self._role_lock = asyncio.Lock()
-        self._tick_wake = asyncio.Event()
+        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
+        self._tick_wake: asyncio.Event | None = None
         self._sleep_until = 0
-        from .checker import QuorumAckCheckerActor
-        from .dispatcher import EntryDispatcherActor
-
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
         me = ray.get_runtime_context().current_actor
-        self._checker = QuorumAckCheckerActor.options(scheduling_strategy=here).remote(
+        # Ray restarts a helper whose process died; the new one tells its member
+        # (helper_restarted), which sets it up again for the term it leads
+        helper = {"scheduling_strategy": here, "max_restarts": -1}
+        self._checker = QuorumAckCheckerActor.options(**helper).remote(
             self.group, self.self_id, self.peers, self.config, me
         )
         for peer in self.peers:
             if peer != self.self_id:
-                self._dispatchers[peer] = EntryDispatcherActor.options(
-                    scheduling_strategy=here
-                ).remote(self.group, self.self_id, peer, self.config, me, self._checker)
+                self._dispatchers[peer] = EntryDispatcherActor.options(**helper).remote(
+                    self.group, self.self_id, peer, self.config, me, self._checker
+                )
         self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
-        self._maintainer = asyncio.ensure_future(self._maintain())
+        me.run_maintainer.remote()
+
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def run_maintainer(self) -> None:
+        """The elector's clock runs on the election group's loop, beside the vote and
+        heartbeat handlers: a main loop busy with appends and pushes never delays a
+        heartbeat (role changes are carried out on the main loop)."""
+        if self._maintainer is not None:
+            return
+        self._tick_loop = asyncio.get_running_loop()
+        self._tick_wake = asyncio.Event()
+        self._maintainer = asyncio.current_task()
+        try:
+            await self._maintain()
+        except asyncio.CancelledError:
+            pass
 
     async def _maintain(self) -> None:
         """DLedger's maintainState, event-timed: sleep until the elector's next deadline
@@ -164,6 +186,7 @@ class MemberActor:
                 with self._lock:
                     actions, answers = self.logic.tick(now)
                 self._resolve(answers)
+                self._commits_moved()
                 await self._apply(actions)
                 self._metrics.tick(self.logic.state, self.store, self._outstanding)
                 with self._lock:
@@ -184,8 +207,8 @@ class MemberActor:
         (a leadership-transfer request, a new role); callable from any thread."""
         with self._lock:
             due = self.logic.next_tick_ms(now_ms(), self.config.maintain_interval_ms)
-        if due < self._sleep_until:
-            self._loop.call_soon_threadsafe(self._tick_wake.set)
+        if due < self._sleep_until and self._tick_loop is not None:
+            self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
 
     # -- talking to peers ---------------------------------------------------------------
     def _peer(self, peer: str):
@@ -196,13 +219,19 @@ class MemberActor:
         return h
 
     async def _apply(self, actions: list) -> None:
+        """Send the messages from the running loop (the election loop for the elector's
+        own, so they never wait behind the data path); a role change is carried out on
+        the main loop, where the append path lives."""
         if not actions:
             return
         sends, role_changed = MemberLogic.split(actions)
         for s in sends:
             asyncio.ensure_future(self._send(s.to, s.message))
         if role_changed:
-            await self._sync_role()
+            if asyncio.get_running_loop() is self._loop:
+                await self._sync_role()
+            else:
+                asyncio.run_coroutine_threadsafe(self._sync_role(), self._loop)
 
     async def _send(self, to: str, msg) -> None:
         resp = None
@@ -226,6 +255,9 @@ class MemberActor:
         async with self._role_lock:
             with self._lock:
                 changes = self.logic.leadership()
+            if self._machine_runner is not None:  # before it is asked whether it is ready
+                st = self.logic.state
+                await self._machine_runner.role_changed(st.role, st.current_term)
             for change in changes:
                 if isinstance(change, StopLeading):
                     await self._stop_leading(change)
@@ -233,6 +265,11 @@ class MemberActor:
                     await self._start_leading(change)
 
     async def _stop_leading(self, change: StopLeading) -> None:
+        with self._lock:
+            readers = self.reads.step_down()
+        for token in readers:
+            if not token.done():
+                _set_exception(token, self._not_leader())
         if self._fast is not None:
             self._fast.stop()
         try:
@@ -249,14 +286,31 @@ class MemberActor:
         )
 
     async def _start_leading(self, change: StartLeading) -> None:
+        """Set the helpers up for the new term, trying again while they restart; a leader
+        that cannot get them working hands leadership on (after ``HELPER_START_S``: at a
+        member's start its helpers' processes may still be starting)."""
         term = change.term
-        try:
-            await self._checker.become_leader.remote(term, change.term_start_index, change.info)
-            await asyncio.gather(
-                *(d.activate.remote(change.info) for d in self._dispatchers.values())
-            )
-        except ray.exceptions.RayError as exc:
-            log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term, exc)
+        give_up = time.monotonic() + max(
+            HELPER_START_S, self.config.election.heartbeat_timeout_ms / 1000
+        )
+        delay = 0.05
+        while True:
+            try:
+                budget = max(give_up - time.monotonic(), self.config.rpc_timeout_ms / 1000)
+                await self._install_helpers(term, change.term_start_index, change.info, budget)
+                break
+            except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                log.error("[%s] term=%d: helpers did not start: %r", self.self_id, term, exc)
+            if not self.logic.leads(term):
+                return
+            if time.monotonic() > give_up:
+                self._hand_over(term, "its helpers did not start")
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if self._machine_runner is not None and not await self._machine_runner.wait_ready(
+            lambda: self.logic.leads(term)
+        ):
             return
         with self._lock:
             ready = self.logic.mark_ready(term)
@@ -264,6 +318,74 @@ class MemberActor:
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
             if self.config.fast_path and len(self.peers) > 1:
                 self._fast_path().start(term)
+
+    async def _install_helpers(
+        self, term: int, start: int, info, timeout: float, only: str | None = None
+    ) -> None:
+        """Start the checker and the dispatchers (or one of them, ``only``) for ``term``."""
+        if only in (None, "checker"):
+            dispatchers = list(self._dispatchers.values())
+            await asyncio.wait_for(self._checker.set_dispatchers.remote(dispatchers), timeout)
+            await asyncio.wait_for(self._checker.become_leader.remote(term, start, info), timeout)
+            for rid, (rnd, _) in list(self._rounds.items()):
+                if rnd.term == term:  # rounds a dead checker held
+                    self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        dispatchers = [d for p, d in self._dispatchers.items() if only in (None, "checker", p)]
+        f = self.faults
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(d.set_faults.remote(sorted(f.cut), f.drop, f.delay_ms) for d in dispatchers),
+                *(d.activate.remote(info) for d in dispatchers),
+            ),
+            timeout,
+        )
+
+    async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
+        """Every helper says so when its process starts.  A second process for the same
+        helper means Ray restarted it after its process died: set it up again for the term
+        this member leads (a restarted checker also needs the rounds in flight and every
+        follower's water mark again, so the dispatchers start over too)."""
+        known = self._helper_pids.setdefault((kind, peer), pid)
+        if known == pid:
+            return
+        self._helper_pids[(kind, peer)] = pid
+        log.warning("[%s] %s helper restarted (%s), pid %d", self.self_id, kind, peer or "", pid)
+        async with self._role_lock:
+            with self._lock:
+                term = self.logic.leading_term
+                if not self.logic.leads(term):
+                    return
+                start, info = self.logic.term_start_index, self.logic.leader_info()
+            if self._fast is not None:
+                self._fast.stop()
+            # the helper is up (it called us): within an election timeout, or hand over
+            wait_s = max(self.config.election.heartbeat_timeout_ms, 2 * self.config.rpc_timeout_ms)
+            give_up = time.monotonic() + wait_s / 1000
+            while self.logic.leads(term):
+                try:
+                    budget = self.config.rpc_timeout_ms / 1000
+                    only = kind if kind == "checker" else peer
+                    await self._install_helpers(term, start, info, budget, only)
+                    return
+                except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                    log.error("[%s] term=%d: helper not restored: %s", self.self_id, term, exc)
+                if time.monotonic() > give_up:
+                    self._hand_over(term, f"its {kind} helper could not be restored")
+                    return
+                await asyncio.sleep(0.1)
+
+    def _hand_over(self, term: int, why: str) -> None:
+        """Leave leadership of ``term`` to a peer (a leader that cannot replicate must not
+        hold it: heartbeats alone would keep it forever)."""
+        peers = [p for p in self.peers if p != self.self_id]
+        if not peers or not self.logic.leads(term):
+            return
+        target = peers[term % len(peers)]
+        log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, term, target, why)
+        with self._lock:
+            _, actions = self.logic.elector.transfer_leadership(target, now_ms())
+        asyncio.ensure_future(self._apply(actions))
+        self._rearm()
 
     def _fast_path(self) -> FastPath:
         if self._fast is None:
@@ -284,7 +406,7 @@ class MemberActor:
         if committed is not None:
             with self._lock:
                 self.logic.on_committed(term, committed)
-        self._finish(resolved)
+        self._finish(resolved)  # also releases readers waiting for the commit
 
     def _on_graph_fallback(self, items: list) -> None:
         """Rounds that were queued or in flight in an abandoned graph travel again as plain
@@ -323,9 +445,9 @@ class MemberActor:
         return resp
 
     def _apply_threadsafe(self, actions: list) -> None:
-        """Election handlers run on another loop; actions are carried out on the main one."""
+        """Carry out an election handler's actions on its own loop (see :meth:`_apply`)."""
         if actions:
-            asyncio.run_coroutine_threadsafe(self._apply(actions), self._loop)
+            asyncio.ensure_future(self._apply(actions))
 
     @ray.method(concurrency_group="election")
     async def transfer_leadership(self, target: str):
@@ -385,11 +507,17 @@ class MemberActor:
         }
 
     @ray.method(concurrency_group="election")
-    async def helper_pids(self) -> dict[str, int]:
+    async def helper_pids(self) -> dict[str, int | None]:
         """Process ids of this member's checker and dispatchers (for fault injection)."""
         refs = {"checker": self._checker.pid.remote()}
         refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self._dispatchers.items()})
-        return {k: await r for k, r in refs.items()}
+        out: dict[str, int | None] = {}
+        for k, r in refs.items():
+            try:
+                out[k] = await asyncio.wait_for(r, self.config.rpc_timeout_ms / 1000)
+            except (ray.exceptions.RayError, asyncio.TimeoutError):
+                out[k] = None  # dead or restarting
+        return out
 
     @ray.method(concurrency_group="election")
     async def set_faults(
@@ -397,7 +525,8 @@ class MemberActor:
     ) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
         await asyncio.gather(
-            *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values())
+            *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values()),
+            return_exceptions=True,  # a restarting helper gets them when it is set up again
         )
 
     # -- follower ---------------------------------------------------------------------------
@@ -414,6 +543,7 @@ class MemberActor:
                 _set_result(fut, resp)
             else:
                 self._resolve([(f, resp)])
+        self._commits_moved()
         return await fut
 
     def cg_push(self, pushed):
@@ -485,20 +615,29 @@ class MemberActor:
                 rnd = self.logic.write_round([(None, b) for _, b in queue], term)
             except LedgerError as exc:
                 for fut, _ in queue:
-                    _set_exception(
-                        fut, LedgerError.of(exc.code, exc.message, leader_id=exc.leader_id)
-                    )
+                    _set_exception(fut, type(exc)(exc.code, exc.message, leader_id=exc.leader_id))
                 return
             a = self.logic.announcement(rnd, None)
         self._rounds[rid] = (rnd, [f for f, _ in queue])
-        batch = rnd.appended.batch()
-        self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
-        fast = self._fast
-        if fast is not None and fast.active:
-            if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
-                return
-        self._announce_plain(replace(a, payload=batch))
-        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        try:
+            batch = rnd.appended.batch()
+            self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
+            fast = self._fast
+            if fast is not None and fast.active:
+                if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
+                    return
+            self._announce_plain(replace(a, payload=batch))
+            self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        except Exception as exc:  # stored, but not sent on (e.g. ray.put failed)
+            log.error(
+                "[%s] term=%d: round %d..%d not sent: %r",
+                self.self_id,
+                term,
+                rnd.first_index,
+                rnd.last_index,
+                exc,
+            )
+            self._finish_round(rid, ResponseCode.INTERNAL_ERROR)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
@@ -511,6 +650,7 @@ class MemberActor:
     def _finish(self, resolved) -> None:
         for token, code in resolved:
             self._finish_round(token, code)
+        self._commits_moved()
 
     def _finish_round(self, rid: int, code: ResponseCode) -> None:
         item = self._rounds.pop(rid, None)
@@ -565,16 +705,170 @@ class MemberActor:
         with self._lock:
             return self.logic.entry_meta(term, index)
 
-    # -- reads ----------------------------------------------------------------------------------
-    def _not_committed_here(self, index: int) -> LedgerError:
-        """An uncommitted read: a follower points the client at the leader, which may know more."""
+    # -- reads (see reads.py for what each consistency promises) -------------------------
+    async def read_index(self, consistency: str = "linearizable") -> int:
+        """On the leader: an index every read that starts now may be served at (a follower
+        serving a linearizable read asks this, then waits until it has committed that far)."""
+        return await self._leader_read_index(Consistency.of(consistency))
+
+    async def _leader_read_index(self, c: Consistency) -> int:
+        deadline = time.monotonic() + self.config.rpc_timeout_ms / 1000
+        with self._lock:
+            term, start = self.logic.read_base()
+        # the term's first entry must commit first: until then the committed index may lag
+        await self._wait_committed(start, deadline)
+        with self._lock:
+            if self.logic.read_base()[0] != term:
+                raise self._not_leader()
+            index = self.store.committed_index
+            if c is not Consistency.LINEARIZABLE and self._lease_holds(term):
+                return index
+            fut = self._loop.create_future()
+            sends, confirmed = self.reads.request(term, index, fut, now_ms())
+        self._reads_out(sends, confirmed)
+        try:
+            return await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise LedgerError.of(
+                ResponseCode.TIMEOUT,
+                f"{self.self_id} could not confirm with a quorum that it still leads term {term}",
+            ) from None
+
+    def _lease_holds(self, term: int) -> bool:
+        """A lease read needs pre-vote on and no transfer under way (reads.py says why)."""
+        return (
+            self.config.election.enable_pre_vote
+            and not self.logic.elector.transferring
+            and self.reads.lease_holds(term, now_ms())
+        )
+
+    def _reads_out(self, sends: list, confirmed: list) -> None:
+        for token, index in confirmed:
+            if not token.done():
+                token.get_loop().call_soon_threadsafe(_set_result, token, index)
+        for rnd in sends:
+            for peer in self.reads.others:
+                asyncio.ensure_future(self._read_ping(peer, rnd))
+            self._loop.call_later(self.reads.round_timeout_ms / 1000 + 0.001, self._expire_reads)
+
+    async def _read_ping(self, peer: str, rnd) -> None:
+        """One heartbeat of a confirmation round; it counts if ``peer`` follows us in the
+        round's term."""
+        req = HeartbeatRequest(
+            group=self.group,
+            local_id=self.self_id,
+            remote_id=peer,
+            leader_id=self.self_id,
+            term=rnd.term,
+            round_id=-rnd.round_id,
+        )
+        ok = False
+        try:
+            if self.faults.active:
+                await self.faults.before_send(peer)
+            ref = self._peer(peer).handle_election.remote(req)
+            resp = await asyncio.wait_for(ref, self.reads.round_timeout_ms / 1000)
+            ok = resp.code == ResponseCode.SUCCESS and resp.term == rnd.term
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError):
+            pass
+        with self._lock:
+            sends, confirmed = self.reads.on_answer(rnd.round_id, peer, ok, now_ms())
+        self._reads_out(sends, confirmed)
+
+    def _expire_reads(self) -> None:
+        with self._lock:
+            sends, expired = self.reads.expire(now_ms())
+        for token in expired:
+            if not token.done():
+                _set_exception(token, asyncio.TimeoutError())
+        self._reads_out(sends, [])
+
+    def _not_leader(self) -> LedgerError:
+        st = self.logic.state
+        leader = st.leader_id if st.leader_id != self.self_id else None
+        return LedgerError.of(
+            ResponseCode.NOT_LEADER,
+            f"{self.self_id} no longer leads {self.group!r}",
+            leader_id=leader,
+        )
+
+    async def _follower_read_index(self, c: Consistency) -> int:
+        """Ask the leader for a read index, then wait until this member committed that far
+        (two RPC timeouts in all: a follower that missed pushes catches up after a pause)."""
+        deadline = time.monotonic() + 2 * self.config.rpc_timeout_ms / 1000
+        leader = self.logic.state.leader_id
+        if leader is None or leader == self.self_id:
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER, f"{self.self_id} knows no leader to ask for a read index"
+            )
+        try:
+            if self.faults.active:
+                await self.faults.before_send(leader)
+            ref = self._peer(leader).read_index.remote(c.value)
+            index = await asyncio.wait_for(ref, max(0.001, deadline - time.monotonic()))
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, LedgerError):
+                raise exc.cause from None
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER,
+                f"{self.self_id} could not get a read index from {leader}: {type(exc).__name__}",
+            ) from None
+        await self._wait_committed(index, deadline)
+        return index
+
+    async def _wait_committed(self, index: int, deadline: float) -> None:
+        if self.store.committed_index >= index:
+            return
+        fut = self._loop.create_future()
+        with self._lock:
+            self._commit_waiters.add(index, fut)
+        self._commits_moved()
+        try:
+            await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            with self._lock:
+                self._commit_waiters.discard(fut)
+            raise LedgerError.of(
+                ResponseCode.TIMEOUT,
+                f"{self.self_id} has committed up to {self.store.committed_index}, not yet "
+                f"{index}; it is catching up, try again or read from the leader",
+            ) from None
+
+    def _commits_moved(self) -> None:
+        """Release the readers waiting for the committed index, and let the state machine
+        apply what committed (callable from any thread)."""
+        if self._machine_runner is not None:
+            self._machine_runner.kick()
+        with self._lock:
+            done = self._commit_waiters.reached(self.store.committed_index)
+        for fut in done:
+            if not fut.done():
+                fut.get_loop().call_soon_threadsafe(_set_result, fut, None)
+
+    async def _read_limit(self, consistency: str) -> int:
+        """The highest index a read with ``consistency`` may return from this member."""
+        c = Consistency.of(consistency)
+        if c is Consistency.COMMITTED:
+            return self.store.committed_index
+        if self.logic.state.is_leader:
+            await self._leader_read_index(c)
+        else:
+            await self._follower_read_index(c)
+        return self.store.committed_index
+
+    def _not_committed_here(self, index: int, c: Consistency) -> LedgerError:
+        """An index past the read's limit.  Past a leader's committed index or a read index
+        the entry is not committed in the group (INDEX_OUT_OF_BOUNDS); a follower's own
+        committed index may lag, so a ``committed`` read there is pointed at the leader
+        (NOT_LEADER, with its id when known) and never refused as out of bounds."""
         committed = self.store.committed_index
         st = self.logic.state
-        leader = st.leader_id
-        if not st.is_leader and leader is not None and leader != self.self_id:
+        if c is Consistency.COMMITTED and not st.is_leader:
+            leader = st.leader_id if st.leader_id != self.self_id else None
             return LedgerError.of(
                 ResponseCode.NOT_LEADER,
-                f"entry {index} is not committed on {self.self_id} (committed index {committed}); ask the leader",
+                f"entry {index} is not committed on {self.self_id} (committed index "
+                f"{committed}); ask the leader",
                 leader_id=leader,
             )
         return LedgerError.of(
@@ -582,30 +876,35 @@ class MemberActor:
             f"entry {index} is not committed (committed index {committed})",
         )
 
-    async def get(self, index: int, committed_only: bool = True) -> Entry:
-        self._metrics.read("committed" if committed_only else "uncommitted")
+    async def get(
+        self, index: int, committed_only: bool = True, consistency: str = "committed"
+    ) -> Entry:
+        self._metrics.read(Consistency.of(consistency).value if committed_only else "uncommitted")
+        if type(index) is not int:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "index must be an int")
+        if committed_only:
+            limit = await self._read_limit(consistency)
+            if index > limit:
+                raise self._not_committed_here(index, Consistency.of(consistency))
         with self._lock:
-            if committed_only and type(index) is int and index > self.store.committed_index:
-                raise self._not_committed_here(index)
             return self.store.get(index)
 
-    async def read(self, start: int, stop: int, committed_only: bool = True) -> list[Entry]:
+    async def read(
+        self, start: int, stop: int, committed_only: bool = True, consistency: str = "committed"
+    ) -> list[Entry]:
         if type(start) is not int or type(stop) is not int:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
-        self._metrics.read("committed" if committed_only else "uncommitted")
+        self._metrics.read(Consistency.of(consistency).value if committed_only else "uncommitted")
+        limit = self.store.ledger_end_index
+        if committed_only:
+            limit = await self._read_limit(consistency)
+            err = self._not_committed_here(stop - 1, Consistency.of(consistency))
+            if stop - 1 > limit and err.code == ResponseCode.NOT_LEADER:
+                raise err
         with self._lock:
-            st = self.logic.state
-            if committed_only and stop - 1 > self.store.committed_index and not st.is_leader:
-                if st.leader_id not in (None, self.self_id):
-                    raise self._not_committed_here(stop - 1)
-            limit = (
-                self.store.committed_index + 1
-                if committed_only
-                else self.store.ledger_end_index + 1
-            )
-            if start >= min(stop, limit):
+            if start >= min(stop, limit + 1):
                 return []
-            return self.store.get_range(start, min(stop, limit))
+            return self.store.get_range(start, min(stop, limit + 1))
 
     async def read_batch(self, start: int, stop: int, committed_only: bool = True):
         """Encoded entries in [start, stop) (clipped to the committed index) as one EntryBatch."""
@@ -625,8 +924,17 @@ class MemberActor:
         """The term this member leads with its helpers set up, or -1."""
         return self.logic.leading_term if self.logic.state.is_leader else -1
 
-    async def committed_index(self) -> int:
-        return self.store.committed_index
+    async def committed_index(self, consistency: str = "committed") -> int:
+        return await self._read_limit(consistency)
+
+    async def query(self, request, consistency: str = "committed"):
+        """Ask the state machine, once it has applied what ``consistency`` requires."""
+        if self._machine_runner is None:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED, f"group {self.group!r} runs no state machine"
+            )
+        limit = await self._read_limit(consistency)
+        return await self._machine_runner.query(request, limit)
 
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
@@ -635,5 +943,7 @@ class MemberActor:
     async def close(self) -> None:
         if self._maintainer is not None:
             self._maintainer.cancel()
+        if self._machine_runner is not None:
+            self._machine_runner.close()
         with self._lock:
             self.store.close()

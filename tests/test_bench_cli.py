@@ -44,6 +44,10 @@ GROUP_FIGURES = (
     "batch_entries_per_s",
     "failover_s",
     "idle_cpu_cores",
+    "reads_per_s_linearizable",
+    "reads_per_s_lease",
+    "reads_per_s_committed",
+    "reads_per_s_linearizable_any",
 )
 
 
@@ -53,6 +57,7 @@ def test_bench_group():
     for key in GROUP_FIGURES:
         assert r[key] > 0, (key, r)
     assert r["concurrent_errors"] == 0 and r["batch_errors"] == 0, r
+    assert r["reads_errors_linearizable"] == 0 and r["term_changes_under_load"] >= 0, r
 
 
 @pytest.mark.ray

@@ -14,7 +14,12 @@ Figures (``--json`` prints them as one object):
 - ``failover_s`` (``LedgerConfig.fast()``) and ``failover_default_timers_s`` (DLedger's
   timers): SIGKILL the leader, time until the first acknowledged append;
 - ``idle_cpu_cores`` / ``idle_processes``: CPU used by the group's processes (members,
-  dispatchers, checkers) while nobody appends.
+  dispatchers, checkers) while nobody appends;
+- ``reads_per_s_<consistency>``: ``threads`` threads sharing one client reading single
+  committed entries (``linearizable``, ``lease``, ``committed`` from the leader, and
+  ``linearizable_any``: follower reads spread over every member);
+- ``term_changes_under_load``: leader terms started while the load phases ran (with the
+  fast timers; 0 means heartbeats never starved behind the data path).
 
 Bodies are 128 random bytes.  With ``sync_flush`` an acknowledgement means the entry
 was fdatasynced on a quorum.
@@ -34,7 +39,7 @@ from concurrent.futures import wait
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup
 from rayledger.election import ElectionConfig
-from rayledger.storage import StoreConfig
+from rayledger.storage import ResponseCode, StoreConfig
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -189,18 +194,55 @@ def _idle(group: LedgerGroup, seconds: float) -> dict:
     return {"idle_cpu_cores": round(used / dt, 3), "idle_processes": len(pids)}
 
 
-def _failover(group: LedgerGroup) -> float:
+def _read_load(c, last: int, threads: int, seconds: float, consistency: str, member) -> dict:
+    """``threads`` threads reading single entries among the last 100 for ``seconds``."""
+    lats: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[Exception] = []
+    stop = time.monotonic() + seconds
+
+    def worker(k: int) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            index = last - (k * 7 + i) % 100
+            i += 1
+            _timed(lambda: c.get(index, consistency, member), lats[k], errors)  # noqa: B023
+
+    dt = _in_threads(worker, threads)
+    return {"per_s": round(sum(len(lat) for lat in lats) / dt), "errors": len(errors)}
+
+
+def _reads(group: LedgerGroup, threads: int, seconds: float) -> dict:
+    c = group.client()
+    last = c.append_batch([b"r%d" % i for i in range(100)])[-1].index
+    out = {}
+    for name, consistency, member in (
+        ("linearizable", "linearizable", None),
+        ("lease", "lease", None),
+        ("committed", "committed", None),
+        ("linearizable_any", "linearizable", "any"),
+    ):
+        r = _read_load(c, last, threads, seconds, consistency, member)
+        out[f"reads_per_s_{name}"], out[f"reads_errors_{name}"] = r["per_s"], r["errors"]
+    return out
+
+
+def _max_term(group: LedgerGroup) -> int:
+    return max(s.term for s in group.status().values())
+
+
+def _failover(group: LedgerGroup, deadline_s: float = 120.0) -> float:
     c = group.client(timeout_s=60)
     c.append(b"before")
     leader = group.wait_for_leader()
     t0 = time.perf_counter()
     group.kill(leader)
-    while True:
+    while time.perf_counter() - t0 < deadline_s:
         try:
             c.append(b"after", timeout_s=60)
             return round(time.perf_counter() - t0, 3)
         except LedgerError:
             time.sleep(0.005)
+    raise LedgerError.of(ResponseCode.TIMEOUT, f"no append succeeded {deadline_s}s after the kill")
 
 
 def _measure(g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None) -> dict:
@@ -208,10 +250,13 @@ def _measure(g: LedgerGroup, quick, clients, batch, threads, body, plot: str | N
     series: dict | None = {"latency_ms": {}, "throughput": [], "batch": batch} if plot else None
     rounds = 5 if quick else 40
     g.wait_for_leader(timeout_s=60)
+    term = _max_term(g)
     out = _single(g, 100 if quick else 500, body, series)
     out.update(_concurrent(g, threads, 3 if quick else 10, body))
     out.update(_pipelined(g, 256, 3 if quick else 10, body))
     out.update(_batches(g, clients, rounds, batch, body, series))
+    out["term_changes_under_load"] = _max_term(g) - term
+    out.update(_reads(g, min(threads, 16), 2 if quick else 5))
     if series is not None:
         for n in sorted({1, 2, clients, 2 * clients}):
             r = out if n == clients else _batches(g, n, rounds, batch, body)

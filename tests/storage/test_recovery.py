@@ -83,7 +83,10 @@ def test_cut_last_entry_at_every_byte(tmp_path, crash):
             assert s.recovery.dropped_bytes == cut, cut
             assert s.recovery.dropped_at_pos == (last.pos if cut else None)
             assert_prefix(s, entries, 11)
-            assert s.committed_index == (5 if not crash else s.committed_index)
+            if crash:  # no clean close: the last checkpoint may be older, never newer
+                assert -1 <= s.committed_index <= min(5, s.ledger_end_index)
+            else:
+                assert s.committed_index == 5
             if cut in (0, 1, HEADER_SIZE, total - 1):
                 assert_appends_like_a_clean_log(s, entries, 11)
         finally:

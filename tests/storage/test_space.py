@@ -110,9 +110,15 @@ def test_disk_full_refuses_appends(make_file_store):
 def test_disk_full_first_tries_to_clean(make_file_store):
     s = filled(make_file_store)
     s.update_committed_index(39)
-    ratios = iter([0.95, 0.5, 0.5, 0.5, 0.5, 0.5])
-    s.disk_ratio = lambda: next(ratios, 0.5)
-    s.append_as_leader([b"fits after cleaning"], 1)
+    begin, end = s.ledger_begin_index, s.ledger_end_index
+    files_before = data_files(s.dir)
+    # the disk is full until the oldest segment is deleted
+    s.disk_ratio = lambda: 0.95 if files_before[0].exists() else 0.5
+    appended = s.append_as_leader([b"fits after cleaning"], 1)
+    assert appended.first_index == end + 1  # the append went through ...
+    assert s.ledger_begin_index > begin  # ... because committed segments were cleaned
+    assert not files_before[0].exists()
+    assert s.get(end + 1).body == b"fits after cleaning"
 
 
 def _failing_pwrite(monkeypatch, fail_on_call: int, partial: bool = False):

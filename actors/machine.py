@@ -1,0 +1,122 @@
+"""State machines run by every member (DLedger's StateMachine, PySyncObj's ``@replicated``).
+
+A group names its machine by import path in ``LedgerConfig(state_machine="pkg.mod:Class")``;
+every member imports it and builds its own instance (never unpickled from disk).  The
+member drives it through :class:`Applier`, which is Ray-free so the simulation can run it:
+
+* ``open(ctx)`` once per member lifetime; returns the last index the machine has applied
+  and made durable itself (-1 for none).  The member replays committed entries after it,
+  so ``apply`` sees every committed entry in order, at most once per lifetime.
+* ``apply(entries)`` with committed entries in index order (a term's first entry has an
+  empty body: machines usually skip empty bodies).
+* ``pre_append(index, pos, body)`` on the leader, before the write: it may rewrite the
+  ``bytearray`` body in place with the same length (DLedger's AppendHook; RocketMQ stamps
+  the physical offset this way).
+* ``on_role_change(role, term)``, and ``ready_to_lead()``: appends are refused with
+  LEADER_NOT_READY until it says True (RocketMQ waits until dispatch caught up).
+* ``query(request)`` answers ``client.query(request, consistency=...)`` once the member has
+  applied everything the read consistency requires.
+* ``close()`` when the member stops.
+
+Only ``apply`` is required; :class:`StateMachine` supplies the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from rayledger.election import Role
+from rayledger.storage import Entry, LedgerError, ResponseCode
+
+
+@dataclass(frozen=True)
+class MachineContext:
+    """What a machine learns about where it runs."""
+
+    group: str
+    member: str
+    data_dir: str | None  # the member's directory (None for a memory store): keep files here
+    args: dict
+    log: Any = None  # the member's store, to read committed entries (never to write)
+
+
+class StateMachine:
+    """Base class with the optional hooks; subclasses override ``apply`` at least."""
+
+    def open(self, ctx: MachineContext) -> int:
+        return -1
+
+    def apply(self, entries: list[Entry]) -> None:
+        raise NotImplementedError
+
+    def pre_append(self, index: int, pos: int, body: bytearray) -> None:
+        pass
+
+    def on_role_change(self, role: Role, term: int) -> None:
+        pass
+
+    def ready_to_lead(self) -> bool:
+        return True
+
+    def query(self, request: Any) -> Any:
+        raise LedgerError.of(ResponseCode.UNSUPPORTED, f"{type(self).__name__} answers no queries")
+
+    def close(self) -> None:
+        pass
+
+
+def load_machine(path: str) -> StateMachine:
+    """Build the machine named ``"package.module:Class"`` (UNEXPECTED_ARGUMENT otherwise)."""
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"state_machine must be 'package.module:Class', got {path!r}",
+        )
+    module, name = path.split(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT, f"cannot import state machine {path!r}: {exc}"
+        ) from None
+    machine = cls()
+    if not callable(getattr(machine, "apply", None)):
+        raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"{path!r} has no apply()")
+    return machine
+
+
+class Applier:
+    """Feeds a machine the committed entries in order, from where it says it stands."""
+
+    def __init__(self, machine: StateMachine, ctx: MachineContext, max_batch: int = 1024):
+        self.machine = machine
+        self.applied = int(machine.open(ctx))
+        self.max_batch = max_batch
+        self._role: tuple[Role, int] | None = None
+
+    def due(self, committed: int) -> tuple[int, int] | None:
+        """The next ``[start, stop)`` to apply, at most ``max_batch`` entries, or None."""
+        if committed <= self.applied:
+            return None
+        start = self.applied + 1
+        return start, min(committed + 1, start + self.max_batch)
+
+    def apply(self, entries: list[Entry]) -> None:
+        """Apply entries that continue exactly where the machine stands."""
+        if not entries:
+            return
+        if entries[0].index != self.applied + 1:
+            raise LedgerError.of(
+                ResponseCode.INCONSISTENT_STATE,
+                f"apply from {entries[0].index}, but the machine stands at {self.applied}",
+            )
+        self.machine.apply(entries)
+        self.applied = entries[-1].index
+
+    def role_changed(self, role: Role, term: int) -> None:
+        """Tell the machine once per distinct (role, term)."""
+        if self._role != (role, term):
+            self._role = (role, term)
+            self.machine.on_role_change(role, term)

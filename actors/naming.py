@@ -1,0 +1,30 @@
+"""Where a group's actors live in Ray: their namespace and names, and finding a group's
+members by name (shared by the member, its helpers, the group and the client)."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+NAMESPACE = "rayledger"
+
+
+def actor_name(group: str, member: str) -> str:
+    return f"{group}/{member}"
+
+
+def group_members(name: str) -> list[str]:
+    """Member ids of a running group, found by its named actors."""
+    prefix = f"{name}/"
+    found = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(
+        a["name"][len(prefix) :]
+        for a in found
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
+    )
+
+
+def now_ms() -> int:
+    """The actors' clock: monotonic milliseconds (the logic classes never read a clock)."""
+    return int(time.monotonic() * 1000)

@@ -1,0 +1,93 @@
+"""KvMachine: a dict replicated through the ledger, with etcd-style revisions.
+
+Commands are JSON entry bodies: ``{"op": "set", "key": k, "value": v, "rev": "0000000000"}``
+or ``{"op": "del", ...}``.  The leader stamps each command's ``rev`` with the entry's index
+before the write (``pre_append``, same length), so every member stores the same revision and
+a reader learns which entry last changed a key.  The map and the applied index are saved
+atomically after every applied batch, which makes the machine restart-safe: ``open``
+returns the saved index and the member replays what came after.
+
+Queries: ``{"get": key}`` -> ``[value, rev]`` or None; ``{"keys": True}`` -> sorted keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from rayledger.actors.machine import MachineContext, StateMachine
+from rayledger.storage import Entry, LedgerError, ResponseCode
+
+_REV_FIELD = b'"rev": "0000000000"'
+_REV_DIGITS = 10
+
+
+def set_command(key: str, value: Any) -> bytes:
+    """The entry body that sets ``key`` to ``value`` (any JSON value)."""
+    return json.dumps({"op": "set", "key": key, "value": value, "rev": "0" * _REV_DIGITS}).encode()
+
+
+def delete_command(key: str) -> bytes:
+    return json.dumps({"op": "del", "key": key, "rev": "0" * _REV_DIGITS}).encode()
+
+
+class KvMachine(StateMachine):
+    def __init__(self) -> None:
+        self.data: dict[str, list] = {}  # key -> [value, revision]
+        self.applied = -1
+        self.path: str | None = None
+
+    def open(self, ctx: MachineContext) -> int:
+        if ctx.data_dir is not None:
+            os.makedirs(ctx.data_dir, exist_ok=True)
+            self.path = os.path.join(ctx.data_dir, "kv.json")
+            if os.path.exists(self.path):
+                with open(self.path) as f:
+                    saved = json.load(f)
+                self.data, self.applied = saved["data"], saved["applied"]
+        return self.applied
+
+    def pre_append(self, index: int, pos: int, body: bytearray) -> None:
+        at = body.find(_REV_FIELD)
+        if at >= 0:
+            start = at + len(_REV_FIELD) - 1 - _REV_DIGITS
+            body[start : start + _REV_DIGITS] = b"%010d" % index
+
+    def apply(self, entries: list[Entry]) -> None:
+        for e in entries:
+            if e.body:  # a term's first entry is empty
+                self._apply_one(e)
+            self.applied = e.index
+        self._save()
+
+    def _apply_one(self, e: Entry) -> None:
+        try:
+            cmd = json.loads(e.body)
+            op, key, rev = cmd["op"], cmd["key"], int(cmd["rev"])
+        except (ValueError, KeyError, TypeError):
+            return  # not a command: entries of other writers are skipped alike everywhere
+        if op == "set":
+            self.data[key] = [cmd.get("value"), rev]
+        elif op == "del":
+            self.data.pop(key, None)
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"data": self.data, "applied": self.applied}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def query(self, request: Any) -> Any:
+        if isinstance(request, dict) and "get" in request:
+            return self.data.get(request["get"])
+        if isinstance(request, dict) and request.get("keys"):
+            return sorted(self.data)
+        raise LedgerError.of(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"KvMachine answers {{'get': key}} or {{'keys': True}}, not {request!r}",
+        )

@@ -1,0 +1,207 @@
+"""CommitLog: produce and consume RocketMQ-format messages on a group running CommitLogMachine.
+
+DLedger's codes map to RocketMQ's PutMessageStatus: NOT_LEADER, LEADER_NOT_READY and
+DISK_FULL -> SERVICE_NOT_AVAILABLE; a quorum timeout or a full pending queue ->
+OS_PAGECACHE_BUSY; a message RocketMQ refuses -> MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED
+with nothing stored; an unknown outcome -> UNKNOWN_ERROR (never retried).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup, OutcomeUnknownError
+from rayledger.storage import ResponseCode
+from rayledger.storage.codec import HEADER_SIZE
+
+from .commitlog import offset_command
+from .message import (
+    TRANSACTION_NOT_TYPE,
+    Message,
+    MessageError,
+    PutMessageStatus,
+    decode,
+    encode,
+    msg_id,
+)
+
+MACHINE = "rayledger.integration.rocketmq.commitlog:CommitLogMachine"
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+_STATUS = {
+    ResponseCode.NOT_LEADER: PutMessageStatus.SERVICE_NOT_AVAILABLE,
+    ResponseCode.LEADER_NOT_READY: PutMessageStatus.SERVICE_NOT_AVAILABLE,
+    ResponseCode.DISK_FULL: PutMessageStatus.SERVICE_NOT_AVAILABLE,
+    ResponseCode.WAIT_QUORUM_ACK_TIMEOUT: PutMessageStatus.OS_PAGECACHE_BUSY,
+    ResponseCode.LEADER_PENDING_FULL: PutMessageStatus.OS_PAGECACHE_BUSY,
+    ResponseCode.TIMEOUT: PutMessageStatus.SERVICE_NOT_AVAILABLE,
+}
+
+
+@dataclass(frozen=True)
+class PutMessageResult:
+    status: PutMessageStatus
+    msg_id: str | None = None
+    wrote_offset: int = -1
+    queue_offset: int = -1
+    index: int = -1  # the ledger entry
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+@dataclass(frozen=True)
+class PullResult:
+    messages: list[Message]
+    next_offset: int
+    max_offset: int
+
+
+def _host() -> tuple[str, int]:
+    try:
+        return socket.gethostbyname(socket.gethostname()), 0
+    except OSError:
+        return "127.0.0.1", 0
+
+
+class CommitLog:
+    def __init__(self, group: LedgerGroup, timeout_s: float = 30.0):
+        self.group = group
+        self.client = group.client(timeout_s=timeout_s)
+        self.host = _host()
+
+    @classmethod
+    def create(
+        cls, name: str, members=3, store_dir=None, config: LedgerConfig | None = None
+    ) -> CommitLog:
+        config = replace(config or LedgerConfig(), state_machine=MACHINE)
+        group = LedgerGroup.create(name, members, store_dir=store_dir, config=config)
+        group.wait_for_leader(timeout_s=60)
+        return cls(group)
+
+    @classmethod
+    def connect(cls, name: str) -> CommitLog:
+        return cls(LedgerGroup.get(name))
+
+    # -- producing -------------------------------------------------------------------------
+    def _message(self, topic, queue_id, body, tags, keys, properties, flag, delay_level):
+        props = dict(properties or {})
+        if tags is not None:
+            props["TAGS"] = tags
+        if keys is not None:
+            props["KEYS"] = keys
+        if delay_level:  # RocketMQ parks delayed messages in the schedule topic
+            props.update(REAL_TOPIC=topic, REAL_QID=str(queue_id), DELAY=str(delay_level))
+            topic, queue_id = SCHEDULE_TOPIC, delay_level - 1
+        now = int(time.time() * 1000)
+        return Message(
+            topic, body, queue_id=queue_id, flag=flag, properties=props,
+            born_timestamp=now, born_host=self.host, store_host=self.host,
+        )  # fmt: skip
+
+    def put_message(
+        self, topic: str, queue_id: int, body: bytes, tags: str | None = None,
+        keys: str | None = None, properties: dict | None = None, flag: int = 0,
+        delay_level: int = 0,
+    ) -> PutMessageResult:  # fmt: skip
+        m = self._message(topic, queue_id, body, tags, keys, properties, flag, delay_level)
+        return self._put([m])[0]
+
+    def put_messages(self, messages: list[dict]) -> list[PutMessageResult]:
+        """A batch: one entry per message and one commit wait.  Delayed and transactional
+        messages are refused in a batch, as DLedger does."""
+        ms = []
+        for kw in messages:
+            if kw.get("delay_level") or kw.get("sys_flag", 0) & 0xC:
+                r = PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error="no delayed or "
+                                     "transactional messages in a batch")  # fmt: skip
+                return [r] * len(messages)
+            ms.append(
+                self._message(
+                    kw["topic"],
+                    kw.get("queue_id", 0),
+                    kw["body"],
+                    kw.get("tags"),
+                    kw.get("keys"),
+                    kw.get("properties"),
+                    kw.get("flag", 0),
+                    0,
+                )  # fmt: skip
+            )
+        return self._put(ms)
+
+    def _put(self, ms: list[Message]) -> list[PutMessageResult]:
+        try:
+            bodies = [encode(m) for m in ms]
+        except MessageError as exc:
+            return [PutMessageResult(exc.status, error=exc.message)] * len(ms)
+        try:
+            results = self.client.append_batch(bodies)
+        except OutcomeUnknownError as exc:
+            return [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR, error=str(exc))] * len(ms)
+        except LedgerError as exc:
+            status = _STATUS.get(exc.code, PutMessageStatus.UNKNOWN_ERROR)
+            return [PutMessageResult(status, error=str(exc))] * len(ms)
+        # the queue offsets were stamped by the leader: read them back from the log
+        stored = self.client.read(results[0].index, results[-1].index + 1, "committed")
+        out = []
+        for r, e in zip(results, stored, strict=True):
+            m = decode(e.body)
+            wrote = r.pos + HEADER_SIZE
+            out.append(PutMessageResult(PutMessageStatus.PUT_OK, msg_id(m.store_host, wrote),
+                                        wrote, m.queue_offset, r.index))  # fmt: skip
+        return out
+
+    # -- consuming -------------------------------------------------------------------------
+    def pull(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, member: str | None = None
+    ) -> PullResult:
+        """Committed messages of a queue from ``offset`` (any member: ``member="any"``)."""
+        r = self.client.query(("pull", topic, queue_id, offset, max_msgs), "committed", member)
+        return PullResult(r["messages"], r["next_offset"], r["max_offset"])
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.client.query(("max_offset", topic, queue_id))
+
+    def topics(self) -> dict[str, dict[int, int]]:
+        return self.client.query(("topics",))
+
+    def get_message(self, phys_offset: int) -> Message | None:
+        return self.client.query(("get_message", phys_offset))
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A consumer group's offset, committed through the ledger (it survives failovers)."""
+        self.client.append(offset_command(group, topic, queue_id, offset))
+
+    def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.client.query(("consumer_offset", group, topic, queue_id))
+
+    def follow(
+        self, topic: str, group: str | None = None, poll_s: float = 0.05
+    ) -> Iterator[Message]:
+        """Yield the topic's messages as they commit, queue by queue (with ``group``, from
+        and committing its offsets)."""
+        nxt: dict[int, int] = {}
+        while True:
+            queues = self.topics().get(topic, {})
+            got = False
+            for qid in sorted(queues):
+                if qid not in nxt:
+                    nxt[qid] = max(0, self.fetch_offset(group, topic, qid)) if group else 0
+                r = self.pull(topic, qid, nxt[qid])
+                yield from r.messages
+                if r.messages:
+                    got = True
+                    nxt[qid] = r.next_offset
+                    if group:
+                        self.commit_offset(group, topic, qid, nxt[qid])
+            if not got:
+                time.sleep(poll_s)
+
+
+__all__ = ["CommitLog", "PullResult", "PutMessageResult", "TRANSACTION_NOT_TYPE"]

@@ -1,0 +1,239 @@
+"""CommitLogMachine: the seeds' DLedgerCommitLog as a state machine every member runs.
+
+* **Put (leader).** Each message is one entry whose body is a commit-log record (message.py).
+  Before the write, ``pre_append`` stamps the store timestamp, the queue offset from the
+  topic-queue table (advanced only for normal and COMMIT messages) and the physical offset
+  (entry position + 48, the entry header).  The table is rebuilt from the consume queues when
+  the member becomes ready to lead: its ledger end equals its committed index and dispatch has
+  applied everything (RocketMQ's master waits the same way), so offsets continue after a
+  failover with no gap and no duplicate.  A write that fails after its stamp is detected by
+  the next stamp at the same index, and the offsets it took are given back.
+* **Dispatch (every member).** Committed records are appended to their consume queue; a
+  consumer group's committed offset is an entry too (``offset_command``), so offsets survive
+  failovers.  After each applied batch the queues are flushed and a checkpoint (applied index,
+  units per queue, consumer offsets) is replaced atomically; on restart units past the
+  checkpoint are cut and the member replays from the checkpoint's index.
+* **Reads.** Queries only see dispatched, hence committed, messages.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rayledger.actors.machine import MachineContext, StateMachine
+from rayledger.election import Role
+from rayledger.storage import Entry, LedgerError, ResponseCode
+from rayledger.storage.codec import HEADER_SIZE
+
+from .consumequeue import ConsumeQueue, tag_hash
+from .message import (
+    MAGIC_CODE,
+    PHYS_OFFSET_POS,
+    QUEUE_OFFSET_POS,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    MessageError,
+    decode,
+)
+
+_SYSFLAG_POS, _STORE_TS_POS, _TOPIC_AFTER_BODY = 36, 56, 84
+_OFFSET_MAGIC = b"\x00RLMQ-OFFSET\x00"
+_QUEUED = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+
+
+def offset_command(group: str, topic: str, queue_id: int, offset: int) -> bytes:
+    """The entry body that commits a consumer group's offset in a queue."""
+    doc = {"group": group, "topic": topic, "queue": queue_id, "offset": offset}
+    return _OFFSET_MAGIC + json.dumps(doc).encode()
+
+
+def _is_record(body: bytes | bytearray) -> bool:
+    return len(body) >= 92 and struct.unpack_from(">i", body, 4)[0] == MAGIC_CODE
+
+
+def _route(body: bytes | bytearray) -> tuple[str, int, int]:
+    """(topic, queue id, sys flag) of a record, read from its fixed layout."""
+    (qid,) = struct.unpack_from(">i", body, 12)
+    (sys_flag,) = struct.unpack_from(">i", body, _SYSFLAG_POS)
+    (body_len,) = struct.unpack_from(">i", body, _TOPIC_AFTER_BODY)
+    at = 88 + body_len
+    topic = bytes(body[at + 1 : at + 1 + body[at]]).decode()
+    return topic, qid, sys_flag
+
+
+class CommitLogMachine(StateMachine):
+    def __init__(self) -> None:
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.offsets: dict[str, dict[str, int]] = {}  # group -> "topic\0qid" -> offset
+        self.applied = -1
+        self.root: Path | None = None
+        self.log = None
+        self._lock = threading.Lock()  # the table: stamped on the loop, rebuilt on the machine
+        self._table: dict[tuple[str, int], int] | None = None  # next offsets, when leading
+        self._taken: dict[int, tuple[str, int]] = {}  # index -> queue that advanced for it
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self, ctx: MachineContext) -> int:
+        self.log = ctx.log
+        if ctx.data_dir is None:
+            return -1
+        self.root = Path(ctx.data_dir) / "mq"
+        self.root.mkdir(parents=True, exist_ok=True)
+        cp = {"applied": -1, "units": {}, "offsets": {}}
+        if (self.root / "checkpoint.json").exists():
+            cp = json.loads((self.root / "checkpoint.json").read_text())
+        self.applied, self.offsets = cp["applied"], cp["offsets"]
+        cq_root = self.root / "cq"
+        for topic_dir in cq_root.iterdir() if cq_root.exists() else ():
+            for qdir in topic_dir.iterdir():
+                key = (topic_dir.name, int(qdir.name))
+                q = self.queues[key] = ConsumeQueue(qdir)
+                q.truncate(cp["units"].get(f"{key[0]}\0{key[1]}", 0))  # past the checkpoint
+        return self.applied
+
+    def close(self) -> None:
+        for q in self.queues.values():
+            q.close()
+
+    def _queue(self, key: tuple[str, int]) -> ConsumeQueue:
+        q = self.queues.get(key)
+        if q is None:
+            where = self.root / "cq" / key[0] / str(key[1]) if self.root else None
+            q = self.queues[key] = ConsumeQueue(where)
+        return q
+
+    # -- the leader's put path -------------------------------------------------------------
+    def on_role_change(self, role: Role, term: int) -> None:
+        if role is not Role.LEADER:
+            with self._lock:
+                self._table, self._taken = None, {}
+
+    def ready_to_lead(self) -> bool:
+        """Master only once the ledger end is committed and dispatched: then the consume
+        queues hold every message, and the table continues them."""
+        log = self.log
+        if log is None or not (log.ledger_end_index == log.committed_index == self.applied):
+            return False
+        with self._lock:
+            self._table = {k: q.max_offset for k, q in self.queues.items()}
+            self._taken = {}
+        return True
+
+    def pre_append(self, index: int, pos: int, body: bytearray) -> None:
+        if not _is_record(body):
+            return
+        topic, qid, sys_flag = _route(body)
+        key = (topic, qid)
+        with self._lock:
+            table = self._table
+            if table is None:  # not a ready leader: the member refuses appends anyway
+                return
+            for i in [i for i in self._taken if i >= index]:  # a failed write's offsets
+                k = self._taken.pop(i)
+                table[k] -= 1
+            offset = 0
+            if sys_flag & 0xC in _QUEUED:
+                offset = table.get(key, 0)
+                table[key] = offset + 1
+                self._taken[index] = key
+        struct.pack_into(">q", body, QUEUE_OFFSET_POS, offset)
+        struct.pack_into(">q", body, PHYS_OFFSET_POS, pos + HEADER_SIZE)
+        struct.pack_into(">q", body, _STORE_TS_POS, int(time.time() * 1000))
+
+    # -- dispatch ------------------------------------------------------------------------
+    def apply(self, entries: list[Entry]) -> None:
+        for e in entries:
+            body = e.body
+            if body.startswith(_OFFSET_MAGIC):
+                doc = json.loads(body[len(_OFFSET_MAGIC) :])
+                slot = f"{doc['topic']}\0{doc['queue']}"
+                self.offsets.setdefault(doc["group"], {})[slot] = int(doc["offset"])
+            elif _is_record(body):
+                self._dispatch(e)
+            self.applied = e.index
+        with self._lock:  # committed: never given back
+            for i in [i for i in self._taken if i <= self.applied]:
+                del self._taken[i]
+        self._checkpoint()
+
+    def _dispatch(self, e: Entry) -> None:
+        try:
+            m = decode(e.body)
+        except MessageError:
+            return  # not a well-formed record: every member skips it alike
+        if m.transaction_type not in _QUEUED:
+            return  # prepared and rolled-back messages are not consumable
+        self._queue((m.topic, m.queue_id)).append(
+            e.pos + HEADER_SIZE, len(e.body), tag_hash(m.tags), e.index
+        )
+
+    def _checkpoint(self) -> None:
+        if self.root is None:
+            return
+        for q in self.queues.values():
+            q.flush()
+        cp = {
+            "applied": self.applied,
+            "units": {f"{t}\0{q}": cq.max_offset for (t, q), cq in self.queues.items()},
+            "offsets": self.offsets,
+        }
+        tmp = self.root / "checkpoint.json.tmp"
+        with open(tmp, "w") as f:
+            json.dump(cp, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / "checkpoint.json")
+
+    # -- reads -----------------------------------------------------------------------------
+    def query(self, request: Any) -> Any:
+        if not isinstance(request, tuple) or not request:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"bad query {request!r}")
+        kind, args = request[0], request[1:]
+        handler = {
+            "pull": self._pull,
+            "max_offset": lambda t, q: self._queue_if((t, q)).max_offset,
+            "topics": self._topics,
+            "consumer_offset": self._consumer_offset,
+            "get_message": self._get_message,
+        }.get(kind)
+        if handler is None:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown query {kind!r}")
+        return handler(*args)
+
+    def _queue_if(self, key: tuple[str, int]) -> ConsumeQueue:
+        return self.queues.get(key) or ConsumeQueue(None)
+
+    def _pull(self, topic: str, queue_id: int, offset: int, max_msgs: int) -> dict:
+        q = self._queue_if((topic, queue_id))
+        msgs = []
+        for k, (_phys, _size, _th, index) in enumerate(q.get(offset, max_msgs)):
+            m = decode(self.log.get(index).body)
+            m.queue_offset = offset + k  # the consume queue is the truth
+            msgs.append(m)
+        return {"messages": msgs, "next_offset": offset + len(msgs), "max_offset": q.max_offset}
+
+    def _topics(self) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {}
+        for (t, q), cq in sorted(self.queues.items()):
+            out.setdefault(t, {})[q] = cq.max_offset
+        return out
+
+    def _consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.offsets.get(group, {}).get(f"{topic}\0{queue_id}", -1)
+
+    def _get_message(self, phys: int):
+        """The committed message whose record starts at ``phys`` (None when there is none)."""
+        log = self.log
+        lo, hi = log.ledger_begin_index, min(log.committed_index, self.applied) + 1
+        i = bisect.bisect_left(range(lo, hi), phys - HEADER_SIZE, key=log.get_pos) + lo
+        if i >= hi or log.get_pos(i) != phys - HEADER_SIZE:
+            return None
+        body = log.get(i).body
+        return decode(body) if _is_record(body) else None

@@ -1,0 +1,93 @@
+"""Read consistencies on a real group: linearizable, lease and follower reads (issue 10 §4)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import ray
+from rayledger.storage import LedgerError, ResponseCode
+
+pytestmark = pytest.mark.ray
+
+
+def _other(group, leader):
+    return [m for m in group.members if m != leader]
+
+
+def test_every_consistency_reads_an_acknowledged_append(make_group):
+    g = make_group(store=False)
+    g.wait_for_leader()
+    c = g.client(timeout_s=20)
+    r = c.append(b"x")
+    for consistency in ("linearizable", "lease", "committed"):
+        assert c.get(r.index, consistency=consistency).body == b"x"
+        assert c.committed_index(consistency=consistency) >= r.index
+        assert [e.body for e in c.read(r.index, r.index + 1, consistency=consistency)] == [b"x"]
+    with pytest.raises(LedgerError) as e:
+        c.get(r.index, consistency="strong")
+    assert e.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+    with pytest.raises(LedgerError) as e:
+        c.get(r.index, member="nope")
+    assert e.value.code == ResponseCode.UNKNOWN_MEMBER
+
+
+def test_a_partitioned_old_leader_never_answers_a_linearizable_read(make_group):
+    """The old leader, cut off, still believes it leads for a while and its committed index
+    is stale; a committed-consistency read there shows the stale prefix (the check can fail),
+    a linearizable one refuses."""
+    g = make_group(store=False)
+    old = g.wait_for_leader()
+    c = g.client(timeout_s=20)
+    c.append(b"before")
+    h = g.handle(old)
+    g.partition({old}, set(_other(g, old)))
+    new = g.wait_for_leader(timeout_s=30, exclude=old)
+    acked = c.append(b"after")  # committed by the majority side
+    stale = ray.get(h.committed_index.remote(consistency="committed"))
+    assert stale < acked.index, "the old leader already knew the new commit: nothing tested"
+    for consistency in ("linearizable", "lease"):
+        with pytest.raises(LedgerError) as e:
+            ray.get(h.get.remote(acked.index, consistency=consistency), timeout=30)
+        assert e.value.code in (ResponseCode.TIMEOUT, ResponseCode.NOT_LEADER)
+        with pytest.raises(LedgerError):
+            ray.get(h.committed_index.remote(consistency=consistency), timeout=30)
+    # a client finds the new leader and reads the acknowledged entry
+    assert c.get(acked.index).body == b"after"
+    assert g.leader_id() == new or g.leader_id() is not None
+    g.heal()
+
+
+def test_a_lagging_follower_waits_for_the_read_index_instead_of_refusing(make_group):
+    g = make_group(store=False)
+    leader = g.wait_for_leader()
+    lagging, other = _other(g, leader)
+    c = g.client(timeout_s=20)
+    c.append(b"warm")
+    g.partition({leader}, {lagging}, one_way=True)  # the leader's pushes do not reach it
+    acked = c.append(b"late")
+    h = g.handle(lagging)
+    assert ray.get(h.committed_index.remote(consistency="committed")) < acked.index
+    # a committed read there is pointed at the leader (which it may have stopped hearing
+    # from: then without a hint), never refused with INDEX_OUT_OF_BOUNDS
+    with pytest.raises(LedgerError) as e:
+        ray.get(h.get.remote(acked.index, consistency="committed"))
+    assert e.value.code == ResponseCode.NOT_LEADER and e.value.leader_id in (leader, None)
+    threading.Timer(0.2, g.heal).start()
+    t0 = time.monotonic()
+    entry = ray.get(h.get.remote(acked.index, consistency="linearizable"), timeout=30)
+    assert entry.body == b"late" and time.monotonic() - t0 >= 0.15  # it waited for the heal
+    # through the client, from any member
+    for m in g.members:
+        assert c.get(acked.index, member=m).body == b"late"
+    assert c.committed_index(member="any") >= acked.index
+
+
+def test_follower_reads_spread_over_members_and_see_every_ack(make_group):
+    g = make_group(store=False)
+    g.wait_for_leader()
+    c = g.client(timeout_s=20)
+    for i in range(20):
+        r = c.append(b"%d" % i)
+        assert c.get(r.index, member="any").body == b"%d" % i  # read-your-writes anywhere

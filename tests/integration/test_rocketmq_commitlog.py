@@ -1,0 +1,140 @@
+"""CommitLogMachine driven like a member drives it, on a real FileStore (no Ray): the
+leader's stamps, dispatch into consume queues, restart safety, queries."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from rayledger.actors.machine import Applier, MachineContext
+from rayledger.election import Role
+from rayledger.integration.rocketmq.commitlog import CommitLogMachine, offset_command
+from rayledger.integration.rocketmq.message import (
+    PHYS_OFFSET_POS,
+    TRANSACTION_PREPARED_TYPE,
+    Message,
+    decode,
+    encode,
+)
+from rayledger.storage import StoreConfig, open_store
+from rayledger.storage.codec import HEADER_SIZE
+
+
+class Member:
+    """A store plus a machine, wired as MemberActor wires them."""
+
+    def __init__(self, path):
+        self.path = path
+        self.store = open_store(StoreConfig(data_dir=str(path)))
+        self.machine = CommitLogMachine()
+        self.applier = Applier(self.machine, MachineContext("g", "n0", str(path), {}, self.store))
+        self.store.add_append_hook(self.machine.pre_append)
+
+    def lead(self) -> None:
+        self.machine.on_role_change(Role.LEADER, 1)
+        self.commit()
+        assert self.machine.ready_to_lead()
+
+    def put(self, *msgs: Message) -> list[int]:
+        a = self.store.append_as_leader([encode(m) for m in msgs], 1)
+        return list(range(a.first_index, a.first_index + len(msgs)))
+
+    def commit(self) -> None:
+        self.store.update_committed_index(self.store.ledger_end_index)
+        while (due := self.applier.due(self.store.committed_index)) is not None:
+            self.applier.apply(self.store.get_range(*due))
+
+    def close(self) -> None:
+        self.machine.close()
+        self.store.close()
+
+
+@pytest.fixture
+def member(tmp_path):
+    m = Member(tmp_path / "n0")
+    yield m
+    m.close()
+
+
+def msg(topic="T", q=0, body=b"x", **kw) -> Message:
+    return Message(topic, body, queue_id=q, **kw)
+
+
+def test_the_leader_stamps_queue_and_physical_offsets_before_the_write(member):
+    member.lead()
+    idx = member.put(msg(q=0), msg(q=1), msg(q=0), msg("U", 0))
+    stored = [decode(member.store.get(i).body) for i in idx]
+    assert [m.queue_offset for m in stored] == [0, 0, 1, 0]
+    for i, m in zip(idx, stored, strict=True):
+        assert m.phys_offset == member.store.get_pos(i) + HEADER_SIZE
+        assert m.store_timestamp > 0
+    member.commit()
+    r = member.machine.query(("pull", "T", 0, 0, 10))
+    assert [m.queue_offset for m in r["messages"]] == [0, 1] and r["next_offset"] == 2
+    assert member.machine.query(("topics",)) == {"T": {0: 2, 1: 1}, "U": {0: 1}}
+    phys = stored[1].phys_offset
+    assert member.machine.query(("get_message", phys)).queue_id == 1
+    assert member.machine.query(("get_message", phys + 1)) is None
+
+
+def test_prepared_messages_take_no_queue_offset_and_are_not_consumable(member):
+    member.lead()
+    member.put(msg(), msg(sys_flag=TRANSACTION_PREPARED_TYPE), msg())
+    member.commit()
+    r = member.machine.query(("pull", "T", 0, 0, 10))
+    assert [m.queue_offset for m in r["messages"]] == [0, 1]
+
+
+def test_a_failed_write_gives_its_offsets_back(member):
+    member.lead()
+    member.put(msg())
+    next_index = member.store.ledger_end_index + 1
+    body = bytearray(encode(msg()))
+    member.machine.pre_append(next_index, 999, body)  # stamped, then the write failed
+    (i,) = member.put(msg())  # the same index again
+    assert i == next_index and decode(member.store.get(i).body).queue_offset == 1
+
+
+def test_restart_cuts_units_past_the_checkpoint_and_replays(tmp_path):
+    a = Member(tmp_path / "n0")
+    a.lead()
+    a.put(msg(), msg(), msg(q=1))
+    a.commit()
+    a.store.append_as_leader([encode(msg()), offset_command("g1", "T", 0, 2)], 1)
+    a.store.update_committed_index(a.store.ledger_end_index)
+    a.machine.queues[("T", 0)].append(0, 1, 0, 99)  # a unit written, checkpoint not yet
+    a.close()
+    b = Member(tmp_path / "n0")
+    try:
+        assert b.applier.applied == 2 and b.machine.query(("max_offset", "T", 0)) == 2
+        b.commit()  # replays the entries after the checkpoint
+        assert b.machine.query(("max_offset", "T", 0)) == 3
+        assert b.machine.query(("consumer_offset", "g1", "T", 0)) == 2
+        assert b.machine.query(("consumer_offset", "g2", "T", 0)) == -1
+        b.lead()  # the table continues the queues
+        (i,) = b.put(msg())
+        assert decode(b.store.get(i).body).queue_offset == 3
+    finally:
+        b.close()
+
+
+def test_not_ready_while_the_log_has_an_uncommitted_tail(member):
+    member.put(msg())
+    assert not member.machine.ready_to_lead()
+    member.commit()
+    assert member.machine.ready_to_lead()
+
+
+def test_records_keep_their_physical_offset_at_byte_28(member):
+    member.lead()
+    (i,) = member.put(msg())
+    raw = member.store.get(i).body
+    assert struct.unpack_from(">q", raw, PHYS_OFFSET_POS)[0] == member.store.get_pos(i) + 48
+
+
+def test_bad_queries_are_refused(member):
+    from rayledger.storage import LedgerError
+
+    for q in ("pull", ("nope",), ()):
+        with pytest.raises(LedgerError):
+            member.machine.query(q)
