@@ -415,8 +415,8 @@ class LedgerClient:
         elif isinstance(exc, LedgerError):
             self._refused(batch, target, exc)
         else:
-            if isinstance(exc, ray.exceptions.RayActorError) and self._leader == target:
-                self._leader = None  # includes ActorDiedError and ActorUnavailableError
+            if self._leader == target:  # a dead, restarting or unschedulable member
+                self._leader = None
             self._fail(
                 batch,
                 lambda e=exc: OutcomeUnknownError(

@@ -19,7 +19,7 @@ from rayledger.storage.metafile import ensure_writable_dir
 
 from .client import LedgerClient
 from .config import LedgerConfig
-from .faults import LinkFaults, save_faults
+from .faults import LinkFaults, load_faults, save_faults
 from .member import MemberActor
 from .naming import NAMESPACE, actor_name, group_members
 from .types import MemberStatus
@@ -302,11 +302,27 @@ class LedgerGroup:
             )
             save_faults(self.name, m, faults)  # a member restarted later starts with them
             refs.append(h.set_faults.remote(sorted(faults.cut), faults.drop, faults.delay_ms))
-        for r in refs:
-            try:
-                ray.get(r, timeout=10)
-            except Exception as exc:
-                log.warning("could not set faults on a member: %s", exc)
+        self._deliver_faults(refs)
+
+    def _deliver_faults(self, refs: list) -> None:
+        """Wait for every member to take its faults; a restarting member is asked again
+        until it is up (it also reads them at start, but may have read the old ones)."""
+        deadline = time.monotonic() + 20
+        for m, r in zip(list(self._handles), refs, strict=True):
+            while True:
+                try:
+                    ray.get(r, timeout=10)
+                    break
+                except ray.exceptions.ActorUnavailableError:
+                    if time.monotonic() > deadline:
+                        log.warning("faults not delivered to restarting member %s", m)
+                        break
+                    time.sleep(0.2)
+                    f = load_faults(self.name, m)
+                    r = self._handles[m].set_faults.remote(sorted(f.cut), f.drop, f.delay_ms)
+                except Exception as exc:
+                    log.warning("could not set faults on member %s: %s", m, exc)
+                    break
 
     def shutdown(self, delete_data: bool = False) -> None:
         for m in self.members:
