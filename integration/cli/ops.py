@@ -320,4 +320,9 @@ def add_commands(add, sub, common) -> None:
     ft.add_argument("action", choices=FAULTS)
     # its targets are the words left over after the options (main.parse_args), so that both
     # `fault pause --group G n1` and `fault pause n1 --group G` work
+    ft.usage = "rayledger fault ACTION --group G [TARGET ...] [--one-way]"
+    ft.description = (
+        "kill|pause|resume [MEMBER|leader] (default: the leader); partition SIDE SIDE ... "
+        "(each side comma-separated members, e.g. `n0 n1,n2`); heal (lift every partition)"
+    )
     ft.add_argument("--one-way", action="store_true", help="partition: cut only side 1 -> others")
