@@ -161,7 +161,7 @@ class EntryDispatcherActor:
         with self._lock:
             for key, resp in answers:
                 req = self._cg_sent.pop(key, None)
-                self._metrics.acked(key)
+                self._metrics.acked(key, self.logic)
                 if req is not None:
                     self.logic.on_response(req, resp, now)
             wm = self.logic.water_mark if self.logic.term == term else -1
@@ -293,7 +293,7 @@ class EntryDispatcherActor:
                 self._follower = None
         with self._lock:
             wm = self.logic.on_response(req, resp, now_ms())
-        self._metrics.answered(t0, resp)
+        self._metrics.answered(t0, resp, self.logic)
         if wm is not None and not self._reporting:
             self._reporting = True
             asyncio.ensure_future(self._report(req.term))

@@ -714,7 +714,6 @@ class MemberActor:
     # -- answers to this member's helpers (fenced by term) ------------------------------------
     @ray.method(enable_task_events=False)
     async def on_peer_progress(self, peer: str, match_index: int) -> None:
-        self._metrics.peer_progress(peer, match_index, self.store.ledger_end_index)
         with self._lock:
             actions = self.logic.on_peer_progress(peer, match_index, now_ms())
         await self._apply(actions)

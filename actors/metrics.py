@@ -134,10 +134,10 @@ class MemberMetrics:
             return
         self._next_sample = now + SAMPLE_S
         metric("rayledger_role").set(ROLE_VALUE.get(role or "", -1), self.tags)
-        metric("rayledger_term").set(term, self.tags)
-        metric("rayledger_ledger_end_index").set(store.ledger_end_index, self.tags)
-        metric("rayledger_committed_index").set(store.committed_index, self.tags)
-        metric("rayledger_pending_appends").set(pending, self.tags)
+        metric("rayledger_term").set(int(term), self.tags)
+        metric("rayledger_ledger_end_index").set(int(store.ledger_end_index), self.tags)
+        metric("rayledger_committed_index").set(int(store.committed_index), self.tags)
+        metric("rayledger_pending_appends").set(int(pending), self.tags)
         if self.data_dir and now >= self._next_disk:
             self._next_disk = now + DISK_SAMPLE_S
             metric("rayledger_disk_bytes").set(_dir_bytes(self.data_dir), self.tags)
@@ -152,15 +152,8 @@ class MemberMetrics:
             return
         t0, entries, nbytes = started
         metric("rayledger_append_latency_ms").observe((time.perf_counter() - t0) * 1000, self.tags)
-        metric("rayledger_appended_entries").inc(entries, self.tags)
-        metric("rayledger_appended_bytes").inc(nbytes, self.tags)
-
-    def peer_progress(self, peer: str, water_mark: int, end_index: int) -> None:
-        tags = self._peer_tags.get(peer)
-        if tags is None:
-            tags = self._peer_tags[peer] = {**self.tags, "peer": peer}
-        metric("rayledger_peer_water_mark").set(water_mark, tags)
-        metric("rayledger_peer_lag").set(max(0, end_index - water_mark), tags)
+        metric("rayledger_appended_entries").inc(int(entries), self.tags)
+        metric("rayledger_appended_bytes").inc(int(nbytes), self.tags)
 
     def read(self, consistency: str) -> None:
         tags = self._read_tags.get(consistency)
@@ -170,18 +163,23 @@ class MemberMetrics:
 
 
 class PeerMetrics:
-    """Recorders of one leader-to-follower dispatcher (push latency)."""
+    """Recorders of one leader-to-follower dispatcher: push latency, water mark and lag."""
 
     def __init__(self, group: str, member: str, peer: str):
         self.tags = {"group": group, "member": member, "peer": peer}
         self._sent: dict[Hashable, float] = {}
+        self._next_sample = 0.0
 
-    def answered(self, t0: float, resp: Any) -> None:
-        """A plain push sent at ``t0`` (``time.perf_counter()``) came back (``None``: lost)."""
+    def answered(self, t0: float, resp: Any, logic: Any) -> None:
+        """A push sent at ``t0`` (``time.perf_counter()``) came back (``None``: lost)."""
+        now = time.perf_counter()
         if resp is not None:
-            metric("rayledger_peer_push_latency_ms").observe(
-                (time.perf_counter() - t0) * 1000, self.tags
-            )
+            metric("rayledger_peer_push_latency_ms").observe((now - t0) * 1000, self.tags)
+        if now >= self._next_sample:  # the gauges at most every SAMPLE_S / 2
+            self._next_sample = now + SAMPLE_S / 2
+            wm, end = int(logic.water_mark), int(logic.view.ledger_end_index)
+            metric("rayledger_peer_water_mark").set(wm, self.tags)
+            metric("rayledger_peer_lag").set(max(0, end - wm), self.tags)
 
     def sent_first(self, wire: list) -> None:
         """A compiled-graph round went out; its first push's key times it (see :meth:`acked`)."""
@@ -190,8 +188,8 @@ class PeerMetrics:
                 self._sent.clear()
             self._sent[wire[0][0]] = time.perf_counter()
 
-    def acked(self, key: Hashable) -> None:
+    def acked(self, key: Hashable, logic: Any) -> None:
         if self._sent:
             t0 = self._sent.pop(key, None)
             if t0 is not None:
-                self.answered(t0, True)
+                self.answered(t0, True, logic)

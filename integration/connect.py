@@ -43,6 +43,5 @@ def connect(address: str | None) -> None:
     except ConnectionError as exc:
         raise LedgerError(
             ResponseCode.NETWORK_ERROR,
-            f"no Ray cluster at {address or 'auto'}; start one with `ray start --head`"
-            " or pass --address",
+            f"no Ray cluster at {address or 'auto'} ({exc})",
         ) from exc

@@ -9,9 +9,10 @@ import sys
 import pytest
 
 
-def bench(which: str, timeout: float = 600) -> dict:
+def bench(which: str, *extra: str, timeout: float = 600) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "rayledger.integration.cli", "bench", which, "--json", "--quick"],
+        [sys.executable, "-m", "rayledger.integration.cli", "bench", which, "--json", "--quick"]
+        + list(extra),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -52,12 +53,26 @@ GROUP_FIGURES = (
 
 
 @pytest.mark.ray
-def test_bench_group():
-    r = bench("group")
+def test_bench_group(tmp_path):
+    png = tmp_path / "group.png"
+    r = bench("group", "--plot", str(png))
     for key in GROUP_FIGURES:
         assert r[key] > 0, (key, r)
     assert r["concurrent_errors"] == 0 and r["batch_errors"] == 0, r
     assert r["reads_errors_linearizable"] == 0 and r["term_changes_under_load"] >= 0, r
+    assert r["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000  # two panels drawn, not an empty canvas
+
+
+def test_bench_plot_is_for_group_only(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "rayledger.integration.cli", "bench", "store", "--plot", "x.png"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "UNEXPECTED_ARGUMENT" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.ray

@@ -28,11 +28,15 @@ def plot_group(series: dict, path: str | Path, title: str = "rayledger bench gro
     for label, values in series.get("latency_ms", {}).items():
         _cdf(left, values, label)
     left.set_xscale("log")
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    left.xaxis.set_major_formatter(ScalarFormatter())  # 10, 100 rather than 10^1, 10^2
+    left.xaxis.set_minor_formatter(NullFormatter())  # no crowded minor labels
     left.set_xlabel("append latency (ms, log scale)")
     left.set_ylabel("fraction of appends")
     left.set_title("latency CDF")
     left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8, loc="lower right")
+    left.legend(fontsize=8, loc="upper left")
 
     points = sorted(series.get("throughput", []))
     if points:

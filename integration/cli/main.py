@@ -196,6 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse; ``fault`` takes the words left over after its options as its targets."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "fault":
+        args.targets = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def _explain(exc: LedgerError) -> str:
     hint = NEXT_STEP.get(exc.code)
     return f"error: {exc}" + (f"; {hint}" if hint else "")
@@ -203,7 +214,7 @@ def _explain(exc: LedgerError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if not args.verbose:
         output.quiet()
     code = 1

@@ -255,6 +255,9 @@ def _member(group, name: str | None) -> str:
 def cmd_fault(args) -> int:
     group = _group(args)
     done: dict[str, Any] = {"group": args.group, "fault": args.action}
+    unknown = [t for t in args.targets if t.startswith("-")]
+    if unknown:
+        raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown options {unknown}")
     if args.action in ("kill", "pause", "resume"):
         if len(args.targets) > 1:
             raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{args.action} takes one member")
@@ -309,12 +312,17 @@ def add_commands(add, sub, common) -> None:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
 
-    ft = add("fault", "game days: kill, pause, resume, partition, heal", cmd_fault)
+    ft = add(
+        "fault",
+        "game days: kill|pause|resume [MEMBER|leader], partition SIDE SIDE..., heal",
+        cmd_fault,
+    )
     ft.add_argument("action", choices=FAULTS)
-    ft.add_argument(
-        "targets",
-        nargs="*",
-        help="kill/pause/resume: a member or 'leader' (default); "
-        "partition: two or more sides of comma-separated members",
+    # its targets are the words left over after the options (main.parse_args), so that both
+    # `fault pause --group G n1` and `fault pause n1 --group G` work
+    ft.usage = "rayledger fault ACTION --group G [TARGET ...] [--one-way]"
+    ft.description = (
+        "kill|pause|resume [MEMBER|leader] (default: the leader); partition SIDE SIDE ... "
+        "(each side comma-separated members, e.g. `n0 n1,n2`); heal (lift every partition)"
     )
     ft.add_argument("--one-way", action="store_true", help="partition: cut only side 1 -> others")

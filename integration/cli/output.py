@@ -47,8 +47,9 @@ def say(*parts: object, end: str = "\n") -> None:
 def error(message: str) -> None:
     """One line on stderr, plus where the third-party log is when there is one."""
     print(message, file=_err(), flush=True)
-    if _Streams.log_path:
-        print(f"(Ray and Spark output of this run: {_Streams.log_path})", file=_err(), flush=True)
+    path = _Streams.log_path
+    if path and os.path.exists(path) and os.path.getsize(path) > 0:
+        print(f"(Ray and Spark output of this run: {path})", file=_err(), flush=True)
 
 
 def console(stderr: bool = False):
