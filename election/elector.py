@@ -151,7 +151,13 @@ class Elector:
         self._handlers: list[RoleChangeHandler] = []
         self._timers = _Timers()
         self._need_increase_term_immediately = False
-        self._last_parse_result = ParseResult.WAIT_TO_REVOTE
+        # A member that restarts from persisted state may have lost entries it acknowledged
+        # in its last term (a power loss drops the unflushed tail): its first candidacy
+        # raises the term, so it never leads a term it may have written differently before.
+        restarted = state.current_term > 0 or state.vote_for is not None
+        self._last_parse_result = (
+            ParseResult.WAIT_TO_VOTE_NEXT if restarted else ParseResult.WAIT_TO_REVOTE
+        )
         self._last_vote_cost_ms = 0
         self._pre_vote_granted_term = -1
         self._vote_round: _VoteRound | None = None

@@ -75,6 +75,7 @@ def test_timer_gates_the_next_round(h) -> None:
 
 def test_passed_becomes_leader_and_tells_handlers(h) -> None:
     el = h.make(term=3)
+    el._last_parse_result = P.WAIT_TO_REVOTE  # mid-life, not just restarted (see below)
     seen = []
     el.add_role_change_handler(lambda term, role: seen.append((term, role)))
     sends = _round(h, el, 0)
@@ -193,3 +194,30 @@ def test_vote_wait_uses_configured_base(h) -> None:
     el = h.make(term=1, config=ElectionConfig(vote_wait_base_ms=50, max_vote_interval_ms=400))
     _round(h, el, 0)
     assert 50 <= el._vote_round.deadline_ms < 450
+
+
+def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
+    """Issue 10 §3(a): after a restart (persisted term or vote) the first candidacy raises
+    the term: a power loss may have dropped entries the member acknowledged in its old
+    term, and leading that term again could write different ones at the same (index, term)."""
+    for term, vote in ((3, None), (3, "n0"), (0, "n1")):
+        el = h.make(term=term, vote=vote)
+        now, vote_terms = 0, []
+        for _ in range(400):
+            for s in h.sends(el.tick(now)):
+                if isinstance(s.message, VoteRequest) and not s.message.pre_vote:
+                    vote_terms.append(s.message.term)
+                elif isinstance(s.message, VoteRequest):  # grant the pre-vote
+                    el.on_vote_response(
+                        s.to, s.message, VoteResponse(R.ACCEPT, s.message.term), now
+                    )
+            if vote_terms:
+                break
+            now += 10
+        assert vote_terms and min(vote_terms) > term, (term, vote, vote_terms)
+
+
+def test_a_fresh_member_campaigns_in_term_zero(h) -> None:
+    el = h.make(term=0)
+    sends = _round(h, el, 0)
+    assert {s.message.term for s in sends} == {0}
