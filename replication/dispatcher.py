@@ -9,7 +9,9 @@ what comes back, then feeds every answer (or ``None`` for a failed call) to
 States, as in DLedger (seed 004):
 
 * COMPARE -- find where the follower's log stops matching the leader's, walking
-  ``compare_index`` down from the leader's end (one COMPARE in flight).
+  ``compare_index`` down from the leader's end (one COMPARE in flight).  A refusal
+  carrying the follower's conflict hint (its term at the probe and that term's first
+  index) skips a whole term at a time, as etcd's ``findConflictByTerm`` does.
 * TRUNCATE -- cut the follower's log at the matching index (or reset it to the
   leader's begin when the logs do not overlap), then APPEND.
 * APPEND -- push batches from ``write_index``, many in flight (pipelining),
@@ -107,6 +109,9 @@ class EntryDispatcher:
         self._quota_window_ms = _NEVER
         self._quota_bytes = 0
         self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
+        # the follower's conflict hint (its term, that term's first index) still to apply to
+        # _compare_index; applied when the next COMPARE is built, where reads may be retried
+        self._hint: tuple[int, int] | None = None
         self.pushes_sent = 0
         self.resends = 0
         self.need: NotCached | None = None  # what the last next_requests lacked
@@ -193,6 +198,7 @@ class EntryDispatcher:
         elif target is DispatcherState.TRUNCATE:
             self._compare_index = -1
         self._ctrl = None
+        self._hint = None
         self._state = target
 
     # -- what to send -------------------------------------------------------------------
@@ -249,6 +255,8 @@ class EntryDispatcher:
             return []
         begin, end = log_.ledger_begin_index, log_.ledger_end_index
         self._leader_begin = begin
+        if self._hint is not None:
+            self._apply_hint(log_, begin)
         if self._state is DispatcherState.TRUNCATE:
             index = self._truncate_index
             req = self._base(PushType.TRUNCATE, log_)
@@ -272,6 +280,39 @@ class EntryDispatcher:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("[%s] send %s", self.self_id, req.describe())
         return [req]
+
+    def _apply_hint(self, log_: LeaderLog, begin: int) -> None:
+        """Move ``_compare_index`` down past every index the hint proves cannot match.
+
+        The follower holds ``term`` on ``[first, probe]`` and only smaller terms below
+        ``first``; terms never decrease along a log.  So every leader entry above the last
+        one of a term <= ``term`` differs from the follower's, and when that entry's term
+        is below ``term`` so does every one from ``first`` up.  The next COMPARE is at the
+        highest index that may still match, never below the real match point (Log
+        Matching is still checked by that COMPARE).  Reads come first: a NotCached leaves
+        the hint in place for the retry.
+        """
+        term, first = self._hint  # type: ignore[misc]
+        j = self._compare_index
+        if j >= begin and log_.get_term(j) > term:
+            if log_.get_term(begin) > term:
+                j = begin - 1
+            else:
+                lo, hi = begin, j  # term(lo) <= term < term(hi)
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if log_.get_term(mid) <= term:
+                        lo = mid
+                    else:
+                        hi = mid
+                j = lo
+        if begin <= first <= j and log_.get_term(j) < term:
+            j = first - 1
+        self._hint = None
+        self._compare_index = j
+        if j < begin:
+            self._change_state(DispatcherState.TRUNCATE, begin)
+            self._truncate_index, self._truncate_reset = begin, True
 
     def _append_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
         cfg = self.config
@@ -528,6 +569,10 @@ class EntryDispatcher:
             self._compare_index = compare_index - 1  # step back
         if truncate_index == -1 and self._compare_index < begin:
             truncate_index, reset = begin, True
+        elif truncate_index == -1 and resp.conflict_term >= 0:
+            # the follower's hint: applied when the next COMPARE is built (it reads our log)
+            if resp.begin_index <= resp.conflict_index <= min(compare_index, resp.end_index):
+                self._hint = (resp.conflict_term, resp.conflict_index)
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "[%s] COMPARE %d with %s term=%d: %s (follower %d..%d) -> %s",

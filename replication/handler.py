@@ -351,10 +351,12 @@ class EntryHandler:
                 self.matched_index = index
             self._follow_commit(req.commit_index)
             code = ResponseCode.SUCCESS
+            hint = (-1, -1)
         else:
             code = ResponseCode.INCONSISTENT_STATE
+            hint = self._conflict_hint(index)
         log.info(
-            "[%s] term=%d: COMPARE %d (term %d) from %s: %s (log %d..%d)",
+            "[%s] term=%d: COMPARE %d (term %d) from %s: %s (log %d..%d, hint term %d from %d)",
             self.self_id,
             req.term,
             index,
@@ -363,8 +365,31 @@ class EntryHandler:
             code.name,
             self.store.ledger_begin_index,
             self.store.ledger_end_index,
+            hint[0],
+            hint[1],
         )
-        return self._resp(req, code)
+        resp = self._resp(req, code)
+        resp.conflict_term, resp.conflict_index = hint
+        return resp
+
+    def _conflict_hint(self, index: int) -> tuple[int, int]:
+        """(term we hold at ``index`` -- or at our end when shorter --, first index of that
+        term in our log); (-1, -1) when we hold nothing there.  Terms never decrease along a
+        log, so the first index of a term is a binary search, not a walk."""
+        store = self.store
+        begin = store.ledger_begin_index
+        probe = min(index, store.ledger_end_index)
+        if probe < begin:
+            return -1, -1
+        term = store.get_term(probe)
+        lo, hi = begin, probe  # the first index in [lo, hi] whose term is ``term``
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if store.get_term(mid) < term:
+                lo = mid + 1
+            else:
+                hi = mid
+        return term, lo
 
     def _truncate(self, req: PushEntryRequest) -> PushEntryResponse:
         """Cut our log after the leader's entry at ``first_index`` (or reset it to start there)."""
