@@ -197,3 +197,12 @@ def test_any_divergence_converges_to_the_exact_match_point(
     res = run(runs + lead, runs + foll, base + 9)
     assert res.matched_at == sum(n for _, n in runs) - 1
     assert res.compares <= len(lead) + len(foll) + 2
+
+
+def test_divergent_tail_measurement() -> None:
+    from rayledger.integration.bench_divergent import divergent_tail
+
+    out = divergent_tail(5000, prefix=100)
+    assert out["matched_at"] == 99 and out["compares"] == 2 and out["round_trips"] <= 5
+    with pytest.raises(ValueError):
+        divergent_tail(0)
