@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import logging
 from enum import Enum
+from logging import DEBUG, INFO, WARNING
 from typing import Any, Protocol
 
+from rayledger.election.logevent import log_event
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
@@ -79,6 +81,10 @@ def _batch_bytes(batch: Any) -> int:
         data = getattr(batch, "data", None)
         n = len(data) if data is not None else 0
     return n
+
+
+def _span(resp: PushEntryResponse) -> str:
+    return f"{resp.begin_index}..{resp.end_index}"
 
 
 class EntryDispatcher:
@@ -145,6 +151,12 @@ class EntryDispatcher:
             f"pending={len(self._pending)})"
         )
 
+    def _event(self, level: int, event: str, index: int | None, **fields: Any) -> None:
+        """One protocol log line: our id and term, the index it is about, the follower."""
+        if log.isEnabledFor(level):
+            ids = {"member": self.self_id, "term": self.term, "index": index, "peer": self.peer_id}
+            log_event(log, level, event, **ids, **fields)
+
     # -- state ------------------------------------------------------------------------------
     def check_and_fresh_state(self, term: int, leader_id: str | None, is_leader: bool) -> None:
         """DLedger checkAndFreshState: a new term or leader starts over with a COMPARE."""
@@ -155,13 +167,7 @@ class EntryDispatcher:
         if term != self.term or leader_id != self.leader_id or not was_active:
             # a new term, or leading the same term again after a pause (DLedger lets a
             # candidate be re-elected in its term): what we knew about the follower is stale
-            log.info(
-                "[%s] push to %s: term %d -> %d, start with COMPARE",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                term,
-            )
+            self._event(INFO, "push.fresh", None, new_term=term)
             self.term = term
             self.leader_id = leader_id
             self._water_mark = -1
@@ -175,16 +181,7 @@ class EntryDispatcher:
 
     def _change_state(self, target: DispatcherState, index: int, force: bool = False) -> None:
         """DLedger changeState: ``index`` is the follower's matching end when entering APPEND."""
-        if log.isEnabledFor(logging.INFO):
-            log.info(
-                "[%s] push to %s term=%d: %s -> %s at index %d",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                self._state.value,
-                target.value,
-                index,
-            )
+        self._event(INFO, "push.state", index, old=self._state.value, new=target.value)
         if target is DispatcherState.APPEND:
             self._compare_index = -1
             if index > self._water_mark:
@@ -216,14 +213,7 @@ class EntryDispatcher:
             return []
         except LedgerError as exc:
             # e.g. the entries to push were cleaned from the leader's log: compare again
-            log.warning(
-                "[%s] push to %s term=%d failed to read index %d: %s; back to COMPARE",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                self._write_index,
-                exc,
-            )
+            self._event(WARNING, "push.read_failed", self._write_index, why=exc)
             self._change_state(DispatcherState.COMPARE, -1, force=True)
             self._backoff_until = now_ms + self.config.error_backoff_ms
             return []
@@ -242,14 +232,8 @@ class EntryDispatcher:
         if self._ctrl is not None:
             if now_ms - self._ctrl_sent_ms < self.config.compare_timeout_ms:
                 return []
-            log.warning(
-                "[%s] %s to %s term=%d unanswered after %d ms, sending again",
-                self.self_id,
-                self._ctrl.type.value,
-                self.peer_id,
-                self.term,
-                now_ms - self._ctrl_sent_ms,
-            )
+            ctrl, waited = self._ctrl, now_ms - self._ctrl_sent_ms
+            self._event(WARNING, "ctrl.resend", ctrl.first_index, push=ctrl.type.value, ms=waited)
             self._ctrl = None
         if now_ms < self._backoff_until:
             return []
@@ -277,8 +261,7 @@ class EntryDispatcher:
         self._ctrl = req
         self._ctrl_sent_ms = now_ms
         self._last_push_ms = now_ms
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("[%s] send %s", self.self_id, req.describe())
+        self._event(DEBUG, "send", index, push=req.type.value, entry_term=req.entry_term)
         return [req]
 
     def _apply_hint(self, log_: LeaderLog, begin: int) -> None:
@@ -332,16 +315,7 @@ class EntryDispatcher:
                     out.append(self._append_request(batch, slot[2], log_))
                     slot[0] = now_ms
                     self.resends += 1
-                    log.warning(
-                        "[%s] push to %s term=%d: resend entries %d..%d after %d ms (water mark %d)",
-                        self.self_id,
-                        self.peer_id,
-                        self.term,
-                        first,
-                        slot[1],
-                        cfg.max_push_timeout_ms,
-                        self._water_mark,
-                    )
+                    self._event(WARNING, "append.resend", first, last=slot[1], wm=self._water_mark)
             if (
                 len(pending) >= cfg.max_pending_pushes
                 or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
@@ -401,8 +375,7 @@ class EntryDispatcher:
             commit_index=log_.committed_index,
             batch_bytes=nbytes,
         )
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("[%s] send %s", self.self_id, req.describe())
+        self._event(DEBUG, "send", req.first_index, push="APPEND", last=req.last_index)
         return req
 
     def _quota_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
@@ -418,15 +391,7 @@ class EntryDispatcher:
         lag = log_.get_pos(end) - log_.get_pos(self._write_index)
         if lag <= cfg.peer_push_throttle_point:
             return True
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "[%s] push to %s term=%d: quota exhausted at index %d (lag %d bytes)",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                self._write_index,
-                lag,
-            )
+        self._event(DEBUG, "append.quota", self._write_index, lag_bytes=lag)
         return False
 
     def next_wakeup_ms(self, now_ms: int) -> int | None:
@@ -480,15 +445,7 @@ class EntryDispatcher:
             and self._state is DispatcherState.APPEND
         ):
             # the follower does not hold the entry the COMMIT named: find where we match
-            log.warning(
-                "[%s] COMMIT to %s term=%d: follower lacks entry %d (log %d..%d), back to COMPARE",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                req.first_index,
-                resp.begin_index,
-                resp.end_index,
-            )
+            self._event(WARNING, "commit.unheld", req.first_index, span=_span(resp))
             self._change_state(DispatcherState.COMPARE, -1)
 
     def _on_append_response(
@@ -499,15 +456,7 @@ class EntryDispatcher:
             # pause, push again from the water mark instead of resending each push in flight
             # one timeout after another
             if self._state is DispatcherState.APPEND and req.first_index in self._pending:
-                log.info(
-                    "[%s] push to %s term=%d: %d..%d got no answer, push again from %d",
-                    self.self_id,
-                    self.peer_id,
-                    self.term,
-                    req.first_index,
-                    req.last_index,
-                    self._water_mark + 1,
-                )
+                self._event(INFO, "append.no_answer", req.first_index, last=req.last_index)
                 self._change_state(DispatcherState.APPEND, self._water_mark)
                 self._backoff_until = now_ms + self.config.error_backoff_ms
             return
@@ -521,27 +470,11 @@ class EntryDispatcher:
                 self._water_mark = index
         elif code == ResponseCode.INCONSISTENT_STATE:
             if self._state is DispatcherState.APPEND and req.first_index in self._pending:
-                log.info(
-                    "[%s] push to %s term=%d: INCONSISTENT_STATE for %d..%d (follower end %d), back to COMPARE",
-                    self.self_id,
-                    self.peer_id,
-                    self.term,
-                    req.first_index,
-                    req.last_index,
-                    resp.end_index,
-                )
+                self._event(INFO, "append.inconsistent", req.first_index, span=_span(resp))
                 self._change_state(DispatcherState.COMPARE, -1)
         elif code != ResponseCode.REPEATED_PUSH and code != ResponseCode.UNKNOWN:
             # UNKNOWN: the follower dropped the push for a COMPARE/TRUNCATE; nothing to do
-            log.warning(
-                "[%s] push to %s term=%d: %s for entries %d..%d",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                ResponseCode(code).name,
-                req.first_index,
-                req.last_index,
-            )
+            self._event(WARNING, "append.refused", req.first_index, code=ResponseCode(code).name)
 
     def _on_compare_response(
         self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
@@ -573,20 +506,8 @@ class EntryDispatcher:
             # the follower's hint: applied when the next COMPARE is built (it reads our log)
             if resp.begin_index <= resp.conflict_index <= min(compare_index, resp.end_index):
                 self._hint = (resp.conflict_term, resp.conflict_index)
-        if log.isEnabledFor(logging.INFO):
-            log.info(
-                "[%s] COMPARE %d with %s term=%d: %s (follower %d..%d) -> %s",
-                self.self_id,
-                compare_index,
-                self.peer_id,
-                self.term,
-                ResponseCode(resp.code).name,
-                resp.begin_index,
-                resp.end_index,
-                f"TRUNCATE at {truncate_index}{' (reset)' if reset else ''}"
-                if truncate_index != -1
-                else f"compare {self._compare_index}",
-            )
+        code = ResponseCode(resp.code).name
+        self._event(INFO, "compare", compare_index, code=code, span=_span(resp), hint=self._hint)
         if truncate_index != -1:
             self._change_state(DispatcherState.TRUNCATE, truncate_index)
             self._truncate_index = truncate_index
@@ -603,14 +524,6 @@ class EntryDispatcher:
         self._change_state(DispatcherState.APPEND, index)
 
     def _backoff(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
-        log.warning(
-            "[%s] %s at %d to %s term=%d: %s; retry in %d ms",
-            self.self_id,
-            req.type.value,
-            req.first_index,
-            self.peer_id,
-            self.term,
-            "no answer" if resp is None else ResponseCode(resp.code).name,
-            self.config.error_backoff_ms,
-        )
+        code = "no answer" if resp is None else ResponseCode(resp.code).name
+        self._event(WARNING, "ctrl.backoff", req.first_index, push=req.type.value, code=code)
         self._backoff_until = now_ms + self.config.error_backoff_ms
