@@ -31,6 +31,7 @@ from rayledger.election.logevent import log_event
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
+from .inflights import Inflights
 from .messages import PushEntryRequest, PushEntryResponse, PushType
 
 log = logging.getLogger("rayledger.replication")
@@ -102,8 +103,7 @@ class EntryDispatcher:
         self._compare_index = -1
         self._write_index = -1
         self._water_mark = -1
-        # first index of a push in flight -> [sent at ms, last index, bytes]; in index order
-        self._pending: dict[int, list[int]] = {}
+        self._inflight = Inflights()  # APPEND pushes in flight, in index order
         self._ctrl: PushEntryRequest | None = None  # the COMPARE/TRUNCATE in flight
         self._ctrl_sent_ms = _NEVER
         self._truncate_index = -1
@@ -142,13 +142,13 @@ class EntryDispatcher:
 
     @property
     def pending_pushes(self) -> int:
-        return len(self._pending)
+        return len(self._inflight)
 
     def __repr__(self) -> str:
         return (
             f"EntryDispatcher({self.self_id}->{self.peer_id} term={self.term} {self._state.value} "
             f"compare={self._compare_index} write={self._write_index} wm={self._water_mark} "
-            f"pending={len(self._pending)})"
+            f"pending={len(self._inflight)})"
         )
 
     def _event(self, level: int, event: str, index: int | None, **fields: Any) -> None:
@@ -187,11 +187,11 @@ class EntryDispatcher:
             if index > self._water_mark:
                 self._water_mark = index
             self._write_index = index + 1
-            self._pending.clear()
+            self._inflight.clear()
         elif target is DispatcherState.COMPARE:
             if force or self._state is DispatcherState.APPEND:
                 self._compare_index = -1
-                self._pending.clear()
+                self._inflight.clear()
         elif target is DispatcherState.TRUNCATE:
             self._compare_index = -1
         self._ctrl = None
@@ -218,7 +218,7 @@ class EntryDispatcher:
             self._backoff_until = now_ms + self.config.error_backoff_ms
             return []
 
-    def _base(self, kind: PushType, log_: LeaderLog) -> PushEntryRequest:
+    def _base(self, kind: PushType, log_: LeaderLog, **fields: Any) -> PushEntryRequest:
         return PushEntryRequest(
             group=self.group,
             leader_id=self.self_id,
@@ -226,6 +226,7 @@ class EntryDispatcher:
             term=self.term,
             type=kind,
             commit_index=log_.committed_index,
+            **fields,
         )
 
     def _control_request(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
@@ -242,22 +243,16 @@ class EntryDispatcher:
         if self._hint is not None:
             self._apply_hint(log_, begin)
         if self._state is DispatcherState.TRUNCATE:
-            index = self._truncate_index
-            req = self._base(PushType.TRUNCATE, log_)
-            req.first_index = index
-            req.reset = self._truncate_reset
-            req.entry_term = log_.get_term(index)
-            req.entry_pos = log_.get_pos(index)
+            index, kind = self._truncate_index, PushType.TRUNCATE
         else:
             if end < begin:
                 return []  # nothing to compare yet (DLedger: compareIndex == -1 && end == -1)
             if self._compare_index == -1 or not begin <= self._compare_index <= end:
                 self._compare_index = end
-            index = self._compare_index
-            req = self._base(PushType.COMPARE, log_)
-            req.first_index = index
-            req.entry_term = log_.get_term(index)
-            req.entry_pos = log_.get_pos(index)
+            index, kind = self._compare_index, PushType.COMPARE
+        term, pos = log_.get_term(index), log_.get_pos(index)
+        reset = kind is PushType.TRUNCATE and self._truncate_reset
+        req = self._base(kind, log_, first_index=index, entry_term=term, entry_pos=pos, reset=reset)
         self._ctrl = req
         self._ctrl_sent_ms = now_ms
         self._last_push_ms = now_ms
@@ -298,34 +293,62 @@ class EntryDispatcher:
             self._truncate_index, self._truncate_reset = begin, True
 
     def _append_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
-        cfg = self.config
-        out: list[PushEntryRequest] = []
+        """DLedger doAppend: resend the oldest push when overdue, push what is new, and when
+        nothing flows a COMMIT with our committed index."""
         if now_ms < self._backoff_until:
-            return out
-        pending = self._pending
-        if pending:
-            # DLedger doCheckAppendResponse: the oldest push unanswered too long goes again
-            first = next(iter(pending))
-            slot = pending[first]
-            if now_ms - slot[0] > cfg.max_push_timeout_ms:
-                if slot[1] <= self._water_mark:
-                    del pending[first]
-                else:
-                    batch = log_.read_batch(first, 1 << 62, slot[1] - first + 1)
-                    out.append(self._append_request(batch, slot[2], log_))
-                    slot[0] = now_ms
-                    self.resends += 1
-                    self._event(WARNING, "append.resend", first, last=slot[1], wm=self._water_mark)
-            if (
-                len(pending) >= cfg.max_pending_pushes
-                or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
-            ):
-                wm = self._water_mark
-                for k in [k for k, v in pending.items() if v[1] <= wm]:
-                    del pending[k]
-                self._last_leak_check_ms = now_ms
+            return []
+        out = self._resend_overdue(now_ms, log_)
         end = log_.ledger_end_index
-        while self._write_index <= end and len(pending) < cfg.max_pending_pushes:
+        self._push_new(now_ms, end, log_, out)
+        if out:
+            self._last_push_ms = now_ms
+            self._commit_sent = log_.committed_index
+            self.pushes_sent += len(out)
+        elif self._write_index > end and (
+            log_.committed_index > self._commit_sent
+            or now_ms - self._last_push_ms >= self.config.commit_push_interval_ms
+        ):
+            req = self._commit_request(log_)
+            out.append(req)
+            self._last_push_ms = now_ms
+            self._commit_sent = req.commit_index
+        return out
+
+    def _resend_overdue(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
+        """DLedger doCheckAppendResponse: the oldest push unanswered too long goes again;
+        pushes the water mark covers are forgotten (at the pipeline's limit or now and then)."""
+        cfg = self.config
+        inflight = self._inflight
+        oldest = inflight.oldest()
+        out: list[PushEntryRequest] = []
+        if oldest is None:
+            return out
+        if now_ms - oldest.sent_ms > cfg.max_push_timeout_ms:
+            first, last = oldest.first, oldest.last
+            if last <= self._water_mark:
+                inflight.drop(first)
+            else:
+                batch = log_.read_batch(first, 1 << 62, last - first + 1)
+                out.append(self._append_request(batch, oldest.nbytes, log_))
+                oldest.sent_ms = now_ms
+                self.resends += 1
+                self._event(WARNING, "append.resend", first, last=last, wm=self._water_mark)
+        if (
+            len(inflight) >= cfg.max_pending_pushes
+            or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
+        ):
+            inflight.prune(self._water_mark)
+            self._last_leak_check_ms = now_ms
+        return out
+
+    def _push_new(
+        self, now_ms: int, end: int, log_: LeaderLog, out: list[PushEntryRequest]
+    ) -> None:
+        """Pipeline batches from ``write_index`` up to ``end`` while the pipeline and the
+        quota allow; a batch the leader's cache lacks stops here (``need``)."""
+        cfg = self.config
+        inflight = self._inflight
+        while self._write_index <= end and len(inflight) < cfg.max_pending_pushes:
             start = self._write_index
             try:
                 if not self._quota_allows(now_ms, end, log_):
@@ -337,45 +360,25 @@ class EntryDispatcher:
             last = start + batch.count - 1
             nbytes = _batch_bytes(batch)
             out.append(self._append_request(batch, nbytes, log_))
-            pending[start] = [now_ms, last, nbytes]
+            inflight.add(start, last, nbytes, now_ms)
             self._write_index = last + 1
             self._quota_bytes += nbytes
-        if out:
-            self._last_push_ms = now_ms
-            self._commit_sent = log_.committed_index
-            self.pushes_sent += len(out)
-        elif self._write_index > end and (
-            log_.committed_index > self._commit_sent
-            or now_ms - self._last_push_ms >= cfg.commit_push_interval_ms
-        ):
-            req = self._base(PushType.COMMIT, log_)
-            # Unlike DLedger, a COMMIT names an entry the follower is known to hold (like
-            # Raft's prevLogIndex): a follower that restarted learns it matches us there and
-            # may follow our committed index, and one that does not gets us to COMPARE
-            check = min(req.commit_index, self._water_mark)
-            if check >= log_.ledger_begin_index:
-                req.first_index = check
-                req.entry_term = log_.get_term(check)
-                req.entry_pos = log_.get_pos(check)
-            out.append(req)
-            self._last_push_ms = now_ms
-            self._commit_sent = req.commit_index
-        return out
+
+    def _commit_request(self, log_: LeaderLog) -> PushEntryRequest:
+        """Unlike DLedger, a COMMIT names an entry the follower is known to hold (like Raft's
+        prevLogIndex): a follower that restarted learns it matches us there and may follow
+        our committed index, and one that does not gets us to COMPARE."""
+        check = min(log_.committed_index, self._water_mark)
+        if check < log_.ledger_begin_index:
+            return self._base(PushType.COMMIT, log_)
+        term, pos = log_.get_term(check), log_.get_pos(check)
+        return self._base(PushType.COMMIT, log_, first_index=check, entry_term=term, entry_pos=pos)
 
     def _append_request(self, batch: Any, nbytes: int, log_: LeaderLog) -> PushEntryRequest:
-        req = PushEntryRequest(
-            group=self.group,
-            leader_id=self.self_id,
-            remote_id=self.peer_id,
-            term=self.term,
-            type=PushType.APPEND,
-            first_index=batch.first_index,
-            count=batch.count,
-            batch=batch,
-            commit_index=log_.committed_index,
-            batch_bytes=nbytes,
-        )
-        self._event(DEBUG, "send", req.first_index, push="APPEND", last=req.last_index)
+        first, count = batch.first_index, batch.count
+        fields = {"first_index": first, "count": count, "batch": batch, "batch_bytes": nbytes}
+        req = self._base(PushType.APPEND, log_, **fields)
+        self._event(DEBUG, "send", first, push=req.type.value, last=req.last_index)
         return req
 
     def _quota_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
@@ -404,8 +407,9 @@ class EntryDispatcher:
             return self._backoff_until
         if self._state is DispatcherState.APPEND:
             due = self._last_push_ms + cfg.commit_push_interval_ms
-            if self._pending:
-                due = min(due, next(iter(self._pending.values()))[0] + cfg.max_push_timeout_ms + 1)
+            oldest = self._inflight.oldest()
+            if oldest is not None:
+                due = min(due, oldest.sent_ms + cfg.max_push_timeout_ms + 1)
             if self._quota_bytes >= cfg.peer_push_quota:
                 due = min(due, self._quota_window_ms + 1000)
         elif self._ctrl is not None:
@@ -455,21 +459,19 @@ class EntryDispatcher:
             # the call failed (the follower is down or restarting, the link is cut): after a
             # pause, push again from the water mark instead of resending each push in flight
             # one timeout after another
-            if self._state is DispatcherState.APPEND and req.first_index in self._pending:
+            if self._state is DispatcherState.APPEND and req.first_index in self._inflight:
                 self._event(INFO, "append.no_answer", req.first_index, last=req.last_index)
                 self._change_state(DispatcherState.APPEND, self._water_mark)
                 self._backoff_until = now_ms + self.config.error_backoff_ms
             return
         code = resp.code
         if code == ResponseCode.SUCCESS:
-            slot = self._pending.get(req.first_index)
-            if slot is not None and slot[1] == req.last_index:
-                del self._pending[req.first_index]
+            self._inflight.ack(req.first_index, req.last_index)
             index = min(resp.index, req.last_index)
             if index > self._water_mark:
                 self._water_mark = index
         elif code == ResponseCode.INCONSISTENT_STATE:
-            if self._state is DispatcherState.APPEND and req.first_index in self._pending:
+            if self._state is DispatcherState.APPEND and req.first_index in self._inflight:
                 self._event(INFO, "append.inconsistent", req.first_index, span=_span(resp))
                 self._change_state(DispatcherState.COMPARE, -1)
         elif code != ResponseCode.REPEATED_PUSH and code != ResponseCode.UNKNOWN:

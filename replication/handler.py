@@ -134,7 +134,7 @@ class EntryHandler:
         return True
 
     def _resp(
-        self, req: PushEntryRequest, code: ResponseCode, index: int | None = None
+        self, req: PushEntryRequest, code: ResponseCode, index: int | None = None, **hint: int
     ) -> PushEntryResponse:
         store = self.store
         if index is None:
@@ -150,6 +150,7 @@ class EntryHandler:
             begin_index=store.ledger_begin_index,
             end_index=store.ledger_end_index,
             count=req.count,
+            **hint,
         )
 
     # -- entry points -------------------------------------------------------------------
@@ -343,9 +344,7 @@ class EntryHandler:
             code = ResponseCode.INCONSISTENT_STATE
             hint = self._conflict_hint(index)
         self._event(INFO, "compare", req, code=code.name, hint=hint)
-        resp = self._resp(req, code)
-        resp.conflict_term, resp.conflict_index = hint
-        return resp
+        return self._resp(req, code, conflict_term=hint[0], conflict_index=hint[1])
 
     def _conflict_hint(self, index: int) -> tuple[int, int]:
         """(term we hold at ``index`` -- or at our end when shorter --, first index of that

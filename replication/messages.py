@@ -22,12 +22,15 @@ class PushType(str, Enum):
     TRUNCATE = "TRUNCATE"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PushEntryRequest:
     """One push from ``leader_id`` (leading ``term``) to ``remote_id``.
 
+    Frozen: a push is shared by the dispatcher (which matches answers to what it sent)
+    and the shell; a changed copy is made with :func:`dataclasses.replace`.
+
     * APPEND: ``batch`` holds entries ``first_index .. first_index + count - 1``.
-      The Ray shell may swap ``batch`` for a stand-in with the same
+      The Ray shell may send a copy with ``batch`` swapped for a stand-in with the same
       ``first_index``/``count``/``last_index`` whose bytes live in the object store.
     * COMPARE: does the follower hold the leader's entry (``entry_term``,
       ``entry_pos``) at ``first_index``?
