@@ -270,12 +270,10 @@ class EntryDispatcherActor:
             batch = req.batch
             if isinstance(batch, CachedBatch):
                 payload = batch.payload
-                wire = replace(req, batch=None)
                 if isinstance(payload, EntryBatch):
-                    wire.batch = payload
-                    ref = self._follower.push.remote(wire, None)
+                    ref = self._follower.push.remote(replace(req, batch=payload), None)
                 else:
-                    ref = self._follower.push.remote(wire, payload)
+                    ref = self._follower.push.remote(replace(req, batch=None), payload)
             else:
                 ref = self._follower.push.remote(req, None)
             resp = await asyncio.wait_for(ref, self.config.rpc_timeout_ms / 1000)

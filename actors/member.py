@@ -542,7 +542,7 @@ class MemberActor:
     async def push(self, req: PushEntryRequest, batch=None):
         """A push from the leader's dispatcher (a large batch arrives from the object store)."""
         if batch is not None:
-            req.batch = batch
+            req = replace(req, batch=batch)
         fut = self._loop.create_future()
         with self._lock:
             answers = self.logic.on_push(req, fut, now_ms())

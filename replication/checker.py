@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
+from rayledger.election.logevent import log_event
 from rayledger.storage.errors import ResponseCode
 
 from .config import ReplicationConfig
@@ -72,6 +74,12 @@ class QuorumAckChecker:
             f"committed={self.committed_index} pending={len(self._pending)} wm={self.water_marks()})"
         )
 
+    def _event(self, level: int, event: str, index: int | None, **fields: Any) -> None:
+        """One protocol log line: our id, the term we lead, the index, then our commit."""
+        if log.isEnabledFor(level):
+            ids = {"member": self.self_id, "term": self.term, "index": index}
+            log_event(log, level, event, **ids, **fields, committed=self.committed_index)
+
     # -- leadership ---------------------------------------------------------------------
     def become_leader(
         self, term: int, term_start_index: int, leader_end_index: int, committed_index: int = -1
@@ -84,14 +92,7 @@ class QuorumAckChecker:
         self.committed_index = committed_index
         self._water_marks = {term: {p: -1 for p in self.peers}}
         self._water_marks[term][self.self_id] = leader_end_index
-        log.info(
-            "[%s] checker: leading term=%d from index %d (end %d, committed %d)",
-            self.self_id,
-            term,
-            term_start_index,
-            leader_end_index,
-            committed_index,
-        )
+        self._event(INFO, "checker.lead", term_start_index, end=leader_end_index)
         return failed
 
     def step_down(self, term: int) -> list[Resolved]:
@@ -106,16 +107,8 @@ class QuorumAckChecker:
         if not self._pending:
             return []
         out = [Resolved(tok, code, first, last, self.term) for first, last, tok, _ in self._pending]
-        log.info(
-            "[%s] checker term=%d: %d appends (%d..%d) fail with %s: %s",
-            self.self_id,
-            self.term,
-            len(out),
-            out[0].first_index,
-            out[-1].last_index,
-            code.name,
-            why,
-        )
+        first, last = out[0].first_index, out[-1].last_index
+        self._event(INFO, "checker.fail", first, last=last, code=code.name, why=why)
         self._pending.clear()
         return out
 
@@ -172,10 +165,7 @@ class QuorumAckChecker:
         if quorum > self.committed_index and quorum >= self.term_start_index >= 0:
             self.committed_index = quorum
             new_committed = quorum
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "[%s] checker term=%d: committed index %d", self.self_id, self.term, quorum
-                )
+            self._event(DEBUG, "checker.commit", quorum)
         pending = self._pending
         committed = self.committed_index
         term = self.term
@@ -184,16 +174,7 @@ class QuorumAckChecker:
             resolved.append(Resolved(tok, ResponseCode.SUCCESS, first, last, term))
         while pending and pending[0][3] <= now_ms:
             first, last, tok, _ = pending.popleft()
-            log.warning(
-                "[%s] checker term=%d: append %d..%d not acknowledged by a quorum in %d ms "
-                "(committed %d, water marks %s)",
-                self.self_id,
-                term,
-                first,
-                last,
-                self.config.max_wait_ack_time_ms,
-                committed,
-                self._water_marks.get(term),
-            )
+            marks = self._water_marks.get(term)
+            self._event(WARNING, "checker.ack_timeout", first, last=last, marks=marks)
             resolved.append(Resolved(tok, ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, first, last, term))
         return new_committed, resolved

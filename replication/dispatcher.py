@@ -9,7 +9,9 @@ what comes back, then feeds every answer (or ``None`` for a failed call) to
 States, as in DLedger (seed 004):
 
 * COMPARE -- find where the follower's log stops matching the leader's, walking
-  ``compare_index`` down from the leader's end (one COMPARE in flight).
+  ``compare_index`` down from the leader's end (one COMPARE in flight).  A refusal
+  carrying the follower's conflict hint (its term at the probe and that term's first
+  index) skips a whole term at a time, as etcd's ``findConflictByTerm`` does.
 * TRUNCATE -- cut the follower's log at the matching index (or reset it to the
   leader's begin when the logs do not overlap), then APPEND.
 * APPEND -- push batches from ``write_index``, many in flight (pipelining),
@@ -22,11 +24,14 @@ from __future__ import annotations
 
 import logging
 from enum import Enum
+from logging import DEBUG, INFO, WARNING
 from typing import Any, Protocol
 
+from rayledger.election.logevent import log_event
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
+from .inflights import Inflights
 from .messages import PushEntryRequest, PushEntryResponse, PushType
 
 log = logging.getLogger("rayledger.replication")
@@ -79,6 +84,10 @@ def _batch_bytes(batch: Any) -> int:
     return n
 
 
+def _span(resp: PushEntryResponse) -> str:
+    return f"{resp.begin_index}..{resp.end_index}"
+
+
 class EntryDispatcher:
     """Leader side, one per follower: decides what to push to ``peer_id`` and when."""
 
@@ -94,8 +103,7 @@ class EntryDispatcher:
         self._compare_index = -1
         self._write_index = -1
         self._water_mark = -1
-        # first index of a push in flight -> [sent at ms, last index, bytes]; in index order
-        self._pending: dict[int, list[int]] = {}
+        self._inflight = Inflights()  # APPEND pushes in flight, in index order
         self._ctrl: PushEntryRequest | None = None  # the COMPARE/TRUNCATE in flight
         self._ctrl_sent_ms = _NEVER
         self._truncate_index = -1
@@ -107,6 +115,9 @@ class EntryDispatcher:
         self._quota_window_ms = _NEVER
         self._quota_bytes = 0
         self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
+        # the follower's conflict hint (its term, that term's first index) still to apply to
+        # _compare_index; applied when the next COMPARE is built, where reads may be retried
+        self._hint: tuple[int, int] | None = None
         self.pushes_sent = 0
         self.resends = 0
         self.need: NotCached | None = None  # what the last next_requests lacked
@@ -131,14 +142,20 @@ class EntryDispatcher:
 
     @property
     def pending_pushes(self) -> int:
-        return len(self._pending)
+        return len(self._inflight)
 
     def __repr__(self) -> str:
         return (
             f"EntryDispatcher({self.self_id}->{self.peer_id} term={self.term} {self._state.value} "
             f"compare={self._compare_index} write={self._write_index} wm={self._water_mark} "
-            f"pending={len(self._pending)})"
+            f"pending={len(self._inflight)})"
         )
+
+    def _event(self, level: int, event: str, index: int | None, **fields: Any) -> None:
+        """One protocol log line: our id and term, the index it is about, the follower."""
+        if log.isEnabledFor(level):
+            ids = {"member": self.self_id, "term": self.term, "index": index, "peer": self.peer_id}
+            log_event(log, level, event, **ids, **fields)
 
     # -- state ------------------------------------------------------------------------------
     def check_and_fresh_state(self, term: int, leader_id: str | None, is_leader: bool) -> None:
@@ -150,13 +167,7 @@ class EntryDispatcher:
         if term != self.term or leader_id != self.leader_id or not was_active:
             # a new term, or leading the same term again after a pause (DLedger lets a
             # candidate be re-elected in its term): what we knew about the follower is stale
-            log.info(
-                "[%s] push to %s: term %d -> %d, start with COMPARE",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                term,
-            )
+            self._event(INFO, "push.fresh", None, new_term=term)
             self.term = term
             self.leader_id = leader_id
             self._water_mark = -1
@@ -170,29 +181,21 @@ class EntryDispatcher:
 
     def _change_state(self, target: DispatcherState, index: int, force: bool = False) -> None:
         """DLedger changeState: ``index`` is the follower's matching end when entering APPEND."""
-        if log.isEnabledFor(logging.INFO):
-            log.info(
-                "[%s] push to %s term=%d: %s -> %s at index %d",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                self._state.value,
-                target.value,
-                index,
-            )
+        self._event(INFO, "push.state", index, old=self._state.value, new=target.value)
         if target is DispatcherState.APPEND:
             self._compare_index = -1
             if index > self._water_mark:
                 self._water_mark = index
             self._write_index = index + 1
-            self._pending.clear()
+            self._inflight.clear()
         elif target is DispatcherState.COMPARE:
             if force or self._state is DispatcherState.APPEND:
                 self._compare_index = -1
-                self._pending.clear()
+                self._inflight.clear()
         elif target is DispatcherState.TRUNCATE:
             self._compare_index = -1
         self._ctrl = None
+        self._hint = None
         self._state = target
 
     # -- what to send -------------------------------------------------------------------
@@ -210,19 +213,12 @@ class EntryDispatcher:
             return []
         except LedgerError as exc:
             # e.g. the entries to push were cleaned from the leader's log: compare again
-            log.warning(
-                "[%s] push to %s term=%d failed to read index %d: %s; back to COMPARE",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                self._write_index,
-                exc,
-            )
+            self._event(WARNING, "push.read_failed", self._write_index, why=exc)
             self._change_state(DispatcherState.COMPARE, -1, force=True)
             self._backoff_until = now_ms + self.config.error_backoff_ms
             return []
 
-    def _base(self, kind: PushType, log_: LeaderLog) -> PushEntryRequest:
+    def _base(self, kind: PushType, log_: LeaderLog, **fields: Any) -> PushEntryRequest:
         return PushEntryRequest(
             group=self.group,
             leader_id=self.self_id,
@@ -230,87 +226,129 @@ class EntryDispatcher:
             term=self.term,
             type=kind,
             commit_index=log_.committed_index,
+            **fields,
         )
 
     def _control_request(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
         if self._ctrl is not None:
             if now_ms - self._ctrl_sent_ms < self.config.compare_timeout_ms:
                 return []
-            log.warning(
-                "[%s] %s to %s term=%d unanswered after %d ms, sending again",
-                self.self_id,
-                self._ctrl.type.value,
-                self.peer_id,
-                self.term,
-                now_ms - self._ctrl_sent_ms,
-            )
+            ctrl, waited = self._ctrl, now_ms - self._ctrl_sent_ms
+            self._event(WARNING, "ctrl.resend", ctrl.first_index, push=ctrl.type.value, ms=waited)
             self._ctrl = None
         if now_ms < self._backoff_until:
             return []
         begin, end = log_.ledger_begin_index, log_.ledger_end_index
         self._leader_begin = begin
+        if self._hint is not None:
+            self._apply_hint(log_, begin)
         if self._state is DispatcherState.TRUNCATE:
-            index = self._truncate_index
-            req = self._base(PushType.TRUNCATE, log_)
-            req.first_index = index
-            req.reset = self._truncate_reset
-            req.entry_term = log_.get_term(index)
-            req.entry_pos = log_.get_pos(index)
+            index, kind = self._truncate_index, PushType.TRUNCATE
         else:
             if end < begin:
                 return []  # nothing to compare yet (DLedger: compareIndex == -1 && end == -1)
             if self._compare_index == -1 or not begin <= self._compare_index <= end:
                 self._compare_index = end
-            index = self._compare_index
-            req = self._base(PushType.COMPARE, log_)
-            req.first_index = index
-            req.entry_term = log_.get_term(index)
-            req.entry_pos = log_.get_pos(index)
+            index, kind = self._compare_index, PushType.COMPARE
+        term, pos = log_.get_term(index), log_.get_pos(index)
+        reset = kind is PushType.TRUNCATE and self._truncate_reset
+        req = self._base(kind, log_, first_index=index, entry_term=term, entry_pos=pos, reset=reset)
         self._ctrl = req
         self._ctrl_sent_ms = now_ms
         self._last_push_ms = now_ms
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("[%s] send %s", self.self_id, req.describe())
+        self._event(DEBUG, "send", index, push=req.type.value, entry_term=req.entry_term)
         return [req]
 
+    def _apply_hint(self, log_: LeaderLog, begin: int) -> None:
+        """Move ``_compare_index`` down past every index the hint proves cannot match.
+
+        The follower holds ``term`` on ``[first, probe]`` and only smaller terms below
+        ``first``; terms never decrease along a log.  So every leader entry above the last
+        one of a term <= ``term`` differs from the follower's, and when that entry's term
+        is below ``term`` so does every one from ``first`` up.  The next COMPARE is at the
+        highest index that may still match, never below the real match point (Log
+        Matching is still checked by that COMPARE).  Reads come first: a NotCached leaves
+        the hint in place for the retry.
+        """
+        term, first = self._hint  # type: ignore[misc]
+        j = self._compare_index
+        if j >= begin and log_.get_term(j) > term:
+            if log_.get_term(begin) > term:
+                j = begin - 1
+            else:
+                lo, hi = begin, j  # term(lo) <= term < term(hi)
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if log_.get_term(mid) <= term:
+                        lo = mid
+                    else:
+                        hi = mid
+                j = lo
+        if begin <= first <= j and log_.get_term(j) < term:
+            j = first - 1
+        self._hint = None
+        self._compare_index = j
+        if j < begin:
+            self._change_state(DispatcherState.TRUNCATE, begin)
+            self._truncate_index, self._truncate_reset = begin, True
+
     def _append_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
-        cfg = self.config
-        out: list[PushEntryRequest] = []
+        """DLedger doAppend: resend the oldest push when overdue, push what is new, and when
+        nothing flows a COMMIT with our committed index."""
         if now_ms < self._backoff_until:
-            return out
-        pending = self._pending
-        if pending:
-            # DLedger doCheckAppendResponse: the oldest push unanswered too long goes again
-            first = next(iter(pending))
-            slot = pending[first]
-            if now_ms - slot[0] > cfg.max_push_timeout_ms:
-                if slot[1] <= self._water_mark:
-                    del pending[first]
-                else:
-                    batch = log_.read_batch(first, 1 << 62, slot[1] - first + 1)
-                    out.append(self._append_request(batch, slot[2], log_))
-                    slot[0] = now_ms
-                    self.resends += 1
-                    log.warning(
-                        "[%s] push to %s term=%d: resend entries %d..%d after %d ms (water mark %d)",
-                        self.self_id,
-                        self.peer_id,
-                        self.term,
-                        first,
-                        slot[1],
-                        cfg.max_push_timeout_ms,
-                        self._water_mark,
-                    )
-            if (
-                len(pending) >= cfg.max_pending_pushes
-                or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
-            ):
-                wm = self._water_mark
-                for k in [k for k, v in pending.items() if v[1] <= wm]:
-                    del pending[k]
-                self._last_leak_check_ms = now_ms
+            return []
+        out = self._resend_overdue(now_ms, log_)
         end = log_.ledger_end_index
-        while self._write_index <= end and len(pending) < cfg.max_pending_pushes:
+        self._push_new(now_ms, end, log_, out)
+        if out:
+            self._last_push_ms = now_ms
+            self._commit_sent = log_.committed_index
+            self.pushes_sent += len(out)
+        elif self._write_index > end and (
+            log_.committed_index > self._commit_sent
+            or now_ms - self._last_push_ms >= self.config.commit_push_interval_ms
+        ):
+            req = self._commit_request(log_)
+            out.append(req)
+            self._last_push_ms = now_ms
+            self._commit_sent = req.commit_index
+        return out
+
+    def _resend_overdue(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
+        """DLedger doCheckAppendResponse: the oldest push unanswered too long goes again;
+        pushes the water mark covers are forgotten (at the pipeline's limit or now and then)."""
+        cfg = self.config
+        inflight = self._inflight
+        oldest = inflight.oldest()
+        out: list[PushEntryRequest] = []
+        if oldest is None:
+            return out
+        if now_ms - oldest.sent_ms > cfg.max_push_timeout_ms:
+            first, last = oldest.first, oldest.last
+            if last <= self._water_mark:
+                inflight.drop(first)
+            else:
+                batch = log_.read_batch(first, 1 << 62, last - first + 1)
+                out.append(self._append_request(batch, oldest.nbytes, log_))
+                oldest.sent_ms = now_ms
+                self.resends += 1
+                self._event(WARNING, "append.resend", first, last=last, wm=self._water_mark)
+        if (
+            len(inflight) >= cfg.max_pending_pushes
+            or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
+        ):
+            inflight.prune(self._water_mark)
+            self._last_leak_check_ms = now_ms
+        return out
+
+    def _push_new(
+        self, now_ms: int, end: int, log_: LeaderLog, out: list[PushEntryRequest]
+    ) -> None:
+        """Pipeline batches from ``write_index`` up to ``end`` while the pipeline and the
+        quota allow; a batch the leader's cache lacks stops here (``need``)."""
+        cfg = self.config
+        inflight = self._inflight
+        while self._write_index <= end and len(inflight) < cfg.max_pending_pushes:
             start = self._write_index
             try:
                 if not self._quota_allows(now_ms, end, log_):
@@ -322,46 +360,25 @@ class EntryDispatcher:
             last = start + batch.count - 1
             nbytes = _batch_bytes(batch)
             out.append(self._append_request(batch, nbytes, log_))
-            pending[start] = [now_ms, last, nbytes]
+            inflight.add(start, last, nbytes, now_ms)
             self._write_index = last + 1
             self._quota_bytes += nbytes
-        if out:
-            self._last_push_ms = now_ms
-            self._commit_sent = log_.committed_index
-            self.pushes_sent += len(out)
-        elif self._write_index > end and (
-            log_.committed_index > self._commit_sent
-            or now_ms - self._last_push_ms >= cfg.commit_push_interval_ms
-        ):
-            req = self._base(PushType.COMMIT, log_)
-            # Unlike DLedger, a COMMIT names an entry the follower is known to hold (like
-            # Raft's prevLogIndex): a follower that restarted learns it matches us there and
-            # may follow our committed index, and one that does not gets us to COMPARE
-            check = min(req.commit_index, self._water_mark)
-            if check >= log_.ledger_begin_index:
-                req.first_index = check
-                req.entry_term = log_.get_term(check)
-                req.entry_pos = log_.get_pos(check)
-            out.append(req)
-            self._last_push_ms = now_ms
-            self._commit_sent = req.commit_index
-        return out
+
+    def _commit_request(self, log_: LeaderLog) -> PushEntryRequest:
+        """Unlike DLedger, a COMMIT names an entry the follower is known to hold (like Raft's
+        prevLogIndex): a follower that restarted learns it matches us there and may follow
+        our committed index, and one that does not gets us to COMPARE."""
+        check = min(log_.committed_index, self._water_mark)
+        if check < log_.ledger_begin_index:
+            return self._base(PushType.COMMIT, log_)
+        term, pos = log_.get_term(check), log_.get_pos(check)
+        return self._base(PushType.COMMIT, log_, first_index=check, entry_term=term, entry_pos=pos)
 
     def _append_request(self, batch: Any, nbytes: int, log_: LeaderLog) -> PushEntryRequest:
-        req = PushEntryRequest(
-            group=self.group,
-            leader_id=self.self_id,
-            remote_id=self.peer_id,
-            term=self.term,
-            type=PushType.APPEND,
-            first_index=batch.first_index,
-            count=batch.count,
-            batch=batch,
-            commit_index=log_.committed_index,
-            batch_bytes=nbytes,
-        )
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("[%s] send %s", self.self_id, req.describe())
+        first, count = batch.first_index, batch.count
+        fields = {"first_index": first, "count": count, "batch": batch, "batch_bytes": nbytes}
+        req = self._base(PushType.APPEND, log_, **fields)
+        self._event(DEBUG, "send", first, push=req.type.value, last=req.last_index)
         return req
 
     def _quota_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
@@ -377,15 +394,7 @@ class EntryDispatcher:
         lag = log_.get_pos(end) - log_.get_pos(self._write_index)
         if lag <= cfg.peer_push_throttle_point:
             return True
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "[%s] push to %s term=%d: quota exhausted at index %d (lag %d bytes)",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                self._write_index,
-                lag,
-            )
+        self._event(DEBUG, "append.quota", self._write_index, lag_bytes=lag)
         return False
 
     def next_wakeup_ms(self, now_ms: int) -> int | None:
@@ -398,8 +407,9 @@ class EntryDispatcher:
             return self._backoff_until
         if self._state is DispatcherState.APPEND:
             due = self._last_push_ms + cfg.commit_push_interval_ms
-            if self._pending:
-                due = min(due, next(iter(self._pending.values()))[0] + cfg.max_push_timeout_ms + 1)
+            oldest = self._inflight.oldest()
+            if oldest is not None:
+                due = min(due, oldest.sent_ms + cfg.max_push_timeout_ms + 1)
             if self._quota_bytes >= cfg.peer_push_quota:
                 due = min(due, self._quota_window_ms + 1000)
         elif self._ctrl is not None:
@@ -439,15 +449,7 @@ class EntryDispatcher:
             and self._state is DispatcherState.APPEND
         ):
             # the follower does not hold the entry the COMMIT named: find where we match
-            log.warning(
-                "[%s] COMMIT to %s term=%d: follower lacks entry %d (log %d..%d), back to COMPARE",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                req.first_index,
-                resp.begin_index,
-                resp.end_index,
-            )
+            self._event(WARNING, "commit.unheld", req.first_index, span=_span(resp))
             self._change_state(DispatcherState.COMPARE, -1)
 
     def _on_append_response(
@@ -457,50 +459,24 @@ class EntryDispatcher:
             # the call failed (the follower is down or restarting, the link is cut): after a
             # pause, push again from the water mark instead of resending each push in flight
             # one timeout after another
-            if self._state is DispatcherState.APPEND and req.first_index in self._pending:
-                log.info(
-                    "[%s] push to %s term=%d: %d..%d got no answer, push again from %d",
-                    self.self_id,
-                    self.peer_id,
-                    self.term,
-                    req.first_index,
-                    req.last_index,
-                    self._water_mark + 1,
-                )
+            if self._state is DispatcherState.APPEND and req.first_index in self._inflight:
+                self._event(INFO, "append.no_answer", req.first_index, last=req.last_index)
                 self._change_state(DispatcherState.APPEND, self._water_mark)
                 self._backoff_until = now_ms + self.config.error_backoff_ms
             return
         code = resp.code
         if code == ResponseCode.SUCCESS:
-            slot = self._pending.get(req.first_index)
-            if slot is not None and slot[1] == req.last_index:
-                del self._pending[req.first_index]
+            self._inflight.ack(req.first_index, req.last_index)
             index = min(resp.index, req.last_index)
             if index > self._water_mark:
                 self._water_mark = index
         elif code == ResponseCode.INCONSISTENT_STATE:
-            if self._state is DispatcherState.APPEND and req.first_index in self._pending:
-                log.info(
-                    "[%s] push to %s term=%d: INCONSISTENT_STATE for %d..%d (follower end %d), back to COMPARE",
-                    self.self_id,
-                    self.peer_id,
-                    self.term,
-                    req.first_index,
-                    req.last_index,
-                    resp.end_index,
-                )
+            if self._state is DispatcherState.APPEND and req.first_index in self._inflight:
+                self._event(INFO, "append.inconsistent", req.first_index, span=_span(resp))
                 self._change_state(DispatcherState.COMPARE, -1)
         elif code != ResponseCode.REPEATED_PUSH and code != ResponseCode.UNKNOWN:
             # UNKNOWN: the follower dropped the push for a COMPARE/TRUNCATE; nothing to do
-            log.warning(
-                "[%s] push to %s term=%d: %s for entries %d..%d",
-                self.self_id,
-                self.peer_id,
-                self.term,
-                ResponseCode(code).name,
-                req.first_index,
-                req.last_index,
-            )
+            self._event(WARNING, "append.refused", req.first_index, code=ResponseCode(code).name)
 
     def _on_compare_response(
         self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
@@ -528,20 +504,12 @@ class EntryDispatcher:
             self._compare_index = compare_index - 1  # step back
         if truncate_index == -1 and self._compare_index < begin:
             truncate_index, reset = begin, True
-        if log.isEnabledFor(logging.INFO):
-            log.info(
-                "[%s] COMPARE %d with %s term=%d: %s (follower %d..%d) -> %s",
-                self.self_id,
-                compare_index,
-                self.peer_id,
-                self.term,
-                ResponseCode(resp.code).name,
-                resp.begin_index,
-                resp.end_index,
-                f"TRUNCATE at {truncate_index}{' (reset)' if reset else ''}"
-                if truncate_index != -1
-                else f"compare {self._compare_index}",
-            )
+        elif truncate_index == -1 and resp.conflict_term >= 0:
+            # the follower's hint: applied when the next COMPARE is built (it reads our log)
+            if resp.begin_index <= resp.conflict_index <= min(compare_index, resp.end_index):
+                self._hint = (resp.conflict_term, resp.conflict_index)
+        code = ResponseCode(resp.code).name
+        self._event(INFO, "compare", compare_index, code=code, span=_span(resp), hint=self._hint)
         if truncate_index != -1:
             self._change_state(DispatcherState.TRUNCATE, truncate_index)
             self._truncate_index = truncate_index
@@ -558,14 +526,6 @@ class EntryDispatcher:
         self._change_state(DispatcherState.APPEND, index)
 
     def _backoff(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
-        log.warning(
-            "[%s] %s at %d to %s term=%d: %s; retry in %d ms",
-            self.self_id,
-            req.type.value,
-            req.first_index,
-            self.peer_id,
-            self.term,
-            "no answer" if resp is None else ResponseCode(resp.code).name,
-            self.config.error_backoff_ms,
-        )
+        code = "no answer" if resp is None else ResponseCode(resp.code).name
+        self._event(WARNING, "ctrl.backoff", req.first_index, push=req.type.value, code=code)
         self._backoff_until = now_ms + self.config.error_backoff_ms

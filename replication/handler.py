@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from logging import DEBUG, ERROR, INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
+from rayledger.election.logevent import log_event
 from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import LedgerError, ResponseCode
 
@@ -82,6 +84,24 @@ class EntryHandler:
             f"committed={self.store.committed_index} queued={self.queued})"
         )
 
+    def _event(self, level: int, event: str, req: PushEntryRequest, **fields: Any) -> None:
+        """One protocol log line: our id and term, the push (index, term, sender, its last
+        index or the entry term it names), ``fields``, then our log's span and commit."""
+        if not log.isEnabledFor(level):
+            return
+        st = self.store
+        ids = {"member": self.self_id, "term": self.state.current_term, "index": req.first_index}
+        push: dict[str, Any] = {"req_term": req.term, "leader": req.leader_id}
+        if req.type is PushType.APPEND:
+            push["last"] = req.last_index
+        else:
+            push["entry_term"] = req.entry_term
+        ours = {
+            "span": f"{st.ledger_begin_index}..{st.ledger_end_index}",
+            "committed": st.committed_index,
+        }
+        log_event(log, level, event, **ids, **push, **fields, **ours)
+
     # -- checks ---------------------------------------------------------------------------
     def _check(self, req: PushEntryRequest) -> ResponseCode | None:
         """None when ``req`` may be handled now, else the code to answer it with."""
@@ -114,7 +134,7 @@ class EntryHandler:
         return True
 
     def _resp(
-        self, req: PushEntryRequest, code: ResponseCode, index: int | None = None
+        self, req: PushEntryRequest, code: ResponseCode, index: int | None = None, **hint: int
     ) -> PushEntryResponse:
         store = self.store
         if index is None:
@@ -130,6 +150,7 @@ class EntryHandler:
             begin_index=store.ledger_begin_index,
             end_index=store.ledger_end_index,
             count=req.count,
+            **hint,
         )
 
     # -- entry points -------------------------------------------------------------------
@@ -144,15 +165,7 @@ class EntryHandler:
             out = []
         code = self._check(req)
         if code is not None:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "[%s] term=%d leader=%s: %s for %s",
-                    self.self_id,
-                    self.state.current_term,
-                    self.state.leader_id,
-                    code.name,
-                    req.describe(),
-                )
+            self._event(DEBUG, "push.refused", req, push=req.type.value, code=code.name)
             out.append((token, self._resp(req, code)))
             return out
         kind = req.type
@@ -266,16 +279,7 @@ class EntryHandler:
             self.store.append_as_follower(batch)
         except LedgerError as exc:
             code = ResponseCode.INCONSISTENT_STATE if exc.code in _INCONSISTENT else exc.code
-            log.warning(
-                "[%s] term=%d: APPEND %d..%d from %s refused (%s): %s",
-                self.self_id,
-                req.term,
-                req.first_index,
-                req.last_index,
-                req.leader_id,
-                code.name,
-                exc.message,
-            )
+            self._event(WARNING, "append.refused", req, code=code.name, why=exc.message)
             self._after_write()
             return self._resp(req, code)
         self._sync_leader()
@@ -284,16 +288,7 @@ class EntryHandler:
             self.matched_index = last
         self._after_write()
         self._follow_commit(req.commit_index)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "[%s] term=%d: appended %d..%d from %s, committed %d",
-                self.self_id,
-                req.term,
-                req.first_index,
-                last,
-                req.leader_id,
-                self.store.committed_index,
-            )
+        self._event(DEBUG, "append", req)
         return self._resp(req, ResponseCode.SUCCESS, last)
 
     def _already_written(self, req: PushEntryRequest) -> PushEntryResponse:
@@ -307,26 +302,10 @@ class EntryHandler:
         overlap = min(last, end) - first + 1
         local = store.read_batch(first, 1 << 62, overlap).data
         if data[: len(local)] != local:
-            log.warning(
-                "[%s] term=%d: push %d..%d from %s differs from our entries (end %d)",
-                self.self_id,
-                req.term,
-                first,
-                last,
-                req.leader_id,
-                end,
-            )
+            self._event(WARNING, "append.differs", req)
             return self._resp(req, ResponseCode.INCONSISTENT_STATE)
         if last <= end:
-            log.info(
-                "[%s] term=%d: push %d..%d from %s already written (end %d), maybe an ack was lost",
-                self.self_id,
-                req.term,
-                first,
-                last,
-                req.leader_id,
-                end,
-            )
+            self._event(INFO, "append.already_written", req)
             self._sync_leader()
             if last > self.matched_index:
                 self.matched_index = last
@@ -335,6 +314,15 @@ class EntryHandler:
         rest = EntryBatch(end + 1, last - end, data[len(local) :])
         resp = self._append_batch(req, rest)
         return resp
+
+    def _term_at(self, index: int) -> int:
+        """The term of our entry at ``index``; -1 when we do not hold it."""
+        store = self.store
+        return (
+            store.get_term(index)
+            if store.ledger_begin_index <= index <= store.ledger_end_index
+            else -1
+        )
 
     def _entry_matches(self, index: int, term: int, pos: int) -> bool:
         store = self.store
@@ -351,20 +339,31 @@ class EntryHandler:
                 self.matched_index = index
             self._follow_commit(req.commit_index)
             code = ResponseCode.SUCCESS
+            hint = (-1, -1)
         else:
             code = ResponseCode.INCONSISTENT_STATE
-        log.info(
-            "[%s] term=%d: COMPARE %d (term %d) from %s: %s (log %d..%d)",
-            self.self_id,
-            req.term,
-            index,
-            req.entry_term,
-            req.leader_id,
-            code.name,
-            self.store.ledger_begin_index,
-            self.store.ledger_end_index,
-        )
-        return self._resp(req, code)
+            hint = self._conflict_hint(index)
+        self._event(INFO, "compare", req, code=code.name, hint=hint)
+        return self._resp(req, code, conflict_term=hint[0], conflict_index=hint[1])
+
+    def _conflict_hint(self, index: int) -> tuple[int, int]:
+        """(term we hold at ``index`` -- or at our end when shorter --, first index of that
+        term in our log); (-1, -1) when we hold nothing there.  Terms never decrease along a
+        log, so the first index of a term is a binary search, not a walk."""
+        store = self.store
+        begin = store.ledger_begin_index
+        probe = min(index, store.ledger_end_index)
+        if probe < begin:
+            return -1, -1
+        term = store.get_term(probe)
+        lo, hi = begin, probe  # the first index in [lo, hi] whose term is ``term``
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if store.get_term(mid) < term:
+                lo = mid + 1
+            else:
+                hi = mid
+        return term, lo
 
     def _truncate(self, req: PushEntryRequest) -> PushEntryResponse:
         """Cut our log after the leader's entry at ``first_index`` (or reset it to start there)."""
@@ -379,43 +378,17 @@ class EntryHandler:
                 store.truncate(index)
                 matched = index
             else:
-                log.warning(
-                    "[%s] term=%d: TRUNCATE at %d from %s: our entry there differs (log %d..%d)",
-                    self.self_id,
-                    req.term,
-                    index,
-                    req.leader_id,
-                    store.ledger_begin_index,
-                    store.ledger_end_index,
-                )
+                self._event(WARNING, "truncate.differs", req)
                 return self._resp(req, ResponseCode.INCONSISTENT_STATE)
         except LedgerError as exc:
-            log.error(
-                "[%s] term=%d: TRUNCATE at %d from %s refused: %s (committed %d)",
-                self.self_id,
-                req.term,
-                index,
-                req.leader_id,
-                exc,
-                store.committed_index,
-            )
+            self._event(ERROR, "truncate.refused", req, why=exc)
             self._after_write()
             return self._resp(req, ResponseCode.INCONSISTENT_STATE)
         self._sync_leader()
         self.matched_index = matched
         self._after_write()
         self._follow_commit(req.commit_index)
-        log.info(
-            "[%s] term=%d: TRUNCATE at %d%s from %s: log now %d..%d, committed %d",
-            self.self_id,
-            req.term,
-            index,
-            " (reset)" if req.reset else "",
-            req.leader_id,
-            store.ledger_begin_index,
-            store.ledger_end_index,
-            store.committed_index,
-        )
+        self._event(INFO, "truncate", req, reset=req.reset)
         return self._resp(req, ResponseCode.SUCCESS)
 
     def _commit(self, req: PushEntryRequest) -> PushEntryResponse:
@@ -425,16 +398,7 @@ class EntryHandler:
         index = req.first_index
         if index >= 0:
             if not self._entry_matches(index, req.entry_term, req.entry_pos):
-                log.warning(
-                    "[%s] term=%d: COMMIT from %s names entry %d (term %d) we do not hold (log %d..%d)",
-                    self.self_id,
-                    req.term,
-                    req.leader_id,
-                    index,
-                    req.entry_term,
-                    self.store.ledger_begin_index,
-                    self.store.ledger_end_index,
-                )
+                self._event(WARNING, "commit.unheld", req, held_term=self._term_at(index))
                 return self._resp(req, ResponseCode.INCONSISTENT_STATE, index)
             if index > self.matched_index:
                 self.matched_index = index
@@ -461,15 +425,5 @@ class EntryHandler:
         if gap is None:
             return
         req, tok, _ = writes.pop(gap)
-        log.warning(
-            "[%s] term=%d: push %d..%d from %s waited %d ms for entries %d..%d, reporting INCONSISTENT_STATE",
-            self.self_id,
-            req.term,
-            gap,
-            req.last_index,
-            req.leader_id,
-            timeout,
-            end + 1,
-            gap - 1,
-        )
+        self._event(WARNING, "append.gap", req, waited_ms=timeout, missing=f"{end + 1}..{gap - 1}")
         out.append((tok, self._resp(req, ResponseCode.INCONSISTENT_STATE)))

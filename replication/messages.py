@@ -22,12 +22,15 @@ class PushType(str, Enum):
     TRUNCATE = "TRUNCATE"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PushEntryRequest:
     """One push from ``leader_id`` (leading ``term``) to ``remote_id``.
 
+    Frozen: a push is shared by the dispatcher (which matches answers to what it sent)
+    and the shell; a changed copy is made with :func:`dataclasses.replace`.
+
     * APPEND: ``batch`` holds entries ``first_index .. first_index + count - 1``.
-      The Ray shell may swap ``batch`` for a stand-in with the same
+      The Ray shell may send a copy with ``batch`` swapped for a stand-in with the same
       ``first_index``/``count``/``last_index`` whose bytes live in the object store.
     * COMPARE: does the follower hold the leader's entry (``entry_term``,
       ``entry_pos``) at ``first_index``?
@@ -80,6 +83,12 @@ class PushEntryResponse:
     ``index`` is the last index an APPEND covered, the index a COMPARE/TRUNCATE
     was about, or the follower's committed index after a COMMIT; ``begin_index``
     and ``end_index`` describe the follower's log after handling the push.
+
+    A COMPARE answered INCONSISTENT_STATE carries a conflict hint (etcd's rejectHint,
+    DLedger's HEAD): ``conflict_term`` is the term the follower holds at the probed
+    index (at its log end when shorter) and ``conflict_index`` the first index of that
+    term in its log, so the leader skips a whole term per round trip instead of one
+    index; both -1 when there is no hint (an empty log, an older follower).
     """
 
     group: str
@@ -90,3 +99,5 @@ class PushEntryResponse:
     begin_index: int = -1
     end_index: int = -1
     count: int = 0
+    conflict_term: int = -1
+    conflict_index: int = -1

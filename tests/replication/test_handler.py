@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from rayledger.replication import EntryHandler, PushType, ReplicationConfig
 from rayledger.storage import ResponseCode
@@ -35,9 +37,7 @@ def only(answers):
 )
 def test_term_and_address_checks(change, code) -> None:
     h, store, state = handler([1])
-    req = push(PushType.COMPARE, first_index=0, entry_term=1, entry_pos=0)
-    for k, v in change.items():
-        setattr(req, k, v)
+    req = replace(push(PushType.COMPARE, first_index=0, entry_term=1, entry_pos=0), **change)
     tok, r = only(h.handle_push(req, "t", 0))
     assert tok == "t" and r.code == code and r.term == 2 and r.remote_id == FOLLOWER
 
@@ -198,8 +198,7 @@ def test_new_leader_forgets_what_matched() -> None:
     state.change_to_candidate(3)
     state.next_term()
     state.change_to_follower(3, "x")
-    req = push(PushType.COMMIT, term=3, commit_index=2)
-    req.leader_id = "x"
+    req = replace(push(PushType.COMMIT, term=3, commit_index=2), leader_id="x")
     _, r = only(h.handle_push(req, "t", 0))
     assert r.code == S and h.matched_index == -1 and store.committed_index == -1
 
@@ -240,7 +239,6 @@ def test_queued_pushes_of_an_old_term_are_answered_expired() -> None:
 
 def test_unknown_push_type() -> None:
     h, _, _ = handler()
-    req = push(PushType.COMMIT)
-    req.type = "BOGUS"
+    req = replace(push(PushType.COMMIT), type="BOGUS")
     _, r = only(h.handle_push(req, "t", 0))
     assert r.code == ResponseCode.UNEXPECTED_ARGUMENT
