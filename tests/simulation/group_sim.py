@@ -129,6 +129,12 @@ class SimulationFailure(AssertionError):
     """A safety or liveness property failed; the message carries the seed and a trace."""
 
 
+KNOWN_SAME_TERM = "issue 10 §3a"
+"""Tag of a failure that follows a member's re-election in the term it led before a
+restart (it lost its leader state and may write another entry at an (index, term) a
+follower holds); fixed in election/ on branch elect2."""
+
+
 SIM_ELECTION = ElectionConfig(
     heartbeat_interval_ms=100,
     max_heartbeat_leak=3,
@@ -511,6 +517,8 @@ class GroupSim:
         # after its checker resolved the round): checked when a member commits the index
         self.acked_unseen: dict[int, tuple[int, int]] = {}  # index -> (term, req id)
         self.leaders_by_term: dict[int, str] = {}
+        self.leader_incarnation: dict[int, int] = {}  # term -> incarnation of its leader
+        self.same_term_reelections: list[tuple[str, int]] = []  # (member, term)
         self.unknown_outcomes = 0
         self.reply_codes: collections.Counter[ResponseCode] = collections.Counter()
         self.stats: collections.Counter[str] = collections.Counter()
@@ -582,6 +590,11 @@ class GroupSim:
     # ================================================================ failures
 
     def fail(self, message: str) -> None:
+        if self.same_term_reelections:
+            message = (
+                f"{message} [{KNOWN_SAME_TERM}: re-elected in the same term after a "
+                f"restart: {self.same_term_reelections}]"
+            )
         trace = "\n".join(list(self.net.trace)[-150:])
         raise SimulationFailure(
             f"[{self.label}] seed={self.seed} n={self.n} t={self.clock.now_ms}ms: {message}\n"
@@ -594,7 +607,7 @@ class GroupSim:
         lines = []
         for m in self.members.values():
             if not m.alive:
-                lines.append(f"{m.id}: DOWN term={m.term_store.term} store={m.store!r}")
+                lines.append(f"{m.id}: DOWN term={m.term_store.load()} store={m.store!r}")
                 continue
             node = m.node
             lg = node.logic
@@ -749,7 +762,7 @@ class GroupSim:
                     os.truncate(seg.path, max(0, keep - seg.start))
         lost_from = store.flushed_index + 1
         kept = lost_from if keeps[0] == durable[0] else None
-        seen = min(m.committed_seen, store.ledger_end_index)
+        seen = min(self.max_committed, store.ledger_end_index)  # committed anywhere
         if lost_from <= seen:
             if self.sync_flush:
                 self.fail(
@@ -1909,7 +1922,6 @@ class GroupSim:
         for m in self.members.values():
             if not m.alive:
                 continue
-            self._check_member(m)
             lg = m.node.logic
             st = lg.state
             if st.is_leader:
@@ -1917,9 +1929,19 @@ class GroupSim:
                 holder = self.leaders_by_term.get(term)
                 if holder is None:
                     self.leaders_by_term[term] = m.id
+                    self.leader_incarnation[term] = m.incarnation
                     self._check_leader_completeness(m, term)
+                elif holder == m.id and self.leader_incarnation[term] != m.incarnation:
+                    self.leader_incarnation[term] = m.incarnation
+                    self.same_term_reelections.append((m.id, term))
+                    self.net.note(f"{m.id} re-elected in term {term} after a restart")
                 elif holder != m.id:
                     self.fail(f"Election Safety: {m.id} and {holder} both lead term {term}")
+        for m in self.members.values():
+            if not m.alive:
+                continue
+            self._check_member(m)
+            lg = m.node.logic
             if m.node.rounds and lg.leads(lg.leading_term):
                 for rid, (rnd, _, born) in m.node.rounds.items():
                     if rnd.term == lg.leading_term and now - born > stuck_after:
