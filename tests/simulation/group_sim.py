@@ -173,6 +173,12 @@ SIM_FAULTS = FaultConfig(
 SIM_STORE = dict(data_segment_size=16 * 1024, index_segment_size=32 * 256)
 """Small segments so entries roll over segment ends (and leave padding) often."""
 
+SIM_TMP = os.environ.get("RAYLEDGER_SIM_TMP") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+)
+"""Where FileStore members keep their files: a RAM disk when there is one (power loss is
+modelled from ``flushed_pos``, so a real disk's fsync would only cost time)."""
+
 LOCAL_HOP_MS = (0, 2)
 """One actor call between a member and its helpers (same node)."""
 
@@ -498,7 +504,9 @@ class GroupSim:
             self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock
         )
         self.rpc = RpcLayer(self.net, rpc_timeout_ms)
-        self._tmp = tempfile.mkdtemp(prefix="rayledger-sim-") if store_kind == "file" else None
+        self._tmp = (
+            tempfile.mkdtemp(prefix="rayledger-sim-", dir=SIM_TMP) if store_kind == "file" else None
+        )
         self._next_tick_ms = 0  # the clients' clock
         self.steps = 0
 
