@@ -72,13 +72,13 @@ def test_n5_memory(seed: int) -> None:
     _run(5, seed)
 
 
-@pytest.mark.parametrize("seed", sim_seeds(100, offset=20_000))
+@pytest.mark.parametrize("seed", sim_seeds(70, offset=20_000))
 def test_n3_file(seed: int) -> None:
     """Half the crashes are power losses that cut the unflushed suffix (no sync_flush)."""
     _run(3, seed, "file")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(80, offset=60_000))
+@pytest.mark.parametrize("seed", sim_seeds(50, offset=60_000))
 def test_n3_file_sync_flush_power_loss(seed: int) -> None:
     """With sync_flush every crash is a power loss and nothing acknowledged may be lost."""
     _run(
