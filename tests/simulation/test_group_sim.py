@@ -261,14 +261,25 @@ def test_minority_leader_appends_are_truncated() -> None:
         old = _leader(sim)
         sim.run_for(500)
         old_term = sim.members[old].state.current_term
+        ostore = sim.members[old].store
+        # isolate it between rounds (MAX_ROUNDS: while a round waits, appends only queue), so
+        # the next round it writes reaches nobody
+        assert sim.run_for(
+            1000,
+            lambda: (
+                ostore.committed_index == ostore.ledger_end_index
+                and not sim.members[old].node.rounds
+            ),
+        )
         sim.net.isolate(old)
         cut_at = sim.members[old].store.committed_index
+        end_at = sim.members[old].store.ledger_end_index
         # clients keep writing to the isolated leader for a while: entries that never commit
         for c in sim.clients:
             c.believed = old
         sim.run_for(250)
         stale_end = sim.members[old].store.ledger_end_index
-        assert stale_end > cut_at, "the isolated leader appended nothing"
+        assert stale_end > end_at, "the isolated leader appended nothing"
         sim.run_for(2000)
         assert sim.members[old].store.committed_index == cut_at  # none of them committed
         new = _leader_among(sim, [m for m in sim.ids if m != old])
@@ -279,7 +290,7 @@ def test_minority_leader_appends_are_truncated() -> None:
         assert any(f"{old} truncated" in line for line in sim.net.trace)
         # every entry the isolated leader appended is gone from the converged log
         store = sim.members[old].store
-        for index in range(cut_at + 1, min(stale_end, store.ledger_end_index) + 1):
+        for index in range(end_at + 1, min(stale_end, store.ledger_end_index) + 1):
             assert store.get(index).term != old_term
     finally:
         sim.close()
