@@ -62,7 +62,7 @@ def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
         sim.close()
 
 
-@pytest.mark.parametrize("seed", sim_seeds(100))
+@pytest.mark.parametrize("seed", sim_seeds(90))
 def test_n3_memory(seed: int) -> None:
     _run(3, seed)
 
@@ -72,13 +72,13 @@ def test_n5_memory(seed: int) -> None:
     _run(5, seed)
 
 
-@pytest.mark.parametrize("seed", sim_seeds(70, offset=20_000))
+@pytest.mark.parametrize("seed", sim_seeds(60, offset=20_000))
 def test_n3_file(seed: int) -> None:
     """Half the crashes are power losses that cut the unflushed suffix (no sync_flush)."""
     _run(3, seed, "file")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(50, offset=60_000))
+@pytest.mark.parametrize("seed", sim_seeds(40, offset=60_000))
 def test_n3_file_sync_flush_power_loss(seed: int) -> None:
     """With sync_flush every crash is a power loss and nothing acknowledged may be lost."""
     _run(
