@@ -91,6 +91,7 @@ class MemberMetrics:
         self._rounds: dict[int, tuple[float, int, int]] = {}
         self._next_sample = 0.0
         self._next_disk = 0.0
+        self._disk_bytes = 0
         self._role: str | None = None
         self._term = -1
         self._leader: str | None = None
@@ -138,9 +139,11 @@ class MemberMetrics:
         metric("rayledger_ledger_end_index").set(int(store.ledger_end_index), self.tags)
         metric("rayledger_committed_index").set(int(store.committed_index), self.tags)
         metric("rayledger_pending_appends").set(int(pending), self.tags)
-        if self.data_dir and now >= self._next_disk:
-            self._next_disk = now + DISK_SAMPLE_S
-            metric("rayledger_disk_bytes").set(_dir_bytes(self.data_dir), self.tags)
+        if self.data_dir:
+            if now >= self._next_disk:  # walking the directory is the costly part
+                self._next_disk = now + DISK_SAMPLE_S
+                self._disk_bytes = _dir_bytes(self.data_dir)
+            metric("rayledger_disk_bytes").set(self._disk_bytes, self.tags)
 
     # -- the leader's append path (once per round) ----------------------------------------------
     def round_started(self, rid: int, entries: int, nbytes: int) -> None:
