@@ -67,6 +67,24 @@ class EntryDispatcherActor:
     async def pid(self) -> int:
         return os.getpid()
 
+    @ray.method(enable_task_events=False)
+    async def progress(self) -> dict:
+        """Where replication to this follower stands (like etcd's Progress), for operators
+        and failure messages."""
+        with self._lock:
+            core = self.logic.core
+            return {
+                "term": self.logic.term,
+                "state": core.state.name if core.active else "INACTIVE",
+                "water_mark": core.water_mark,
+                "write_index": core.write_index,
+                "pending": core.pending_pushes,
+                "need": repr(self.logic.need) if self.logic.need else None,
+                "fetching": self._fetching,
+                "reporting": self._reporting,
+                "graph": self._cg_gen,
+            }
+
     # -- from the member and the checker -------------------------------------------------
     async def activate(self, info: LeaderInfo) -> None:
         self._loop = asyncio.get_running_loop()

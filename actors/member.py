@@ -528,6 +528,18 @@ class MemberActor:
         return out
 
     @ray.method(concurrency_group="election")
+    async def peer_progress(self) -> dict[str, dict | None]:
+        """Each follower's replication progress as this member's dispatchers see it."""
+        refs = {p: d.progress.remote() for p, d in self._dispatchers.items()}
+        out: dict[str, dict | None] = {}
+        for p, r in refs.items():
+            try:
+                out[p] = await asyncio.wait_for(r, self.config.rpc_timeout_ms / 1000)
+            except (ray.exceptions.RayError, asyncio.TimeoutError):
+                out[p] = None  # dead or restarting
+        return out
+
+    @ray.method(concurrency_group="election")
     async def set_faults(
         self, cut: list[str], drop: dict[str, float], delay_ms: dict[str, float]
     ) -> None:

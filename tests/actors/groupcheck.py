@@ -85,10 +85,45 @@ def assert_consistent(
         assert lg == ref[: len(lg)], f"{m} disagrees with the longest committed log"
         by_index = {i: body for i, _t, body in lg}
         for index, body in acked.items():
-            assert by_index.get(index) == body, (
-                f"acknowledged entry {index} missing or changed on {m}"
+            assert index in by_index, (
+                f"acknowledged entry {index} missing on {m}: it committed "
+                f"{len(lg)} entries (the longest log has {len(ref)}); status {group.status(5)}"
+                + (f", helpers {_helper_state(group)}")
+            )
+            assert by_index[index] == body, (
+                f"acknowledged entry {index} changed on {m}: {by_index[index]!r} != {body!r}"
             )
     return logs
+
+
+def _helper_state(group: LedgerGroup) -> dict[str, object]:
+    """What each member says of its helpers and followers (for failure messages)."""
+    out: dict[str, object] = {}
+    for m in group.members:
+        try:
+            h = group.handle(m)
+            out[m] = ray.get([h.helper_pids.remote(), h.peer_progress.remote()], timeout=5)
+        except Exception as exc:  # a failure message must not fail
+            out[m] = repr(exc)
+    return out
+
+
+def member_warnings(since: float, limit: int = 120) -> list[str]:
+    """The rayledger warnings Ray's workers logged since ``since`` (time.time()), oldest
+    first: printed when a chaos check fails, since CI keeps no Ray logs."""
+    import datetime
+    import glob
+
+    try:
+        logs_dir = ray._private.worker._global_node.get_logs_dir_path()
+    except AttributeError:
+        return []
+    start = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+    lines = []
+    for path in glob.glob(f"{logs_dir}/worker-*.err"):
+        with open(path, errors="replace") as f:
+            lines += [ln.rstrip() for ln in f if "rayledger" in ln and ln[:19] >= start]
+    return sorted(lines)[-limit:]
 
 
 @dataclass

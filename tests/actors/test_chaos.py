@@ -23,6 +23,7 @@ from groupcheck import (
     Writer,
     check_history,
     helper_pids,
+    member_warnings,
     stop_writers,
     wait_until,
 )
@@ -134,7 +135,7 @@ def chaos_run(g: LedgerGroup, seed: int, steps: int) -> Outcomes:
     g.wait_for_leader(timeout_s=30)
     for w in writers:
         w.start()
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     try:
         wait_until(lambda: out.acked, 30, "a first ack before the faults")
         nemesis.run(steps)
@@ -155,7 +156,11 @@ def chaos_run(g: LedgerGroup, seed: int, steps: int) -> Outcomes:
     print(f"seed {seed} members {len(g.members)}: {out} faults {nemesis.done}")
     assert nemesis.kinds_done() == set(KINDS), f"seed {seed}: not every fault kind ran"
     assert len(out.acked) > 10, f"seed {seed}: too few appends acknowledged: {out}"
-    check_history(g, out, LedgerClient(g.name, g.members, timeout_s=60))
+    try:
+        check_history(g, out, LedgerClient(g.name, g.members, timeout_s=60))
+    except AssertionError:
+        print("\n".join(["member warnings during the run:", *member_warnings(started)]))
+        raise
     return out
 
 
