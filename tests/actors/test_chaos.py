@@ -207,7 +207,10 @@ def test_the_history_checks_fail_on_a_duplicate_a_phantom_and_a_lost_ack(make_gr
 
     lost = copy()
     lost.acked[max(out.acked) + 1] = b"never-appended"  # an ack the log does not hold
-    caught(lost, "acknowledged entry .* missing or changed")
+    caught(lost, "acknowledged entry .* missing on")
+    changed = copy()
+    changed.acked[min(out.acked)] = b"something else"  # an ack the log holds otherwise
+    caught(changed, "acknowledged entry .* changed on")
     failed = copy()
     index = min(failed.acked)
     failed.failed.append((failed.acked.pop(index), "TIMEOUT"))  # said to have failed
