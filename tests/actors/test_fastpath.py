@@ -44,7 +44,8 @@ def test_compiled_path_carries_appends_falls_back_and_comes_back(make_group):
     for i in range(30):
         r = c.append(b"g%d" % i)
         acked[r.index] = b"g%d" % i
-    assert stats(g, leader)["fast_path_fallbacks"] == 0
+    # (a follower slowed by a loaded machine may already have caused a fallback: count on)
+    before = stats(g, leader)["fast_path_fallbacks"]
     follower = next(m for m in g.members if m != leader)
     g.pause(follower)
     try:
@@ -53,10 +54,10 @@ def test_compiled_path_carries_appends_falls_back_and_comes_back(make_group):
             r = c.append(b"p%d" % i, timeout_s=20)
             acked[r.index] = b"p%d" % i
         assert time.monotonic() - t0 < 15, "a paused follower held back the majority"
-        assert stats(g, leader)["fast_path_fallbacks"] >= 1
+        assert stats(g, leader)["fast_path_fallbacks"] > before
     finally:
         g.resume(follower)
-    wait_active(g, compiles_at_least=2)
+    wait_active(g, compiles_at_least=2 + before)
     for i in range(10):
         r = c.append(b"r%d" % i)
         acked[r.index] = b"r%d" % i
