@@ -20,6 +20,7 @@ Figures (``--json`` prints them as one object):
   ``linearizable_any``: follower reads spread over every member);
 - ``term_changes_under_load``: leader terms started while the load phases ran (with the
   fast timers; 0 means heartbeats never starved behind the data path).
+  ``--load-seconds 60`` makes the saturating single-append phase a minute long.
 
 Bodies are 128 random bytes.  With ``sync_flush`` an acknowledgement means the entry
 was fdatasynced on a quorum.
@@ -245,14 +246,18 @@ def _failover(group: LedgerGroup, deadline_s: float = 120.0) -> float:
     raise LedgerError.of(ResponseCode.TIMEOUT, f"no append succeeded {deadline_s}s after the kill")
 
 
-def _measure(g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None) -> dict:
+def _measure(
+    g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None, load_s: float | None
+) -> dict:
     """Every figure on one group; with ``plot`` also a sweep over client counts, drawn."""
     series: dict | None = {"latency_ms": {}, "throughput": [], "batch": batch} if plot else None
     rounds = 5 if quick else 40
     g.wait_for_leader(timeout_s=60)
     term = _max_term(g)
     out = _single(g, 100 if quick else 500, body, series)
-    out.update(_concurrent(g, threads, 3 if quick else 10, body))
+    load_s = load_s or (3 if quick else 10)
+    out.update(_concurrent(g, threads, load_s, body))
+    out["load_seconds"] = load_s
     out.update(_pipelined(g, 256, 3 if quick else 10, body))
     out.update(_batches(g, clients, rounds, batch, body, series))
     out["term_changes_under_load"] = _max_term(g) - term
@@ -282,6 +287,7 @@ def run(
     sync_flush: bool = False,
     body: int = 128,
     plot: str | None = None,
+    load_seconds: float | None = None,
 ) -> dict:
     started = not ray.is_initialized()
     if started:
@@ -306,7 +312,7 @@ def run(
         name = f"bench-{uuid.uuid4().hex[:6]}"
         g = LedgerGroup.create(name, members, store_dir=root, config=fast)
         try:
-            out.update(_measure(g, quick, clients, batch, threads, body, plot))
+            out.update(_measure(g, quick, clients, batch, threads, body, plot, load_seconds))
         finally:
             g.shutdown(delete_data=True)
         if not quick:

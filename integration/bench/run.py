@@ -31,7 +31,12 @@ def run(which: str, args) -> dict:
     if which == "group":
         from .group import run as run_group
 
-        return run_group(quick=quick, plot=getattr(args, "plot", None), **group_options(args))
+        return run_group(
+            quick=quick,
+            plot=getattr(args, "plot", None),
+            load_seconds=getattr(args, "load_seconds", None),
+            **group_options(args),
+        )
     if which == "peer":
         from .peer import run as run_peer
 

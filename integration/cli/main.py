@@ -180,6 +180,12 @@ def _add_bench(sub, common) -> None:
         "--sync-flush", action="store_true", help="group: ack only after fdatasync on a quorum"
     )
     be.add_argument("--gib", type=float, default=1.0, help="store: size of the recovery log")
+    be.add_argument(
+        "--load-seconds",
+        type=float,
+        default=None,
+        help="group: length of the saturating single-append phase (default 10, quick 3)",
+    )
     be.add_argument("--plot", default=None, help="group: draw latency CDF and throughput to a PNG")
     be.set_defaults(func=cmd_bench)
 

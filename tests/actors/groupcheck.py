@@ -76,10 +76,12 @@ def assert_consistent(
         logs.update({m: committed_log(group, m) for m in members})
         return all(len(lg) > max(acked, default=-1) for lg in logs.values())
 
+    t0 = time.monotonic()
     try:
         wait_until(all_hold_every_ack, wait_s, "every member to commit every ack", every_s=0.2)
     except AssertionError:
         pass  # the checks below name what is missing where
+    print(f"every member held every ack after {time.monotonic() - t0:.1f}s")
     ref = max(logs.values(), key=len)
     for m, lg in logs.items():
         assert lg == ref[: len(lg)], f"{m} disagrees with the longest committed log"
