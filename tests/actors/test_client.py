@@ -8,7 +8,7 @@ import time
 
 import pytest
 import ray
-from groupcheck import TEST_CONFIG, assert_consistent
+from groupcheck import TEST_CONFIG, assert_consistent, wait_until
 from rayledger.actors import LedgerClient, LedgerError, OutcomeUnknownError, ResponseCode
 from rayledger.storage import StoreConfig
 
@@ -122,10 +122,11 @@ def test_coalesced_appends_in_flight_when_the_leader_dies_are_unknown_never_retr
     ts = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
     for t in ts:
         t.start()
-    time.sleep(1.0)
+    wait_until(lambda: len(acked) >= 20, 30, "acks before the kill")
     g.kill(leader)
     g.wait_for_leader(timeout_s=30)
-    time.sleep(2.0)
+    after = len(acked)
+    wait_until(lambda: len(acked) >= after + 20, 60, "acks from the new leader")
     stop.set()
     for t in ts:
         t.join(timeout=60)
