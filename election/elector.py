@@ -158,6 +158,12 @@ class Elector:
         self._last_parse_result = (
             ParseResult.WAIT_TO_VOTE_NEXT if restarted else ParseResult.WAIT_TO_REVOTE
         )
+        # It has also forgotten when it last heard from a leader.  Granting pre-votes at once
+        # could elect a new leader while the old one still serves lease reads confirmed with
+        # this member's help, so it grants none for one heartbeat timeout after its first
+        # event, as if it had just heard from a leader (see docs/SAFETY.md, lease reads).
+        self._restarted = restarted
+        self._first_event_ms: int | None = None
         self._last_vote_cost_ms = 0
         self._pre_vote_granted_term = -1
         self._vote_round: _VoteRound | None = None
@@ -317,6 +323,7 @@ class Elector:
 
     def tick(self, now_ms: int) -> list[Action]:
         """DLedger's ``maintainState``: one step of the role's maintenance loop."""
+        self._saw_event(now_ms)
         role = self.state.role
         if role is Role.LEADER:
             return self._maintain_as_leader(now_ms)
@@ -686,6 +693,15 @@ class Elector:
             return False
         return last is not None and now_ms - last <= timeout
 
+    def _saw_event(self, now_ms: int) -> None:
+        if self._first_event_ms is None:
+            self._first_event_ms = now_ms
+
+    def _quiet_after_restart(self, now_ms: int) -> bool:
+        """Within one heartbeat timeout of a restarted member's first event."""
+        self._saw_event(now_ms)
+        return self._restarted and now_ms - self._first_event_ms <= self.config.heartbeat_timeout_ms
+
     def _judge_pre_vote(self, req: VoteRequest, now_ms: int, *, self_vote: bool) -> VoteResponse:
         """Would we vote for ``req.leader_id`` in ``req.term``?  No state changes."""
         st = self.state
@@ -694,7 +710,7 @@ class Elector:
             return self._vote_response(req, R.REJECT_EXPIRED_VOTE_TERM)
         if req.term < st.ledger_end_term:
             return self._vote_response(req, R.REJECT_TERM_SMALL_THAN_LEDGER, st.ledger_end_term)
-        if not self_vote and self._has_live_leader(now_ms):
+        if not self_vote and (self._has_live_leader(now_ms) or self._quiet_after_restart(now_ms)):
             return self._vote_response(req, R.REJECT_ALREADY_HAS_LEADER)
         if not self_vote and self._refuses_for_taking_leadership(req):
             return self._vote_response(req, R.REJECT_TAKING_LEADERSHIP)
@@ -884,6 +900,7 @@ class Elector:
         self, req: HeartbeatRequest, now_ms: int
     ) -> tuple[HeartbeatResponse, list[Action]]:
         """DLedger's handleHeartBeat (plus DLedgerServer's receiver and group checks)."""
+        self._saw_event(now_ms)
         st = self.state
         C = ResponseCode
         if req.remote_id != st.self_id:

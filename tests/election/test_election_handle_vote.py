@@ -127,7 +127,9 @@ def test_vote_survives_restart(h) -> None:
 def test_pre_vote_changes_no_state(h) -> None:
     store = MemoryTermStore(5, None)
     el = h.make(store=store)
-    resp, actions = el.handle_vote(h.vote_req(el, "n1", term=6, pre_vote=True), 0)
+    el.tick(0)
+    later = el.config.heartbeat_timeout_ms + 1  # past a restarted member's quiet time
+    resp, actions = el.handle_vote(h.vote_req(el, "n1", term=6, pre_vote=True), later)
     assert resp.result is R.ACCEPT and resp.pre_vote
     assert actions == [] and store.saves == 0
     assert (el.term, el.state.vote_for, el.role) == (5, None, Role.CANDIDATE)
@@ -141,6 +143,24 @@ def test_pre_vote_refused_while_the_leader_is_alive(h) -> None:
     assert el.handle_vote(req, 1000 + 6000)[0].result is R.REJECT_ALREADY_HAS_LEADER
     assert el.handle_vote(req, 1000 + 6001)[0].result is R.ACCEPT  # leader silent too long
     assert el.role is Role.FOLLOWER
+
+
+def test_a_restarted_member_grants_no_pre_vote_for_one_heartbeat_timeout(h) -> None:
+    """It has forgotten when it last heard from its leader, who may still hold a read lease
+    confirmed with its help: it answers as if it had just heard from one."""
+    el = h.make(store=MemoryTermStore(5, None))
+    timeout = el.config.heartbeat_timeout_ms
+    el.tick(1000)  # its first event
+    req = h.vote_req(el, "n1", term=6, pre_vote=True)
+    assert el.handle_vote(req, 1000 + timeout)[0].result is R.REJECT_ALREADY_HAS_LEADER
+    assert el.handle_vote(req, 1000 + timeout + 1)[0].result is R.ACCEPT
+
+
+def test_a_new_member_grants_pre_votes_at_once(h) -> None:
+    """A member with nothing persisted never acknowledged a leader: no quiet time."""
+    el = h.make(term=0)
+    req = h.vote_req(el, "n1", term=1, pre_vote=True)
+    assert el.handle_vote(req, 0)[0].result is R.ACCEPT
 
 
 def test_pre_vote_refused_by_a_healthy_leader(h) -> None:
