@@ -171,6 +171,11 @@ class CommitLog:
     def topics(self) -> dict[str, dict[int, int]]:
         return self.client.query(("topics",))
 
+    def query_message(self, topic: str, key: str, max_msgs: int = 32) -> list[Message]:
+        """The latest committed messages of ``topic`` carrying ``key`` (RocketMQ's
+        queryMessage by key), oldest first."""
+        return self.client.query(("by_key", topic, key, max_msgs))
+
     def get_message(self, phys_offset: int) -> Message | None:
         return self.client.query(("get_message", phys_offset))
 

@@ -8,10 +8,11 @@
   applied everything (RocketMQ's master waits the same way), so offsets continue after a
   failover with no gap and no duplicate.  A write that fails after its stamp is detected by
   the next stamp at the same index, and the offsets it took are given back.
-* **Dispatch (every member).** Committed records are appended to their consume queue; a
-  consumer group's committed offset is an entry too (``offset_command``), so offsets survive
-  failovers.  After each applied batch the queues are flushed and a checkpoint (applied index,
-  units per queue, consumer offsets) is replaced atomically; on restart units past the
+* **Dispatch (every member).** Committed records are appended to their consume queue and
+  indexed by key (keyindex.py); a consumer group's committed offset is an entry too
+  (``offset_command``), so offsets survive failovers.  After each applied batch the queues
+  and the key index are flushed and a checkpoint (applied index, units per queue and of the
+  key index, consumer offsets) is replaced atomically; on restart units past the
   checkpoint are cut and the member replays from the checkpoint's index.
 * **Reads.** Queries only see dispatched, hence committed, messages.
 """
@@ -33,6 +34,7 @@ from rayledger.storage import Entry, LedgerError, ResponseCode
 from rayledger.storage.codec import HEADER_SIZE
 
 from .consumequeue import ConsumeQueue, tag_hash
+from .keyindex import KeyIndex, split_keys
 from .message import (
     MAGIC_CODE,
     PHYS_OFFSET_POS,
@@ -71,6 +73,7 @@ def _route(body: bytes | bytearray) -> tuple[str, int, int]:
 class CommitLogMachine(StateMachine):
     def __init__(self) -> None:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.keys = KeyIndex(None)
         self.offsets: dict[str, dict[str, int]] = {}  # group -> "topic\0qid" -> offset
         self.applied = -1
         self.root: Path | None = None
@@ -90,6 +93,8 @@ class CommitLogMachine(StateMachine):
         if (self.root / "checkpoint.json").exists():
             cp = json.loads((self.root / "checkpoint.json").read_text())
         self.applied, self.offsets = cp["applied"], cp["offsets"]
+        self.keys = KeyIndex(self.root / "keys")
+        self.keys.truncate(cp.get("keys", 0))  # past the checkpoint
         cq_root = self.root / "cq"
         for topic_dir in cq_root.iterdir() if cq_root.exists() else ():
             for qdir in topic_dir.iterdir():
@@ -101,6 +106,7 @@ class CommitLogMachine(StateMachine):
     def close(self) -> None:
         for q in self.queues.values():
             q.close()
+        self.keys.close()
 
     def _queue(self, key: tuple[str, int]) -> ConsumeQueue:
         q = self.queues.get(key)
@@ -173,15 +179,18 @@ class CommitLogMachine(StateMachine):
         self._queue((m.topic, m.queue_id)).append(
             e.pos + HEADER_SIZE, len(e.body), tag_hash(m.tags), e.index
         )
+        self.keys.add(m.topic, m.keys, e.index)
 
     def _checkpoint(self) -> None:
         if self.root is None:
             return
         for q in self.queues.values():
             q.flush()
+        self.keys.flush()
         cp = {
             "applied": self.applied,
             "units": {f"{t}\0{q}": cq.max_offset for (t, q), cq in self.queues.items()},
+            "keys": len(self.keys),
             "offsets": self.offsets,
         }
         tmp = self.root / "checkpoint.json.tmp"
@@ -202,6 +211,7 @@ class CommitLogMachine(StateMachine):
             "topics": self._topics,
             "consumer_offset": self._consumer_offset,
             "get_message": self._get_message,
+            "by_key": self._by_key,
         }.get(kind)
         if handler is None:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown query {kind!r}")
@@ -218,6 +228,16 @@ class CommitLogMachine(StateMachine):
             m.queue_offset = offset + k  # the consume queue is the truth
             msgs.append(m)
         return {"messages": msgs, "next_offset": offset + len(msgs), "max_offset": q.max_offset}
+
+    def _by_key(self, topic: str, key: str, max_msgs: int = 32) -> list:
+        """The latest committed messages of ``topic`` with ``key`` among their keys (RocketMQ's
+        queryMessage by key), oldest first."""
+        out = []
+        for index in self.keys.lookup(topic, key, max_msgs):
+            m = decode(self.log.get(index).body)
+            if m.topic == topic and key in split_keys(m.keys):  # not a hash collision
+                out.append(m)
+        return out
 
     def _topics(self) -> dict[str, dict[int, int]]:
         out: dict[str, dict[int, int]] = {}

@@ -8,9 +8,10 @@ Files live under ``<dir>/<topic>/<queue id>/``; without a directory the queue is
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
+
+from .unitfile import UnitFile
 
 UNIT = struct.Struct(">qiq")
 INDEX = struct.Struct(">q")
@@ -29,61 +30,40 @@ def tag_hash(tags: str | None) -> int:
 class ConsumeQueue:
     def __init__(self, directory: Path | None):
         self.dir = directory
-        self._units = bytearray()
-        self._index = bytearray()
-        self._files = None
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            for name, buf in (("units", self._units), ("index", self._index)):
-                path = directory / name
-                if path.exists():
-                    buf += path.read_bytes()
-            n = min(len(self._units) // UNIT.size, len(self._index) // INDEX.size)
-            self.truncate(n)  # a torn last unit is cut
-            self._files = [open(directory / "units", "ab"), open(directory / "index", "ab")]
+        self._units = UnitFile(directory / "units" if directory else None, UNIT)
+        self._index = UnitFile(directory / "index" if directory else None, INDEX)
+        self.truncate(min(len(self._units), len(self._index)))  # torn by a crash between them
 
     @property
     def max_offset(self) -> int:
         """The queue offset the next message gets (the number of units)."""
-        return len(self._units) // UNIT.size
+        return len(self._units)
 
     def append(self, phys: int, size: int, tags_hash: int, index: int) -> int:
         offset = self.max_offset
-        unit, idx = UNIT.pack(phys, size, tags_hash), INDEX.pack(index)
-        self._units += unit
-        self._index += idx
-        if self._files is not None:
-            self._files[0].write(unit)
-            self._files[1].write(idx)
+        self._units.append(phys, size, tags_hash)
+        self._index.append(index)
         return offset
 
     def get(self, offset: int, n: int) -> list[tuple[int, int, int, int]]:
         """Up to ``n`` units from ``offset``: ``(phys, size, tag hash, ledger index)``."""
         stop = min(self.max_offset, offset + n)
-        out = []
-        for k in range(max(0, offset), stop):
-            phys, size, th = UNIT.unpack_from(self._units, k * UNIT.size)
-            (index,) = INDEX.unpack_from(self._index, k * INDEX.size)
-            out.append((phys, size, th, index))
-        return out
+        return [(*self._units[k], self._index[k][0]) for k in range(max(0, offset), stop)]
+
+    def indexes(self, offset: int, n: int) -> list[int]:
+        """The ledger indexes of up to ``n`` messages from ``offset``."""
+        stop = min(self.max_offset, offset + n)
+        return [self._index[k][0] for k in range(max(0, offset), stop)]
 
     def truncate(self, units: int) -> None:
         """Keep the first ``units`` (recovery cuts what came after the last checkpoint)."""
-        del self._units[units * UNIT.size :]
-        del self._index[units * INDEX.size :]
-        if self.dir is not None:
-            for name, size in (("units", UNIT.size), ("index", INDEX.size)):
-                with open(self.dir / name, "ab") as f:
-                    f.truncate(units * size)
+        self._units.truncate(units)
+        self._index.truncate(units)
 
     def flush(self) -> None:
-        if self._files is not None:
-            for f in self._files:
-                f.flush()
-                os.fsync(f.fileno())
+        self._units.flush()
+        self._index.flush()
 
     def close(self) -> None:
-        if self._files is not None:
-            for f in self._files:
-                f.close()
-            self._files = None
+        self._units.close()
+        self._index.close()
