@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
-from . import ops, output
+from . import mq, ops, output
 from .output import say
 
 
@@ -199,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub, common)
     _add_group_commands(sub, common)
     _add_bench(sub, common)
+    mq.add_commands(_with_group, sub, common)
     return p
 
 

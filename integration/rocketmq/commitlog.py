@@ -212,6 +212,7 @@ class CommitLogMachine(StateMachine):
             "consumer_offset": self._consumer_offset,
             "get_message": self._get_message,
             "by_key": self._by_key,
+            "consumer_groups": lambda: {g: dict(s) for g, s in self.offsets.items()},
         }.get(kind)
         if handler is None:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown query {kind!r}")
