@@ -41,6 +41,10 @@ def run(which: str, args) -> dict:
         from .peer import run as run_peer
 
         return run_peer(quick=quick, **group_options(args))
+    if which == "mq":
+        from .mq import run as run_mq
+
+        return run_mq(quick=quick, clients=getattr(args, "clients", 4))
     if which == "spark":
         from .spark import run_spark_bench
 

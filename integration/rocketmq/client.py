@@ -163,7 +163,10 @@ class CommitLog:
     ) -> PullResult:
         """Committed messages of a queue from ``offset`` (any member: ``member="any"``)."""
         r = self.client.query(("pull", topic, queue_id, offset, max_msgs), "committed", member)
-        return PullResult(r["messages"], r["next_offset"], r["max_offset"])
+        msgs = [decode(rec, verify=False) for rec in r["records"]]  # the store checked CRCs
+        for k, m in enumerate(msgs, r["first_offset"]):
+            m.queue_offset = k  # the consume queue is the truth
+        return PullResult(msgs, r["next_offset"], r["max_offset"])
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self.client.query(("max_offset", topic, queue_id))

@@ -10,7 +10,9 @@ TOPIC (i8 length + bytes), PROPERTIES (i16 length + ``name\\x01value\\x02`` ...)
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
+import socket
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ _TRANSACTION_MASK = 0xC
 _V6_FLAGS = 0x10 | 0x20  # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG: not supported here
 
 _HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # TOTALSIZE .. BODY length
+_PROPS_LEN = struct.Struct(">h")
 _HOST = struct.Struct(">4si")
 
 
@@ -94,9 +97,10 @@ def _pack_host(host: tuple[str, int]) -> bytes:
     return _HOST.pack(raw, port)
 
 
+@functools.lru_cache(maxsize=1024)
 def _unpack_host(raw: bytes) -> tuple[str, int]:
     ip, port = _HOST.unpack(raw)
-    return str(ipaddress.IPv4Address(ip)), port
+    return socket.inet_ntoa(ip), port
 
 
 def msg_id(store_host: tuple[str, int], wrote_offset: int) -> str:
@@ -173,40 +177,45 @@ def encode(m: Message, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
     )
 
 
-def decode(buf: bytes | memoryview) -> Message:
-    """A record back into a Message; MessageError(MESSAGE_ILLEGAL) when it is not one."""
+def decode(buf: bytes | memoryview, verify: bool = True) -> Message:
+    """A record back into a Message; MessageError(MESSAGE_ILLEGAL) when it is not one.
+    ``verify=False`` skips the body CRC (for records read back from the ledger, whose
+    entries carry a CRC of their own that the store checks)."""
     try:
-        return _decode(memoryview(buf))
+        return _decode(bytes(buf), verify)
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise _illegal(f"not a record: {exc}") from None
 
 
-def _decode(view: memoryview) -> Message:
-    if len(view) < _HEAD.size:
-        raise _illegal(f"{len(view)} bytes is shorter than a record header")
-    f = _HEAD.unpack_from(view, 0)
+def _decode(buf: bytes, verify: bool) -> Message:
+    n = len(buf)
+    if n < _HEAD.size:
+        raise _illegal(f"{n} bytes is shorter than a record header")
+    f = _HEAD.unpack_from(buf, 0)
     total, magic, crc, body_len = f[0], f[1], f[2], f[14]
     if magic != MAGIC_CODE:
         raise _illegal(f"bad magic code {magic:#x}")
-    if total != len(view):
-        raise _illegal(f"TOTALSIZE says {total} bytes, the record has {len(view)}")
+    if total != n:
+        raise _illegal(f"TOTALSIZE says {total} bytes, the record has {n}")
     at = _HEAD.size
     if body_len < 0 or at + body_len + 3 > total:
         raise _illegal(f"body length {body_len} runs past the record")
-    body = bytes(view[at : at + body_len])
-    if body_crc(body) != crc:
+    body = buf[at : at + body_len]
+    if verify and body_crc(body) != crc:
         raise _illegal("body CRC mismatch")
     at += body_len
-    topic_len = view[at]
-    topic = bytes(view[at + 1 : at + 1 + topic_len]).decode()
+    topic_len = buf[at]
+    topic = buf[at + 1 : at + 1 + topic_len].decode()
     at += 1 + topic_len
-    (props_len,) = struct.unpack_from(">h", view, at)
+    (props_len,) = _PROPS_LEN.unpack_from(buf, at)
     if props_len < 0 or at + 2 + props_len != total:
         raise _illegal(f"properties length {props_len} does not end the record")
-    props = string_to_properties(bytes(view[at + 2 : at + 2 + props_len]).decode())
-    return Message(
+    props = string_to_properties(buf[at + 2 : at + 2 + props_len].decode())
+    m = object.__new__(Message)  # the dataclass __init__ costs more than the rest of a decode
+    m.__dict__.update(
         topic=topic, body=body, queue_id=f[3], flag=f[4], properties=props, sys_flag=f[7],
         born_timestamp=f[8], born_host=_unpack_host(f[9]), store_timestamp=f[10],
         store_host=_unpack_host(f[11]), reconsume_times=f[12],
         prepared_transaction_offset=f[13], queue_offset=f[5], phys_offset=f[6],
     )  # fmt: skip
+    return m

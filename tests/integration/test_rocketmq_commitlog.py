@@ -70,7 +70,7 @@ def test_the_leader_stamps_queue_and_physical_offsets_before_the_write(member):
         assert m.store_timestamp > 0
     member.commit()
     r = member.machine.query(("pull", "T", 0, 0, 10))
-    assert [m.queue_offset for m in r["messages"]] == [0, 1] and r["next_offset"] == 2
+    assert [decode(x).queue_offset for x in r["records"]] == [0, 1] and r["next_offset"] == 2
     assert member.machine.query(("topics",)) == {"T": {0: 2, 1: 1}, "U": {0: 1}}
     phys = stored[1].phys_offset
     assert member.machine.query(("get_message", phys)).queue_id == 1
@@ -82,7 +82,19 @@ def test_prepared_messages_take_no_queue_offset_and_are_not_consumable(member):
     member.put(msg(), msg(sys_flag=TRANSACTION_PREPARED_TYPE), msg())
     member.commit()
     r = member.machine.query(("pull", "T", 0, 0, 10))
-    assert [m.queue_offset for m in r["messages"]] == [0, 1]
+    assert [decode(x).queue_offset for x in r["records"]] == [0, 1]
+
+
+def test_a_pull_reads_a_queue_whose_messages_lie_close_together_or_far_apart(member):
+    member.lead()
+    member.put(msg(body=b"a"), *[msg("U", body=b"u%d" % k) for k in range(20)], msg(body=b"b"))
+    member.put(msg(body=b"c"), msg("U"), msg(body=b"d"))
+    member.commit()
+    far = member.machine.query(("pull", "T", 0, 0, 2))  # 2 messages over 22 entries
+    assert [decode(x).body for x in far["records"]] == [b"a", b"b"]
+    near = member.machine.query(("pull", "T", 0, 1, 10))  # 3 messages over 4 entries
+    assert [decode(x).body for x in near["records"]] == [b"b", b"c", b"d"]
+    assert (near["first_offset"], near["next_offset"], near["max_offset"]) == (1, 4, 4)
 
 
 def test_a_failed_write_gives_its_offsets_back(member):

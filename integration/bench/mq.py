@@ -1,0 +1,141 @@
+"""`rayledger bench mq`: RocketMQ on the ledger against raw appends of the same size.
+
+Figures (``--json`` prints them as one object):
+
+- ``produce_batch_msgs_per_s`` / ``raw_batch_entries_per_s`` / ``produce_vs_raw``:
+  ``clients`` threads each putting batches of ``batch`` messages (``put_messages``) on a
+  commit-log group, against the same threads appending batches of bodies of the encoded
+  record's size (``append_batch``) on a plain group (goal: produce >= 70 % of raw);
+- ``produce_single_p50_ms`` / ``raw_single_p50_ms``: one client, one message at a time;
+- ``pull_msgs_per_s``: one consumer pulling a queue from one member (goal >= 200,000);
+- ``e2e_p50_ms`` / ``e2e_p99_ms``: a message put until a tailing consumer (``follow``) has it.
+
+Both groups have 3 file-backed members with the fast timers; bodies are 128 random bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+import uuid
+
+import ray
+from rayledger.actors import LedgerConfig, LedgerGroup
+from rayledger.integration.rocketmq import CommitLog, Message, encode
+
+from .group import _in_threads, _pct
+
+TOPIC = "BenchTopic"
+
+
+def _batches(put_batch, clients: int, rounds: int) -> float:
+    """``clients`` threads each calling ``put_batch()`` ``rounds`` times; calls per second."""
+    dt = _in_threads(lambda _k: [put_batch() for _ in range(rounds)], clients)
+    return clients * rounds / dt
+
+
+def _single(put, n: int) -> float:
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        put()
+        lat.append((time.perf_counter() - t0) * 1000)
+    return _pct(lat, 0.5)
+
+
+def _raw(root: str, record: int, clients: int, batch: int, rounds: int, n1: int) -> dict:
+    g = LedgerGroup.create(f"bench-raw-{uuid.uuid4().hex[:6]}", 3, root, LedgerConfig.fast())
+    try:
+        g.wait_for_leader(timeout_s=60)
+        c = g.client()
+        bodies = [os.urandom(record)] * batch
+        c.append_batch(bodies)  # warm
+        rate = _batches(lambda: c.append_batch(bodies), clients, rounds) * batch
+        return {
+            "raw_batch_entries_per_s": round(rate),
+            "raw_single_p50_ms": _single(lambda: c.append(bodies[0]), n1),
+        }
+    finally:
+        g.shutdown(delete_data=True)
+
+
+def _produce(log: CommitLog, body: bytes, clients: int, batch: int, rounds: int, n1: int) -> dict:
+    msgs = [{"topic": TOPIC, "queue_id": 0, "body": body} for _ in range(batch)]
+    log.put_messages(msgs)  # warm
+    rate = _batches(lambda: log.put_messages(msgs), clients, rounds) * batch
+    return {
+        "produce_batch_msgs_per_s": round(rate),
+        "produce_single_p50_ms": _single(lambda: log.put_message(TOPIC, 1, body), n1),
+    }
+
+
+def _pull(log: CommitLog, member: str, chunk: int = 1000) -> dict:
+    total = log.max_offset(TOPIC, 0)
+    log.pull(TOPIC, 0, 0, chunk, member=member)  # warm
+    t0, got, offset = time.perf_counter(), 0, 0
+    while offset < total:
+        r = log.pull(TOPIC, 0, offset, chunk, member=member)
+        got += len(r.messages)
+        offset = r.next_offset
+    dt = time.perf_counter() - t0
+    return {"pull_msgs": got, "pull_msgs_per_s": round(got / dt), "pull_member": member}
+
+
+def _e2e(log: CommitLog, n: int) -> dict:
+    """Messages carry their send time; a tailing consumer on another CommitLog notes arrival."""
+    reader = CommitLog(log.group)
+    lat: list[float] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        for m in reader.follow("E2E", poll_s=0.001):
+            lat.append((time.perf_counter() - struct.unpack(">d", m.body)[0]) * 1000)
+            if len(lat) >= n:
+                done.set()
+                return
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    for _ in range(n):
+        log.put_message("E2E", 0, struct.pack(">d", time.perf_counter()))
+        time.sleep(0.005)
+    done.wait(60)
+    return {"e2e_msgs": len(lat), "e2e_p50_ms": _pct(lat, 0.5), "e2e_p99_ms": _pct(lat, 0.99)}
+
+
+def run(quick: bool = False, clients: int = 4, batch: int = 100, **_ignored) -> dict:
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, namespace="rayledger",
+                 include_dashboard=False, log_to_driver=False)  # fmt: skip
+    root = tempfile.mkdtemp(prefix="rayledger-bench-mq-")
+    rounds, n1, ne2e = (10, 50, 50) if quick else (50, 300, 300)
+    body = os.urandom(128)
+    record = len(encode(Message(TOPIC, body, born_host=("127.0.0.1", 0),
+                                store_host=("127.0.0.1", 0))))  # fmt: skip
+    out: dict = {"members": 3, "store": "file", "body_bytes": 128, "record_bytes": record,
+                 "clients": clients, "batch": batch,
+                 "load_avg_1m_before": round(os.getloadavg()[0], 2)}  # fmt: skip
+    try:
+        out.update(_raw(root, record, clients, batch, rounds, n1))
+        log = CommitLog.create(f"bench-mq-{uuid.uuid4().hex[:6]}", 3, root, LedgerConfig.fast())
+        try:
+            out.update(_produce(log, body, clients, batch, rounds, n1))
+            out["produce_vs_raw"] = round(
+                out["produce_batch_msgs_per_s"] / out["raw_batch_entries_per_s"], 2
+            )
+            follower = next(m for m in log.group.members if m != log.group.leader_id())
+            out.update(_pull(log, follower))
+            out.update(_e2e(log, ne2e))
+        finally:
+            log.group.shutdown(delete_data=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if started:
+            ray.shutdown()
+    out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    return out
