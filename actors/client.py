@@ -398,14 +398,15 @@ class LedgerClient:
         with self._cv:
             self._in_flight -= 1
             self._cv.notify_all()
-        first, term, positions = out
+        first, term, positions, *receipts = out
         pos = np.frombuffer(positions, dtype=np.int64).tolist()
+        rc = receipts[0] if receipts else [None] * len(pos)
         k = 0
         for p in batch:
             n = len(p.bodies)
             if not p.future.done():
                 p.future.set_result(
-                    [AppendResult(first + k + j, term, pos[k + j]) for j in range(n)]
+                    [AppendResult(first + k + j, term, pos[k + j], rc[k + j]) for j in range(n)]
                 )
             k += n
 

@@ -54,6 +54,12 @@ class StateMachine:
     def pre_append(self, index: int, pos: int, body: bytearray) -> None:
         pass
 
+    def receipt(self, first: int, last: int) -> list | None:
+        """On the leader, once entries ``first..last`` committed: one value per entry for the
+        appender (``AppendResult.receipt``), e.g. what ``pre_append`` stamped into them, so
+        the client need not read them back.  None: no receipts."""
+        return None
+
     def on_role_change(self, role: Role, term: int) -> None:
         pass
 

@@ -43,6 +43,15 @@ class MachineRunner:
             self.applier.applied,
         )
 
+    def receipt(self, first: int, last: int) -> list | None:
+        """The machine's receipts for a committed round (None if it fails: the append still
+        committed, and the appender can read the entries back)."""
+        try:
+            return self.applier.machine.receipt(first, last)
+        except Exception as exc:
+            log.error("[%s] receipt of %d..%d failed: %r", self.member.self_id, first, last, exc)
+            return None
+
     # -- applying committed entries --------------------------------------------------------
     def kick(self) -> None:
         """The committed index may have moved (any thread)."""

@@ -703,11 +703,13 @@ class MemberActor:
                 self.logic.on_committed(rnd.term, rnd.last_index)
             positions = np.asarray(rnd.appended.positions, dtype=np.int64)
             base = rnd.first_index
+            runner = self._machine_runner
             for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
-                # compact: (first index, term, positions as int64 bytes), expanded by the client
-                _set_result(
-                    fut, (first, rnd.term, positions[first - base : last - base + 1].tobytes())
-                )
+                # compact: (first index, term, positions as int64 bytes[, receipts]), expanded
+                # by the client
+                out = (first, rnd.term, positions[first - base : last - base + 1].tobytes())
+                receipts = runner.receipt(first, last) if runner is not None else None
+                _set_result(fut, out if receipts is None else (*out, receipts))
             return
         for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
             # the entries are in this member's log and may still commit under a later

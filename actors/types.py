@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rayledger.election import Role
 
@@ -14,6 +15,7 @@ class AppendResult:
     index: int
     term: int
     pos: int
+    receipt: Any = None  # what the group's state machine decided for it (StateMachine.receipt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,14 +147,17 @@ class CommitLog:
         except LedgerError as exc:
             status = _STATUS.get(exc.code, PutMessageStatus.UNKNOWN_ERROR)
             return [PutMessageResult(status, error=str(exc))] * len(ms)
-        # the queue offsets were stamped by the leader: read them back from the log
-        stored = self.client.read(results[0].index, results[-1].index + 1, "committed")
+        # the leader stamped the queue offsets: its receipts say which (read them back when
+        # a receipt is missing, e.g. the machine failed to give one)
+        offsets = [r.receipt for r in results]
+        if None in offsets:
+            stored = self.client.read(results[0].index, results[-1].index + 1, "committed")
+            offsets = [decode(e.body, verify=False).queue_offset for e in stored]
         out = []
-        for r, e in zip(results, stored, strict=True):
-            m = decode(e.body)
+        for r, m, offset in zip(results, ms, offsets, strict=True):
             wrote = r.pos + HEADER_SIZE
             out.append(PutMessageResult(PutMessageStatus.PUT_OK, msg_id(m.store_host, wrote),
-                                        wrote, m.queue_offset, r.index))  # fmt: skip
+                                        wrote, offset, r.index))  # fmt: skip
         return out
 
     # -- consuming -------------------------------------------------------------------------

@@ -81,6 +81,7 @@ class CommitLogMachine(StateMachine):
         self._lock = threading.Lock()  # the table: stamped on the loop, rebuilt on the machine
         self._table: dict[tuple[str, int], int] | None = None  # next offsets, when leading
         self._taken: dict[int, tuple[str, int]] = {}  # index -> queue that advanced for it
+        self._stamped: dict[int, int] = {}  # index -> queue offset, until its receipt
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self, ctx: MachineContext) -> int:
@@ -119,7 +120,7 @@ class CommitLogMachine(StateMachine):
     def on_role_change(self, role: Role, term: int) -> None:
         if role is not Role.LEADER:
             with self._lock:
-                self._table, self._taken = None, {}
+                self._table, self._taken, self._stamped = None, {}, {}
 
     def ready_to_lead(self) -> bool:
         """Master only once the ledger end is committed and dispatched: then the consume
@@ -129,7 +130,7 @@ class CommitLogMachine(StateMachine):
             return False
         with self._lock:
             self._table = {k: q.max_offset for k, q in self.queues.items()}
-            self._taken = {}
+            self._taken, self._stamped = {}, {}
         return True
 
     def pre_append(self, index: int, pos: int, body: bytearray) -> None:
@@ -144,14 +145,23 @@ class CommitLogMachine(StateMachine):
             for i in [i for i in self._taken if i >= index]:  # a failed write's offsets
                 k = self._taken.pop(i)
                 table[k] -= 1
+            for i in [i for i in self._stamped if i >= index]:
+                del self._stamped[i]
             offset = 0
             if sys_flag & 0xC in _QUEUED:
                 offset = table.get(key, 0)
                 table[key] = offset + 1
                 self._taken[index] = key
+            self._stamped[index] = offset
         struct.pack_into(">q", body, QUEUE_OFFSET_POS, offset)
         struct.pack_into(">q", body, PHYS_OFFSET_POS, pos + HEADER_SIZE)
         struct.pack_into(">q", body, _STORE_TS_POS, int(time.time() * 1000))
+
+    def receipt(self, first: int, last: int) -> list[int | None]:
+        """The queue offsets the leader stamped into entries ``first..last`` (None for an
+        entry that is no message), so a producer need not read its messages back."""
+        with self._lock:
+            return [self._stamped.pop(i, None) for i in range(first, last + 1)]
 
     # -- dispatch ------------------------------------------------------------------------
     def apply(self, entries: list[Entry]) -> None:

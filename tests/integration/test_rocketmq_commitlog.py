@@ -186,3 +186,11 @@ def test_the_key_index_drops_hash_collisions(member, monkeypatch):
     member.put(msg(body=b"a", properties={"KEYS": "k1"}), msg(body=b"b", properties={"KEYS": "k2"}))
     member.commit()
     assert [m.body for m in member.machine.query(("by_key", "T", "k2", 10))] == [b"b"]
+
+
+def test_the_leader_gives_the_stamped_queue_offsets_as_receipts(member):
+    member.lead()
+    idx = member.put(msg(q=0), msg(q=0), msg(q=1), msg(sys_flag=TRANSACTION_PREPARED_TYPE))
+    member.store.append_as_leader([b"not a message"], 1)
+    assert member.machine.receipt(idx[0], idx[-1] + 1) == [0, 1, 0, 0, None]
+    assert member.machine.receipt(idx[0], idx[-1]) == [None] * 4  # each is given once
