@@ -22,6 +22,7 @@ from .message import (
     TRANSACTION_NOT_TYPE,
     Message,
     MessageError,
+    PulledMessage,
     PutMessageStatus,
     decode,
     encode,
@@ -166,9 +167,8 @@ class CommitLog:
     ) -> PullResult:
         """Committed messages of a queue from ``offset`` (any member: ``member="any"``)."""
         r = self.client.query(("pull", topic, queue_id, offset, max_msgs), "committed", member)
-        msgs = [decode(rec, verify=False) for rec in r["records"]]  # the store checked CRCs
-        for k, m in enumerate(msgs, r["first_offset"]):
-            m.queue_offset = k  # the consume queue is the truth
+        # decoded on first use; the queue offset is the consume queue's
+        msgs = [PulledMessage(rec, k) for k, rec in enumerate(r["records"], r["first_offset"])]
         return PullResult(msgs, r["next_offset"], r["max_offset"])
 
     def max_offset(self, topic: str, queue_id: int) -> int:

@@ -15,7 +15,7 @@ import ipaddress
 import socket
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 MAGIC_CODE = -626843481  # RocketMQ's MESSAGE_MAGIC_CODE (v1, 0xDAA320A7)
 QUEUE_OFFSET_POS = 20
@@ -36,6 +36,7 @@ _V6_FLAGS = 0x10 | 0x20  # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG: not supp
 
 _HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # TOTALSIZE .. BODY length
 _PROPS_LEN = struct.Struct(">h")
+_BODY_LEN = struct.Struct(">i")
 _HOST = struct.Struct(">4si")
 
 
@@ -142,6 +143,9 @@ class Message:
         return msg_id(self.store_host, self.phys_offset)
 
 
+_FIELDS = tuple(f.name for f in fields(Message))
+
+
 def encode(m: Message, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
     """The record of ``m``; MessageError (MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED) for a
     message RocketMQ would refuse."""
@@ -219,3 +223,34 @@ def _decode(buf: bytes, verify: bool) -> Message:
         prepared_transaction_offset=f[13], queue_offset=f[5], phys_offset=f[6],
     )  # fmt: skip
     return m
+
+
+class PulledMessage(Message):
+    """A message a consumer pulled, decoded on first use: reading only the body (what most
+    consumers do) costs one slice, any other field one full decode (the store has checked
+    the record's CRC).  It compares equal to the same message decoded eagerly."""
+
+    def __init__(self, record: bytes, queue_offset: int):  # not the dataclass __init__
+        self.__dict__.update(_record=record, queue_offset=queue_offset)
+
+    def __getattr__(self, name: str):
+        d = self.__dict__
+        record = d.get("_record")
+        if record is None or name.startswith("__"):
+            raise AttributeError(name)
+        if name == "body":
+            (n,) = _BODY_LEN.unpack_from(record, _HEAD.size - 4)
+            body = d["body"] = record[_HEAD.size : _HEAD.size + n]
+            return body
+        for k, v in _decode(record, False).__dict__.items():
+            d.setdefault(k, v)  # the puller's queue offset stays
+        if name not in d:
+            raise AttributeError(name)
+        return d[name]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]
