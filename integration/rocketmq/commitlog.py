@@ -81,11 +81,15 @@ class CommitLogMachine(StateMachine):
         self._lock = threading.Lock()  # the table: stamped on the loop, rebuilt on the machine
         self._table: dict[tuple[str, int], int] | None = None  # next offsets, when leading
         self._taken: dict[int, tuple[str, int]] = {}  # index -> queue that advanced for it
+        self._interval_s, self._last_checkpoint = 0.2, 0.0
         self._stamped: dict[int, int] = {}  # index -> queue offset, until its receipt
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self, ctx: MachineContext) -> int:
         self.log = ctx.log
+        # a checkpoint costs an fsync of every queue file: at most one per interval (a
+        # restart replays what was dispatched since, after cutting its units)
+        self._interval_s = float(ctx.args.get("checkpoint_interval_ms", 200)) / 1000
         if ctx.data_dir is None:
             return -1
         self.root = Path(ctx.data_dir) / "mq"
@@ -177,11 +181,12 @@ class CommitLogMachine(StateMachine):
         with self._lock:  # committed: never given back
             for i in [i for i in self._taken if i <= self.applied]:
                 del self._taken[i]
-        self._checkpoint()
+        if time.monotonic() - self._last_checkpoint >= self._interval_s:
+            self._checkpoint()
 
     def _dispatch(self, e: Entry) -> None:
         try:
-            m = decode(e.body)
+            m = decode(e.body, verify=False)  # the entry's own CRC was checked
         except MessageError:
             return  # not a well-formed record: every member skips it alike
         if m.transaction_type not in _QUEUED:
@@ -192,6 +197,7 @@ class CommitLogMachine(StateMachine):
         self.keys.add(m.topic, m.keys, e.index)
 
     def _checkpoint(self) -> None:
+        self._last_checkpoint = time.monotonic()
         if self.root is None:
             return
         for q in self.queues.values():
