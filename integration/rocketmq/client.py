@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup, OutcomeUnknownError
@@ -170,6 +171,28 @@ class CommitLog:
         # decoded on first use; the queue offset is the consume queue's
         msgs = [PulledMessage(rec, k) for k, rec in enumerate(r["records"], r["first_offset"])]
         return PullResult(msgs, r["next_offset"], r["max_offset"])
+
+    def consume(
+        self, topic: str, queue_id: int, offset: int = 0, batch: int = 4000,
+        member: str | None = None, stop_at: int | None = None,
+    ) -> Iterator[PulledMessage]:  # fmt: skip
+        """The queue's committed messages from ``offset`` up to ``stop_at`` (default: its max
+        offset when called), with the next pull always in flight while the caller works on
+        the last one (as RocketMQ's pull service prefetches into the process queue)."""
+        if stop_at is None:
+            stop_at = self.max_offset(topic, queue_id)
+        with ThreadPoolExecutor(1, thread_name_prefix="rayledger-pull") as pool:
+
+            def pull(at: int):
+                return pool.submit(self.pull, topic, queue_id, at, min(batch, stop_at - at), member)
+
+            nxt = pull(offset) if offset < stop_at else None
+            while nxt is not None:
+                r = nxt.result()
+                if not r.messages:
+                    return
+                nxt = pull(r.next_offset) if r.next_offset < stop_at else None
+                yield from r.messages
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self.client.query(("max_offset", topic, queue_id))
