@@ -84,6 +84,16 @@ def test_bench_peer():
     assert set(r["ratio"]) >= {"single_p50_ms", "batch_entries_per_s"}
 
 
+@pytest.mark.ray
+def test_bench_mq():
+    r = bench("mq")
+    for key in ("raw_batch_entries_per_s", "produce_batch_msgs_per_s", "produce_vs_raw",
+                "pull_msgs_per_s", "e2e_p50_ms", "e2e_p99_ms"):  # fmt: skip
+        assert r[key] > 0, (key, r)
+    assert r["pull_msgs"] == r["pull_body_bytes"] // r["body_bytes"] > 0, r
+    assert r["e2e_msgs"] == 50, r
+
+
 @pytest.mark.spark
 def test_bench_spark():
     assert bench("spark")["rows_per_s"] > 0

@@ -225,6 +225,25 @@ def _decode(buf: bytes, verify: bool) -> Message:
     return m
 
 
+class _Lazy:
+    """A field of a PulledMessage: read from the record on first use (a class attribute of
+    the dataclass, such as ``phys_offset = 0``, must not answer instead)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        d = obj.__dict__
+        if self.name not in d:
+            obj._decode_field(self.name)
+        return d[self.name]
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self.name] = value
+
+
 class PulledMessage(Message):
     """A message a consumer pulled, decoded on first use: reading only the body (what most
     consumers do) costs one slice, any other field one full decode (the store has checked
@@ -233,20 +252,14 @@ class PulledMessage(Message):
     def __init__(self, record: bytes, queue_offset: int):  # not the dataclass __init__
         self.__dict__.update(_record=record, queue_offset=queue_offset)
 
-    def __getattr__(self, name: str):
-        d = self.__dict__
-        record = d.get("_record")
-        if record is None or name.startswith("__"):
-            raise AttributeError(name)
+    def _decode_field(self, name: str) -> None:
+        d, record = self.__dict__, self.__dict__["_record"]
         if name == "body":
             (n,) = _BODY_LEN.unpack_from(record, _HEAD.size - 4)
-            body = d["body"] = record[_HEAD.size : _HEAD.size + n]
-            return body
+            d["body"] = record[_HEAD.size : _HEAD.size + n]
+            return
         for k, v in _decode(record, False).__dict__.items():
             d.setdefault(k, v)  # the puller's queue offset stays
-        if name not in d:
-            raise AttributeError(name)
-        return d[name]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
@@ -254,3 +267,8 @@ class PulledMessage(Message):
         return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+for _name in _FIELDS:
+    setattr(PulledMessage, _name, _Lazy())
+    PulledMessage.__dict__[_name].__set_name__(PulledMessage, _name)

@@ -171,6 +171,8 @@ def check(log: CommitLog, out: Produced, consumer: Consumer) -> None:
     want = [(m.queue_offset, m.body) for m in queues[consumer.queue]]
     assert consumer.seen == want, "the consumer group skipped or repeated a message"
     assert log.fetch_offset(consumer.group, *consumer.queue) == len(want)
+    # the prefetching reader sees the same queue, a few messages a pull
+    assert [(m.queue_offset, m.body) for m in log.consume(*CONSUMED, 0, batch=7)] == want
     # the key index finds acknowledged messages
     _o, body, _m = out.acked[CONSUMED][0]
     assert [m.body for m in log.query_message(CONSUMED[0], body.decode())] == [body]

@@ -113,6 +113,7 @@ def test_a_pulled_message_decodes_on_first_use_and_equals_the_eager_one():
     p = PulledMessage(encode(m), 0)
     assert p.body == b"body" and "topic" not in p.__dict__  # the body alone: no decode
     assert (p.topic, p.queue_id, p.tags, p.keys, p.msg_id) == ("T", 3, "a", "k", m.msg_id)
+    assert PulledMessage(encode(m), 0).phys_offset == 96  # not the dataclass default, 0
     assert p == m and m == p and pickle.loads(pickle.dumps(p)) == m
     assert PulledMessage(encode(m), 5).queue_offset == 5  # the consume queue's offset stays
     assert PulledMessage(encode(m), 5) != m
