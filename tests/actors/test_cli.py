@@ -23,6 +23,24 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def cli_here(capsys):
+    """A command through the CLI's main in this process, attached to the test's cluster (a
+    process start costs seconds here; the tests that check the process itself use cli)."""
+    from rayledger.integration.cli.main import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            code = main([*args, "--verbose"])
+        except SystemExit as exc:  # --help and argparse errors
+            code = exc.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+    return run
+
+
 def test_start_status_append_get_transfer(ray_session, group_name, tmp_path):
     address = ray.get_runtime_context().gcs_address
     g = ["--group", group_name, "--address", address]
@@ -78,12 +96,12 @@ def _error(out: subprocess.CompletedProcess, code: str) -> str:
     return out.stderr
 
 
-def _leader(g: list[str], timeout_s: float = 60) -> str:
+def _leader(g: list[str], run=cli, timeout_s: float = 60) -> str:
     """The leader as `status --json` reports it, waiting out an election (fast timers on a
     loaded machine re-elect now and then)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        status = _json_lines(cli("status", *g, "--json"))[0]
+        status = _json_lines(run("status", *g, "--json"))[0]
         leader = next((r["member"] for r in status if r["role"] == "LEADER"), None)
         if leader or time.monotonic() > deadline:
             assert leader, status
@@ -91,58 +109,65 @@ def _leader(g: list[str], timeout_s: float = 60) -> str:
         time.sleep(0.5)
 
 
-def test_operating_commands(ray_session, group_name, tmp_path):
+def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
     address = ray.get_runtime_context().gcs_address
     g = ["--group", group_name, "--address", address]
     out = cli("start", *g, "--members", "3", "--store-dir", str(tmp_path), "--fast")
     assert out.returncode == 0, out.stderr[-2000:]
     try:
         bodies = [f"e{i}" for i in range(5)]
-        appended = _json_lines(cli("append", *g, *bodies))
+        appended = _json_lines(cli_here("append", *g, *bodies))
         first = appended[0]["index"]
 
         # tail: committed entries from --from, as JSON lines; --follow stops at --max
-        rows = _json_lines(cli("tail", *g, "--from", str(first), "--json"))
+        rows = _json_lines(cli_here("tail", *g, "--from", str(first), "--json"))
         assert [r["body"] for r in rows[:5]] == bodies and rows[0]["index"] == first
         assert all(r["body"] == "" for r in rows[5:])  # a new leader's empty entry, if any
         rows = _json_lines(
-            cli("tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json")
+            cli_here("tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json")
         )
         assert [r["body"] for r in rows] == ["e3", "e4"]
 
         # status --watch: one JSON object per refresh, with lag and the append rate
         snaps = _json_lines(
-            cli("status", *g, "--watch", "--json", "--count", "2", "--interval", "0.2")
+            cli_here("status", *g, "--watch", "--json", "--count", "2", "--interval", "0.2")
         )
         assert len(snaps) == 2 and all(len(s["members"]) == 3 for s in snaps)
         assert {"role", "term", "end", "committed", "lag", "alive"} <= set(snaps[0]["members"][0])
         assert snaps[1]["append_rate"] is not None
-        table = cli("status", *g, "--watch", "--count", "1")
+        table = cli_here("status", *g, "--watch", "--count", "1")
         assert table.returncode == 0 and "LEADER" in table.stdout and "lag" in table.stdout
 
-        listed = _json_lines(cli("list", "--address", address, "--json"))[0]
+        listed = _json_lines(cli_here("list", "--address", address, "--json"))[0]
         mine = next(r for r in listed if r["group"] == group_name)
         assert mine["members"] == 3 and mine["alive"] == 3 and "leader" in mine
 
         # fault: pause and resume a follower, partition and heal, kill the leader
-        leader = _leader(g)
+        leader = _leader(g, cli_here)
         follower = next(m for m in ["n0", "n1", "n2"] if m != leader)
-        assert _json_lines(cli("fault", "pause", *g, follower))[0]["member"] == follower
-        status = _json_lines(cli("status", *g, "--json"))[0]
+        assert _json_lines(cli_here("fault", "pause", *g, follower))[0]["member"] == follower
+        status = _json_lines(cli_here("status", *g, "--json"))[0]
         assert not next(r for r in status if r["member"] == follower)["alive"]
-        _json_lines(cli("fault", "resume", *g, follower))
-        status = _json_lines(cli("status", *g, "--json"))[0]
+        _json_lines(cli_here("fault", "resume", *g, follower))
+        status = _json_lines(cli_here("status", *g, "--json"))[0]
         assert next(r for r in status if r["member"] == follower)["alive"]
         others = ",".join(m for m in ["n0", "n1", "n2"] if m != leader)
-        assert _json_lines(cli("fault", "partition", *g, leader, others))[0]["sides"]
-        _json_lines(cli("fault", "heal", *g))
-        killed = _json_lines(cli("fault", "kill", *g, "leader"))[0]
+        assert _json_lines(cli_here("fault", "partition", *g, leader, others))[0]["sides"]
+        _json_lines(cli_here("fault", "heal", *g))
+        killed = _json_lines(cli_here("fault", "kill", *g, "leader"))[0]
         assert killed["member"] in ["n0", "n1", "n2"]
-        assert _json_lines(cli("append", *g, "after-kill"))[0]["index"] > appended[-1]["index"]
+        deadline = time.monotonic() + 60
+        while True:  # right after the kill an append may reach the restarting member
+            out = cli_here("append", *g, "after-kill")
+            if out.returncode == 0 or time.monotonic() > deadline:
+                break
+            assert any(c in out.stderr for c in ("OUTCOME_UNKNOWN", "NOT_LEADER", "NOT_READY"))
+            time.sleep(0.5)
+        assert _json_lines(out)[0]["index"] > appended[-1]["index"]
 
         out = _json_lines(cli("stop", *g, "--delete-data"))[0]
         assert out["stopped"] and not (tmp_path / group_name).exists()
-        listed = _json_lines(cli("list", "--address", address, "--json"))[0]
+        listed = _json_lines(cli_here("list", "--address", address, "--json"))[0]
         assert group_name not in [r["group"] for r in listed]
     finally:
         try:
@@ -151,32 +176,35 @@ def test_operating_commands(ray_session, group_name, tmp_path):
             pass
 
 
-def test_operating_commands_bad_input(ray_session, group_name, tmp_path):
+def test_operating_commands_bad_input(ray_session, group_name, tmp_path, cli_here):
     address = ray.get_runtime_context().gcs_address
     nog = ["--group", "no-such-group", "--address", address]
     for cmd in (["status"], ["tail"], ["stop"], ["fault", "heal"], ["status", "--watch"]):
-        _error(cli(*cmd, *nog), "UNKNOWN_GROUP")
+        _error(cli_here(*cmd, *nog), "UNKNOWN_GROUP")
+    # a fresh process each: in this one Ray is already attached
     nowhere = ["--group", group_name, "--address", "127.0.0.1:1"]
     for cmd in (["status"], ["tail"], ["stop"], ["fault", "kill"]):
         _error(cli(*cmd, *nowhere), "NETWORK_ERROR")
     _error(cli("list", "--address", "127.0.0.1:1"), "NETWORK_ERROR")
 
     g = ["--group", group_name, "--address", address]
-    out = cli("start", *g, "--members", "3", "--fast")
+    out = cli_here("start", *g, "--members", "3", "--fast")
     assert out.returncode == 0, out.stderr[-2000:]
     try:
-        _error(cli("tail", *g, "--from", "-1"), "UNEXPECTED_ARGUMENT")
-        _error(cli("tail", *g, "--from", "1000000"), "INDEX_OUT_OF_BOUNDS")
-        _error(cli("get", *g, "1000000"), "INDEX_OUT_OF_BOUNDS")
-        _error(cli("fault", "kill", *g, "n9"), "UNKNOWN_MEMBER")
-        _error(cli("fault", "partition", *g, "n0"), "UNEXPECTED_ARGUMENT")
-        _error(cli("status", *g, "--watch", "--interval", "0"), "UNEXPECTED_ARGUMENT")
+        _error(cli_here("tail", *g, "--from", "-1"), "UNEXPECTED_ARGUMENT")
+        _error(cli_here("tail", *g, "--from", "1000000"), "INDEX_OUT_OF_BOUNDS")
+        _error(cli_here("get", *g, "1000000"), "INDEX_OUT_OF_BOUNDS")
+        _error(cli_here("fault", "kill", *g, "n9"), "UNKNOWN_MEMBER")
+        _error(cli_here("fault", "partition", *g, "n0"), "UNEXPECTED_ARGUMENT")
+        _error(cli_here("status", *g, "--watch", "--interval", "0"), "UNEXPECTED_ARGUMENT")
     finally:
         LedgerGroup.get(group_name).shutdown(delete_data=True)
 
 
-def test_help_for_every_subcommand():
+def test_help_for_every_subcommand(cli_here):
     subs = ["demo", "start", "status", "append", "get", "transfer", "export", "bench"]
-    for sub in subs + ["tail", "stop", "list", "fault"]:
-        out = cli(sub, "--help", timeout=60)
+    for sub in subs + ["tail", "stop", "list", "fault", "mq"]:
+        out = cli_here(sub, "--help")
         assert out.returncode == 0 and "usage" in out.stdout, sub
+    out = cli("mq", "produce", "--help", timeout=60)  # and once as a process
+    assert out.returncode == 0 and "usage" in out.stdout
