@@ -237,10 +237,6 @@ class MemberState:
     def is_follower(self) -> bool:
         return self.role is Role.FOLLOWER
 
-    @property
-    def is_candidate(self) -> bool:
-        return self.role is Role.CANDIDATE
-
     def __repr__(self) -> str:
         return (
             f"MemberState({self.group}/{self.self_id} {self.role.value} term={self._current_term} "

@@ -6,7 +6,7 @@ whenever something may have changed (a tick, an append, an answer) and sends
 what comes back, then feeds every answer (or ``None`` for a failed call) to
 :meth:`EntryDispatcher.on_response`.
 
-States, as in DLedger (seed 004):
+States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
 
 * COMPARE -- find where the follower's log stops matching the leader's, walking
   ``compare_index`` down from the leader's end (one COMPARE in flight).  A refusal

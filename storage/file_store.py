@@ -16,7 +16,6 @@ and appends from several threads share one fsync (group commit).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 import time
@@ -643,7 +642,3 @@ def open_store(config: StoreConfig) -> LogStore:
     from .store import MemoryStore
 
     return FileStore(config) if config.data_dir else MemoryStore(config)
-
-
-def data_dir_size(path: str | os.PathLike) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())

@@ -218,13 +218,6 @@ class SegmentList:
         last = self.segments[-1]
         return last.start + last.length
 
-    def position_for(self, pos: int, size: int) -> int:
-        """Where an item of ``size`` bytes lands when the log ends at ``pos`` (DLedger preAppend)."""
-        seg = self.segment_size
-        if pos // seg != (pos + size - 1) // seg:
-            return (pos // seg + 1) * seg
-        return pos
-
     def positions_for(self, sizes) -> list[int]:
         """Where each of consecutive items of ``sizes`` lands after the current end."""
         pos = self.write_pos
@@ -242,12 +235,6 @@ class SegmentList:
             append(pos)
             pos += size
         return out
-
-    def segment_at(self, pos: int):
-        i = bisect.bisect_right(self._starts, pos) - 1
-        if i < 0:
-            return None
-        return self.segments[i]
 
     # -- writes ---------------------------------------------------------------------
     def write_at(self, pos: int, data) -> None:

@@ -417,20 +417,11 @@ class LogStore:
             h = np.ndarray((count,), HEADER_DTYPE, buffer=view, strides=(size0,))
             sizes = h["size"]
             uniform = bool((sizes == size0).all())
-        if uniform:
-            crcs = list(
-                map(
-                    crc32,
-                    map(
-                        view.__getitem__,
-                        map(
-                            slice,
-                            range(HEADER_SIZE, n + HEADER_SIZE, size0),
-                            range(size0, n + size0, size0),
-                        ),
-                    ),
-                )
-            )
+        if uniform:  # every entry size0 bytes: the bodies sit at fixed strides
+            body = size0 - HEADER_SIZE
+            crcs = [
+                crc32(view[at : at + body]) for at in range(HEADER_SIZE, n + HEADER_SIZE, size0)
+            ]
             offsets = None
         else:
             unpack_size = _I32.unpack_from

@@ -1,4 +1,4 @@
-"""Every EntryDispatcher transition (DLedger doCompare / doTruncate / doAppend, seed 004)."""
+"""Every EntryDispatcher transition (DLedger doCompare / doTruncate / doAppend)."""
 
 from __future__ import annotations
 

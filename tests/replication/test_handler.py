@@ -1,4 +1,4 @@
-"""Every EntryHandler branch (DLedger EntryHandler and handlePush, seed 004)."""
+"""Every EntryHandler branch (DLedger EntryHandler and handlePush)."""
 
 from __future__ import annotations
 
