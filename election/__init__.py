@@ -8,7 +8,7 @@ and announces every :class:`RoleChange`.
 """
 
 from .config import ElectionConfig
-from .elector import Elector, RoleChangeHandler
+from .elector import Elector
 from .member_state import FileTermStore, MemberState, MemoryTermStore, TermStore
 from .messages import (
     Action,
@@ -40,7 +40,6 @@ __all__ = [
     "ParseResult",
     "Role",
     "RoleChange",
-    "RoleChangeHandler",
     "Send",
     "TermStore",
     "TransferOutcome",

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rayledger.storage.errors import LedgerError, ResponseCode
@@ -63,8 +62,6 @@ from .messages import (
 )
 
 log = logging.getLogger("rayledger.election")
-
-RoleChangeHandler = Callable[[int, Role], None]
 
 
 @dataclass
@@ -148,7 +145,6 @@ class Elector:
         self.state = state
         self.config = config
         self.rng = rng
-        self._handlers: list[RoleChangeHandler] = []
         self._timers = _Timers()
         self._need_increase_term_immediately = False
         # A member that restarts from persisted state may have lost entries it acknowledged
@@ -230,20 +226,6 @@ class Elector:
         """Which peers answered the last heartbeat (DLedger's peersLiveTable)."""
         return dict(self._timers.peers_live)
 
-    def check_can_append(self) -> None:
-        """Raise unless this member may take new appends now (leader, not transferring)."""
-        st = self.state
-        if st.role is not Role.LEADER:
-            raise LedgerError.of(
-                ResponseCode.NOT_LEADER, f"{st.self_id} is not leader", leader_id=st.leader_id
-            )
-        if st.transferee is not None:
-            raise LedgerError.of(
-                ResponseCode.LEADER_TRANSFERRING,
-                f"{st.self_id} is transferring leadership to {st.transferee}",
-                leader_id=st.self_id,
-            )
-
     def snapshot(self) -> dict:
         """Plain-dict status for metadata calls and logs."""
         st = self.state
@@ -260,11 +242,6 @@ class Elector:
             "last_parse_result": self._last_parse_result.value,
             "known_max_term_in_group": st.known_max_term_in_group,
         }
-
-    def add_role_change_handler(self, fn: RoleChangeHandler) -> None:
-        """``fn(term, role)`` is called on every role change (RocketMQ's broker hook)."""
-        if fn not in self._handlers:
-            self._handlers.append(fn)
 
     # ================================================================ dispatch
 
@@ -1071,19 +1048,7 @@ class Elector:
         if ann.term == term and ann.role is role and ann.leader_id == st.leader_id:
             return []
         ann.term, ann.role, ann.leader_id = term, role, st.leader_id
-        for handler in list(self._handlers):
-            try:
-                handler(term, role)
-            except Exception:  # a broken hook must not stop the election
-                log.warning(
-                    "[%s] Handle role change failed term=%d role=%s handler=%r",
-                    st.self_id,
-                    term,
-                    role.value,
-                    handler,
-                    exc_info=True,
-                )
-        return [RoleChange(term, role, st.leader_id)]
+        return [RoleChange(term, role, st.leader_id)]  # the one channel role changes leave by
 
     # =================================================== leadership transfer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from rayledger.election import ElectionConfig, HeartbeatRequest, HeartbeatResponse, Role
-from rayledger.storage.errors import LedgerError, NotLeaderError, ResponseCode
+from rayledger.storage.errors import ResponseCode
 
 C = ResponseCode
 
@@ -184,19 +184,6 @@ def test_leader_rejects_heartbeat_of_another_leader_in_its_term(h) -> None:
     el, now = _leader(h, term=0)
     resp, _ = el.handle_heartbeat(h.hb_req(el, "n1"), now)
     assert resp.code is C.INCONSISTENT_LEADER and el.role is Role.LEADER
-
-
-def test_check_can_append(h) -> None:
-    el = h.make(term=1)
-    with pytest.raises(NotLeaderError) as err:
-        el.check_can_append()
-    assert err.value.code is C.NOT_LEADER
-    h.become_follower(el, "n1")
-    with pytest.raises(LedgerError) as err:
-        el.check_can_append()
-    assert err.value.leader_id == "n1"
-    el2, _ = _leader(h, term=0)
-    el2.check_can_append()
 
 
 # ------------------------------------------------------------- when to tick next

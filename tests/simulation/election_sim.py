@@ -35,7 +35,6 @@ from rayledger.election import (
     Send,
     TransferOutcome,
 )
-from rayledger.storage.errors import LedgerError
 
 from .network import (
     FakeClock,
@@ -339,9 +338,7 @@ class ElectionSim:
                 el = m.elector
                 if el is None or el.role is not Role.LEADER:
                     continue
-                try:
-                    el.check_can_append()
-                except LedgerError:
+                if el.transferring:  # appends are refused while leadership moves
                     continue
                 m.ledger = (m.ledger[0] + self.rng.randint(1, 30), el.term)
                 el.state.update_ledger(*m.ledger)
