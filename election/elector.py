@@ -60,27 +60,9 @@ from .messages import (
     VoteResponse,
     VoteResult,
 )
+from .votes import VoteTally, Wait
 
 log = logging.getLogger("rayledger.election")
-
-
-@dataclass
-class _VoteRound:
-    """One ``voteForQuorumResponses`` round and its counters (maintainAsCandidate)."""
-
-    round_id: int
-    term: int
-    pre_vote: bool
-    started_ms: int
-    deadline_ms: int
-    waiting: set[str]
-    known_max_term_in_group: int
-    all_num: int = 0
-    valid_num: int = 0
-    accepted_num: int = 0
-    not_ready_term_num: int = 0
-    bigger_ledger_num: int = 0
-    already_has_leader: bool = False
 
 
 @dataclass
@@ -162,7 +144,7 @@ class Elector:
         self._first_event_ms: int | None = None
         self._last_vote_cost_ms = 0
         self._pre_vote_granted_term = -1
-        self._vote_round: _VoteRound | None = None
+        self._vote_round: VoteTally | None = None
         self._heartbeat_round: _HeartbeatRound | None = None
         self._transfer: _Transfer | None = None
         self._pending_take: _PendingTake | None = None
@@ -369,7 +351,7 @@ class Elector:
             + self.config.vote_wait_base_ms
             + self.rng.randrange(self.config.max_vote_interval_ms)
         )
-        rnd = _VoteRound(
+        rnd = VoteTally(
             round_id=self._round_seq,
             term=term,
             pre_vote=pre_vote,
@@ -412,8 +394,8 @@ class Elector:
         assert self_request is not None
         self_response, self_actions = self._judge_vote(self_request, now_ms, self_vote=True)
         actions.extend(self_actions)
-        self._count_vote(rnd, self_response)
-        if self._vote_round_done(rnd):
+        rnd.count(self_response)
+        if rnd.done(st.peer_size):
             actions.extend(self._parse_vote_round(rnd, now_ms))
         return actions
 
@@ -441,79 +423,30 @@ class Elector:
             None if resp is None else resp.result.value,
             None if resp is None else resp.term,
         )
-        self._count_vote(rnd, resp)
-        if self._vote_round_done(rnd):
+        rnd.count(resp)
+        if rnd.done(self.state.peer_size):
             return self._parse_vote_round(rnd, now_ms)
         return []
 
-    @staticmethod
-    def _count_vote(rnd: _VoteRound, resp: VoteResponse | None) -> None:
-        rnd.all_num += 1
-        if resp is None:
-            return
-        result = resp.result
-        if result is not VoteResult.UNKNOWN:
-            rnd.valid_num += 1
-        if result is VoteResult.ACCEPT:
-            rnd.accepted_num += 1
-        elif result is VoteResult.REJECT_ALREADY_HAS_LEADER:
-            rnd.already_has_leader = True
-        elif result in (
-            VoteResult.REJECT_TERM_SMALL_THAN_LEDGER,
-            VoteResult.REJECT_EXPIRED_VOTE_TERM,
-        ):
-            if resp.term > rnd.known_max_term_in_group:
-                rnd.known_max_term_in_group = resp.term
-        elif result in (
-            VoteResult.REJECT_EXPIRED_LEDGER_TERM,
-            VoteResult.REJECT_SMALL_LEDGER_END_INDEX,
-        ):
-            rnd.bigger_ledger_num += 1
-        elif result is VoteResult.REJECT_TERM_NOT_READY:
-            rnd.not_ready_term_num += 1
-
-    def _vote_round_done(self, rnd: _VoteRound) -> bool:
-        st = self.state
-        return (
-            rnd.all_num >= st.peer_size
-            or rnd.already_has_leader
-            or st.is_quorum(rnd.accepted_num)
-            or st.is_quorum(rnd.accepted_num + rnd.not_ready_term_num)
-        )
-
-    def _parse_vote_round(self, rnd: _VoteRound, now_ms: int) -> list[Action]:
+    def _parse_vote_round(self, rnd: VoteTally, now_ms: int) -> list[Action]:
         if self._vote_round is rnd:
             self._vote_round = None
         st = self.state
-        cfg = self.config
-        timers = self._timers
         actions: list[Action] = []
         term = rnd.term
         self._last_vote_cost_ms = now_ms - rnd.started_ms
-        if rnd.known_max_term_in_group > term:
-            result = ParseResult.WAIT_TO_VOTE_NEXT
-            timers.next_time_to_request_vote = self._get_next_time_to_request_vote(now_ms)
-            actions.extend(self._change_role_to_candidate(rnd.known_max_term_in_group, now_ms))
-        elif rnd.already_has_leader:
-            result = ParseResult.WAIT_TO_REVOTE
-            timers.next_time_to_request_vote = (
-                self._get_next_time_to_request_vote(now_ms) + cfg.heartbeat_timeout_ms
+        decision = rnd.decide(st.peer_size)
+        result = decision.result
+        if decision.wait is not Wait.NONE:
+            extra = {
+                Wait.PLUS_HEARTBEAT_TIMEOUT: self.config.heartbeat_timeout_ms,
+                Wait.PLUS_MAX_VOTE_INTERVAL: self.config.max_vote_interval_ms,
+            }.get(decision.wait, 0)
+            self._timers.next_time_to_request_vote = (
+                self._get_next_time_to_request_vote(now_ms) + extra
             )
-        elif not st.is_quorum(rnd.valid_num):
-            result = ParseResult.WAIT_TO_REVOTE
-            timers.next_time_to_request_vote = self._get_next_time_to_request_vote(now_ms)
-        elif not st.is_quorum(rnd.valid_num - rnd.bigger_ledger_num):
-            result = ParseResult.WAIT_TO_REVOTE
-            timers.next_time_to_request_vote = (
-                self._get_next_time_to_request_vote(now_ms) + cfg.max_vote_interval_ms
-            )
-        elif st.is_quorum(rnd.accepted_num):
-            result = ParseResult.PASSED
-        elif st.is_quorum(rnd.accepted_num + rnd.not_ready_term_num):
-            result = ParseResult.REVOTE_IMMEDIATELY
-        else:
-            result = ParseResult.WAIT_TO_VOTE_NEXT
-            timers.next_time_to_request_vote = self._get_next_time_to_request_vote(now_ms)
+        if decision.raise_term_to is not None:
+            actions.extend(self._change_role_to_candidate(decision.raise_term_to, now_ms))
         log.info(
             "[%s] [PARSE_%sVOTE_RESULT] cost=%d term=%d memberNum=%d allNum=%d validNum=%d "
             "acceptedNum=%d notReadyTermNum=%d biggerLedgerNum=%d alreadyHasLeader=%s "
