@@ -56,6 +56,7 @@ log = logging.getLogger("rayledger.actors")
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
 HELPER_START_S = 30.0  # how long a new leader waits for helpers that are still starting
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
+MAINTAINER_STALL_S = 10.0  # a maintainer that has not ticked for this long is replaced
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
@@ -103,6 +104,8 @@ class MemberActor:
         self._dispatchers: dict[str, Any] = {}
         self._checker = None
         self._maintainer: asyncio.Task | None = None
+        self._last_tick = time.monotonic()
+        self._closed = False
         self._queue: list[tuple[asyncio.Future, list]] = []
         self._round_scheduled = False
         self._rounds: dict[int, tuple[Round, list[asyncio.Future]]] = {}
@@ -168,15 +171,31 @@ class MemberActor:
         """The elector's clock runs on the election group's loop, beside the vote and
         heartbeat handlers: a main loop busy with appends and pushes never delays a
         heartbeat (role changes are carried out on the main loop)."""
-        if self._maintainer is not None:
+        self._ensure_maintainer()
+
+    def _ensure_maintainer(self) -> None:
+        """Start the elector's clock on the running (election) loop unless it is ticking.
+
+        ``run_maintainer`` starts it at boot; every election message and status call
+        checks again, so a clock whose start call was lost (seen once in CI after a
+        restart: the member stayed a candidate of an old term for good, answering the
+        leader's heartbeats TERM_NOT_READY) or whose task ended restarts within one
+        heartbeat.  A clock that stopped ticking for ``MAINTAINER_STALL_S`` is replaced.
+        """
+        task = self._maintainer
+        if self._closed:
             return
+        if task is not None and not task.done():
+            if time.monotonic() - self._last_tick < MAINTAINER_STALL_S:
+                return
+            log.error("[%s] the maintainer stalled; starting it again", self.self_id)
+            task.cancel()
+        elif task is not None:
+            log.error("[%s] the maintainer had stopped; starting it again", self.self_id)
         self._tick_loop = asyncio.get_running_loop()
         self._tick_wake = asyncio.Event()
-        self._maintainer = asyncio.current_task()
-        try:
-            await self._maintain()
-        except asyncio.CancelledError:
-            pass
+        self._last_tick = time.monotonic()
+        self._maintainer = asyncio.ensure_future(self._maintain())
 
     async def _maintain(self) -> None:
         """DLedger's maintainState, event-timed: sleep until the elector's next deadline
@@ -185,6 +204,7 @@ class MemberActor:
         interval = self.config.maintain_interval_ms
         while True:
             delay = interval
+            self._last_tick = time.monotonic()
             try:
                 now = now_ms()
                 with self._lock:
@@ -446,6 +466,7 @@ class MemberActor:
     @ray.method(concurrency_group="election", enable_task_events=False)
     async def handle_election(self, req):
         """A vote, pre-vote, heartbeat or leadership-transfer request from a peer."""
+        self._ensure_maintainer()
         with self._lock:
             resp, actions = self.logic.handle_election(req, now_ms())
         self._apply_threadsafe(actions)
@@ -478,6 +499,7 @@ class MemberActor:
 
     @ray.method(concurrency_group="election")
     async def status(self) -> MemberStatus:
+        self._ensure_maintainer()
         with self._lock:
             st = self.logic.state
             return MemberStatus(
@@ -982,6 +1004,7 @@ class MemberActor:
 
     @ray.method(concurrency_group="election")
     async def close(self) -> None:
+        self._closed = True
         if self._maintainer is not None:
             self._maintainer.cancel()
         if self._machine_runner is not None:

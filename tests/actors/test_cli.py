@@ -23,6 +23,28 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def cli_many(*calls: list[str], timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """Several commands, each its own process, run side by side (a start costs seconds)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "rayledger.integration.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in calls
+    ]
+    done = []
+    for args, p in zip(calls, procs, strict=True):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        done.append(subprocess.CompletedProcess(list(args), p.returncode, out, err))
+    return done
+
+
 @pytest.fixture
 def cli_here(capsys):
     """A command through the CLI's main in this process, attached to the test's cluster (a
@@ -123,15 +145,17 @@ def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
         rows = _json_lines(cli_here("tail", *g, "--from", str(first), "--json"))
         assert [r["body"] for r in rows[:5]] == bodies and rows[0]["index"] == first
         assert all(r["body"] == "" for r in rows[5:])  # a new leader's empty entry, if any
-        rows = _json_lines(
-            cli_here("tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json")
+        # each new command once as a process of its own: tail --follow, status --watch, list
+        follow, watch, listed = cli_many(
+            ["tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json"],
+            ["status", *g, "--watch", "--json", "--count", "2", "--interval", "0.2"],
+            ["list", "--address", address, "--json"],
         )
-        assert [r["body"] for r in rows] == ["e3", "e4"]
+        assert [r["body"] for r in _json_lines(follow)] == ["e3", "e4"]
+        assert group_name in [r["group"] for r in _json_lines(listed)[0]]
 
         # status --watch: one JSON object per refresh, with lag and the append rate
-        snaps = _json_lines(
-            cli_here("status", *g, "--watch", "--json", "--count", "2", "--interval", "0.2")
-        )
+        snaps = _json_lines(watch)
         assert len(snaps) == 2 and all(len(s["members"]) == 3 for s in snaps)
         assert {"role", "term", "end", "committed", "lag", "alive"} <= set(snaps[0]["members"][0])
         assert snaps[1]["append_rate"] is not None
@@ -145,7 +169,7 @@ def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
         # fault: pause and resume a follower, partition and heal, kill the leader
         leader = _leader(g, cli_here)
         follower = next(m for m in ["n0", "n1", "n2"] if m != leader)
-        assert _json_lines(cli_here("fault", "pause", *g, follower))[0]["member"] == follower
+        assert _json_lines(cli("fault", "pause", *g, follower))[0]["member"] == follower
         status = _json_lines(cli_here("status", *g, "--json"))[0]
         assert not next(r for r in status if r["member"] == follower)["alive"]
         _json_lines(cli_here("fault", "resume", *g, follower))
@@ -179,20 +203,27 @@ def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
 def test_operating_commands_bad_input(ray_session, group_name, tmp_path, cli_here):
     address = ray.get_runtime_context().gcs_address
     nog = ["--group", "no-such-group", "--address", address]
-    for cmd in (["status"], ["tail"], ["stop"], ["fault", "heal"], ["status", "--watch"]):
+    for cmd in (["status"], ["stop"], ["fault", "heal"], ["status", "--watch"]):
         _error(cli_here(*cmd, *nog), "UNKNOWN_GROUP")
-    # a fresh process each: in this one Ray is already attached
+    # no cluster (a fresh process each: in this one Ray is already attached), and an unknown
+    # group once as a process too
     nowhere = ["--group", group_name, "--address", "127.0.0.1:1"]
-    for cmd in (["status"], ["tail"], ["stop"], ["fault", "kill"]):
-        _error(cli(*cmd, *nowhere), "NETWORK_ERROR")
-    _error(cli("list", "--address", "127.0.0.1:1"), "NETWORK_ERROR")
+    cmds = (["status"], ["tail"], ["stop"], ["fault", "kill"])
+    *unreachable, no_list, no_group = cli_many(
+        *([*cmd, *nowhere] for cmd in cmds),
+        ["list", "--address", "127.0.0.1:1"],
+        ["tail", *nog],
+    )
+    for out in [*unreachable, no_list]:
+        _error(out, "NETWORK_ERROR")
+    _error(no_group, "UNKNOWN_GROUP")
 
     g = ["--group", group_name, "--address", address]
     out = cli_here("start", *g, "--members", "3", "--fast")
     assert out.returncode == 0, out.stderr[-2000:]
     try:
         _error(cli_here("tail", *g, "--from", "-1"), "UNEXPECTED_ARGUMENT")
-        _error(cli_here("tail", *g, "--from", "1000000"), "INDEX_OUT_OF_BOUNDS")
+        _error(cli("tail", *g, "--from", "1000000"), "INDEX_OUT_OF_BOUNDS")  # as a process
         _error(cli_here("get", *g, "1000000"), "INDEX_OUT_OF_BOUNDS")
         _error(cli_here("fault", "kill", *g, "n9"), "UNKNOWN_MEMBER")
         _error(cli_here("fault", "partition", *g, "n0"), "UNEXPECTED_ARGUMENT")

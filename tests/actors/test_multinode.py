@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, time, tempfile, shutil
+    import json, os, signal, sys, time, tempfile, shutil
     sys.path.insert(0, sys.argv[1])
     import ray
     from ray.cluster_utils import Cluster
@@ -51,8 +51,16 @@ SCRIPT = textwrap.dedent(
         res["victim_was_leader"] = g.leader_id() == victim
         res["term_before"] = g.status()[victim].term
         node = next(n for n in nodes if n.node_id == infos[victim]["node_id"])
+        # every process of the host dies with it: the member and its helpers (a worker of a
+        # removed raylet can outlive it for a while and go on leading; seen in CI)
+        pids = [infos[victim]["pid"], *ray.get(g.handle(victim).helper_pids.remote()).values()]
         removed_at = time.monotonic()
         cluster.remove_node(node, allow_graceful=False)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, TypeError):
+                pass  # gone already (or a helper that was restarting: no pid)
         for i in range(20):
             out.append(c, f"after{i}".encode(), timeout_s=60)
         new_leader = g.wait_for_leader(timeout_s=60)

@@ -86,3 +86,37 @@ def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group)
             return False
 
     wait_until(reads_again, 30, "heal() to restore the member's links")
+
+
+def test_a_member_whose_election_clock_stopped_starts_it_again(make_group):
+    """A member whose maintainer is gone would stay in its role for good (seen in CI: a
+    restarted member stayed a candidate of an old term, refusing the leader's heartbeats).
+    The next election message starts it again, and the group elects past the old leader."""
+
+    def _stop_maintainer(self) -> None:  # runs inside the member (nested: pickled by value)
+        self._tick_loop.call_soon_threadsafe(self._maintainer.cancel)
+
+    def _maintainer_ticks(self) -> bool:
+        m = self._maintainer
+        return m is not None and not m.done() and time.monotonic() - self._last_tick < 2
+
+    g = make_group(members=3)
+    leader = g.wait_for_leader()
+    followers = [m for m in g.members if m != leader]
+    for m in followers:
+        ray.get(g.handle(m).__ray_call__.remote(_stop_maintainer))
+    for m in followers:  # the leader's heartbeats restart it
+        wait_until(
+            lambda m=m: ray.get(g.handle(m).__ray_call__.remote(_maintainer_ticks)),
+            10,
+            f"{m}'s maintainer to tick again",
+        )
+    term = g.status()[leader].term
+    g.kill(leader)  # only a ticking follower times out and campaigns
+    wait_until(
+        lambda: any(
+            s.role.name == "LEADER" and s.term > term for s in g.status(5).values() if s.alive
+        ),
+        30,
+        "a leader of a newer term",
+    )
