@@ -28,6 +28,7 @@ from .message import (
     decode,
     encode,
     msg_id,
+    pulled_messages,
 )
 
 MACHINE = "rayledger.integration.rocketmq.commitlog:CommitLogMachine"
@@ -169,7 +170,7 @@ class CommitLog:
         """Committed messages of a queue from ``offset`` (any member: ``member="any"``)."""
         r = self.client.query(("pull", topic, queue_id, offset, max_msgs), "committed", member)
         # decoded on first use; the queue offset is the consume queue's
-        msgs = [PulledMessage(rec, k) for k, rec in enumerate(r["records"], r["first_offset"])]
+        msgs = pulled_messages(r["data"], r["bounds"], r["first_offset"])
         return PullResult(msgs, r["next_offset"], r["max_offset"])
 
     def consume(

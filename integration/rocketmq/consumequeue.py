@@ -11,10 +11,13 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import numpy as np
+
 from .unitfile import UnitFile
 
 UNIT = struct.Struct(">qiq")
 INDEX = struct.Struct(">q")
+UNIT_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags_hash", ">i8")])
 
 
 def tag_hash(tags: str | None) -> int:
@@ -49,6 +52,15 @@ class ConsumeQueue:
         """Up to ``n`` units from ``offset``: ``(phys, size, tag hash, ledger index)``."""
         stop = min(self.max_offset, offset + n)
         return [(*self._units[k], self._index[k][0]) for k in range(max(0, offset), stop)]
+
+    def units(self, offset: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` units from ``offset`` as arrays: the units (``phys``, ``size``,
+        ``tags_hash``) and the ledger indexes (copies: the files may grow meanwhile)."""
+        lo, hi = max(0, offset), min(self.max_offset, offset + n)
+        if hi <= lo:
+            return np.empty(0, UNIT_DTYPE), np.empty(0, np.int64)
+        units = self._units.slice(lo, hi)
+        return np.frombuffer(units, UNIT_DTYPE), np.frombuffer(self._index.slice(lo, hi), ">i8")
 
     def indexes(self, offset: int, n: int) -> list[int]:
         """The ledger indexes of up to ``n`` messages from ``offset``."""

@@ -245,21 +245,27 @@ class _Lazy:
 
 
 class PulledMessage(Message):
-    """A message a consumer pulled, decoded on first use: reading only the body (what most
-    consumers do) costs one slice, any other field one full decode (the store has checked
-    the record's CRC).  It compares equal to the same message decoded eagerly."""
+    """A message a consumer pulled.  It keeps its record's place in the pull's buffer: the
+    body (what most consumers read) is sliced as the pull arrives, any other field costs one
+    full decode on first use (the store has checked the record's CRC).  It compares equal
+    to the same message decoded eagerly, and pickles as its record alone."""
 
     def __init__(self, record: bytes, queue_offset: int):  # not the dataclass __init__
-        self.__dict__.update(_record=record, queue_offset=queue_offset)
+        self.__dict__ = _pulled(record, 0, len(record), queue_offset)
 
     def _decode_field(self, name: str) -> None:
-        d, record = self.__dict__, self.__dict__["_record"]
-        if name == "body":
-            (n,) = _BODY_LEN.unpack_from(record, _HEAD.size - 4)
-            d["body"] = record[_HEAD.size : _HEAD.size + n]
-            return
-        for k, v in _decode(record, False).__dict__.items():
+        d = self.__dict__
+        for k, v in _decode(self.record, False).__dict__.items():
             d.setdefault(k, v)  # the puller's queue offset stays
+
+    @property
+    def record(self) -> bytes:
+        """The message's encoded record, as the commit log holds it."""
+        d = self.__dict__
+        return d["_data"][d["_at"] : d["_end"]]
+
+    def __reduce__(self):
+        return PulledMessage, (self.record, self.queue_offset)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
@@ -267,6 +273,25 @@ class PulledMessage(Message):
         return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _pulled(data: bytes, at: int, end: int, queue_offset: int) -> dict:
+    """A PulledMessage's ``__dict__``: its place in ``data``, its queue offset and its body."""
+    body_at = at + _HEAD.size
+    (n,) = _BODY_LEN.unpack_from(data, body_at - 4)
+    return {"_data": data, "_at": at, "_end": end, "queue_offset": queue_offset,
+            "body": data[body_at : body_at + n]}  # fmt: skip
+
+
+def pulled_messages(data: bytes, bounds, first_offset: int) -> list[PulledMessage]:
+    """The messages of one pull: ``bounds`` holds each record's ``(start, end)`` in ``data``
+    (an array, as the member answers), the first has queue offset ``first_offset``."""
+    new, cls, out = object.__new__, PulledMessage, []
+    for k, (at, end) in enumerate(bounds.tolist(), first_offset):
+        m = new(cls)
+        m.__dict__ = _pulled(data, at, end, k)
+        out.append(m)
+    return out
 
 
 for _name in _FIELDS:

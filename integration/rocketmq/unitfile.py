@@ -35,6 +35,12 @@ class UnitFile:
     def __getitem__(self, k: int) -> tuple:
         return self.unit.unpack_from(self.buf, k * self.unit.size)
 
+    def slice(self, lo: int, hi: int) -> bytearray:
+        """Units ``lo..hi-1`` as one copy, made in one step (a view of the buffer would stop
+        another thread's append from growing it)."""
+        size = self.unit.size
+        return self.buf[lo * size : hi * size]
+
     def truncate(self, units: int) -> None:
         """Keep the first ``units``."""
         del self.buf[units * self.unit.size :]

@@ -44,8 +44,13 @@ def test_compiled_path_carries_appends_falls_back_and_comes_back(make_group):
     for i in range(30):
         r = c.append(b"g%d" % i)
         acked[r.index] = b"g%d" % i
-    # (a follower slowed by a loaded machine may already have caused a fallback: count on)
-    before = stats(g, leader)["fast_path_fallbacks"]
+    # a follower slowed by a loaded machine may already have caused a fallback: count on
+    # from a moment the path is active (else the pause needs no fallback: CI saw that)
+    deadline = time.monotonic() + 60
+    while not (s := stats(g, leader))["fast_path_active"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s["fast_path_active"], s
+    before = s["fast_path_fallbacks"]
     follower = next(m for m in g.members if m != leader)
     g.pause(follower)
     try:

@@ -117,3 +117,20 @@ def test_a_pulled_message_decodes_on_first_use_and_equals_the_eager_one():
     assert p == m and m == p and pickle.loads(pickle.dumps(p)) == m
     assert PulledMessage(encode(m), 5).queue_offset == 5  # the consume queue's offset stays
     assert PulledMessage(encode(m), 5) != m
+
+
+def test_the_messages_of_a_pull_come_from_one_buffer_and_pickle_small():
+    import pickle
+
+    import numpy as np
+    from rayledger.integration.rocketmq.message import pulled_messages
+
+    recs = [encode(Message("T", b"x" * k, queue_id=1)) for k in (1, 50, 300)]
+    data = b"junk" + b"".join(recs)
+    ends = 4 + np.cumsum([len(r) for r in recs])
+    got = pulled_messages(data, np.stack([ends - [len(r) for r in recs], ends], axis=1), 7)
+    assert [m.body for m in got] == [b"x", b"x" * 50, b"x" * 300]
+    assert [m.queue_offset for m in got] == [7, 8, 9] and got[2].topic == "T"
+    assert [m.record for m in got] == recs
+    again = pickle.loads(pickle.dumps(got[0]))
+    assert again == got[0] and len(pickle.dumps(got[0])) < 2 * len(recs[0])  # not the buffer

@@ -1,0 +1,352 @@
+"""Leadership transfer: the leader's side (DLedger's ``handleLeadershipTransfer``, waiting
+for the transferee to catch up, the preferred-leader check) and the transferee's
+take-leadership (``TakeLeadershipTask``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+from rayledger.storage.errors import ResponseCode
+
+from .messages import (
+    Action,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    Role,
+    Send,
+    TransferOutcome,
+)
+from .parts import ElectorParts
+
+
+@dataclass
+class _Transfer:
+    """A leadership transfer this leader is running."""
+
+    transferee: str
+    term: int
+    started_ms: int
+    deadline_ms: int
+    take_sent: bool = False
+
+
+@dataclass
+class _PendingTake:
+    """A take-leadership order waiting for this member's ledger to catch up."""
+
+    request: LeadershipTransferRequest
+    deadline_ms: int
+
+
+class TransferSteps(ElectorParts):
+    """Handing leadership on, and taking it when told to; part of :class:`Elector`."""
+
+    def transfer_leadership(
+        self, transferee_id: str, now_ms: int
+    ) -> tuple[LeadershipTransferResponse, list[Action]]:
+        """Ask this member (the leader) to hand leadership of its term to ``transferee_id``."""
+        st = self.state
+        req = LeadershipTransferRequest(
+            group=st.group,
+            local_id=st.self_id,
+            remote_id=st.self_id,
+            term=st.current_term,
+            transfer_id=st.self_id,
+            transferee_id=transferee_id,
+            leader_id=st.leader_id,
+        )
+        return self.handle_leadership_transfer(req, now_ms)
+
+    def handle_leadership_transfer(
+        self, req: LeadershipTransferRequest, now_ms: int
+    ) -> tuple[LeadershipTransferResponse, list[Action]]:
+        """On the leader: start a transfer.  On the transferee: take leadership."""
+        st = self.state
+        C = ResponseCode
+        self._log(
+            INFO,
+            "HandleLeadershipTransfer",
+            term=req.term,
+            index=req.take_leadership_ledger_index,
+            transfer=req.transfer_id,
+            transferee=req.transferee_id,
+            my_term=st.current_term,
+        )
+        if req.remote_id != st.self_id:
+            return self._transfer_response(req, C.UNKNOWN_MEMBER), []
+        if req.group != st.group:
+            return self._transfer_response(req, C.UNKNOWN_GROUP), []
+        if req.transfer_id == st.self_id:
+            return self._start_transfer(req, now_ms)
+        if req.transferee_id == st.self_id:
+            return self._take_leadership(req, now_ms)
+        return self._transfer_response(req, C.UNEXPECTED_ARGUMENT), []
+
+    def _transfer_response(
+        self, req: LeadershipTransferRequest, code: ResponseCode
+    ) -> LeadershipTransferResponse:
+        st = self.state
+        if code != ResponseCode.SUCCESS:
+            self._log(
+                INFO, "TransferRefused", term=req.term, transferee=req.transferee_id, code=code.name
+            )
+        return LeadershipTransferResponse(
+            code,
+            st.current_term,
+            group=st.group,
+            local_id=st.self_id,
+            remote_id=req.local_id,
+            leader_id=st.leader_id,
+        )
+
+    def _start_transfer(
+        self, req: LeadershipTransferRequest, now_ms: int
+    ) -> tuple[LeadershipTransferResponse, list[Action]]:
+        st = self.state
+        C = ResponseCode
+        if not st.is_peer_member(req.transferee_id):
+            return self._transfer_response(req, C.UNKNOWN_MEMBER), []
+        if st.current_term != req.term:
+            return self._transfer_response(req, C.INCONSISTENT_TERM), []
+        if st.role is not Role.LEADER:
+            return self._transfer_response(req, C.NOT_LEADER), []
+        if req.transferee_id == st.self_id:
+            return self._transfer_response(req, C.SUCCESS), []  # already leading
+        if st.transferee is not None:
+            return self._transfer_response(req, C.LEADER_TRANSFERRING), []
+        st.set_transferee(req.transferee_id)
+        self._transfer = _Transfer(
+            transferee=req.transferee_id,
+            term=st.current_term,
+            started_ms=now_ms,
+            deadline_ms=now_ms + self.config.leadership_transfer_wait_timeout_ms,
+        )
+        self._log(
+            INFO,
+            "StartTransfer",
+            index=st.ledger_end_index,
+            transferee=req.transferee_id,
+            peer_match=self._timers.peer_match_index.get(req.transferee_id, -1),
+        )
+        return self._transfer_response(req, C.SUCCESS), self._progress_transfer(now_ms)
+
+    def _abandon_transfer(self, code: ResponseCode, why: str) -> list[Action]:
+        transfer = self._transfer
+        if transfer is None:
+            return []
+        self._transfer = None
+        if self.state.transferee == transfer.transferee:
+            self.state.set_transferee(None)
+        self._log(
+            WARNING,
+            "TransferAbandoned",
+            term=transfer.term,
+            transferee=transfer.transferee,
+            why=why,
+            code=code.name,
+        )
+        return [TransferOutcome(transfer.term, transfer.transferee, code)]
+
+    def _progress_transfer(self, now_ms: int) -> list[Action]:
+        transfer = self._transfer
+        st = self.state
+        if transfer is None:
+            return []
+        if st.role is not Role.LEADER or st.current_term != transfer.term:
+            return self._abandon_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED, "no longer leader")
+        if now_ms > transfer.deadline_ms:
+            return self._abandon_transfer(ResponseCode.TIMEOUT, "wait timeout")
+        if transfer.take_sent:
+            return []
+        match = self._timers.peer_match_index.get(transfer.transferee, -1)
+        fall_behind = st.ledger_end_index - match
+        if fall_behind >= self.config.max_leadership_transfer_wait_index:
+            return []
+        transfer.take_sent = True
+        self._log(
+            INFO,
+            "TellTakeLeadership",
+            term=transfer.term,
+            index=st.ledger_end_index,
+            transferee=transfer.transferee,
+            fall_behind=fall_behind,
+        )
+        return [
+            Send(
+                transfer.transferee,
+                LeadershipTransferRequest(
+                    group=st.group,
+                    local_id=st.self_id,
+                    remote_id=transfer.transferee,
+                    term=transfer.term,
+                    transfer_id=st.self_id,
+                    transferee_id=transfer.transferee,
+                    leader_id=st.self_id,
+                    take_leadership_ledger_index=st.ledger_end_index,
+                    wait_timeout_ms=transfer.deadline_ms - now_ms,
+                ),
+            )
+        ]
+
+    def on_leadership_transfer_response(
+        self,
+        peer: str,
+        req: LeadershipTransferRequest,
+        resp: LeadershipTransferResponse | None,
+        now_ms: int,
+    ) -> list[Action]:
+        """The transferee's answer to take-leadership; a refusal ends the transfer."""
+        transfer = self._transfer
+        if transfer is None or peer != transfer.transferee or req.term != transfer.term:
+            return []
+        if resp is None:
+            return self._abandon_transfer(
+                ResponseCode.TAKE_LEADERSHIP_FAILED, "transferee unreachable"
+            )
+        if resp.code != ResponseCode.SUCCESS:
+            return self._abandon_transfer(ResponseCode(resp.code), "transferee refused")
+        return []  # it is voting; we step down when its term reaches us, or time out
+
+    def on_peer_progress(self, peer: str, match_index: int, now_ms: int) -> list[Action]:
+        """The shell reports a follower's match index (its replication water mark)."""
+        timers = self._timers
+        if match_index > timers.peer_match_index.get(peer, -1):
+            timers.peer_match_index[peer] = match_index
+        if self._transfer is not None and self._transfer.transferee == peer:
+            return self._progress_transfer(now_ms)
+        return []
+
+    def _check_preferred_leader(self, now_ms: int) -> list[Action]:
+        """DLedgerServer.checkPreferredLeader: hand over to the least-behind live preferred peer."""
+        st = self.state
+        preferred = self.config.preferred_leader_ids
+        if st.role is not Role.LEADER or not preferred or st.transferee is not None:
+            return []
+        if st.self_id in preferred:
+            return []
+        live = self._timers.peers_live
+        match = self._timers.peer_match_index
+        best: str | None = None
+        best_behind = 0
+        for peer in preferred:
+            if not st.is_peer_member(peer):
+                self._log(WARNING, "PreferredNotAPeer", preferred=peer)
+                continue
+            if not live.get(peer, False):
+                continue
+            behind = st.ledger_end_index - match.get(peer, -1)
+            if best is None or behind < best_behind:
+                best, best_behind = peer, behind
+        if best is None or best_behind >= self.config.max_leadership_transfer_wait_index:
+            return []
+        self._log(INFO, "PreferredTransferee", transferee=best, fall_behind=best_behind)
+        resp, actions = self.transfer_leadership(best, now_ms)
+        return actions
+
+    def _take_leadership(
+        self, req: LeadershipTransferRequest, now_ms: int
+    ) -> tuple[LeadershipTransferResponse, list[Action]]:
+        st = self.state
+        C = ResponseCode
+        taking = self._taking_from
+        if (
+            taking is not None
+            and taking.term == req.term
+            and taking.transfer_id == req.transfer_id
+            and st.term_to_take_leadership == req.term + 1
+        ):
+            return self._transfer_response(req, C.SUCCESS), []  # a repeated order
+        pending = self._pending_take
+        if (
+            pending is not None
+            and pending.request.term == req.term
+            and pending.request.transfer_id == req.transfer_id
+        ):
+            return self._transfer_response(req, C.SUCCESS), []
+        if req.transfer_id != st.leader_id:
+            return self._transfer_response(req, C.INCONSISTENT_LEADER), []
+        if st.current_term != req.term:
+            return self._transfer_response(req, C.INCONSISTENT_TERM), []
+        if st.ledger_end_index >= req.take_leadership_ledger_index:
+            return self._transfer_response(req, C.SUCCESS), self._begin_take_leadership(req, now_ms)
+        wait = req.wait_timeout_ms or self.config.leadership_transfer_wait_timeout_ms
+        self._pending_take = _PendingTake(req, now_ms + wait)
+        self._log(
+            INFO,
+            "TakeLeadershipWaits",
+            term=req.term,
+            index=st.ledger_end_index,
+            wait_for=req.take_leadership_ledger_index,
+        )
+        return self._transfer_response(req, C.SUCCESS), []
+
+    def _check_pending_take(self, now_ms: int) -> list[Action]:
+        pending = self._pending_take
+        st = self.state
+        if pending is None:
+            return []
+        req = pending.request
+        if (
+            st.current_term != req.term
+            or st.leader_id != req.transfer_id
+            or st.role is not Role.FOLLOWER
+        ):
+            self._pending_take = None
+            return []
+        if st.ledger_end_index >= req.take_leadership_ledger_index:
+            self._pending_take = None
+            return self._begin_take_leadership(req, now_ms)
+        if now_ms > pending.deadline_ms:
+            self._pending_take = None
+            self._log(
+                WARNING,
+                "TransfereeFallBehind",
+                index=st.ledger_end_index,
+                wait_for=req.take_leadership_ledger_index,
+                code="TAKE_LEADERSHIP_FAILED",
+            )
+        return []
+
+    def _begin_take_leadership(self, req: LeadershipTransferRequest, now_ms: int) -> list[Action]:
+        """DLedger's handleTakeLeadership: vote at once for term + 1."""
+        st = self.state
+        target = req.term + 1
+        st.term_to_take_leadership = target
+        self._taking_from = req
+        self._log(INFO, "TakeLeadershipVoteNow", term=target)
+        actions = self._change_role_to_candidate(target, now_ms)
+        self._need_increase_term_immediately = True
+        return actions
+
+    def _check_take_leadership(self, term: int, role: Role) -> None:
+        """DLedger's TakeLeadershipTask.check: end the take-leadership attempt when decided."""
+        st = self.state
+        target = st.term_to_take_leadership
+        if target == -1:
+            return
+        if term > target:
+            outcome = ResponseCode.EXPIRED_TERM
+        elif term == target:
+            if role is Role.LEADER:
+                outcome = ResponseCode.SUCCESS
+            elif role is Role.FOLLOWER:
+                outcome = ResponseCode.TAKE_LEADERSHIP_FAILED
+            else:
+                return
+        else:
+            outcome = (
+                ResponseCode.TAKE_LEADERSHIP_FAILED
+                if role is Role.FOLLOWER
+                else ResponseCode.INTERNAL_ERROR
+            )
+        self._log(
+            INFO,
+            "TakeLeadershipFinished",
+            term=term,
+            role=role.value,
+            target=target,
+            outcome=outcome.name,
+        )
+        st.term_to_take_leadership = -1
+        self._taking_from = None

@@ -1,0 +1,339 @@
+"""Elections from both sides: a candidate's vote and pre-vote rounds (DLedger's
+``maintainAsCandidate`` and ``parseVoteResult``), and a voter's judgement of a request
+(``handleVote``, plus the pre-vote rule that refuses while a live leader is heard)."""
+
+from __future__ import annotations
+
+from logging import DEBUG, INFO, WARNING
+
+from rayledger.storage.errors import ResponseCode
+
+from .messages import (
+    Action,
+    ParseResult,
+    Role,
+    Send,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+from .parts import ElectorParts
+from .votes import VoteTally, Wait
+
+
+class VotingSteps(ElectorParts):
+    """The candidate's rounds and the voter's answers; part of :class:`Elector`."""
+
+    def _get_next_time_to_request_vote(self, now_ms: int) -> int:
+        cfg = self.config
+        if self.is_taking_leadership:
+            lo, hi = (
+                cfg.min_take_leadership_vote_interval_ms,
+                cfg.max_take_leadership_vote_interval_ms,
+            )
+        else:
+            lo, hi = cfg.min_vote_interval_ms, cfg.max_vote_interval_ms
+        return now_ms + lo + self.rng.randrange(hi - lo)
+
+    def _pre_vote_required(self) -> bool:
+        st = self.state
+        return (
+            self.config.enable_pre_vote
+            and st.known_max_term_in_group <= st.current_term
+            and self._pre_vote_granted_term != st.current_term + 1
+            and not self.is_taking_leadership
+        )
+
+    def _maintain_as_candidate(self, now_ms: int) -> list[Action]:
+        rnd = self._vote_round
+        if rnd is not None:
+            # DLedger's maintainer is blocked on the vote latch until the deadline.
+            if now_ms >= rnd.deadline_ms:
+                return self._parse_vote_round(rnd, now_ms)
+            return []
+        timers = self._timers
+        if now_ms < timers.next_time_to_request_vote and not self._need_increase_term_immediately:
+            return []
+        st = self.state
+        if st.role is not Role.CANDIDATE:
+            return []
+        if (
+            self._last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT
+            or self._need_increase_term_immediately
+        ):
+            if not self._need_increase_term_immediately and self._pre_vote_required():
+                return self._start_vote_round(now_ms, pre_vote=True)
+            prev = st.current_term
+            term = st.next_term()
+            self._pre_vote_granted_term = -1
+            self._log(INFO, "INCREASE_TERM", term=term, prev=prev)
+            self._last_parse_result = ParseResult.WAIT_TO_REVOTE
+        if self._need_increase_term_immediately:
+            timers.next_time_to_request_vote = self._get_next_time_to_request_vote(now_ms)
+            self._need_increase_term_immediately = False
+            return []
+        return self._start_vote_round(now_ms, pre_vote=False)
+
+    def _start_vote_round(self, now_ms: int, *, pre_vote: bool) -> list[Action]:
+        st = self.state
+        term = st.current_term + 1 if pre_vote else st.current_term
+        self._round_seq += 1
+        deadline = (
+            now_ms
+            + self.config.vote_wait_base_ms
+            + self.rng.randrange(self.config.max_vote_interval_ms)
+        )
+        rnd = VoteTally(
+            round_id=self._round_seq,
+            term=term,
+            pre_vote=pre_vote,
+            started_ms=now_ms,
+            deadline_ms=deadline,
+            waiting=set(),
+            known_max_term_in_group=term,
+        )
+        self._vote_round = rnd
+        taking = self.is_taking_leadership
+        self._log(
+            INFO,
+            "PRE_VOTE" if pre_vote else "VOTE",
+            term=term,
+            index=st.ledger_end_index,
+            ledger_end_term=st.ledger_end_term,
+            round=rnd.round_id,
+        )
+        actions: list[Action] = []
+        self_request = None
+        for peer in st.peers:
+            req = VoteRequest(
+                group=st.group,
+                local_id=st.self_id,
+                remote_id=peer,
+                leader_id=st.self_id,
+                term=term,
+                ledger_end_index=st.ledger_end_index,
+                ledger_end_term=st.ledger_end_term,
+                pre_vote=pre_vote,
+                take_leadership=taking,
+                round_id=rnd.round_id,
+            )
+            if peer == st.self_id:
+                self_request = req
+            else:
+                rnd.waiting.add(peer)
+                actions.append(Send(peer, req))
+        assert self_request is not None
+        self_response, self_actions = self._judge_vote(self_request, now_ms, self_vote=True)
+        actions.extend(self_actions)
+        rnd.count(self_response)
+        if rnd.done(st.peer_size):
+            actions.extend(self._parse_vote_round(rnd, now_ms))
+        return actions
+
+    def on_vote_response(
+        self, peer: str, req: VoteRequest, resp: VoteResponse | None, now_ms: int
+    ) -> list[Action]:
+        """Count one voter's answer (None = the call failed) into the current round."""
+        rnd = self._vote_round
+        if (
+            rnd is None
+            or req.round_id != rnd.round_id
+            or req.term != rnd.term
+            or req.pre_vote != rnd.pre_vote
+            or peer not in rnd.waiting
+        ):
+            self._log(DEBUG, "StaleVoteResponse", voter=peer, resp=resp)
+            return []
+        rnd.waiting.discard(peer)
+        self._log(
+            INFO,
+            "GetVoteResponse",
+            term=rnd.term,
+            voter=peer,
+            pre=rnd.pre_vote,
+            result=None if resp is None else resp.result.value,
+            resp_term=None if resp is None else resp.term,
+        )
+        rnd.count(resp)
+        if rnd.done(self.state.peer_size):
+            return self._parse_vote_round(rnd, now_ms)
+        return []
+
+    def _parse_vote_round(self, rnd: VoteTally, now_ms: int) -> list[Action]:
+        if self._vote_round is rnd:
+            self._vote_round = None
+        st = self.state
+        actions: list[Action] = []
+        term = rnd.term
+        self._last_vote_cost_ms = now_ms - rnd.started_ms
+        decision = rnd.decide(st.peer_size)
+        result = decision.result
+        if decision.wait is not Wait.NONE:
+            extra = {
+                Wait.PLUS_HEARTBEAT_TIMEOUT: self.config.heartbeat_timeout_ms,
+                Wait.PLUS_MAX_VOTE_INTERVAL: self.config.max_vote_interval_ms,
+            }.get(decision.wait, 0)
+            self._timers.next_time_to_request_vote = (
+                self._get_next_time_to_request_vote(now_ms) + extra
+            )
+        if decision.raise_term_to is not None:
+            actions.extend(self._change_role_to_candidate(decision.raise_term_to, now_ms))
+        self._log(
+            INFO,
+            "PARSE_PRE_VOTE_RESULT" if rnd.pre_vote else "PARSE_VOTE_RESULT",
+            term=term,
+            cost=self._last_vote_cost_ms,
+            members=st.peer_size,
+            all=rnd.all_num,
+            valid=rnd.valid_num,
+            accepted=rnd.accepted_num,
+            not_ready=rnd.not_ready_term_num,
+            bigger_ledger=rnd.bigger_ledger_num,
+            has_leader=rnd.already_has_leader,
+            max_term=rnd.known_max_term_in_group,
+            result=result.value,
+        )
+        if rnd.pre_vote:
+            if result is ParseResult.PASSED and st.role is Role.CANDIDATE:
+                # Could win term + 1: raise the term now and ask for real votes.
+                self._pre_vote_granted_term = term
+                self._last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+                actions.extend(self._maintain_as_candidate(now_ms))
+            else:
+                self._last_parse_result = result
+            return actions
+        self._last_parse_result = result
+        if result is ParseResult.PASSED:
+            self._log(INFO, "VOTE_RESULT", term=term, elected=True)
+            actions.extend(self._change_role_to_leader(term, now_ms))
+        return actions
+
+    def handle_vote(self, req: VoteRequest, now_ms: int) -> tuple[VoteResponse, list[Action]]:
+        """Answer a (pre-)vote request from another member."""
+        st = self.state
+        if req.remote_id != st.self_id:
+            self._log(WARNING, "HandleVote", addressed_to=req.remote_id)
+            return self._vote_response(
+                req, VoteResult.UNKNOWN, code=ResponseCode.UNKNOWN_MEMBER
+            ), []
+        if req.group != st.group:
+            self._log(WARNING, "HandleVote", group=req.group, my_group=st.group)
+            return self._vote_response(req, VoteResult.UNKNOWN, code=ResponseCode.UNKNOWN_GROUP), []
+        resp, actions = self._judge_vote(req, now_ms, self_vote=False)
+        self._log(
+            INFO,
+            "HandleVote",
+            term=req.term,
+            candidate=req.leader_id,
+            pre=req.pre_vote,
+            ledger=(req.ledger_end_index, req.ledger_end_term),
+            my_term=st.current_term,
+            my_ledger=(st.ledger_end_index, st.ledger_end_term),
+            result=resp.result.value,
+        )
+        return resp, actions
+
+    def _vote_response(
+        self,
+        req: VoteRequest,
+        result: VoteResult,
+        term: int | None = None,
+        code: ResponseCode = ResponseCode.SUCCESS,
+    ) -> VoteResponse:
+        st = self.state
+        return VoteResponse(
+            result,
+            st.current_term if term is None else term,
+            group=st.group,
+            local_id=st.self_id,
+            remote_id=req.local_id,
+            leader_id=st.leader_id,
+            code=code,
+            pre_vote=req.pre_vote,
+        )
+
+    def _refuses_for_taking_leadership(self, req: VoteRequest) -> bool:
+        st = self.state
+        return (
+            self.is_taking_leadership
+            and req.ledger_end_term == st.ledger_end_term
+            and st.ledger_end_index >= req.ledger_end_index
+        )
+
+    def _judge_vote(
+        self, req: VoteRequest, now_ms: int, *, self_vote: bool
+    ) -> tuple[VoteResponse, list[Action]]:
+        """DLedger's handleVote (and the pre-vote variant, which changes no state)."""
+        st = self.state
+        R = VoteResult
+        if not st.is_peer_member(req.leader_id):
+            self._log(WARNING, "BUG HandleVote", unknown_member=req.leader_id)
+            return self._vote_response(req, R.REJECT_UNKNOWN_LEADER), []
+        if not self_vote and req.leader_id == st.self_id:
+            self._log(WARNING, "BUG HandleVote", from_self=req.leader_id)
+            return self._vote_response(req, R.REJECT_UNEXPECTED_LEADER), []
+
+        if req.ledger_end_term < st.ledger_end_term:
+            return self._vote_response(req, R.REJECT_EXPIRED_LEDGER_TERM), []
+        if req.ledger_end_term == st.ledger_end_term and req.ledger_end_index < st.ledger_end_index:
+            return self._vote_response(req, R.REJECT_SMALL_LEDGER_END_INDEX), []
+
+        if req.pre_vote:
+            return self._judge_pre_vote(req, now_ms, self_vote=self_vote), []
+
+        actions: list[Action] = []
+        if req.term < st.current_term:
+            return self._vote_response(req, R.REJECT_EXPIRED_VOTE_TERM), []
+        if req.term == st.current_term:
+            vote = st.vote_for
+            if vote is not None and vote != req.leader_id:
+                if st.leader_id is not None:
+                    return self._vote_response(req, R.REJECT_ALREADY_HAS_LEADER), []
+                return self._vote_response(req, R.REJECT_ALREADY_VOTED), []
+        else:
+            # Stepped down by a larger term; vote only once our term has caught up.
+            actions.extend(self._change_role_to_candidate(req.term, now_ms))
+            self._need_increase_term_immediately = True
+            return self._vote_response(req, R.REJECT_TERM_NOT_READY), actions
+
+        if req.term < st.ledger_end_term:
+            return self._vote_response(req, R.REJECT_TERM_SMALL_THAN_LEDGER, st.ledger_end_term), []
+        if not self_vote and self._refuses_for_taking_leadership(req):
+            return self._vote_response(req, R.REJECT_TAKING_LEADERSHIP), []
+
+        st.set_vote_for(req.leader_id)  # durable before the answer leaves
+        return self._vote_response(req, R.ACCEPT), []
+
+    def _has_live_leader(self, now_ms: int) -> bool:
+        st = self.state
+        timeout = self.config.heartbeat_timeout_ms
+        if st.role is Role.FOLLOWER:
+            last = self._timers.last_leader_heartbeat_ms
+        elif st.role is Role.LEADER:
+            last = self._timers.last_succ_heartbeat_ms
+        else:
+            return False
+        return last is not None and now_ms - last <= timeout
+
+    def _saw_event(self, now_ms: int) -> None:
+        if self._first_event_ms is None:
+            self._first_event_ms = now_ms
+
+    def _quiet_after_restart(self, now_ms: int) -> bool:
+        """Within one heartbeat timeout of a restarted member's first event."""
+        self._saw_event(now_ms)
+        return self._restarted and now_ms - self._first_event_ms <= self.config.heartbeat_timeout_ms
+
+    def _judge_pre_vote(self, req: VoteRequest, now_ms: int, *, self_vote: bool) -> VoteResponse:
+        """Would we vote for ``req.leader_id`` in ``req.term``?  No state changes."""
+        st = self.state
+        R = VoteResult
+        if req.term < st.current_term:
+            return self._vote_response(req, R.REJECT_EXPIRED_VOTE_TERM)
+        if req.term < st.ledger_end_term:
+            return self._vote_response(req, R.REJECT_TERM_SMALL_THAN_LEDGER, st.ledger_end_term)
+        if not self_vote and (self._has_live_leader(now_ms) or self._quiet_after_restart(now_ms)):
+            return self._vote_response(req, R.REJECT_ALREADY_HAS_LEADER)
+        if not self_vote and self._refuses_for_taking_leadership(req):
+            return self._vote_response(req, R.REJECT_TAKING_LEADERSHIP)
+        return self._vote_response(req, R.ACCEPT)
