@@ -84,6 +84,7 @@ class CommitLogMachine(StateMachine):
         self._taken: dict[int, tuple[str, int]] = {}  # index -> queue that advanced for it
         self._interval_s, self._last_checkpoint = 0.2, 0.0
         self._stamped: dict[int, int] = {}  # index -> queue offset, until its receipt
+        self._high = -1  # the last index stamped: a write at or below it failed before
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self, ctx: MachineContext) -> int:
@@ -125,7 +126,7 @@ class CommitLogMachine(StateMachine):
     def on_role_change(self, role: Role, term: int) -> None:
         if role is not Role.LEADER:
             with self._lock:
-                self._table, self._taken, self._stamped = None, {}, {}
+                self._table, self._taken, self._stamped, self._high = None, {}, {}, -1
 
     def ready_to_lead(self) -> bool:
         """Master only once the ledger end is committed and dispatched: then the consume
@@ -135,7 +136,7 @@ class CommitLogMachine(StateMachine):
             return False
         with self._lock:
             self._table = {k: q.max_offset for k, q in self.queues.items()}
-            self._taken, self._stamped = {}, {}
+            self._taken, self._stamped, self._high = {}, {}, -1
         return True
 
     def pre_append(self, index: int, pos: int, body: bytearray) -> None:
@@ -147,11 +148,9 @@ class CommitLogMachine(StateMachine):
             table = self._table
             if table is None:  # not a ready leader: the member refuses appends anyway
                 return
-            for i in [i for i in self._taken if i >= index]:  # a failed write's offsets
-                k = self._taken.pop(i)
-                table[k] -= 1
-            for i in [i for i in self._stamped if i >= index]:
-                del self._stamped[i]
+            if index <= self._high:  # a failed write's entries come again
+                self._give_back(index)
+            self._high = index
             offset = 0
             if sys_flag & 0xC in _QUEUED:
                 offset = table.get(key, 0)
@@ -161,6 +160,14 @@ class CommitLogMachine(StateMachine):
         struct.pack_into(">q", body, QUEUE_OFFSET_POS, offset)
         struct.pack_into(">q", body, PHYS_OFFSET_POS, pos + HEADER_SIZE)
         struct.pack_into(">q", body, _STORE_TS_POS, int(time.time() * 1000))
+
+    def _give_back(self, index: int) -> None:
+        """Undo the stamps of entries ``index..`` (a write that failed): their queue
+        offsets are taken again by whatever is written there next."""
+        for i in [i for i in self._taken if i >= index]:
+            self._table[self._taken.pop(i)] -= 1
+        for i in [i for i in self._stamped if i >= index]:
+            del self._stamped[i]
 
     def receipt(self, first: int, last: int) -> list[int | None]:
         """The queue offsets the leader stamped into entries ``first..last`` (None for an
@@ -179,9 +186,10 @@ class CommitLogMachine(StateMachine):
             elif _is_record(body):
                 self._dispatch(e)
             self.applied = e.index
-        with self._lock:  # committed: never given back
-            for i in [i for i in self._taken if i <= self.applied]:
-                del self._taken[i]
+        with self._lock:  # committed: never given back (stamped in index order)
+            taken = self._taken
+            while taken and (i := next(iter(taken))) <= self.applied:
+                del taken[i]
         if time.monotonic() - self._last_checkpoint >= self._interval_s:
             self._checkpoint()
 
