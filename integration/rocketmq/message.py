@@ -91,6 +91,11 @@ def string_to_properties(text: str) -> dict[str, str]:
 
 
 def _pack_host(host: tuple[str, int]) -> bytes:
+    return _pack_host_tuple(tuple(host))
+
+
+@functools.lru_cache(maxsize=1024)  # ipaddress costs more than the rest of an encode
+def _pack_host_tuple(host: tuple[str, int]) -> bytes:
     ip, port = host
     try:
         raw = ipaddress.IPv4Address(ip).packed
