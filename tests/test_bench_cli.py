@@ -92,6 +92,7 @@ def test_bench_mq():
         assert r[key] > 0, (key, r)
     assert r["pull_msgs"] == r["pull_body_bytes"] // r["body_bytes"] > 0, r
     assert r["e2e_msgs"] == 50, r
+    assert len(r["produce_vs_raw_by_phase"]) == r["phases"] == 2, r  # raw and produce alternate
 
 
 @pytest.mark.spark

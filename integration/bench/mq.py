@@ -5,7 +5,9 @@ Figures (``--json`` prints them as one object):
 - ``produce_batch_msgs_per_s`` / ``raw_batch_entries_per_s`` / ``produce_vs_raw``:
   ``clients`` threads each putting batches of ``batch`` messages (``put_messages``) on a
   commit-log group, against the same threads appending batches of bodies of the encoded
-  record's size (``append_batch``) on a plain group (goal: produce >= 70 % of raw);
+  record's size (``append_batch``) on a plain group (goal: produce >= 70 % of raw); the
+  two alternate in ``phases`` phases, so a drifting machine load weighs on both alike
+  (``produce_vs_raw_by_phase`` shows each phase's ratio);
 - ``produce_single_p50_ms`` / ``raw_single_p50_ms``: one client, one message at a time;
 - ``pull_msgs_per_s``: one consumer pulling a queue from a follower, ``pull_chunk``
   messages a pull, reading every body (goal >= 200,000);
@@ -33,12 +35,6 @@ from .group import _in_threads, _pct
 TOPIC = "BenchTopic"
 
 
-def _batches(put_batch, clients: int, rounds: int) -> float:
-    """``clients`` threads each calling ``put_batch()`` ``rounds`` times; calls per second."""
-    dt = _in_threads(lambda _k: [put_batch() for _ in range(rounds)], clients)
-    return clients * rounds / dt
-
-
 def _single(put, n: int) -> float:
     lat = []
     for _ in range(n):
@@ -48,28 +44,34 @@ def _single(put, n: int) -> float:
     return _pct(lat, 0.5)
 
 
-def _raw(root: str, record: int, clients: int, batch: int, rounds: int, n1: int) -> dict:
-    g = LedgerGroup.create(f"bench-raw-{uuid.uuid4().hex[:6]}", 3, root, LedgerConfig.fast())
-    try:
-        g.wait_for_leader(timeout_s=60)
-        c = g.client()
-        bodies = [os.urandom(record)] * batch
-        c.append_batch(bodies)  # warm
-        rate = _batches(lambda: c.append_batch(bodies), clients, rounds) * batch
-        return {
-            "raw_batch_entries_per_s": round(rate),
-            "raw_single_p50_ms": _single(lambda: c.append(bodies[0]), n1),
-        }
-    finally:
-        g.shutdown(delete_data=True)
-
-
-def _produce(log: CommitLog, body: bytes, clients: int, batch: int, rounds: int, n1: int) -> dict:
+def _produce_vs_raw(raw: LedgerGroup, log: CommitLog, record: int, body: bytes, clients: int,
+                    batch: int, rounds: int, phases: int, n1: int) -> dict:  # fmt: skip
+    """Raw batches and produced batches in alternating phases (raw, produce, raw, ...), so a
+    machine whose load drifts weighs on both alike; rates over all phases."""
+    c = raw.client()
+    bodies = [os.urandom(record)] * batch
     msgs = [{"topic": TOPIC, "queue_id": 0, "body": body} for _ in range(batch)]
-    log.put_messages(msgs)  # warm
-    rate = _batches(lambda: log.put_messages(msgs), clients, rounds) * batch
+    c.append_batch(bodies)  # warm both
+    log.put_messages(msgs)
+    per_phase = max(1, rounds // phases)
+    took = {"raw": 0.0, "produce": 0.0}
+    ratios = []
+    for _ in range(phases):
+        dt = {
+            "raw": _in_threads(lambda _k: [c.append_batch(bodies) for _ in range(per_phase)], clients),
+            "produce": _in_threads(lambda _k: [log.put_messages(msgs) for _ in range(per_phase)], clients),
+        }  # fmt: skip
+        ratios.append(round(dt["raw"] / dt["produce"], 2))
+        for k in took:
+            took[k] += dt[k]
+    n = clients * per_phase * phases * batch
     return {
-        "produce_batch_msgs_per_s": round(rate),
+        "raw_batch_entries_per_s": round(n / took["raw"]),
+        "produce_batch_msgs_per_s": round(n / took["produce"]),
+        "produce_vs_raw": round(took["raw"] / took["produce"], 2),
+        "produce_vs_raw_by_phase": ratios,
+        "phases": phases,
+        "raw_single_p50_ms": _single(lambda: c.append(bodies[0]), n1),
         "produce_single_p50_ms": _single(lambda: log.put_message(TOPIC, 1, body), n1),
     }
 
@@ -109,33 +111,38 @@ def _e2e(log: CommitLog, n: int) -> dict:
     return {"e2e_msgs": len(lat), "e2e_p50_ms": _pct(lat, 0.5), "e2e_p99_ms": _pct(lat, 0.99)}
 
 
-def run(quick: bool = False, clients: int = 4, batch: int = 100, **_ignored) -> dict:
+def run(
+    quick: bool = False, clients: int = 4, batch: int = 100, phases: int = 4, **_ignored
+) -> dict:
     started = not ray.is_initialized()
     if started:
         ray.init(address="local", num_cpus=2, namespace="rayledger",
                  include_dashboard=False, log_to_driver=False)  # fmt: skip
     root = tempfile.mkdtemp(prefix="rayledger-bench-mq-")
     rounds, n1, ne2e = (10, 50, 50) if quick else (100, 300, 300)
+    phases = 2 if quick else phases
     body = os.urandom(128)
     record = len(encode(Message(TOPIC, body, born_host=("127.0.0.1", 0),
                                 store_host=("127.0.0.1", 0))))  # fmt: skip
     out: dict = {"members": 3, "store": "file", "body_bytes": 128, "record_bytes": record,
                  "clients": clients, "batch": batch,
                  "load_avg_1m_before": round(os.getloadavg()[0], 2)}  # fmt: skip
+    groups: list[LedgerGroup] = []
     try:
-        out.update(_raw(root, record, clients, batch, rounds, n1))
+        raw = LedgerGroup.create(f"bench-raw-{uuid.uuid4().hex[:6]}", 3, root, LedgerConfig.fast())
+        groups.append(raw)
         log = CommitLog.create(f"bench-mq-{uuid.uuid4().hex[:6]}", 3, root, LedgerConfig.fast())
-        try:
-            out.update(_produce(log, body, clients, batch, rounds, n1))
-            out["produce_vs_raw"] = round(
-                out["produce_batch_msgs_per_s"] / out["raw_batch_entries_per_s"], 2
-            )
-            follower = next(m for m in log.group.members if m != log.group.leader_id())
-            out.update(_pull(log, follower))
-            out.update(_e2e(log, ne2e))
-        finally:
-            log.group.shutdown(delete_data=True)
+        groups.append(log.group)
+        raw.wait_for_leader(timeout_s=60)
+        out.update(_produce_vs_raw(raw, log, record, body, clients, batch, rounds, phases, n1))
+        raw.shutdown(delete_data=True)  # the rest reads the commit log alone
+        groups.remove(raw)
+        follower = next(m for m in log.group.members if m != log.group.leader_id())
+        out.update(_pull(log, follower))
+        out.update(_e2e(log, ne2e))
     finally:
+        for g in groups:
+            g.shutdown(delete_data=True)
         shutil.rmtree(root, ignore_errors=True)
         if started:
             ray.shutdown()
