@@ -247,9 +247,11 @@ def _failover(group: LedgerGroup, deadline_s: float = 120.0) -> float:
 
 
 def _measure(
-    g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None, load_s: float | None
-) -> dict:
-    """Every figure on one group; with ``plot`` also a sweep over client counts, drawn."""
+    g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None, load_s: float | None,
+    appends_only: bool = False,
+) -> dict:  # fmt: skip
+    """Every figure on one group; with ``plot`` also a sweep over client counts, drawn.
+    ``appends_only``: single, concurrent and batch appends alone (``bench peer``'s figures)."""
     series: dict | None = {"latency_ms": {}, "throughput": [], "batch": batch} if plot else None
     rounds = 5 if quick else 40
     g.wait_for_leader(timeout_s=60)
@@ -258,6 +260,9 @@ def _measure(
     load_s = load_s or (3 if quick else 10)
     out.update(_concurrent(g, threads, load_s, body))
     out["load_seconds"] = load_s
+    if appends_only:
+        out.update(_batches(g, clients, rounds, batch, body))
+        return out
     out.update(_pipelined(g, 256, 3 if quick else 10, body))
     out.update(_batches(g, clients, rounds, batch, body, series))
     out["term_changes_under_load"] = _max_term(g) - term
@@ -288,6 +293,7 @@ def run(
     body: int = 128,
     plot: str | None = None,
     load_seconds: float | None = None,
+    appends_only: bool = False,
 ) -> dict:
     started = not ray.is_initialized()
     if started:
@@ -312,10 +318,12 @@ def run(
         name = f"bench-{uuid.uuid4().hex[:6]}"
         g = LedgerGroup.create(name, members, store_dir=root, config=fast)
         try:
-            out.update(_measure(g, quick, clients, batch, threads, body, plot, load_seconds))
+            out.update(
+                _measure(g, quick, clients, batch, threads, body, plot, load_seconds, appends_only)
+            )
         finally:
             g.shutdown(delete_data=True)
-        if not quick:
+        if not quick and not appends_only:
             dflt = LedgerConfig(election=ElectionConfig(), store=store)
             g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", members, root, dflt)
             try:

@@ -321,7 +321,7 @@ def run(
     from .group import run as run_group
 
     kw = dict(clients=clients, batch=batch, members=members, threads=threads)
-    ours = run_group(quick=quick, sync_flush=sync_flush, **kw)
+    ours = run_group(quick=quick, sync_flush=sync_flush, appends_only=True, **kw)
     ratio: dict[str, float | None] = {}
     for k in FIGURES:
         a, b = (ours.get(k), peer.get(k)) if k in THROUGHPUTS else (peer.get(k), ours.get(k))
