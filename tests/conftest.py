@@ -12,6 +12,14 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--rewrite",
+        action="store_true",
+        help="script tests (tests/script/testdata) write the output the code gives",
+    )
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """Start Ray once for the whole session (about 4 s here) and stop it at the end."""
