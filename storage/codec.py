@@ -18,6 +18,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,32 @@ HEADER = struct.Struct(">iiqqqiiii")
 HEADER_SIZE = HEADER.size  # 48
 INDEX = struct.Struct(">iqiqq")
 INDEX_UNIT = INDEX.size  # 32
+
+
+class Header(NamedTuple):
+    """A data-file entry header, ``HEADER``'s fields in order."""
+
+    magic: int
+    size: int  # header and body
+    index: int
+    term: int
+    pos: int  # where the entry starts in the data files
+    channel: int
+    chain_crc: int  # CRC over this body's CRC and the previous entry's chain CRC
+    body_crc: int
+    body_size: int
+
+
+class IndexUnit(NamedTuple):
+    """An index-file unit, ``INDEX``'s fields in order: where entry ``index`` lives."""
+
+    magic: int
+    pos: int
+    size: int
+    index: int
+    term: int
+
+
 INDEX_DTYPE = np.dtype(
     [("magic", ">i4"), ("pos", ">i8"), ("size", ">i4"), ("index", ">i8"), ("term", ">i8")]
 )
@@ -238,7 +265,7 @@ def iter_entries(buf) -> Iterator[Entry]:
         yield e
 
 
-def check_entry(buf, offset: int, prev_chain_crc: int | None) -> tuple[int, ...] | None:
+def check_entry(buf, offset: int, prev_chain_crc: int | None) -> Header | None:
     """Header of a well-formed entry at ``offset`` whose CRCs hold, else None.
 
     ``prev_chain_crc`` None skips the chain check (the first entry scanned).
@@ -257,7 +284,7 @@ def check_entry(buf, offset: int, prev_chain_crc: int | None) -> tuple[int, ...]
         return None
     if prev_chain_crc is not None and _signed(chain_crc(prev_chain_crc, got)) != chain:
         return None
-    return h
+    return Header._make(h)
 
 
 def blank_record(length: int) -> bytes:

@@ -19,7 +19,7 @@ import logging
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from .codec import (
     HEADER,
     HEADER_SIZE,
     INDEX_UNIT,
+    Header,
     blank_size,
     check_entry,
     encode_index,
@@ -56,7 +57,57 @@ class RecoveryReport:
     dropped_at_pos: int | None = None
     trimmed_bytes: int = 0  # roll padding / empty segments after the last entry, removed
     index_rebuilt_from: int | None = None
+    padded: int = 0  # segments padded after a torn roll
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """What the last checkpoint promises: the log's base (index, position), the committed
+    index, the end, and how far data and index were flushed and consistent."""
+
+    base: tuple[int, int]
+    committed: int
+    end: int
+    flushed_pos: int
+    flushed_index: int
+
+
+@dataclass
+class _Scan:
+    """The entries a recovery scan found good, in order, and where the damage starts."""
+
+    begin_index: int
+    expect_index: int  # the index the next good entry must have
+    positions: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    terms: list[int] = field(default_factory=list)
+    chains: list[int] = field(default_factory=list)
+    chain: int | None = None  # the chain CRC after the last good entry
+    chain0: int | None = None  # the chain CRC before the first scanned entry
+    term_floor: int = -1
+    bad_pos: int | None = None
+    to_pad: list = field(default_factory=list)
+
+    @property
+    def end_index(self) -> int:
+        return self.expect_index - 1
+
+    def add(self, h: Header) -> None:
+        self.positions.append(h.pos)
+        self.sizes.append(h.size)
+        self.terms.append(h.term)
+        self.chains.append(h.chain_crc)
+        self.chain, self.term_floor = h.chain_crc, h.term
+        self.expect_index += 1
+
+    def drop_from(self, k: int) -> None:
+        """Entries ``k..`` are bad after all (a term that disagrees with its index unit)."""
+        self.bad_pos = self.positions[k]
+        self.expect_index -= len(self.positions) - k
+        del self.positions[k:], self.sizes[k:], self.terms[k:], self.chains[k:]
+        self.chain = self.chains[-1] if self.chains else self.chain0
+        self.to_pad = [sg for sg in self.to_pad if sg.start < self.bad_pos]
 
 
 def _corrupt(msg: str) -> LedgerError:
@@ -103,201 +154,210 @@ class FileStore(LogStore):
         self._flusher.start()
 
     # -- recovery ---------------------------------------------------------------------
-    def _recover(self) -> RecoveryReport:
-        """Find the valid prefix of the log, fix the index and the tail; see the module doc.
+    # Four steps, each ending with what the next relies on: read the checkpoint (it names
+    # what is committed and how far the files were consistent), scan the data from the
+    # trusted prefix (every entry after it checked: CRCs, chain, index, position, term),
+    # cut the tail after the last good entry (refusing to cut a committed one), and make
+    # the index agree with the data.  Nothing is written before the refusals have passed.
 
-        Nothing is written before every check that can refuse the files has passed.
-        """
+    def _recover(self) -> RecoveryReport:
+        """Find the valid prefix of the log, fix the index and the tail; see the module doc."""
         t0 = time.perf_counter()
+        cp = self._read_checkpoint()
+        self._base = cp.base
+        report = RecoveryReport()
+        if not self._data.segments:
+            self._open_without_data(cp)
+        else:
+            scan = self._scan(cp, report)
+            self._refuse_losing_committed(scan, cp)
+            self._cut_tail(scan, cp, report)
+            self._reconcile_index(scan, report)
+            self.committed_index = cp.committed
+            if self.committed_index >= self.ledger_begin_index:
+                u = self._unit_raw(self.committed_index)
+                self.committed_pos = u.pos + u.size
+        self._sync_all()
+        self.flushed_pos, self.flushed_index = self._data.write_pos, self.ledger_end_index
+        report.seconds = time.perf_counter() - t0
+        if report.dropped_bytes or report.index_rebuilt_from is not None or report.padded:
+            log.warning("%s: recovered %s", self.dir, report)
+        else:
+            log.info("%s: opened %s", self.dir, report)
+        return report
+
+    def _read_checkpoint(self) -> _Checkpoint:
+        """The checkpoint's promises; a malformed one refuses the open (CORRUPT_LOG)."""
         cp = read_json(self.dir / CHECKPOINT) or {}
         try:
             base = tuple(int(v) for v in cp.get("base", (0, 0)))
-            cp_committed = int(cp.get("committed_index", -1))
-            cp_end = int(cp.get("end_index", -1))
-            cp_flushed_pos = int(cp.get("flushed_pos", -1))
-            cp_flushed_index = int(cp.get("flushed_index", -2))
             if len(base) != 2:
                 raise ValueError(base)
+            return _Checkpoint(
+                base=base,  # type: ignore[arg-type]
+                committed=int(cp.get("committed_index", -1)),
+                end=int(cp.get("end_index", -1)),
+                flushed_pos=int(cp.get("flushed_pos", -1)),
+                flushed_index=int(cp.get("flushed_index", -2)),
+            )
         except (TypeError, ValueError, AttributeError) as exc:
             raise _corrupt(f"{self.dir / CHECKPOINT}: malformed checkpoint {cp!r}") from exc
-        self._base = base
-        report = RecoveryReport()
-        data, index = self._data, self._index
-        if not data.segments:
-            if cp_end >= base[0] or cp_committed >= base[0]:
-                raise _corrupt(
-                    f"{self.dir}: the checkpoint says entries up to {cp_end} exist "
-                    f"(committed {cp_committed}), but there are no data files"
-                )
-            data.reset(base[1])
-            index.reset(base[0] * INDEX_UNIT)
-            self.ledger_begin_index = base[0]
-            self.ledger_end_index = base[0] - 1
-            self.committed_index = cp_committed
-            self._chain = 0 if base[0] == 0 else None
-            self._sync_all()
-            self.flushed_pos, self.flushed_index = data.write_pos, self.ledger_end_index
-            report.seconds = time.perf_counter() - t0
-            return report
 
+    def _open_without_data(self, cp: _Checkpoint) -> None:
+        """No data files: an empty log at the checkpoint's base, unless it promised entries."""
+        base = cp.base
+        if cp.end >= base[0] or cp.committed >= base[0]:
+            raise _corrupt(
+                f"{self.dir}: the checkpoint says entries up to {cp.end} exist "
+                f"(committed {cp.committed}), but there are no data files"
+            )
+        self._data.reset(base[1])
+        self._index.reset(base[0] * INDEX_UNIT)
+        self.ledger_begin_index = base[0]
+        self.ledger_end_index = base[0] - 1
+        self.committed_index = cp.committed
+        self._chain = 0 if base[0] == 0 else None
+
+    def _scan(self, cp: _Checkpoint, report: RecoveryReport) -> _Scan:
+        """Every entry after the trusted prefix, checked; the scan stops at the first bad
+        one.  Ensures: ``scan.positions`` are consecutive good entries ending at
+        ``scan.end_index``; ``scan.bad_pos`` is where damage starts (None: none)."""
+        data = self._data
         begin_index = self._first_index_in(data.segments[0])
         if begin_index is None:
-            begin_index = base[0]
-        start_pos = cp_flushed_pos
-        start_index = cp_flushed_index + 1
+            begin_index = cp.base[0]
+        start_pos, start_index = cp.flushed_pos, cp.flushed_index + 1
         trust_prefix = (
             not self.config.verify_all_on_open
             and data.begin_pos <= start_pos <= data.write_pos
             and start_index > begin_index
             and self._index_trusted(begin_index, start_index - 1, start_pos)
         )
-        if not trust_prefix:
-            start_pos = data.begin_pos
-            start_index = begin_index
+        scan = _Scan(begin_index=begin_index, expect_index=start_index)
+        if trust_prefix:
+            prev = self._unit_raw(start_index - 1)
+            scan.term_floor = prev.term
+            scan.chain = HEADER.unpack_from(data.read(prev.pos, HEADER_SIZE))[6]
+        else:
+            start_pos, scan.expect_index = data.begin_pos, begin_index
+            scan.chain = 0 if begin_index == 0 else None
             report.full_scan = True
         report.scanned_from_pos = start_pos
+        scan.chain0 = scan.chain
+        self._walk(scan, start_pos)
+        # The header's term is outside the CRCs; the index unit, when there, is a second copy.
+        first = scan.expect_index - len(scan.positions)
+        k = self._first_term_mismatch(first, scan.positions, scan.terms)
+        if k is not None:
+            scan.drop_from(k)
+        report.scanned_entries = len(scan.positions)
+        return scan
 
-        # Walk the data from start_pos, checking every entry.
-        positions: list[int] = []
-        sizes: list[int] = []
-        terms: list[int] = []
-        chains: list[int] = []
-        chain = None
-        term_floor = -1
-        if trust_prefix:
-            _m, ppos, _s, _i, term_floor = self._unit_raw(start_index - 1)
-            chain = HEADER.unpack_from(data.read(ppos, HEADER_SIZE))[6]
-        elif begin_index == 0:
-            chain = 0
-        chain0 = chain
-        bad_pos = None
-        expect_index = start_index
-        seg_size = data.segment_size
-        segs = data.segments
-        to_pad = []  # non-last segments that end early without their roll padding
+    def _walk(self, scan: _Scan, start_pos: int) -> None:
+        """Check entries from ``start_pos`` segment by segment into ``scan`` (blank records
+        and roll padding skipped), until the data ends or an entry is bad."""
+        seg_size, segs = self._data.segment_size, self._data.segments
         seg_i = next((i for i, s in enumerate(segs) if s.start + seg_size > start_pos), len(segs))
-        while seg_i < len(segs) and bad_pos is None:
+        while seg_i < len(segs) and scan.bad_pos is None:
             seg = segs[seg_i]
             buf = seg.view()
             off = max(start_pos - seg.start, 0)
             while off < len(buf):
                 if seg_size - off < HEADER_SIZE:
-                    off = len(buf)
                     break  # too little room for any entry: the rest is padding
                 blank = blank_size(buf, off)
                 if blank is not None and off + blank <= seg_size:
                     off += blank
                     continue
-                h = check_entry(buf, off, chain)
+                h = check_entry(buf, off, scan.chain)
                 if (
                     h is None
-                    or h[2] != expect_index
-                    or h[4] != seg.start + off
-                    or h[3] < term_floor
+                    or h.index != scan.expect_index
+                    or h.pos != seg.start + off
+                    or h.term < scan.term_floor
                 ):
-                    bad_pos = seg.start + off
+                    scan.bad_pos = seg.start + off
                     break
-                positions.append(h[4])
-                sizes.append(h[1])
-                terms.append(h[3])
-                chain = h[6]
-                chains.append(chain)
-                term_floor = h[3]
-                expect_index += 1
-                off += h[1]
-            if bad_pos is None and len(buf) < seg_size and seg_i + 1 < len(segs):
-                to_pad.append(seg)
+                scan.add(h)
+                off += h.size
+            if scan.bad_pos is None and len(buf) < seg_size and seg_i + 1 < len(segs):
+                scan.to_pad.append(seg)  # a non-last segment that ends without its padding
             del buf
             seg_i += 1
-        # The header's term is outside the CRCs; the index unit, when there, is a second copy.
-        k = self._first_term_mismatch(expect_index - len(positions), positions, terms)
-        if k is not None:
-            bad_pos = positions[k]
-            expect_index -= len(positions) - k
-            del positions[k:], sizes[k:], terms[k:], chains[k:]
-            chain = chains[-1] if chains else chain0
-            to_pad = [sg for sg in to_pad if sg.start < bad_pos]
-        report.scanned_entries = len(positions)
-        end_index = expect_index - 1
 
-        # Refuse, before touching anything, to lose a committed entry.
-        if bad_pos is not None and expect_index <= cp_committed:
+    def _refuse_losing_committed(self, scan: _Scan, cp: _Checkpoint) -> None:
+        """CORRUPT_LOG, files untouched, when cutting the damage would lose a committed entry."""
+        if scan.bad_pos is not None and scan.expect_index <= cp.committed:
             raise _corrupt(
-                f"{self.dir}: entry {expect_index} at data position {bad_pos} is damaged, and "
-                f"entries up to {cp_committed} are committed; refusing to drop committed entries "
-                f"(the files are left as they are: restore this member from a healthy one)"
+                f"{self.dir}: entry {scan.expect_index} at data position {scan.bad_pos} is "
+                f"damaged, and entries up to {cp.committed} are committed; refusing to drop "
+                "committed entries (the files are left as they are: restore this member from "
+                "a healthy one)"
             )
-        if end_index < cp_committed:
+        if scan.end_index < cp.committed:
             raise _corrupt(
-                f"{self.dir}: the log ends at entry {end_index} but entries up to {cp_committed} "
-                f"are committed (data files lost?); refusing to open"
+                f"{self.dir}: the log ends at entry {scan.end_index} but entries up to "
+                f"{cp.committed} are committed (data files lost?); refusing to open"
             )
 
-        if positions:
-            end_term = terms[-1]
-            end_pos = positions[-1] + sizes[-1]
-        elif end_index >= begin_index:
-            _m, p, s, _i, end_term = self._unit_raw(end_index)
-            end_pos = p + s
+    def _cut_tail(self, scan: _Scan, cp: _Checkpoint, report: RecoveryReport) -> None:
+        """The data ends after the last good entry (torn or corrupt bytes and empty roll
+        space dropped, torn rolls padded); the log's bounds and chain follow from the scan."""
+        data, end_index = self._data, scan.end_index
+        if scan.positions:
+            end_term, end_pos = scan.terms[-1], scan.positions[-1] + scan.sizes[-1]
+        elif end_index >= scan.begin_index:
+            u = self._unit_raw(end_index)
+            end_term, end_pos = u.term, u.pos + u.size
         else:
             end_term = -1
-            end_pos = base[1] if base[0] == begin_index else data.begin_pos
+            end_pos = cp.base[1] if cp.base[0] == scan.begin_index else data.begin_pos
             end_pos = min(max(end_pos, data.begin_pos), data.write_pos)
-            self._base = (begin_index, end_pos)
-
-        if bad_pos is not None:
-            report.dropped_at_pos = bad_pos
-            report.dropped_bytes = data.write_pos - bad_pos
+            self._base = (scan.begin_index, end_pos)
+        if scan.bad_pos is not None:
+            report.dropped_at_pos = scan.bad_pos
+            report.dropped_bytes = data.write_pos - scan.bad_pos
             log.warning(
                 "%s: cutting a torn or corrupt tail at position %d (entry %d on): %d bytes dropped",
-                self.dir,
-                bad_pos,
-                expect_index,
-                report.dropped_bytes,
-            )
+                self.dir, scan.bad_pos, scan.expect_index, report.dropped_bytes,
+            )  # fmt: skip
         if end_pos < data.write_pos:
             report.trimmed_bytes = data.write_pos - end_pos - report.dropped_bytes
             data.truncate(end_pos)
-        for seg in to_pad:
+        for seg in scan.to_pad:
             if seg in data.segments[:-1]:
                 data.pad_to_end(seg)
+                report.padded += 1
                 log.warning("%s: padded data segment %d (torn segment roll)", self.dir, seg.start)
-
-        self.ledger_begin_index = begin_index
-        self.ledger_end_index = end_index
+        self.ledger_begin_index, self.ledger_end_index = scan.begin_index, end_index
         self.ledger_end_term = end_term
-        if end_index >= begin_index:
-            self._chain = chain
+        if end_index >= scan.begin_index:
+            self._chain = scan.chain
         else:
-            self._chain = 0 if begin_index == 0 else None
+            self._chain = 0 if scan.begin_index == 0 else None
 
-        # Make the index agree with what the data holds.
-        first_scanned = end_index - len(positions) + 1
-        if positions and not self._units_equal(first_scanned, positions, sizes, terms):
-            report.index_rebuilt_from = first_scanned
+    def _reconcile_index(self, scan: _Scan, report: RecoveryReport) -> None:
+        """The index describes exactly the entries the data holds: the scanned ones are
+        rewritten when their units differ, and units past the end are cut."""
+        index, end_index = self._index, scan.end_index
+        first = end_index - len(scan.positions) + 1
+        if scan.positions and not self._units_equal(first, scan.positions, scan.sizes, scan.terms):
+            report.index_rebuilt_from = first
             if report.full_scan:
-                index.reset(first_scanned * INDEX_UNIT)
+                index.reset(first * INDEX_UNIT)
             else:
-                index.truncate(first_scanned * INDEX_UNIT)
-            self._index.write_span(
-                first_scanned * INDEX_UNIT, encode_index(positions, sizes, first_scanned, terms)
+                index.truncate(first * INDEX_UNIT)
+            index.write_span(
+                first * INDEX_UNIT, encode_index(scan.positions, scan.sizes, first, scan.terms)
             )
-            log.warning("%s: index rebuilt from entry %d", self.dir, first_scanned)
-        elif not positions and report.full_scan and not self._index_has(begin_index * INDEX_UNIT):
-            index.reset(begin_index * INDEX_UNIT)
+            log.warning("%s: index rebuilt from entry %d", self.dir, first)
+        elif (
+            not scan.positions
+            and report.full_scan
+            and not self._index_has(scan.begin_index * INDEX_UNIT)
+        ):
+            index.reset(scan.begin_index * INDEX_UNIT)
         index.truncate((end_index + 1) * INDEX_UNIT)
-        self.committed_index = cp_committed
-        if self.committed_index >= self.ledger_begin_index:
-            _m, p, s, _i, _t = self._unit_raw(self.committed_index)
-            self.committed_pos = p + s
-        self._sync_all()
-        self.flushed_pos, self.flushed_index = data.write_pos, self.ledger_end_index
-        report.seconds = time.perf_counter() - t0
-        if report.dropped_bytes or report.index_rebuilt_from is not None or to_pad:
-            log.warning("%s: recovered %s", self.dir, report)
-        else:
-            log.info("%s: opened %s", self.dir, report)
-        return report
 
     def _first_term_mismatch(self, first: int, positions, terms) -> int | None:
         """First k whose index unit points at ``positions[k]`` but records another term."""

@@ -35,6 +35,7 @@ from .codec import (
     INDEX_UNIT,
     Entry,
     EntryBatch,
+    IndexUnit,
     _signed,
     chain_crc,
     chain_crcs,
@@ -166,27 +167,27 @@ class LogStore:
             f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]",
         )
 
-    def _unit(self, index: int) -> tuple[int, int, int, int, int]:
-        """(magic, pos, size, index, term) of a stored entry."""
+    def _unit(self, index: int) -> IndexUnit:
+        """The index unit of a stored entry."""
         if type(index) is not int:
             index = _as_int(index, "index")
         if not self.ledger_begin_index <= index <= self.ledger_end_index:
             raise self._out_of_bounds(index)
         return self._unit_raw(index)
 
-    def _unit_raw(self, index: int) -> tuple[int, int, int, int, int]:
+    def _unit_raw(self, index: int) -> IndexUnit:
         """The index unit of ``index`` as stored, without bounds checks (recovery reads these)."""
-        return INDEX.unpack(self._index.read(index * INDEX_UNIT, INDEX_UNIT))
+        return IndexUnit._make(INDEX.unpack(self._index.read(index * INDEX_UNIT, INDEX_UNIT)))
 
     def get_term(self, index: int) -> int:
         """Term of the stored entry ``index``."""
         with self._lock:
-            return self._unit(index)[4]
+            return self._unit(index).term
 
     def get_pos(self, index: int) -> int:
         """Data-file position of the stored entry ``index``."""
         with self._lock:
-            return self._unit(index)[1]
+            return self._unit(index).pos
 
     # -- reads ------------------------------------------------------------------------
     def get(self, index: int) -> Entry:
@@ -260,11 +261,11 @@ class LogStore:
                 return -1
             while lo < hi:
                 mid = (lo + hi) // 2
-                if self._unit(mid)[4] < term:
+                if self._unit(mid).term < term:
                     lo = mid + 1
                 else:
                     hi = mid
-            return lo if self._unit(lo)[4] == term else -1
+            return lo if self._unit(lo).term == term else -1
 
     # -- writes -----------------------------------------------------------------------
     def _check_writable(self) -> None:
@@ -405,6 +406,23 @@ class LogStore:
         per entry.  Returns what ``_write`` needs, or None (nothing is raised
         here: the slow check then finds and names the first bad entry).
         """
+        found = self._find_entries(view, count)
+        if found is None:
+            return None
+        h, crcs, offsets, size0 = found
+        if not self._headers_hold(h, crcs, first_index, count):
+            return None
+        placed = self._placed(h, offsets, size0, len(view), count)
+        if placed is None:
+            return None
+        positions, sizes, runs = placed
+        terms = h["term"]
+        return positions, sizes, terms, _signed(int(h["chain"][-1])), int(terms[-1]), runs
+
+    def _find_entries(self, view, count: int):
+        """``(headers, body CRCs, offsets, size0)`` of the ``count`` entries in ``view``
+        (offsets None when every entry has the first one's size, ``size0``), or None when
+        the sizes do not add up."""
         n = len(view)
         if n < HEADER_SIZE:
             return None
@@ -412,54 +430,47 @@ class LogStore:
         size0 = _I32.unpack_from(view, 4)[0]
         if not HEADER_SIZE <= size0 <= limit:
             return None
-        uniform = count * size0 == n
-        if uniform:
+        if count * size0 == n:
             h = np.ndarray((count,), HEADER_DTYPE, buffer=view, strides=(size0,))
-            sizes = h["size"]
-            uniform = bool((sizes == size0).all())
-        if uniform:  # every entry size0 bytes: the bodies sit at fixed strides
-            body = size0 - HEADER_SIZE
-            crcs = [
-                crc32(view[at : at + body]) for at in range(HEADER_SIZE, n + HEADER_SIZE, size0)
-            ]
-            offsets = None
-        else:
-            unpack_size = _I32.unpack_from
-            offs = []
-            append = offs.append
-            off = 0
-            while off < n:
-                if off + HEADER_SIZE > n:
-                    return None
-                size = unpack_size(view, off + 4)[0]
-                if not HEADER_SIZE <= size <= limit:
-                    return None
-                append(off)
-                off += size
-            if off != n or len(offs) != count:
+            if bool((h["size"] == size0).all()):  # the bodies sit at fixed strides
+                body = size0 - HEADER_SIZE
+                stops = range(HEADER_SIZE, n + HEADER_SIZE, size0)
+                return h, [crc32(view[at : at + body]) for at in stops], None, size0
+        unpack_size = _I32.unpack_from
+        offs = []
+        off = 0
+        while off < n:
+            if off + HEADER_SIZE > n:
                 return None
-            offsets = np.array(offs, dtype=np.int64)
-            h = (
-                np.frombuffer(view, dtype=np.uint8)[offsets[:, None] + np.arange(HEADER_SIZE)]
-                .view(HEADER_DTYPE)
-                .reshape(count)
-            )
-            sizes = h["size"]
-            crcs = [
-                crc32(view[a + HEADER_SIZE : b]) for a, b in zip(offs, offs[1:] + [n], strict=True)
-            ]
+            size = unpack_size(view, off + 4)[0]
+            if not HEADER_SIZE <= size <= limit:
+                return None
+            offs.append(off)
+            off += size
+        if off != n or len(offs) != count:
+            return None
+        offsets = np.array(offs, dtype=np.int64)
+        raw = np.frombuffer(view, dtype=np.uint8)[offsets[:, None] + np.arange(HEADER_SIZE)]
+        h = raw.view(HEADER_DTYPE).reshape(count)
+        ends = offs[1:] + [n]
+        crcs = [crc32(view[a + HEADER_SIZE : b]) for a, b in zip(offs, ends, strict=True)]
+        return h, crcs, offsets, size0
+
+    def _headers_hold(self, h, crcs: list[int], first_index: int, count: int) -> bool:
+        """Magic, sizes, consecutive indexes, non-decreasing terms, body and chain CRCs."""
+        sizes = h["size"]
         if (
             (h["magic"] != ENTRY_MAGIC).any()
             or (sizes != h["body_size"] + HEADER_SIZE).any()
             or (h["index"] != np.arange(first_index, first_index + count)).any()
         ):
-            return None
+            return False
         terms = h["term"]
         if terms[0] < self.ledger_end_term or (count > 1 and (terms[1:] < terms[:-1]).any()):
-            return None
+            return False
         got = np.array(crcs, dtype=np.uint32)
         if (got != h["bcrc"]).any():
-            return None
+            return False
         echain = np.asarray(h["chain"], dtype=np.uint32)
         prev = np.empty(count, dtype=np.uint32)
         prev[1:] = echain[:-1]
@@ -467,9 +478,12 @@ class LogStore:
         bad = chain_crcs(prev, got) != echain
         if self._chain is None:
             bad[0] = False  # nothing to chain the first entry to (after a reset)
-        if bad.any():
-            return None
-        positions = h["pos"]
+        return not bad.any()
+
+    def _placed(self, h, offsets, size0: int, n: int, count: int):
+        """``(positions, sizes, runs)`` when every entry sits where this log's write position
+        (and segment rolls) put it, else None."""
+        positions, sizes = h["pos"], h["size"]
         wp = self._data.write_pos
         seg = self._data.segment_size
         if wp // seg == (wp + n - 1) // seg:  # the batch fits the current segment as it is
@@ -479,13 +493,11 @@ class LogStore:
                 expected = offsets + wp
             if (positions != expected).any():
                 return None
-            runs = [(0, count, n)]
-        else:
-            positions, sizes = positions.tolist(), sizes.tolist()
-            if self._data.positions_for(sizes) != positions:
-                return None
-            runs = None
-        return positions, sizes, terms, _signed(int(echain[-1])), int(terms[-1]), runs
+            return positions, sizes, [(0, count, n)]
+        positions, sizes = positions.tolist(), sizes.tolist()
+        if self._data.positions_for(sizes) != positions:
+            return None
+        return positions, sizes, None
 
     def _verify_slow(self, view, first_index: int, count: int):
         """Check a follower batch entry by entry; raises on the first bad entry.
@@ -584,7 +596,7 @@ class LogStore:
         """Data position where the first entry of the log went (the end of an empty log)."""
         if self._base[0] == self.ledger_begin_index:
             return self._base[1]
-        return self._unit(self.ledger_begin_index)[1]
+        return self._unit(self.ledger_begin_index).pos
 
     def truncate(self, end_index: int) -> int:
         """Keep entries up to ``end_index``; never below the committed index. Returns entries dropped.
