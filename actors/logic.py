@@ -157,15 +157,12 @@ class MemberLogic:
         self.store = store
         self.replication = replication
         self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir)
-        self._sync_end()
+        self.state.attach_log(store)  # the store owns the log end; the state reads it
         self.elector = Elector(self.state, election, rng or random.Random())
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start
         self.ready_term = -1  # the term whose helpers confirmed they started
         self.term_start_index = -1  # the index of the leading term's empty entry
-
-    def _sync_end(self) -> None:
-        self.state.update_ledger(self.store.ledger_end_index, self.store.ledger_end_term)
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:
@@ -215,7 +212,6 @@ class MemberLogic:
             self.leading_term = self.ready_term = -1
         if st.is_leader and self.leading_term != term:
             appended = self.store.append_as_leader([b""], term)
-            self._sync_end()
             self.leading_term = term
             self.term_start_index = appended.first_index
             info = self.leader_info()
@@ -322,7 +318,6 @@ class MemberLogic:
         try:
             appended = self.store.append_as_leader(bodies, term)
         except LedgerError as exc:
-            self._sync_end()
             if self.store.ledger_end_index == end:
                 raise  # nothing was written: a plain failure, safe to retry
             # written, then the store failed (a sync flush): they may still commit
@@ -332,7 +327,6 @@ class MemberLogic:
                 f"{self.self_id} but the store then failed ({exc.code.name}: {exc.message}); "
                 "the outcome is unknown, check before retrying",
             ) from exc
-        self._sync_end()
         spans = []
         first = appended.first_index
         for token, bs in calls:

@@ -37,6 +37,24 @@ class TermStore(Protocol):
         ...
 
 
+class LogEnd(Protocol):
+    """What MemberState reads of a log: a store has both (read-only here)."""
+
+    @property
+    def ledger_end_index(self) -> int: ...
+
+    @property
+    def ledger_end_term(self) -> int: ...
+
+
+class _SetLogEnd:
+    """The log end of a state without a store, set with ``update_ledger``."""
+
+    def __init__(self) -> None:
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+
+
 class FileTermStore:
     """``<data_dir>/currterm.json`` written with temp file + fsync + rename."""
 
@@ -127,8 +145,7 @@ class MemberState:
 
         self.role: Role = Role.CANDIDATE
         self.leader_id: str | None = None
-        self.ledger_end_index = -1
-        self.ledger_end_term = -1
+        self._log: LogEnd = _SetLogEnd()
         self.known_max_term_in_group = -1
         self.transferee: str | None = None
         self.term_to_take_leadership = -1
@@ -214,10 +231,28 @@ class MemberState:
 
     # ---------------------------------------------------------------- queries
 
+    @property
+    def ledger_end_index(self) -> int:
+        return self._log.ledger_end_index
+
+    @property
+    def ledger_end_term(self) -> int:
+        return self._log.ledger_end_term
+
+    def attach_log(self, log: LogEnd) -> None:
+        """Read the log end from ``log`` (the member's store) from now on: one owner of the
+        log end, so no write can leave the state behind it."""
+        self._log = log
+
     def update_ledger(self, end_index: int, end_term: int) -> None:
-        """Called by the shell after every store append or truncate."""
-        self.ledger_end_index = end_index
-        self.ledger_end_term = end_term
+        """Set the log end of a state without a store (election-only tests and simulations);
+        a state reading its store's end refuses (the store owns it)."""
+        if not isinstance(self._log, _SetLogEnd):
+            raise LedgerError.of(
+                ResponseCode.ILLEGAL_MEMBER_STATE,
+                f"{self.self_id}: the log end is read from the store, not set",
+            )
+        self._log.ledger_end_index, self._log.ledger_end_term = end_index, end_term
 
     @property
     def peer_size(self) -> int:

@@ -66,6 +66,7 @@ class EntryHandler:
         self.state = state
         self.store = store
         self.config = config
+        state.attach_log(store)  # the store owns the log end; the state reads it
         # APPEND pushes waiting for their turn: first index -> (request, token, received at ms)
         self._writes: dict[int, tuple[PushEntryRequest, Any, int]] = {}
         self._ctrl: deque[tuple[PushEntryRequest, Any]] = deque()  # COMPARE / TRUNCATE / COMMIT
@@ -266,10 +267,6 @@ class EntryHandler:
         if index > self.store.committed_index:
             self.store.update_committed_index(index)
 
-    def _after_write(self) -> None:
-        store = self.store
-        self.state.update_ledger(store.ledger_end_index, store.ledger_end_term)
-
     def _append(self, req: PushEntryRequest) -> PushEntryResponse:
         """Write a push that starts exactly at ``ledger_end_index + 1``."""
         return self._append_batch(req, req.batch)
@@ -280,13 +277,11 @@ class EntryHandler:
         except LedgerError as exc:
             code = ResponseCode.INCONSISTENT_STATE if exc.code in _INCONSISTENT else exc.code
             self._event(WARNING, "append.refused", req, code=code.name, why=exc.message)
-            self._after_write()
             return self._resp(req, code)
         self._sync_leader()
         last = req.first_index + req.count - 1
         if last > self.matched_index:
             self.matched_index = last
-        self._after_write()
         self._follow_commit(req.commit_index)
         self._event(DEBUG, "append", req)
         return self._resp(req, ResponseCode.SUCCESS, last)
@@ -382,11 +377,9 @@ class EntryHandler:
                 return self._resp(req, ResponseCode.INCONSISTENT_STATE)
         except LedgerError as exc:
             self._event(ERROR, "truncate.refused", req, why=exc)
-            self._after_write()
             return self._resp(req, ResponseCode.INCONSISTENT_STATE)
         self._sync_leader()
         self.matched_index = matched
-        self._after_write()
         self._follow_commit(req.commit_index)
         self._event(INFO, "truncate", req, reset=req.reset)
         return self._resp(req, ResponseCode.SUCCESS)

@@ -38,6 +38,7 @@ class _Bench:
         self.leader_state = MemberState(GROUP, IDS[0], IDS, MemoryTermStore(term=term))
         self.leader_state.change_to_leader(term)
         self.leader = MemoryStore(store_cfg)
+        self.leader_state.attach_log(self.leader)
         self.checker = QuorumAckChecker(GROUP, IDS[0], list(IDS), cfg)
         self.dispatchers = {p: EntryDispatcher(GROUP, IDS[0], p, cfg) for p in IDS[1:]}
         self.handlers: dict[str, EntryHandler] = {}
@@ -88,7 +89,6 @@ class _Bench:
                 self.leader_state, GROUP, IDS[0], chunk, self.checker.pending_count, self.cfg, False
             )
             a = self.leader.append_as_leader(chunk, self.term)
-            self.leader_state.update_ledger(self.leader.ledger_end_index, self.term)
             self.checker.add_pending(self.term, a.first_index, a.last_index, None, self.now)
             written += n
             pending += 1
