@@ -10,8 +10,9 @@ messages.
 from .admission import check_append
 from .checker import QuorumAckChecker, Resolved
 from .config import ReplicationConfig
-from .dispatcher import DispatcherState, EntryDispatcher, LeaderLog, NotCached
+from .dispatcher import DispatcherState, EntryDispatcher
 from .handler import EntryHandler
+from .leaderlog import LeaderLog, NotCached
 from .messages import PushEntryRequest, PushEntryResponse, PushType
 
 __all__ = [

@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 from enum import Enum
 from logging import DEBUG, INFO, WARNING
-from typing import Any, Protocol
+from typing import Any
 
 from rayledger.election.logevent import log_event
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
 from .inflights import Inflights
+from .leaderlog import LeaderLog, NotCached, batch_bytes
 from .messages import PushEntryRequest, PushEntryResponse, PushType
 
 log = logging.getLogger("rayledger.replication")
@@ -43,45 +44,6 @@ class DispatcherState(str, Enum):
     COMPARE = "COMPARE"
     TRUNCATE = "TRUNCATE"
     APPEND = "APPEND"
-
-
-class NotCached(Exception):
-    """A :class:`LeaderLog` lacks what the core asked for (a dispatcher's cached view of its
-    leader's log): ``kind`` is ``"batch"`` or ``"meta"`` at ``index``.  The core stops,
-    keeps what it built, records the need in :attr:`EntryDispatcher.need`, and the shell
-    fetches it and asks again -- the core itself never blocks."""
-
-    def __init__(self, kind: str, index: int, count: int | None = None):
-        super().__init__(kind, index, count)
-        self.kind = kind
-        self.index = index
-        self.count = count  # for a batch: at most this many entries (a resend's exact range)
-
-
-class LeaderLog(Protocol):
-    """What a dispatcher reads from its leader's log; :class:`~rayledger.storage.LogStore` fits.
-
-    A cache of the leader's log may raise :class:`NotCached` from any read.
-    """
-
-    ledger_begin_index: int
-    ledger_end_index: int
-    committed_index: int
-
-    def get_term(self, index: int) -> int: ...
-
-    def get_pos(self, index: int) -> int: ...
-
-    def read_batch(self, start: int, max_bytes: int, max_count: int) -> Any: ...
-
-
-def _batch_bytes(batch: Any) -> int:
-    """Bytes of a batch; a stand-in for an EntryBatch may offer ``nbytes`` instead of ``data``."""
-    n = getattr(batch, "nbytes", None)
-    if n is None:
-        data = getattr(batch, "data", None)
-        n = len(data) if data is not None else 0
-    return n
 
 
 def _span(resp: PushEntryResponse) -> str:
@@ -358,7 +320,7 @@ class EntryDispatcher:
                 self.need = exc  # send what was built; the shell fetches the rest
                 break
             last = start + batch.count - 1
-            nbytes = _batch_bytes(batch)
+            nbytes = batch_bytes(batch)
             out.append(self._append_request(batch, nbytes, log_))
             inflight.add(start, last, nbytes, now_ms)
             self._write_index = last + 1
