@@ -38,7 +38,7 @@ from .config import StoreConfig
 from .errors import LedgerError, ResponseCode
 from .metafile import atomic_write_json, ensure_writable_dir, read_json
 from .segments import SegmentList
-from .store import LogStore
+from .store import LogStore, MemoryStore
 
 log = logging.getLogger("rayledger.storage")
 
@@ -699,6 +699,4 @@ class FileStore(LogStore):
 
 def open_store(config: StoreConfig) -> LogStore:
     """A FileStore when ``config.data_dir`` is set, else a MemoryStore."""
-    from .store import MemoryStore
-
     return FileStore(config) if config.data_dir else MemoryStore(config)

@@ -45,6 +45,10 @@ def run(which: str, args) -> dict:
         from .mq import run as run_mq
 
         return run_mq(quick=quick, clients=getattr(args, "clients", 4))
+    if which == "divergent":
+        from .divergent import divergent_tail
+
+        return divergent_tail(entries=10_000 if quick else 100_000)
     if which == "spark":
         from .spark import run_spark_bench
 

@@ -169,7 +169,9 @@ def _add_bench(sub, common) -> None:
     be = sub.add_parser(
         "bench", parents=[common], help="benchmarks (figures go to docs/BENCHMARKS.md)"
     )
-    be.add_argument("which", choices=["store", "replication", "group", "peer", "spark", "mq"])
+    be.add_argument(
+        "which", choices=["store", "replication", "group", "peer", "spark", "mq", "divergent"]
+    )
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")
     be.add_argument("--quick", action="store_true", help="a smaller run")
     be.add_argument("--clients", type=int, default=4, help="group: batch clients")

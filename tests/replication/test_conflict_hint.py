@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from rayledger.actors.logic import LeaderInfo, LeaderView
-from rayledger.integration.bench_divergent import converge
+from rayledger.integration.bench.divergent import converge
 from rayledger.replication import (
     DispatcherState,
     EntryDispatcher,
@@ -200,7 +200,7 @@ def test_any_divergence_converges_to_the_exact_match_point(
 
 
 def test_divergent_tail_measurement() -> None:
-    from rayledger.integration.bench_divergent import divergent_tail
+    from rayledger.integration.bench.divergent import divergent_tail
 
     out = divergent_tail(5000, prefix=100)
     assert out["matched_at"] == 99 and out["compares"] == 2 and out["round_trips"] <= 5

@@ -7,7 +7,7 @@ import logging
 import re
 
 import pytest
-from rayledger.integration.bench_divergent import converge
+from rayledger.integration.bench.divergent import converge
 from rayledger.replication import EntryHandler, PushType, QuorumAckChecker, ReplicationConfig
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, store_with
