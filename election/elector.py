@@ -52,7 +52,6 @@ from .messages import (
     ParseResult,
     Role,
     RoleChange,
-    TransferOutcome,
     VoteRequest,
 )
 from .parts import Announced, Timers
@@ -259,15 +258,9 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
                 if term > transfer.term
                 else ResponseCode.TAKE_LEADERSHIP_FAILED
             )
-            self._log(
-                INFO,
-                "TransferEndedOnStepDown",
-                term=transfer.term,
-                transferee=transfer.transferee,
-                new_term=term,
-                code=code.name,
+            actions.append(
+                self._transfer_ended(transfer, code, INFO, "TransferEndedOnStepDown", new_term=term)
             )
-            actions.append(TransferOutcome(transfer.term, transfer.transferee, code))
         self._log(
             INFO,
             "ChangeRoleToCandidate",

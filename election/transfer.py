@@ -138,15 +138,15 @@ class TransferSteps(ElectorParts):
         self._transfer = None
         if self.state.transferee == transfer.transferee:
             self.state.set_transferee(None)
-        self._log(
-            WARNING,
-            "TransferAbandoned",
-            term=transfer.term,
-            transferee=transfer.transferee,
-            why=why,
-            code=code.name,
-        )
-        return [TransferOutcome(transfer.term, transfer.transferee, code)]
+        return [self._transfer_ended(transfer, code, WARNING, "TransferAbandoned", why=why)]
+
+    def _transfer_ended(
+        self, transfer: _Transfer, code: ResponseCode, level: int, event: str, **fields
+    ) -> TransferOutcome:
+        """Log how a transfer ended; its outcome, for the caller who asked for it."""
+        self._log(level, event, term=transfer.term, transferee=transfer.transferee,
+                  code=code.name, **fields)  # fmt: skip
+        return TransferOutcome(transfer.term, transfer.transferee, code)
 
     def _progress_transfer(self, now_ms: int) -> list[Action]:
         transfer = self._transfer
