@@ -196,15 +196,18 @@ class LedgerGroup:
             leader = self.wait_for_leader(max(0.1, deadline - time.monotonic()))
             if leader == target:
                 return target
-            try:
-                ray.get(self._handles[leader].transfer_leadership.remote(target), timeout=5)
-            except LedgerError as exc:
+            try:  # answers once the transfer ended: the old leader saw a newer term
+                left = max(0.1, deadline - time.monotonic())
+                ray.get(self._handles[leader].transfer_leadership.remote(target), timeout=left)
+            except LedgerError as exc:  # not the leader any more, or the transfer failed
                 log.info("transfer to %s: %s", target, exc)
-            end = time.monotonic() + 3
-            while time.monotonic() < min(end, deadline):
-                if self.leader_id() == target:
+            except ray.exceptions.GetTimeoutError:
+                break
+            try:  # the target takes the term it was handed
+                if self.wait_for_leader(min(3.0, max(0.1, deadline - time.monotonic()))) == target:
                     return target
-                time.sleep(0.05)
+            except LedgerError:
+                pass  # no leader yet: ask again
         raise LedgerError.of(
             ResponseCode.TIMEOUT, f"leadership did not move to {target} within {timeout_s}s"
         )

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from rayledger.election.messages import HeartbeatRequest
+from rayledger.election.messages import HeartbeatRequest, TransferOutcome
 from rayledger.replication import PushEntryRequest
 from rayledger.storage import (
     Entry,
@@ -122,6 +122,7 @@ class MemberActor:
         if self.config.state_machine is not None:
             self._machine_runner = MachineRunner(self, data_dir)
         self._helper_pids: dict[tuple[str, str | None], int] = {}
+        self._transfers: dict[tuple[int, str], asyncio.Future] = {}  # (term, target) -> outcome
         install_loop_registry()
         self._boot()
         log.info(
@@ -251,6 +252,9 @@ class MemberActor:
         if not actions:
             return
         sends, role_changed = MemberLogic.split(actions)
+        for a in actions:
+            if isinstance(a, TransferOutcome):
+                self._transfer_done(a)
         for s in sends:
             asyncio.ensure_future(self._send(s.to, s.message))
         if role_changed:
@@ -486,7 +490,13 @@ class MemberActor:
                 ResponseCode.UNKNOWN_MEMBER, f"{target!r} is not a member of {self.group!r}"
             )
         with self._lock:
+            term = self.logic.state.current_term
             resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
+            running = self.logic.elector.transferring
+        done = None
+        if resp.code == ResponseCode.SUCCESS and running:
+            done = asyncio.get_running_loop().create_future()
+            self._transfers[(term, target)] = done
         self._apply_threadsafe(actions)
         self._rearm()
         if resp.code != ResponseCode.SUCCESS:
@@ -495,7 +505,30 @@ class MemberActor:
                 f"{self.self_id} cannot transfer leadership to {target}",
                 leader_id=self.logic.state.leader_id,
             )
+        if done is not None:  # the transfer's outcome, as the elector decides it
+            cfg = self.config
+            wait_s = (
+                cfg.election.leadership_transfer_wait_timeout_ms + 2 * cfg.rpc_timeout_ms
+            ) / 1000
+            try:
+                code = await asyncio.wait_for(done, wait_s)
+            except asyncio.TimeoutError:
+                code = ResponseCode.TIMEOUT
+            finally:
+                self._transfers.pop((term, target), None)
+            if code != ResponseCode.SUCCESS:
+                raise LedgerError.of(
+                    code,
+                    f"{self.self_id}: the transfer of term {term} to {target} ended {code.name}",
+                    leader_id=self.logic.state.leader_id,
+                )
         return resp
+
+    def _transfer_done(self, outcome: TransferOutcome) -> None:
+        """A transfer ended (from any loop): its caller learns how."""
+        fut = self._transfers.get((outcome.term, outcome.transferee))
+        if fut is not None and not fut.done():
+            fut.get_loop().call_soon_threadsafe(_set_result, fut, outcome.code)
 
     @ray.method(concurrency_group="election")
     async def status(self) -> MemberStatus:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import ray
@@ -134,6 +135,24 @@ def test_leadership_transfer_moves_the_leader(make_group):
     assert g.transfer_leadership(target) == target
     r = c.append(b"after-transfer")
     assert c.get(r.index).body == b"after-transfer"
+
+
+def test_a_transfer_answers_with_its_outcome(make_group):
+    """The leader answers a transfer request when the transfer has ended, with how it
+    ended: a target it cannot reach fails it (no polling by the caller)."""
+    g = make_group()
+    leader = g.wait_for_leader()
+    target = next(m for m in g.members if m != leader)
+    g.partition({target}, set(g.members) - {target})
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LedgerError) as e:
+            ray.get(g.handle(leader).transfer_leadership.remote(target), timeout=30)
+        assert e.value.code in (ResponseCode.TAKE_LEADERSHIP_FAILED, ResponseCode.TIMEOUT), e.value
+        assert time.monotonic() - t0 < 10
+        assert g.leader_id() in (leader, None)  # it kept leading (or an election runs)
+    finally:
+        g.heal()
 
 
 def test_five_members_survive_two_failures(make_group):
