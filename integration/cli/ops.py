@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import NAMESPACE, connect
@@ -41,9 +42,7 @@ def status_rows(group, prev: dict[str, Any] | None = None) -> tuple[list[dict], 
     """
     st = group.status()
     now = time.monotonic()
-    leader = next(
-        (m for m, s in st.items() if s.alive and s.role and s.role.value == "LEADER"), None
-    )
+    leader = next((m for m, s in st.items() if s.alive and s.role and s.role is Role.LEADER), None)
     leader_end = st[leader].ledger_end_index if leader else None
     rows = [
         {

@@ -60,7 +60,7 @@ from rayledger.election.messages import (
     VoteResponse,
 )
 from rayledger.replication import ReplicationConfig
-from rayledger.replication.messages import PushEntryRequest, PushEntryResponse
+from rayledger.replication.messages import PushEntryRequest, PushEntryResponse, PushType
 from rayledger.storage import LedgerError, MemoryStore, StoreConfig
 
 GROUP = "g"
@@ -110,9 +110,9 @@ def describe(p: Any) -> str:
         return f"TransferResponse {p.code.name} term={p.term}"
     if isinstance(p, PushEntryRequest):
         what = p.type.value
-        if p.type.value == "APPEND":
+        if p.type is PushType.APPEND:
             what += f"[{p.first_index}..{p.last_index}]"
-        elif p.type.value in ("COMPARE", "TRUNCATE"):
+        elif p.type in (PushType.COMPARE, PushType.TRUNCATE):
             what += f"@{p.first_index}(term {p.entry_term})" + (" reset" if p.reset else "")
         return f"{what} term={p.term} commit={p.commit_index}"
     if isinstance(p, PushEntryResponse):
