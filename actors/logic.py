@@ -278,15 +278,7 @@ class MemberLogic:
         """DLedger's append checks and the store's body checks, before anything is queued
         (a bad append never fails the round it would have joined); returns the term the
         append will be written in and the bodies as a list."""
-        check_append(
-            self.state,
-            group,
-            target,
-            bodies,
-            pending,
-            self.replication,
-            self.elector.transferring,
-        )
+        check_append(self.state, group, target, bodies, pending, self.replication)
         term = self.state.current_term
         if self.ready_term != term:
             raise LedgerError.of(

@@ -20,7 +20,6 @@ def check_append(
     bodies: Sequence[bytes],
     pending: int,
     config: ReplicationConfig,
-    transferring: bool,
 ) -> None:
     """Raise the LedgerError DLedger would answer with, or return when the append may go ahead.
 
@@ -39,7 +38,7 @@ def check_append(
             f"{state.self_id} is {state.role.value} in term {state.current_term}, leader {leader}",
             leader_id=leader,
         )
-    if transferring or state.transferee is not None:
+    if state.transferee is not None:  # a transfer runs: the leader refuses appends
         raise LedgerError.of(
             ResponseCode.LEADER_TRANSFERRING,
             f"{state.self_id} is handing leadership to {state.transferee}",

@@ -86,7 +86,7 @@ class _Bench:
             n = min(batch, entries - written)
             chunk = bodies if n == batch else bodies[:n]
             check_append(
-                self.leader_state, GROUP, IDS[0], chunk, self.checker.pending_count, self.cfg, False
+                self.leader_state, GROUP, IDS[0], chunk, self.checker.pending_count, self.cfg
             )
             a = self.leader.append_as_leader(chunk, self.term)
             self.checker.add_pending(self.term, a.first_index, a.last_index, None, self.now)

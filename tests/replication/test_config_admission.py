@@ -53,8 +53,8 @@ def leader_state(term: int = 3) -> MemberState:
     return st
 
 
-def check(st, group=GROUP, target=LEADER, bodies=(b"a",), pending=0, transferring=False, **cfg):
-    check_append(st, group, target, list(bodies), pending, ReplicationConfig(**cfg), transferring)
+def check(st, group=GROUP, target=LEADER, bodies=(b"a",), pending=0, **cfg):
+    check_append(st, group, target, list(bodies), pending, ReplicationConfig(**cfg))
 
 
 def code_of(fn) -> ResponseCode:
@@ -72,7 +72,6 @@ def test_admission_codes() -> None:
     st = leader_state()
     assert code_of(lambda: check(st, group="other")) == ResponseCode.UNKNOWN_GROUP
     assert code_of(lambda: check(st, target="f")) == ResponseCode.UNKNOWN_MEMBER
-    assert code_of(lambda: check(st, transferring=True)) == ResponseCode.LEADER_TRANSFERRING
     assert (
         code_of(lambda: check(st, pending=11, max_pending_requests_num=10))
         == ResponseCode.LEADER_PENDING_FULL

@@ -28,7 +28,7 @@ def _admit(el) -> None:
     from rayledger.replication import ReplicationConfig
     from rayledger.replication.admission import check_append
 
-    check_append(el.state, el.state.group, None, [b"x"], 0, ReplicationConfig(), el.transferring)
+    check_append(el.state, el.state.group, None, [b"x"], 0, ReplicationConfig())
 
 
 # A leader must appear this soon once a majority is up and connected.  DLedger's
