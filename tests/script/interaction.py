@@ -22,6 +22,7 @@ Commands (one per block; ``#`` lines are comments)::
                                      printing each and what it caused
     stabilize                        deliver until nothing is in flight
     propose NODE BODY ...            a client appends BODYs on NODE (it must lead)
+    propose-n NODE N                 a client appends N generated bodies on NODE
     transfer NODE TARGET             ask the leader NODE to hand leadership to TARGET
     partition A,B C,...              only members of the same side reach each other
     heal                             every link works again
@@ -291,9 +292,10 @@ class Env:
             if d is None:
                 return
             wm = d.on_response(req, resp, self.now)
-            if wm is not None:
+            if wm is not None:  # to the checker, and the member's progress notice
                 node.checker.report(d.term, peer, wm)
                 self._check(node)
+                self._act(node, node.logic.on_peer_progress(peer, wm, self.now))
             self._pump(node, peer)
         else:
             self._act(node, node.logic.on_election_response(peer, req, resp, self.now))
@@ -398,6 +400,10 @@ class Env:
             d.on_announcement(a)
             self._pump(node, peer)
         self._check(node)
+
+    def cmd_propose_n(self, mid: str, n: str) -> None:
+        """``n`` generated bodies (e0, e1, ...) in one append."""
+        self.cmd_propose(mid, *(f"e{k}" for k in range(int(n))))
 
     def cmd_transfer(self, mid: str, target: str) -> None:
         node = self.nodes[mid]
