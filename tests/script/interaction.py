@@ -9,7 +9,8 @@ writes the output the code gives instead (then read the diff).
 
 Commands (one per block; ``#`` lines are comments)::
 
-    add-nodes N [pre-vote=false]     members n0..nN-1, empty memory stores
+    add-nodes N [pre-vote=false] [preferred=ID]
+                                     members n0..nN-1, empty memory stores
     tick MS [NODE ...]               advance the clock MS ms in 10 ms steps, ticking NODEs
                                      (all live members by default); prints what they sent
     run MS [pushes]                  let MS ms pass, every message delivered at once;
@@ -158,8 +159,12 @@ class Env:
 
     # -- members -------------------------------------------------------------------------
     def cmd_add_nodes(self, n: str, *opts: str) -> None:
-        if "pre-vote=false" in opts:
-            self.election = replace(self.election, enable_pre_vote=False)
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key == "pre-vote":
+                self.election = replace(self.election, enable_pre_vote=value != "false")
+            elif key == "preferred":
+                self.election = replace(self.election, preferred_leader_ids=value)
         self.ids = [f"n{i}" for i in range(int(n))]
         for mid in self.ids:
             self.disks[mid] = (MemoryStore(StoreConfig()), MemoryTermStore())
