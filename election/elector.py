@@ -83,6 +83,9 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         # this member's help, so it grants none for one heartbeat timeout after its first
         # event, as if it had just heard from a leader (see docs/SAFETY.md, lease reads).
         self._restarted = restarted
+        # The term it held when it restarted: it never runs a real vote round in it, however
+        # its pre-votes go (a failed pre-vote must not fall back to a vote in the old term).
+        self._restart_term = state.current_term if restarted else -1
         self._first_event_ms: int | None = None
         self._last_vote_cost_ms = 0
         self._pre_vote_granted_term = -1

@@ -64,6 +64,7 @@ class ElectorParts:
     _last_vote_cost_ms: int
     _pre_vote_granted_term: int
     _restarted: bool
+    _restart_term: int
     _first_event_ms: int | None
     _vote_round: VoteTally | None
     _heartbeat_round: _HeartbeatRound | None

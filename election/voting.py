@@ -60,6 +60,7 @@ class VotingSteps(ElectorParts):
         if (
             self._last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT
             or self._need_increase_term_immediately
+            or st.current_term <= self._restart_term
         ):
             if not self._need_increase_term_immediately and self._pre_vote_required():
                 return self._start_vote_round(now_ms, pre_vote=True)

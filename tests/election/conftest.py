@@ -13,6 +13,7 @@ from rayledger.election import (
     HeartbeatResponse,
     MemberState,
     MemoryTermStore,
+    ParseResult,
     Role,
     RoleChange,
     Send,
@@ -35,11 +36,18 @@ def make(
     config: ElectionConfig | None = None,
     seed: int = 0,
     store: MemoryTermStore | None = None,
+    midlife: bool = False,
 ) -> Elector:
+    """An elector over a member state holding ``term`` and ``vote``: as just restarted
+    from them, or (``midlife``) as one that has been running in that term all along."""
     store = store if store is not None else MemoryTermStore(term, vote)
     state = MemberState("g", self_id, peers, store)
     state.update_ledger(*ledger)
-    return Elector(state, config or ElectionConfig(), random.Random(seed))
+    el = Elector(state, config or ElectionConfig(), random.Random(seed))
+    if midlife:
+        el._restarted, el._restart_term = False, -1
+        el._last_parse_result = ParseResult.WAIT_TO_REVOTE
+    return el
 
 
 def vote_req(el: Elector, candidate: str = "n1", **kw) -> VoteRequest:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rayledger.election import (
     ElectionConfig,
     ParseResult,
@@ -74,8 +76,7 @@ def test_timer_gates_the_next_round(h) -> None:
 
 
 def test_passed_becomes_leader_and_says_so_in_a_role_change(h) -> None:
-    el = h.make(term=3)
-    el._last_parse_result = P.WAIT_TO_REVOTE  # mid-life, not just restarted (see below)
+    el = h.make(term=3, midlife=True)  # not just restarted (see below)
     sends = _round(h, el, 0)
     actions = _answer(el, sends[:1], [R.ACCEPT], 5)  # self + 1 = quorum of 3: no need to wait
     assert el.role is Role.LEADER and el.leader_id == "n0" and el.last_parse_result is P.PASSED
@@ -125,7 +126,7 @@ def test_bigger_ledgers_add_max_vote_interval(h) -> None:
 
 
 def test_not_ready_voters_mean_revote_immediately(h) -> None:
-    el = h.make(term=3)
+    el = h.make(term=3, midlife=True)
     sends = _round(h, el, 0)
     nxt = el.next_time_to_request_vote
     _answer(el, sends[:1], [R.REJECT_TERM_NOT_READY], 5)  # 1 accept + 1 not ready = quorum
@@ -212,6 +213,33 @@ def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
                 break
             now += 10
         assert vote_terms and min(vote_terms) > term, (term, vote, vote_terms)
+
+
+@pytest.mark.parametrize("answer", [R.REJECT_ALREADY_HAS_LEADER, None])
+def test_a_restarted_member_whose_pre_votes_fail_never_votes_in_its_old_term(h, answer) -> None:
+    """Issue 10 §3(a), the other path: pre-votes refused (a live leader is heard) or
+    unanswered leave the candidate waiting to revote; its next real round must still not
+    be in the term it held before the restart, where voters would grant it again."""
+    el = h.make(term=3, vote="n0")
+    now, vote_terms, pre_votes = 0, [], 0
+    for _ in range(6000):
+        for s in h.sends(el.tick(now)):
+            msg = s.message
+            if not isinstance(msg, VoteRequest):
+                continue
+            if not msg.pre_vote:
+                vote_terms.append(msg.term)
+                el.on_vote_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
+            else:
+                pre_votes += 1
+                if answer is not None and pre_votes < 8:
+                    el.on_vote_response(s.to, msg, VoteResponse(answer, 3), now)
+                elif pre_votes >= 8:  # the leader is gone at last: grant
+                    el.on_vote_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
+        now += 10
+    assert vote_terms and min(vote_terms) > 3, vote_terms
+    assert pre_votes >= 8, pre_votes
+    assert not (el.state.is_leader and el.state.current_term == 3)
 
 
 def test_a_fresh_member_campaigns_in_term_zero(h) -> None:

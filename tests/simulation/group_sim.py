@@ -129,12 +129,6 @@ class SimulationFailure(AssertionError):
     """A safety or liveness property failed; the message carries the seed and a trace."""
 
 
-KNOWN_SAME_TERM = "issue 10 §3a"
-"""Tag of a failure that follows a member's re-election in the term it led before a
-restart (it lost its leader state and may write another entry at an (index, term) a
-follower holds); fixed in election/ on branch elect2."""
-
-
 SIM_ELECTION = ElectionConfig(
     heartbeat_interval_ms=100,
     max_heartbeat_leak=3,
@@ -526,7 +520,6 @@ class GroupSim:
         self.acked_unseen: dict[int, tuple[int, int]] = {}  # index -> (term, req id)
         self.leaders_by_term: dict[int, str] = {}
         self.leader_incarnation: dict[int, int] = {}  # term -> incarnation of its leader
-        self.same_term_reelections: list[tuple[str, int]] = []  # (member, term)
         self.unknown_outcomes = 0
         self.reply_codes: collections.Counter[ResponseCode] = collections.Counter()
         self.stats: collections.Counter[str] = collections.Counter()
@@ -598,11 +591,6 @@ class GroupSim:
     # ================================================================ failures
 
     def fail(self, message: str) -> None:
-        if self.same_term_reelections:
-            message = (
-                f"{message} [{KNOWN_SAME_TERM}: re-elected in the same term after a "
-                f"restart: {self.same_term_reelections}]"
-            )
         trace = "\n".join(list(self.net.trace)[-150:])
         raise SimulationFailure(
             f"[{self.label}] seed={self.seed} n={self.n} t={self.clock.now_ms}ms: {message}\n"
@@ -1943,9 +1931,8 @@ class GroupSim:
                     self.leader_incarnation[term] = m.incarnation
                     self._check_leader_completeness(m, term)
                 elif holder == m.id and self.leader_incarnation[term] != m.incarnation:
-                    self.leader_incarnation[term] = m.incarnation
-                    self.same_term_reelections.append((m.id, term))
-                    self.net.note(f"{m.id} re-elected in term {term} after a restart")
+                    # issue 10 §3a: it may have lost entries it acknowledged in that term
+                    self.fail(f"{m.id} leads term {term} again after a restart")
                 elif holder != m.id:
                     self.fail(f"Election Safety: {m.id} and {holder} both lead term {term}")
         for m in self.members.values():

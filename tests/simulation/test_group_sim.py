@@ -13,7 +13,6 @@ from rayledger.replication import DispatcherState
 from rayledger.storage import ResponseCode
 
 from .group_sim import (
-    KNOWN_SAME_TERM,
     SIM_REPLICATION,
     GroupSim,
     SimulationFailure,
@@ -36,7 +35,8 @@ from .network import sim_seeds
 # * issue 10 §3a: a member restarted after a power loss is re-elected in the term it led
 #   before and writes another entry at an (index, term) a follower holds (Log Matching).
 #   RAYLEDGER_SIM_SEED=20008 pytest tests/simulation/test_group_sim.py -k test_n3_file;
-#   fixed on branch elect2.  Until then runs that fail after such a re-election xfail.
+#   fixed in election/ (a restarted member never runs a real vote in the term it held), and
+#   a re-election in the same term after a restart now fails any run.
 
 
 @pytest.fixture(autouse=True)
@@ -54,10 +54,6 @@ def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
     )
     try:
         sim.run()
-    except SimulationFailure as exc:
-        if KNOWN_SAME_TERM in str(exc):
-            pytest.xfail(f"{KNOWN_SAME_TERM}: fixed on branch elect2 (seed {seed})")
-        raise
     finally:
         sim.close()
 
@@ -91,10 +87,10 @@ def test_n3_file_sync_flush_power_loss(seed: int) -> None:
     )
 
 
-@pytest.mark.xfail(strict=False, reason="issue 10 §3a: fixed on branch elect2")
 def test_same_term_reelection_after_power_loss_seed_20008() -> None:
-    """The seed the simulation found: n2 loses power as leader of term 1, restarts, is
-    re-elected in term 1 and writes another entry at (149, 1)."""
+    """The seed the simulation found (issue 10 §3a): n2 lost power as leader of term 1,
+    restarted, was re-elected in term 1 and wrote another entry at (149, 1).  A restarted
+    member now never leads the term it held, and the simulation fails if one does."""
     sim = GroupSim(3, 20008, store_kind="file", replication=sim_config_for(20008))
     try:
         sim.run()
