@@ -15,7 +15,6 @@ from rayledger.storage import ResponseCode
 from .group_sim import (
     SIM_REPLICATION,
     GroupSim,
-    SimulationFailure,
     sim_config_for,
 )
 from .network import sim_seeds
