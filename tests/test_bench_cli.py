@@ -69,6 +69,17 @@ def test_bench_group(tmp_path):
     assert png.stat().st_size > 10_000  # two panels drawn, not an empty canvas
 
 
+def test_latency_axis_labels_1_2_5():
+    """The CDF's log axis is labelled 1, 2, 5, 10, 20, 50 ... ms, one tick past the data at
+    each end, so even a narrow range shows more than one label."""
+    from rayledger.integration.bench.plot import log_ticks
+
+    assert log_ticks(12, 300) == [10, 20, 50, 100, 200, 500]
+    assert log_ticks(80, 150) == [50, 100, 200]
+    assert log_ticks(0.4, 3) == [0.2, 0.5, 1, 2, 5]
+    assert log_ticks(100, 100) == [50, 100, 200]
+
+
 def test_bench_plot_is_for_group_only(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "rayledger.integration.cli", "bench", "store", "--plot", "x.png"],

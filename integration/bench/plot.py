@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -11,6 +12,40 @@ def _cdf(ax, values: list[float], label: str) -> None:
         return
     ys = [(i + 1) / len(xs) for i in range(len(xs))]
     ax.step(xs, ys, where="post", label=f"{label} (n={len(xs)})")
+
+
+#: Mantissas of the latency axis's labelled ticks: 1, 2, 5, 10, 20, 50, 100 ... ms.
+STEPS = (1, 2, 5)
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks 1-2-5 per decade from the last one at or below ``lo`` to the first one at or
+    above ``hi`` (so even a narrow range gets a labelled tick at each end)."""
+    lo, hi = max(lo, 1e-3), max(hi, lo, 1e-3)
+    decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 2)
+    ticks = [m * 10.0**e for e in decades for m in STEPS]
+    start = max(i for i, t in enumerate(ticks) if t <= lo * (1 + 1e-9))
+    stop = min(i for i, t in enumerate(ticks) if t >= hi * (1 - 1e-9))
+    if start == stop:  # all values on one tick: one more on each side
+        start, stop = start - 1, stop + 1
+    return [round(t, 6) for t in ticks[start : stop + 1]]
+
+
+def _latency_axis(ax, values: list[float]) -> None:
+    """Log scale with readable labels (1, 2, 5, 10, 20, 50, 100, 200, 500 ms ...), the
+    minor ticks unlabelled."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return
+    ticks = log_ticks(min(positive), max(positive))
+    ax.set_xlim(ticks[0], ticks[-1])
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_group(series: dict, path: str | Path, title: str = "rayledger bench group") -> Path:
@@ -25,13 +60,10 @@ def plot_group(series: dict, path: str | Path, title: str = "rayledger bench gro
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, values in series.get("latency_ms", {}).items():
+    latencies = series.get("latency_ms", {})
+    for label, values in latencies.items():
         _cdf(left, values, label)
-    left.set_xscale("log")
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-    left.xaxis.set_major_formatter(ScalarFormatter())  # 10, 100 rather than 10^1, 10^2
-    left.xaxis.set_minor_formatter(NullFormatter())  # no crowded minor labels
+    _latency_axis(left, [v for values in latencies.values() for v in values])
     left.set_xlabel("append latency (ms, log scale)")
     left.set_ylabel("fraction of appends")
     left.set_title("latency CDF")

@@ -362,13 +362,18 @@ def _start_ray(args) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(
-        address=args.address or "local",
-        namespace="rayledger",
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    if args.address:  # fails fast, as one error line, when no cluster answers there
+        from ..connect import connect
+
+        connect(args.address)
+    else:
+        ray.init(
+            address="local",
+            namespace="rayledger",
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -426,9 +431,9 @@ def run_demo(args) -> int:
             ResponseCode.UNEXPECTED_ARGUMENT, "--entries, --clients and --batch must be positive"
         )
     t_start = time.monotonic()
+    own_ray = _start_ray(args)
     own_dir = args.data_dir is None
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="rayledger-demo-")
-    own_ray = _start_ray(args)
     group = None
     checks: list[Check] = []
     spark_started = not args.no_spark

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from rayledger.storage import LedgerError, ResponseCode
@@ -18,12 +19,26 @@ from . import mq, ops, output
 from .output import say
 
 
+def parse_members(text: str) -> int | list[str]:
+    """``--members``: a count (``3``) or comma-separated member ids (``n0,n1,n2``)."""
+    text = text.strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    ids = [m.strip() for m in text.split(",")]
+    if "," not in text or not all(ids) or len(set(ids)) != len(ids):
+        raise LedgerError(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"--members must be a count > 0 or distinct comma-separated member ids, got {text!r}",
+        )
+    return ids
+
+
 def cmd_start(args) -> int:
     from rayledger.actors import LedgerConfig, LedgerGroup
 
+    members = parse_members(args.members)
     connect(args.address)
     config = LedgerConfig.fast() if args.fast else LedgerConfig()
-    members = args.members.split(",") if "," in args.members else int(args.members)
     group = LedgerGroup.create(args.group, members, store_dir=args.store_dir, config=config)
     leader = group.wait_for_leader(timeout_s=args.timeout)
     say(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
@@ -48,6 +63,11 @@ def cmd_append(args) -> int:
 def cmd_get(args) -> int:
     from rayledger.actors import LedgerClient
 
+    if args.index < 0 or args.count <= 0:
+        raise LedgerError(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"INDEX must be >= 0 and --count > 0, got {args.index} and {args.count}",
+        )
     connect(args.address)
     client = LedgerClient.connect(args.group, timeout_s=args.timeout)
     entries = client.read(args.index, args.index + args.count)
@@ -98,6 +118,7 @@ NEXT_STEP: dict[ResponseCode, str] = {
     ResponseCode.NETWORK_ERROR: "start Ray with `ray start --head` or pass --address",
     ResponseCode.INDEX_OUT_OF_BOUNDS: "check the range with `rayledger status --group G`",
     ResponseCode.UNEXPECTED_ARGUMENT: "see `rayledger COMMAND --help`",
+    ResponseCode.INTERNAL_ERROR: "this is a bug in rayledger or Ray",
     ResponseCode.TIMEOUT: "the group may have no leader: check `rayledger status --group G`",
     ResponseCode.NOT_LEADER: "retry; the group is electing a leader",
     ResponseCode.LEADER_NOT_READY: "retry; the group is electing a leader",
@@ -105,9 +126,17 @@ NEXT_STEP: dict[ResponseCode, str] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad options and values are errors like the others: a code and a next step, exit 2."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: [UNEXPECTED_ARGUMENT] {message}; see `{self.prog} --help`\n")
+
+
 def _options() -> argparse.ArgumentParser:
     """Options every subcommand takes."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--verbose", "-v", action="store_true", help="also show Ray's and Spark's own output"
     )
@@ -194,7 +223,7 @@ def _add_bench(sub, common) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _options()
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="rayledger", description="DLedger's replicated commitlog on Ray", parents=[common]
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,9 +245,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _explain(exc: LedgerError) -> str:
+def _explain(exc: LedgerError, command: str | None = None) -> str:
     hint = NEXT_STEP.get(exc.code)
+    if hint and command:
+        hint = hint.replace("rayledger COMMAND", f"rayledger {command}")
     return f"error: {exc}" + (f"; {hint}" if hint else "")
+
+
+def _unexpected(exc: BaseException, command: str | None) -> str:
+    """The one line for an error no command expected; its traceback went to the log (or,
+    with --verbose, to the terminal just above)."""
+    rex = sys.modules.get("ray.exceptions")
+    code, hint = ResponseCode.INTERNAL_ERROR, NEXT_STEP[ResponseCode.INTERNAL_ERROR]
+    if rex is not None and isinstance(exc, rex.GetTimeoutError):
+        code, hint = ResponseCode.TIMEOUT, "a member did not answer in time; retry"
+    elif rex is not None and isinstance(exc, rex.RayActorError):
+        hint = "a member's process died or is unreachable; check `rayledger status --group G`"
+    text = " ".join(str(exc).split())  # Ray's messages run over many lines
+    if len(text) > 300:
+        text = text[:297] + "..."
+    line = f"error: [{code.name}] {type(exc).__name__}" + (f": {text}" if text else "")
+    path = output.log_path()
+    where = f"see the log at {path}" if path else "the traceback is above"
+    return f"{line}; {hint}; {where}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,11 +279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = int(args.func(args) or 0)
     except LedgerError as exc:
-        output.error(_explain(exc))
+        output.error(_explain(exc, args.command))
         code = 2
     except KeyboardInterrupt:
         output.error("error: interrupted")
         code = 130
+    except Exception as exc:  # a bug or a Ray failure: one line, the traceback in the log
+        traceback.print_exc()  # fd 2: the log file unless --verbose
+        sys.stderr.flush()
+        output.error(_unexpected(exc, args.command), show_log=False)
+        code = 1
     finally:
         output.finish(code == 0)
     return code

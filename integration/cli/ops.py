@@ -38,7 +38,7 @@ def status_rows(group, prev: dict[str, Any] | None = None) -> tuple[list[dict], 
     """One row per member (role, term, end, committed, lag, alive) and the leader's append rate.
 
     ``prev`` is the previous call's second value; the rate is the leader's end index
-    growth since then, per second.
+    growth since then (or since the last call that saw a leader), per second.
     """
     st = group.status()
     now = time.monotonic()
@@ -63,6 +63,10 @@ def status_rows(group, prev: dict[str, Any] | None = None) -> tuple[list[dict], 
     rate = None
     if prev and leader_end is not None and prev.get("end") is not None and now > prev["t"]:
         rate = max(0.0, (leader_end - prev["end"]) / (now - prev["t"]))
+    if leader_end is None and prev and prev.get("end") is not None:
+        # no leader seen this time (an election, or it answered late): the next rate is
+        # measured from the last time one was
+        return rows, {**prev, "leader": None, "append_rate": None}
     return rows, {"t": now, "end": leader_end, "leader": leader, "append_rate": rate}
 
 
@@ -269,7 +273,8 @@ def cmd_fault(args) -> int:
             pid_file.parent.mkdir(parents=True, exist_ok=True)
             pid_file.write_text(str(group.pause(member)))
         else:
-            pid = int(pid_file.read_text()) if pid_file.exists() else None
+            text = pid_file.read_text().strip() if pid_file.exists() else ""
+            pid = int(text) if text.isdigit() else None  # else: ask the member for its pid
             group.resume(member, pid=pid)
             pid_file.unlink(missing_ok=True)
     elif args.action == "partition":

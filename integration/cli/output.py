@@ -7,6 +7,10 @@ both descriptors at a log file and gives the command line private copies of the
 terminal's stdout and stderr: :func:`say`, :func:`error` and :func:`console`
 write there, so a user sees only rayledger's lines, and the log file holds the
 rest for when something goes wrong.
+
+The log file is a fresh temporary file, deleted when the command succeeds.  With
+``RAYLEDGER_LOG=FILE`` in the environment it is ``FILE`` instead, always kept (the
+tests read it to check that nothing went wrong behind the quiet output).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class _Streams:
     out: TextIO | None = None
     err: TextIO | None = None
     log_path: str | None = None
+    keep_log: bool = False
 
 
 def _out() -> TextIO:
@@ -44,11 +49,12 @@ def say(*parts: object, end: str = "\n") -> None:
     print(*parts, end=end, file=_out(), flush=True)
 
 
-def error(message: str) -> None:
-    """One line on stderr, plus where the third-party log is when there is one."""
+def error(message: str, show_log: bool = True) -> None:
+    """One line on stderr, plus where the third-party log is when there is one (unless
+    ``show_log`` is false: the message names it already)."""
     print(message, file=_err(), flush=True)
     path = _Streams.log_path
-    if path and os.path.exists(path) and os.path.getsize(path) > 0:
+    if show_log and path and os.path.exists(path) and os.path.getsize(path) > 0:
         print(f"(Ray and Spark output of this run: {path})", file=_err(), flush=True)
 
 
@@ -71,7 +77,13 @@ def quiet() -> str:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")  # Spark's and Ray's Python workers
-    fd, path = tempfile.mkstemp(prefix="rayledger-", suffix=".log")
+    path = os.environ.get("RAYLEDGER_LOG")
+    if path:
+        path = os.path.abspath(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        _Streams.keep_log = True
+    else:
+        fd, path = tempfile.mkstemp(prefix="rayledger-", suffix=".log")
     sys.stdout.flush()
     sys.stderr.flush()
     _Streams.out = io.TextIOWrapper(
@@ -88,9 +100,10 @@ def quiet() -> str:
 
 
 def finish(ok: bool) -> None:
-    """Drop the log file of a run that went well; keep it (its path was printed) otherwise."""
+    """Drop the log file of a run that went well; keep it (its path was printed) otherwise,
+    and always when it is ``RAYLEDGER_LOG``'s."""
     path = _Streams.log_path
-    if path and ok:
+    if path and ok and not _Streams.keep_log:
         try:
             os.unlink(path)
         except OSError:

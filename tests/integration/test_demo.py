@@ -15,11 +15,14 @@ NOISE = re.compile(
     r"^.*(\b(INFO|WARN|WARNING|DEBUG)\b|\(raylet\)|log4j|StatusConsoleListener|Warning:).*$",
     re.MULTILINE,
 )
+ERRORS = re.compile(r"^.*(Failed to submit task|might be dead|Traceback).*$", re.MULTILINE)
 
 
 def test_demo_small_run_passes_every_check(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_ADDRESS"] = "local"  # a fresh local Ray, never another cluster on the machine
+    log = tmp_path / "hidden.log"
+    env["RAYLEDGER_LOG"] = str(log)  # Ray's and Spark's hidden output, kept for the checks
     cmd = [
         sys.executable, "-m", "rayledger.integration.cli", "demo", "--entries", "4000", "--clients", "2",
         "--batch", "100", "--data-dir", str(tmp_path / "data"),
@@ -34,3 +37,7 @@ def test_demo_small_run_passes_every_check(tmp_path):
     assert not NOISE.findall(out), NOISE.findall(out)
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+    # and behind the quiet output nothing went wrong, at exit either (a task sent to an
+    # actor already gone, an exception in a thread)
+    hidden = log.read_text(errors="replace")
+    assert not ERRORS.findall(hidden), ERRORS.findall(hidden)

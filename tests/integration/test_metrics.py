@@ -44,11 +44,14 @@ DRIVER = textwrap.dedent(
         client = group.client(timeout_s=30)
         for i in range(20):
             client.append_batch([b"x" * 100] * 50)
-        client.read(0, 10)
+        client.read(0, 10)  # linearizable, the default
+        client.read(0, 10, consistency="committed")
         print("=== BEFORE ===")
         print(scrape(("rayledger_append_latency_ms", "rayledger_peer_water_mark",
-                      "rayledger_flush_latency_ms", "rayledger_reads", "rayledger_disk_bytes",
-                      "rayledger_peer_push_latency_ms")))
+                      "rayledger_flush_latency_ms", 'consistency="linearizable"',
+                      'consistency="committed"', "rayledger_disk_bytes",
+                      "rayledger_peer_push_latency_ms", "rayledger_elections_started",
+                      "rayledger_pending_appends")))
         old = group.wait_for_leader(10)
         term = max(s.term for s in group.status().values())
         group.kill(old)
@@ -112,15 +115,23 @@ def test_metrics_reach_prometheus(tmp_path):
     assert sorted(members("rayledger_role").values())[-1] == 2  # a leader
     assert sum(members("rayledger_elections_won").values()) >= 1
     assert sum(members("rayledger_appended_entries").values()) >= 1000
-    assert sum(members("rayledger_appended_bytes").values()) >= 100_000
+    entries = sum(members("rayledger_appended_entries").values())
+    # entry bytes, headers included: more than the 100-byte bodies alone
+    assert sum(members("rayledger_appended_bytes").values()) > 100 * entries >= 100_000
     assert sum(members("rayledger_append_latency_ms_count").values()) >= 1
     assert len(members("rayledger_peer_water_mark")) >= 2  # the leader's two followers
     assert len(members("rayledger_peer_lag")) >= 2
     assert sum(members("rayledger_peer_push_latency_ms_count").values()) >= 1
     assert sum(members("rayledger_flush_latency_ms_count").values()) >= 1
     assert min(members("rayledger_disk_bytes").values()) > 0
-    assert sum(members("rayledger_reads").values()) >= 1  # client.read: linearizable
-    assert "ray_rayledger_pending_appends" in before
+    assert sum(members("rayledger_elections_started").values()) >= 1  # the first leader's
+    pending = members("rayledger_pending_appends")  # every member samples it
+    assert set(pending) == {"n0", "n1", "n2"} and min(pending.values()) >= 0, pending
+    reads: dict[str, float] = {}
+    for labels, value in _samples(before, "rayledger_reads"):
+        assert labels["group"] == "metrics" and labels["member"] in ("n0", "n1", "n2"), labels
+        reads[labels["consistency"]] = reads.get(labels["consistency"], 0.0) + value
+    assert reads.get("linearizable", 0) >= 1 and reads.get("committed", 0) >= 1, reads
     # after the leader's kill: a new leader won an election and the others saw the change
     assert sum(members("rayledger_elections_won", after).values()) >= 1
     assert sum(members("rayledger_leader_changes", after).values()) >= 1
