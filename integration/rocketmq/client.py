@@ -1,9 +1,10 @@
 """CommitLog: produce and consume RocketMQ-format messages on a group running CommitLogMachine.
 
-DLedger's codes map to RocketMQ's PutMessageStatus: NOT_LEADER, LEADER_NOT_READY and
-DISK_FULL -> SERVICE_NOT_AVAILABLE; a quorum timeout or a full pending queue ->
-OS_PAGECACHE_BUSY; a message RocketMQ refuses -> MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED
-with nothing stored; an unknown outcome -> UNKNOWN_ERROR (never retried).
+DLedger's codes map to RocketMQ's PutMessageStatus (``put_status``): NOT_LEADER,
+LEADER_NOT_READY, DISK_FULL and no leader before the deadline -> SERVICE_NOT_AVAILABLE; a
+quorum timeout or a leader whose pending queue stayed full -> OS_PAGECACHE_BUSY; a message
+RocketMQ refuses -> MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED with nothing stored; any
+other unknown outcome -> UNKNOWN_ERROR.  Nothing whose outcome is unknown is retried.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from rayledger.storage.codec import HEADER_SIZE
 
 from .commitlog import offset_command
 from .message import (
+    MAX_DELAY_LEVEL,
     TRANSACTION_NOT_TYPE,
     Message,
     MessageError,
     PulledMessage,
     PutMessageStatus,
+    check_topic,
     decode,
     encode,
     msg_id,
@@ -42,16 +45,47 @@ _STATUS = {
     ResponseCode.LEADER_PENDING_FULL: PutMessageStatus.OS_PAGECACHE_BUSY,
     ResponseCode.TIMEOUT: PutMessageStatus.SERVICE_NOT_AVAILABLE,
 }
+# the LedgerClient retries a full pending queue until the deadline, then says TIMEOUT with
+# the last refusal in its message
+_PENDING_FULL = f"[{ResponseCode.LEADER_PENDING_FULL.name}]"
+
+
+def put_status(exc: LedgerError) -> PutMessageStatus:
+    """RocketMQ's status for an append the LedgerClient failed.
+
+    A quorum timeout (OutcomeUnknownError with WAIT_QUORUM_ACK_TIMEOUT) is
+    OS_PAGECACHE_BUSY, RocketMQ's answer when the store is too slow; like its
+    FLUSH_SLAVE_TIMEOUT, the message may still have been stored (the leader wrote it and
+    a later leader may commit it), so ``PutMessageResult.outcome_unknown`` is set.  A
+    leader whose pending queue stayed full until the deadline is OS_PAGECACHE_BUSY too
+    (nothing stored).  Other unknown outcomes (a member died mid-call, the deadline
+    passed in flight) are UNKNOWN_ERROR."""
+    if _maybe_stored(exc) and exc.code is not ResponseCode.WAIT_QUORUM_ACK_TIMEOUT:
+        return PutMessageStatus.UNKNOWN_ERROR
+    if exc.code is ResponseCode.TIMEOUT and _PENDING_FULL in exc.message:
+        return PutMessageStatus.OS_PAGECACHE_BUSY
+    return _STATUS.get(exc.code, PutMessageStatus.UNKNOWN_ERROR)
+
+
+def _maybe_stored(exc: LedgerError) -> bool:
+    """The member may have stored the append (the LedgerClient keeps a member's code, such
+    as WAIT_QUORUM_ACK_TIMEOUT, on the OutcomeUnknownError it raises)."""
+    return isinstance(exc, OutcomeUnknownError) or exc.code is ResponseCode.WAIT_QUORUM_ACK_TIMEOUT
 
 
 @dataclass(frozen=True)
 class PutMessageResult:
+    """A put's answer.  ``outcome_unknown``: not acknowledged, yet it may have been stored
+    (UNKNOWN_ERROR, or OS_PAGECACHE_BUSY after a quorum timeout); check before putting it
+    again, or accept a duplicate."""
+
     status: PutMessageStatus
     msg_id: str | None = None
     wrote_offset: int = -1
     queue_offset: int = -1
     index: int = -1  # the ledger entry
     error: str = ""
+    outcome_unknown: bool = False
 
     @property
     def ok(self) -> bool:
@@ -93,6 +127,17 @@ class CommitLog:
 
     # -- producing -------------------------------------------------------------------------
     def _message(self, topic, queue_id, body, tags, keys, properties, flag, delay_level):
+        """The Message to store; MessageError(MESSAGE_ILLEGAL) for a topic, queue id or
+        delay level RocketMQ refuses (before the delay redirects it to the schedule topic,
+        which would hide the real ones)."""
+        check_topic(topic)
+        if type(queue_id) is not int or queue_id < 0:
+            raise MessageError(PutMessageStatus.MESSAGE_ILLEGAL, f"bad queue id {queue_id!r}")
+        if type(delay_level) is not int or not 0 <= delay_level <= MAX_DELAY_LEVEL:
+            raise MessageError(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                f"delay level {delay_level!r} is not 0 (none) or 1..{MAX_DELAY_LEVEL}",
+            )
         props = dict(properties or {})
         if tags is not None:
             props["TAGS"] = tags
@@ -112,7 +157,10 @@ class CommitLog:
         keys: str | None = None, properties: dict | None = None, flag: int = 0,
         delay_level: int = 0,
     ) -> PutMessageResult:  # fmt: skip
-        m = self._message(topic, queue_id, body, tags, keys, properties, flag, delay_level)
+        try:
+            m = self._message(topic, queue_id, body, tags, keys, properties, flag, delay_level)
+        except MessageError as exc:
+            return PutMessageResult(exc.status, error=exc.message)
         return self._put([m])[0]
 
     def put_messages(self, messages: list[dict]) -> list[PutMessageResult]:
@@ -124,18 +172,21 @@ class CommitLog:
                 r = PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error="no delayed or "
                                      "transactional messages in a batch")  # fmt: skip
                 return [r] * len(messages)
-            ms.append(
-                self._message(
-                    kw["topic"],
-                    kw.get("queue_id", 0),
-                    kw["body"],
-                    kw.get("tags"),
-                    kw.get("keys"),
-                    kw.get("properties"),
-                    kw.get("flag", 0),
-                    0,
-                )  # fmt: skip
-            )
+            try:
+                ms.append(
+                    self._message(
+                        kw["topic"],
+                        kw.get("queue_id", 0),
+                        kw["body"],
+                        kw.get("tags"),
+                        kw.get("keys"),
+                        kw.get("properties"),
+                        kw.get("flag", 0),
+                        0,
+                    )  # fmt: skip
+                )
+            except MessageError as exc:  # one bad message refuses the batch
+                return [PutMessageResult(exc.status, error=exc.message)] * len(messages)
         return self._put(ms)
 
     def _put(self, ms: list[Message]) -> list[PutMessageResult]:
@@ -145,11 +196,11 @@ class CommitLog:
             return [PutMessageResult(exc.status, error=exc.message)] * len(ms)
         try:
             results = self.client.append_batch(bodies)
-        except OutcomeUnknownError as exc:
-            return [PutMessageResult(PutMessageStatus.UNKNOWN_ERROR, error=str(exc))] * len(ms)
         except LedgerError as exc:
-            status = _STATUS.get(exc.code, PutMessageStatus.UNKNOWN_ERROR)
-            return [PutMessageResult(status, error=str(exc))] * len(ms)
+            r = PutMessageResult(
+                put_status(exc), error=str(exc), outcome_unknown=_maybe_stored(exc)
+            )
+            return [r] * len(ms)
         # the leader stamped the queue offsets: its receipts say which (read them back when
         # a receipt is missing, e.g. the machine failed to give one)
         offsets = [r.receipt for r in results]
@@ -239,4 +290,4 @@ class CommitLog:
                 time.sleep(poll_s)
 
 
-__all__ = ["CommitLog", "PullResult", "PutMessageResult", "TRANSACTION_NOT_TYPE"]
+__all__ = ["CommitLog", "PullResult", "PutMessageResult", "TRANSACTION_NOT_TYPE", "put_status"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import os
 import struct
 import threading
@@ -44,9 +45,15 @@ from .message import (
     TRANSACTION_NOT_TYPE,
     MessageError,
     decode,
+    string_to_properties,
+    valid_topic,
 )
 
+logger = logging.getLogger("rayledger.integration.rocketmq")
+
 _SYSFLAG_POS, _STORE_TS_POS, _TOPIC_AFTER_BODY = 36, 56, 84
+_ROUTE_HEAD = struct.Struct(">iiii")  # TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID
+_unpack_i, _unpack_h = struct.Struct(">i").unpack_from, struct.Struct(">h").unpack_from
 _OFFSET_MAGIC = b"\x00RLMQ-OFFSET\x00"
 _QUEUED = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 
@@ -58,17 +65,36 @@ def offset_command(group: str, topic: str, queue_id: int, offset: int) -> bytes:
 
 
 def _is_record(body: bytes | bytearray) -> bool:
-    return len(body) >= 92 and struct.unpack_from(">i", body, 4)[0] == MAGIC_CODE
+    """Whether ``body`` claims to be a record (its magic code); see ``_route`` for whether
+    it is one."""
+    return len(body) >= 92 and _unpack_i(body, 4)[0] == MAGIC_CODE
 
 
-def _route(body: bytes | bytearray) -> tuple[str, int, int]:
-    """(topic, queue id, sys flag) of a record, read from its fixed layout."""
-    (qid,) = struct.unpack_from(">i", body, 12)
-    (sys_flag,) = struct.unpack_from(">i", body, _SYSFLAG_POS)
-    (body_len,) = struct.unpack_from(">i", body, _TOPIC_AFTER_BODY)
+def _route(body: bytes | bytearray) -> tuple[str, int, int] | None:
+    """(topic, queue id, sys flag) of a record that dispatch queues, read from its fixed
+    layout; None for a body ``decode`` refuses (the CRC aside) or whose topic or queue id
+    a put refuses.  The leader's stamp and every member's dispatch both ask here, so an
+    entry takes a queue offset exactly when it gets a consume-queue unit: a malformed
+    record appended through a plain LedgerClient leaves no gap, and no member trips on it."""
+    n = len(body)
+    if n < 92:
+        return None
+    total, magic, _crc, qid = _ROUTE_HEAD.unpack_from(body, 0)
+    (body_len,) = _unpack_i(body, _TOPIC_AFTER_BODY)
     at = 88 + body_len
-    topic = bytes(body[at + 1 : at + 1 + body[at]]).decode()
-    return topic, qid, sys_flag
+    if magic != MAGIC_CODE or total != n or qid < 0 or body_len < 0 or at + 3 > n:
+        return None
+    end = at + 1 + body[at]
+    if end + 2 > n or end + 2 + _unpack_h(body, end)[0] != n:
+        return None
+    try:
+        topic = bytes(body[at + 1 : end]).decode()
+        string_to_properties(bytes(body[end + 2 :]).decode())
+    except (UnicodeDecodeError, MessageError):
+        return None
+    if not valid_topic(topic):
+        return None
+    return topic, qid, _unpack_i(body, _SYSFLAG_POS)[0]
 
 
 class CommitLogMachine(StateMachine):
@@ -104,7 +130,11 @@ class CommitLogMachine(StateMachine):
         self.keys.truncate(cp.get("keys", 0))  # past the checkpoint
         cq_root = self.root / "cq"
         for topic_dir in cq_root.iterdir() if cq_root.exists() else ():
-            for qdir in topic_dir.iterdir():
+            for qdir in topic_dir.iterdir() if topic_dir.is_dir() else ():
+                name = qdir.name
+                if not (valid_topic(topic_dir.name) and name.isascii() and name.isdigit()):
+                    logger.warning("%s is no consume queue dispatch writes: ignored", qdir)
+                    continue
                 key = (topic_dir.name, int(qdir.name))
                 q = self.queues[key] = ConsumeQueue(qdir)
                 q.truncate(cp["units"].get(f"{key[0]}\0{key[1]}", 0))  # past the checkpoint
@@ -140,9 +170,12 @@ class CommitLogMachine(StateMachine):
         return True
 
     def pre_append(self, index: int, pos: int, body: bytearray) -> None:
-        if not _is_record(body):
+        route = _route(body)
+        if route is None:
+            if _is_record(body):
+                logger.warning("entry %d is a malformed record: not stamped, not queued", index)
             return
-        topic, qid, sys_flag = _route(body)
+        topic, qid, sys_flag = route
         key = (topic, qid)
         with self._lock:
             table = self._table
@@ -180,9 +213,7 @@ class CommitLogMachine(StateMachine):
         for e in entries:
             body = e.body
             if body.startswith(_OFFSET_MAGIC):
-                doc = json.loads(body[len(_OFFSET_MAGIC) :])
-                slot = f"{doc['topic']}\0{doc['queue']}"
-                self.offsets.setdefault(doc["group"], {})[slot] = int(doc["offset"])
+                self._commit_offset(e)
             elif _is_record(body):
                 self._dispatch(e)
             self.applied = e.index
@@ -193,11 +224,27 @@ class CommitLogMachine(StateMachine):
         if time.monotonic() - self._last_checkpoint >= self._interval_s:
             self._checkpoint()
 
+    def _commit_offset(self, e: Entry) -> None:
+        """A consumer group's offset.  A malformed command (a plain LedgerClient can append
+        anything) is skipped, alike on every member: raising would stop dispatch for good."""
+        try:
+            doc = json.loads(e.body[len(_OFFSET_MAGIC) :])
+            group, slot = str(doc["group"]), f"{doc['topic']}\0{int(doc['queue'])}"
+            offset = int(doc["offset"])
+        except (ValueError, KeyError, TypeError) as exc:  # JSON and UTF-8 errors are ValueErrors
+            logger.warning("entry %d: malformed consumer-offset command skipped: %r", e.index, exc)
+            return
+        self.offsets.setdefault(group, {})[slot] = offset
+
     def _dispatch(self, e: Entry) -> None:
+        if _route(e.body) is None:  # as the leader judged it: it took no queue offset
+            logger.warning("entry %d: malformed record skipped by dispatch", e.index)
+            return
         try:
             m = decode(e.body, verify=False)  # the entry's own CRC was checked
-        except MessageError:
-            return  # not a well-formed record: every member skips it alike
+        except MessageError as exc:  # _route checked what decode checks: not expected
+            logger.warning("entry %d: undecodable record skipped: %s", e.index, exc)
+            return
         if m.transaction_type not in _QUEUED:
             return  # prepared and rolled-back messages are not consumable
         self._queue((m.topic, m.queue_id)).append(
@@ -313,4 +360,4 @@ class CommitLogMachine(StateMachine):
         if i >= hi or log.get_pos(i) != phys - HEADER_SIZE:
             return None
         body = log.get(i).body
-        return decode(body) if _is_record(body) else None
+        return decode(body) if _route(body) is not None else None

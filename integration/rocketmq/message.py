@@ -13,6 +13,7 @@ import enum
 import functools
 import gc
 import ipaddress
+import re
 import socket
 import struct
 import zlib
@@ -23,6 +24,7 @@ QUEUE_OFFSET_POS = 20
 PHYS_OFFSET_POS = 28
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024  # RocketMQ's maxMessageSize default
 MAX_TOPIC_BYTES = 127
+MAX_DELAY_LEVEL = 18  # RocketMQ's default messageDelayLevel has 18 levels (1s .. 2h)
 MAX_PROPERTIES_BYTES = 32767
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -63,6 +65,26 @@ class MessageError(ValueError):
 
 def _illegal(msg: str) -> MessageError:
     return MessageError(PutMessageStatus.MESSAGE_ILLEGAL, msg)
+
+
+_TOPIC = re.compile(rf"[%|a-zA-Z0-9_-]{{1,{MAX_TOPIC_BYTES}}}", re.ASCII)
+
+
+@functools.lru_cache(maxsize=4096)  # the leader checks every record it stamps
+def valid_topic(topic: str) -> bool:
+    """RocketMQ's topic rule (``^[%|a-zA-Z0-9_-]+$``, at most 127 characters).  The consume
+    queues live in a directory per topic: "a/b", "..", or a NUL byte must never get there."""
+    return _TOPIC.fullmatch(topic) is not None
+
+
+def check_topic(topic: object) -> None:
+    """MessageError(MESSAGE_ILLEGAL) unless ``topic`` is a topic RocketMQ accepts."""
+    if not isinstance(topic, str) or not topic:
+        raise _illegal("the topic must be a non-empty string")
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise _illegal(f"topic is {len(topic)} characters, at most {MAX_TOPIC_BYTES}")
+    if not valid_topic(topic):
+        raise _illegal(f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]")
 
 
 def body_crc(body: bytes) -> int:
@@ -155,15 +177,14 @@ _FIELDS = tuple(f.name for f in fields(Message))
 def encode(m: Message, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
     """The record of ``m``; MessageError (MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED) for a
     message RocketMQ would refuse."""
-    if not isinstance(m.topic, str) or not m.topic:
-        raise _illegal("the topic must be a non-empty string")
+    check_topic(m.topic)
+    if not isinstance(m.queue_id, int) or m.queue_id < 0:
+        raise _illegal(f"queue id {m.queue_id!r} must be a non-negative int")
     if not isinstance(m.body, (bytes, bytearray)):
         raise _illegal(f"the body must be bytes, not {type(m.body).__name__}")
     if m.sys_flag & _V6_FLAGS:
         raise _illegal("IPv6 host flags are not supported")
     topic = m.topic.encode()
-    if len(topic) > MAX_TOPIC_BYTES:
-        raise _illegal(f"topic is {len(topic)} bytes, at most {MAX_TOPIC_BYTES}")
     props = properties_to_string(m.properties).encode()
     if len(props) > MAX_PROPERTIES_BYTES:
         raise MessageError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import sys
 import threading
 import time
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 import pytest
 from rayledger.actors import LedgerError
 from rayledger.integration.rocketmq import CommitLog, PutMessageStatus
+from rayledger.integration.rocketmq.message import QUEUE_OFFSET_POS
+from rayledger.storage.codec import HEADER_SIZE
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/actors")
 from groupcheck import TEST_CONFIG, wait_until  # noqa: E402
@@ -66,8 +69,8 @@ class Producer(threading.Thread):
                     self.out.acked.setdefault((topic, q), []).append(
                         (r.queue_offset, body, r.msg_id)
                     )
-                elif r.status is PutMessageStatus.UNKNOWN_ERROR:
-                    self.out.unknown.add(body)
+                elif r.outcome_unknown:  # UNKNOWN_ERROR, or OS_PAGECACHE_BUSY after a
+                    self.out.unknown.add(body)  # quorum timeout: it may still commit
                 else:  # refused: nothing stored (no leader, a failover in progress)
                     assert r.status in (
                         PutMessageStatus.SERVICE_NOT_AVAILABLE,
@@ -142,9 +145,29 @@ def _queues_agree(log: CommitLog) -> dict[tuple[str, int], list]:
     return first
 
 
-def check(log: CommitLog, out: Produced, consumer: Consumer) -> None:
-    print(f"acked {out.count()}, unknown {len(out.unknown)}, consumed {len(consumer.seen)}")
+def check_stored_offsets(log: CommitLog, queues: dict[tuple[str, int], list]) -> None:
+    """Each queued record as the ledger holds it: its stored QUEUEOFFSET (byte 20) is its
+    place in the queue, its PHYSICALOFFSET (byte 28) its entry's position + 48.  (A pulled
+    message's ``queue_offset`` is where it was pulled from, so it cannot show a gap or a
+    duplicate the leader stamped.)"""
+    end = log.client.committed_index() + 1
+    pos: dict[bytes, int] = {}  # record -> its entry's position (records are unique)
+    for start in range(0, end, 5000):
+        for e in log.client.read(start, min(end, start + 5000), "committed"):
+            pos[bytes(e.body)] = e.pos
+    for k, msgs in queues.items():
+        stored = [struct.unpack_from(">qq", m.record, QUEUE_OFFSET_POS) for m in msgs]
+        assert [q for q, _p in stored] == list(range(len(msgs))), f"{k}: stored gap or dup"
+        for m, (_q, phys) in zip(msgs, stored, strict=True):
+            assert phys == pos[m.record] + HEADER_SIZE, f"{k}: {m.body!r} at byte 28"
+
+
+def check_queues(log: CommitLog, out: Produced) -> dict[tuple[str, int], list]:
+    """Every acknowledged message once, at its offset, with its msg id, in put order; an
+    unknown one at most once; nothing nobody put; every member serves the same queues."""
+    print(f"acked {out.count()}, unknown {len(out.unknown)}")
     queues = _queues_agree(log)
+    check_stored_offsets(log, queues)
     every = Counter()
     for k in QUEUES:
         msgs = queues[k]
@@ -166,6 +189,12 @@ def check(log: CommitLog, out: Produced, consumer: Consumer) -> None:
         for prefix in {b.split(b"-")[0] for _o, b, _m in puts}:
             offs = [o for o, b, _m in puts if b.split(b"-")[0] == prefix]
             assert offs == sorted(offs), f"{k}: {prefix!r} out of put order"
+    return queues
+
+
+def check(log: CommitLog, out: Produced, consumer: Consumer) -> None:
+    queues = check_queues(log, out)
+    print(f"consumed {len(consumer.seen)}")
     # the consumer group: every message of its queue once, in order, none skipped
     assert consumer.restarts >= 1
     want = [(m.queue_offset, m.body) for m in queues[consumer.queue]]

@@ -11,7 +11,9 @@ from rayledger.election import Role
 from rayledger.integration.rocketmq.commitlog import CommitLogMachine, offset_command
 from rayledger.integration.rocketmq.message import (
     PHYS_OFFSET_POS,
+    TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
     Message,
     decode,
     encode,
@@ -240,3 +242,111 @@ def test_a_restart_replays_what_was_dispatched_after_the_last_checkpoint(tmp_pat
         assert b.machine.query(("topics",)) == {"T": {0: 5}, "U": {0: 5}}
     finally:
         b.close()
+
+
+def with_topic(raw_topic: bytes, q: int = 0, body: bytes = b"x") -> bytes:
+    """A record whose topic bytes no put would write (encode refuses them)."""
+    placeholder = b"Q" * len(raw_topic)
+    raw = encode(msg(placeholder.decode(), q, body))
+    return raw.replace(placeholder, raw_topic)
+
+
+MALFORMED = [
+    with_topic(b"a/b"),  # was dispatched to cq/a/b: the next open failed on int("b")
+    with_topic(b".."),  # cq/../0: outside the consume queues
+    with_topic(b"."),
+    with_topic(b"a\x00b"),  # no such path: apply raised on every member
+    with_topic(b"\xff\xfe"),  # not UTF-8
+    encode(msg(q=1))[:-1],  # torn: TOTALSIZE disagrees
+    encode(msg(properties={"a": "b"}))[:-3] + b"\x02\x02\x02",  # a property without \x01
+    bytearray(encode(msg(q=2)))[:12] + struct.pack(">i", -1) + encode(msg(q=2))[16:],  # qid -1
+    offset_command("g1", "T", 0, 5)[:-1],  # not JSON
+    offset_command("g1", "T", 0, 5).replace(b'"offset": 5', b'"offset": "x"'),
+    offset_command("g1", "T", 0, 5).replace(b'"group"', b'"grp"'),
+    b"\x00RLMQ-OFFSET\x00[1, 2]",
+    b"\x00RLMQ-OFFSET\x00\xff",
+]
+
+
+def test_malformed_entries_from_a_plain_ledger_client_are_skipped_by_every_member(tmp_path):
+    """Raw appends (anyone may append to the group) take no queue offset on the leader and
+    are skipped by dispatch; the queues stay contiguous and the member reopens."""
+    a = Member(tmp_path / "n0")
+    a.lead()
+    a.put(msg(body=b"0"))
+    for k, bad in enumerate(MALFORMED):
+        a.store.append_as_leader([bytes(bad), encode(msg(body=b"%d" % (k + 1)))], 1)
+    a.commit()  # raised, or stopped, before
+    assert a.machine.applied == a.store.committed_index
+    r = a.machine.query(("pull", "T", 0, 0, 100))
+    got = [decode(x) for x in records(r)]
+    assert [m.body for m in got] == [b"%d" % k for k in range(len(MALFORMED) + 1)]
+    assert [m.queue_offset for m in got] == list(range(len(got)))  # byte 20: no gap
+    assert a.machine.query(("topics",)) == {"T": {0: len(got)}}
+    assert a.machine.query(("consumer_offset", "g1", "T", 0)) == -1
+    assert sorted(p.name for p in (tmp_path / "n0" / "mq").iterdir()) == [
+        "checkpoint.json", "cq", "keys"]  # fmt: skip
+    a.close()
+    (tmp_path / "n0" / "mq" / "cq" / "a" / "b").mkdir(parents=True)  # as an old version left
+    b = Member(tmp_path / "n0")  # reopens: the old version failed here on int("b")
+    try:
+        b.lead()
+        (i,) = b.put(msg(body=b"after"))
+        b.commit()
+        assert decode(b.store.get(i).body).queue_offset == len(got)
+        assert b.machine.query(("max_offset", "T", 0)) == len(got) + 1
+    finally:
+        b.close()
+
+
+def test_a_follower_skips_malformed_entries_it_never_stamped(tmp_path):
+    """A follower's machine sees the entries as the leader wrote them: it skips the same."""
+    m = Member(tmp_path / "n0")  # no leader hooks ran: not ready, nothing stamped
+    try:
+        m.store.append_as_leader([bytes(b) for b in MALFORMED] + [encode(msg())], 1)
+        m.commit()
+        assert m.machine.query(("topics",)) == {"T": {0: 1}}
+    finally:
+        m.close()
+
+
+def test_commit_messages_advance_the_queue_offset_as_normal_ones_do(member):
+    """Only normal and COMMIT messages take a queue offset and are consumable; prepared and
+    rolled-back ones take none."""
+    member.lead()
+    idx = member.put(
+        msg(body=b"n0"),
+        msg(body=b"p", sys_flag=TRANSACTION_PREPARED_TYPE),
+        msg(body=b"c1", sys_flag=TRANSACTION_COMMIT_TYPE),
+        msg(body=b"r", sys_flag=TRANSACTION_ROLLBACK_TYPE),
+        msg(body=b"n2"),
+    )
+    assert member.machine.receipt(idx[0], idx[-1]) == [0, 0, 1, 0, 2]
+    member.commit()
+    r = member.machine.query(("pull", "T", 0, 0, 10))
+    got = [decode(x) for x in records(r)]
+    assert [(m.body, m.queue_offset) for m in got] == [(b"n0", 0), (b"c1", 1), (b"n2", 2)]
+    member.lead()  # a new master continues after the COMMIT message's offset
+    (i,) = member.put(msg(body=b"n3"))
+    assert decode(member.store.get(i).body).queue_offset == 3
+
+
+def test_the_spark_rows_are_the_messages_the_consume_queues_hold(member):
+    import pyarrow as pa
+    from rayledger.integration.rocketmq.spark import decode_block
+
+    member.lead()
+    member.put(msg(body=b"n"), msg(body=b"p", sys_flag=TRANSACTION_PREPARED_TYPE))
+    member.store.append_as_leader([with_topic(b"a/b"), b"not a message"], 1)
+    member.put(msg(body=b"c", sys_flag=TRANSACTION_COMMIT_TYPE), msg("U", body=b"u"))
+    member.put(msg(body=b"r", sys_flag=TRANSACTION_ROLLBACK_TYPE))
+    member.commit()
+    entries = member.store.get_range(0, member.store.ledger_end_index + 1)
+    block = pa.table({"index": [e.index for e in entries], "term": [e.term for e in entries],
+                      "pos": [e.pos for e in entries], "body": [e.body for e in entries]})  # fmt: skip
+    rows = decode_block(block).to_pylist()
+    assert [(r["topic"], r["body"], r["queue_offset"]) for r in rows] == [
+        ("T", b"n", 0), ("T", b"c", 1), ("U", b"u", 0)]  # fmt: skip
+    assert [r["body"] for r in decode_block(block, topic="T").to_pylist()] == [b"n", b"c"]
+    for r in rows:
+        assert r["phys_offset"] == member.store.get_pos(r["index"]) + HEADER_SIZE

@@ -18,6 +18,7 @@ from rayledger.integration.rocketmq.message import (
     decode,
     encode,
     msg_id,
+    valid_topic,
 )
 
 names = st.text(
@@ -25,15 +26,16 @@ names = st.text(
     min_size=1,
     max_size=20,
 )
+topics = st.from_regex(r"[%|a-zA-Z0-9_-]{1,20}", fullmatch=True)
 hosts = st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535))
 i32 = st.integers(-(2**31), 2**31 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)
 
 messages = st.builds(
     Message,
-    topic=names,
+    topic=topics,
     body=st.binary(max_size=300),
-    queue_id=i32,
+    queue_id=st.integers(0, 2**31 - 1),
     flag=i32,
     properties=st.dictionaries(names, st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20), max_size=5),
     sys_flag=st.sampled_from([0, 0x4, 0x8, 0xC, 0x1, 0x2]),
@@ -78,6 +80,14 @@ def test_known_layout_and_ids():
         (Message("t", b"x", properties={"a": "b" * 40000}), PutMessageStatus.PROPERTIES_SIZE_EXCEEDED),
         (Message("t", b"x" * (4 << 20)), PutMessageStatus.MESSAGE_ILLEGAL),
         (Message("t", b"x", queue_id=2**31), PutMessageStatus.MESSAGE_ILLEGAL),
+        (Message("t", b"x", queue_id=-1), PutMessageStatus.MESSAGE_ILLEGAL),
+        (Message("a/b", b"x"), PutMessageStatus.MESSAGE_ILLEGAL),  # a path under cq/
+        (Message(".", b"x"), PutMessageStatus.MESSAGE_ILLEGAL),
+        (Message("..", b"x"), PutMessageStatus.MESSAGE_ILLEGAL),  # cq/.. is the store
+        (Message("a\x00b", b"x"), PutMessageStatus.MESSAGE_ILLEGAL),  # no path at all
+        (Message("T\n", b"x"), PutMessageStatus.MESSAGE_ILLEGAL),
+        (Message("tópico", b"x"), PutMessageStatus.MESSAGE_ILLEGAL),
+        (Message(None, b"x"), PutMessageStatus.MESSAGE_ILLEGAL),
         (Message("t", b"x", store_host=("::1", 1)), PutMessageStatus.MESSAGE_ILLEGAL),
     ],
 )  # fmt: skip
@@ -85,6 +95,11 @@ def test_messages_rocketmq_refuses_get_its_status(m, status):
     with pytest.raises(MessageError) as e:
         encode(m)
     assert e.value.status is status
+
+
+@pytest.mark.parametrize("topic", ["T", "%RETRY%cg-1", "a|b", "A_b-9", "t" * 127])
+def test_topics_rocketmq_accepts_encode(topic):
+    assert valid_topic(topic) and decode(encode(Message(topic, b"x"))).topic == topic
 
 
 def test_malformed_records_are_clear_errors():
