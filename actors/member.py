@@ -283,8 +283,12 @@ class MemberActor:
     async def _sync_role(self) -> None:
         """Start or stop leading; changes are carried out one at a time, in order."""
         async with self._role_lock:
-            with self._lock:
-                changes = self.logic.leadership()
+            try:
+                with self._lock:
+                    changes = self.logic.leadership()
+            except (LedgerError, OSError) as exc:  # the term's empty entry was not written
+                self._step_down(f"its term's first entry could not be written: {exc}")
+                return
             if self._machine_runner is not None:  # before it is asked whether it is ready
                 st = self.logic.state
                 await self._machine_runner.role_changed(st.role, st.current_term)
@@ -321,10 +325,12 @@ class MemberActor:
         member's start its helpers' processes may still be starting)."""
         term = change.term
         if self._sync:  # the term's first entry is on disk before we count ourselves
-            await self._loop.run_in_executor(None, self.store.flush)
-        give_up = time.monotonic() + max(
-            HELPER_START_S, self.config.election.heartbeat_timeout_ms / 1000
-        )
+            try:
+                await self._loop.run_in_executor(None, self.store.flush)
+            except (LedgerError, OSError) as exc:
+                self._step_down(f"its term's first entry could not be flushed: {exc}")
+                return
+        give_up = time.monotonic() + self._helper_wait_s()
         delay = 0.05
         while True:
             try:
@@ -350,6 +356,53 @@ class MemberActor:
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
             if self.config.fast_path and len(self.peers) > 1:
                 self._fast_path().start(term)
+            asyncio.ensure_future(self._watch_helpers(term))
+
+    def _helper_keys(self) -> list[tuple[str, str | None]]:
+        return [("checker", None)] + [("dispatcher", p) for p in self._dispatchers]
+
+    def _helper_wait_s(self) -> float:
+        """How long a leader waits for a helper before it hands leadership on: one election
+        timeout (at least two RPC timeouts, so one slow call is not a lost helper), or
+        ``HELPER_START_S`` while a helper has never started (at a member's start its
+        helpers' processes may still be coming up: not dead, just new)."""
+        if not all(k in self._helper_pids for k in self._helper_keys()):
+            return HELPER_START_S
+        cfg = self.config
+        return max(cfg.election.heartbeat_timeout_ms, 2 * cfg.rpc_timeout_ms) / 1000
+
+    async def _watch_helpers(self, term: int) -> None:
+        """While this member leads ``term``, ask each helper for its pid every quarter of
+        the wait.  A killed helper is restarted by Ray and set up again
+        (:meth:`helper_started`); one that answers nothing for :meth:`_helper_wait_s` (a
+        hung process, or one Ray could not restart) costs the leadership, which the leader
+        hands on rather than holding it with heartbeats while no append can commit."""
+        wait_s = self._helper_wait_s()
+        answered = {k: time.monotonic() for k in self._helper_keys()}
+
+        async def ping(key: tuple[str, str | None], handle) -> None:
+            try:
+                await handle.pid.remote()
+                answered[key] = time.monotonic()
+            except ray.exceptions.RayError:
+                pass  # dead: Ray restarts it, or it stays silent and costs the leadership
+
+        handed_over: float | None = None
+        while self.logic.leads(term) and not self._closed:
+            handles = {("checker", None): self._checker}
+            handles.update({("dispatcher", p): d for p, d in self._dispatchers.items()})
+            pings = [asyncio.ensure_future(ping(k, h)) for k, h in handles.items()]
+            await asyncio.wait(pings, timeout=wait_s / 4)
+            silent = [k for k, t in answered.items() if time.monotonic() - t > wait_s]
+            if silent and self.logic.leads(term):
+                why = f"its {silent[0][0]} {silent[0][1] or ''} answered nothing for {wait_s} s"
+                if handed_over is None:
+                    handed_over = time.monotonic()
+                    self._hand_over(term, why)
+                elif time.monotonic() - handed_over > wait_s:  # the transfer did not end it
+                    self._step_down(why)
+                    return
+            await asyncio.sleep(wait_s / 4)
 
     async def _install_helpers(
         self, term: int, start: int, info, timeout: float, only: str | None = None
@@ -391,8 +444,7 @@ class MemberActor:
             if self._fast is not None:
                 self._fast.stop()
             # the helper is up (it called us): within an election timeout, or hand over
-            wait_s = max(self.config.election.heartbeat_timeout_ms, 2 * self.config.rpc_timeout_ms)
-            give_up = time.monotonic() + wait_s / 1000
+            give_up = time.monotonic() + self._helper_wait_s()
             while self.logic.leads(term):
                 try:
                     budget = self.config.rpc_timeout_ms / 1000
@@ -415,9 +467,22 @@ class MemberActor:
         target = peers[term % len(peers)]
         log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, term, target, why)
         with self._lock:
-            _, actions = self.logic.elector.transfer_leadership(target, now_ms())
+            resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
+        if resp.code is not ResponseCode.SUCCESS:
+            self._step_down(f"{why}; the transfer to {target} did not start ({resp.code.name})")
+            return
         asyncio.ensure_future(self._apply(actions))
         self._rearm()
+
+    def _step_down(self, why: str) -> None:
+        """Stop leading at once (see :meth:`Elector.step_down`)."""
+        with self._lock:
+            term = self.logic.state.current_term
+            actions = self.logic.elector.step_down(now_ms())
+        if actions:
+            log.error("[%s] term=%d: steps down: %s", self.self_id, term, why)
+            asyncio.ensure_future(self._apply(actions))
+            self._rearm()
 
     def _fast_path(self) -> FastPath:
         if self._fast is None:

@@ -225,6 +225,22 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
             return self._maintain_as_follower(now_ms)
         return self._maintain_as_candidate(now_ms)
 
+    def step_down(self, now_ms: int) -> list[Action]:
+        """Leave leadership of the current term at once (the leader cannot serve it: its
+        first entry cannot be written, its helpers are lost and no transfer could start).
+        It waits one election timeout before it campaigns, so a peer that can serve is
+        elected first; it still votes, and follows whoever wins."""
+        st = self.state
+        if st.role is not Role.LEADER:
+            return []
+        actions = self._change_role_to_candidate(st.current_term, now_ms)
+        self._last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+        self._timers.next_time_to_request_vote = self._get_next_time_to_request_vote(
+            now_ms + self.config.heartbeat_timeout_ms
+        )
+        self._log(WARNING, "StepDown", term=st.current_term)
+        return actions
+
     def _change_role_to_leader(self, term: int, now_ms: int) -> list[Action]:
         st = self.state
         if st.current_term != term:

@@ -113,11 +113,5 @@ def test_group_spread_over_nodes_survives_a_host_failure(host_failure):
 
 
 @pytest.mark.timeout(450)
-@pytest.mark.xfail(
-    strict=False,
-    reason="actors/client.py _done: a call to a member whose node is gone fails with "
-    "ActorUnschedulableError (not a RayActorError), which ends as OutcomeUnknownError without "
-    "forgetting the leader, so the client sends every later append to the dead member",
-)
 def test_a_client_follows_the_new_leader_after_a_host_failure(host_failure):
     assert host_failure["acks_after_failure"] >= 10, json.dumps(host_failure)

@@ -17,7 +17,7 @@ from groupcheck import (
     stop_writers,
     wait_until,
 )
-from rayledger.storage import LedgerError
+from rayledger.storage import LedgerError, ResponseCode
 
 pytestmark = pytest.mark.ray
 
@@ -47,6 +47,80 @@ def test_a_killed_helper_is_restored_and_writes_continue(make_group, victim):
     if g.leader_id() == leader:
         assert helper_pids(g, leader, timeout_s=30)[key] != pids[key]
     check_history(g, out, client)
+
+
+def test_a_hung_checker_costs_the_leadership_and_writes_continue(make_group):
+    """A helper that neither dies nor answers (SIGSTOP: Ray sees nothing to restart) must
+    not leave a zombie leader: the leader hands leadership on within its helper wait."""
+    g = make_group(members=3)
+    leader = g.wait_for_leader()
+    term = g.status()[leader].term
+    pid = helper_pids(g, leader)["checker"]
+    out = Outcomes()
+    client = g.client(timeout_s=30)
+    w = Writer(client, "w", out)
+    w.start()
+    stopped = False
+    try:
+        wait_until(lambda: len(out.acked) >= 5, 30, "appends before the checker hangs")
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        hung_at = time.monotonic()
+        wait_until(
+            lambda: any(
+                s.role.name == "LEADER" and s.term > term and m != leader
+                for m, s in g.status(5).items()
+                if s.alive
+            ),
+            30,
+            "another member to lead a newer term",
+        )
+        wait_until(
+            lambda: out.acks_since(hung_at) >= 20,
+            30,
+            lambda: f"writes to go on while the old leader's checker hangs ({out})",
+        )
+    finally:
+        stop_writers([w])
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+    check_history(g, out, client)
+
+
+def test_a_leader_whose_first_entry_cannot_be_written_steps_down(make_group):
+    """Issue 10 §2: a new leader that cannot write its term's empty entry (a full disk)
+    used to hold leadership with heartbeats while every append got LEADER_NOT_READY."""
+
+    def _break_leader_writes(self) -> None:  # runs inside the member
+        def refuse(*_a, **_k):
+            raise LedgerError.of(ResponseCode.DISK_FULL, "test: the disk is full")
+
+        self.logic.store.append_as_leader = refuse
+
+    g = make_group(members=3)
+    leader = g.wait_for_leader()
+    c = g.client(timeout_s=30)
+    c.append(b"before")
+    target = next(m for m in g.members if m != leader)
+    ray.get(g.handle(target).__ray_call__.remote(_break_leader_writes))
+    term = g.status()[leader].term
+    try:
+        g.transfer_leadership(target)
+    except LedgerError:
+        pass  # the transferee stepped down again: the transfer may report a failure
+
+    def writes_after_a_new_term():
+        st = g.status(5)
+        newer = [m for m, s in st.items() if s.alive and s.role.name == "LEADER" and s.term > term]
+        if not newer or newer[0] == target:
+            return False
+        try:
+            return c.append(b"after")
+        except LedgerError:
+            return False
+
+    wait_until(writes_after_a_new_term, 30, lambda: f"a writable leader other than {target}")
+    assert g.status()[target].role.name != "LEADER"
 
 
 def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group):

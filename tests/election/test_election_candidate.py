@@ -245,3 +245,23 @@ def test_a_fresh_member_campaigns_in_term_zero(h) -> None:
     el = h.make(term=0)
     sends = _round(h, el, 0)
     assert {s.message.term for s in sends} == {0}
+
+
+def test_a_leader_that_steps_down_waits_an_election_timeout_before_it_campaigns(h) -> None:
+    """Issue 10 §2: a leader that cannot serve its term (its first entry cannot be
+    written, its helpers are lost) leaves it at once, and campaigns only after one
+    election timeout, so a peer that can serve is elected first."""
+    el = h.make(term=3, midlife=True)
+    h.become_leader(el, 0)
+    assert el.role is Role.LEADER
+    changes = h.role_changes(el.step_down(100))
+    assert el.role is Role.CANDIDATE and el.term == 3
+    assert [c.role for c in changes] == [Role.CANDIDATE]
+    timeout = el.config.heartbeat_timeout_ms
+    votes = []
+    now = 100
+    while now < 100 + timeout:
+        votes += [s for s in h.sends(el.tick(now)) if isinstance(s.message, VoteRequest)]
+        now += 10
+    assert votes == [], "campaigned within an election timeout of stepping down"
+    assert el.step_down(now) == []  # only a leader steps down
