@@ -267,10 +267,7 @@ class LedgerClient:
             if p in self._queue or (not p.sent and not p.future.done()):
                 if p in self._queue:
                     self._queue.remove(p)
-                exc = LedgerError.of(
-                    ResponseCode.TIMEOUT,
-                    f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
-                )
+                exc = self._not_taken(p)
                 p.future.set_exception(exc)
                 return exc
         if p.future.done():
@@ -281,6 +278,16 @@ class LedgerClient:
         )
         if not p.future.done():
             p.future.set_exception(exc)
+        return exc
+
+    def _not_taken(self, p: _Pending) -> LedgerError:
+        """TIMEOUT for an append no leader took before its deadline (nothing stored); the
+        last refusal, such as LEADER_PENDING_FULL, is its ``__cause__``."""
+        exc = LedgerError.of(
+            ResponseCode.TIMEOUT,
+            f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
+        )
+        exc.__cause__ = p.last_error
         return exc
 
     def close(self) -> None:
@@ -303,12 +310,7 @@ class LedgerClient:
         while q and (q[0].future.done() or q[0].deadline < now):
             p = q.popleft()
             if not p.future.done():
-                p.future.set_exception(
-                    LedgerError.of(
-                        ResponseCode.TIMEOUT,
-                        f"no leader of {self.group!r} took the append before the deadline: {p.last_error}",
-                    )
-                )
+                p.future.set_exception(self._not_taken(p))
         if not q:
             return []
         if q[0].alone:

@@ -41,7 +41,11 @@ SPEC: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rayledger_disk_bytes": ("gauge", "bytes of the member's data directory", ()),
     "rayledger_append_latency_ms": ("histogram", "leader: round written to quorum ack", ()),
     "rayledger_appended_entries": ("counter", "entries committed through this leader", ()),
-    "rayledger_appended_bytes": ("counter", "body bytes committed through this leader", ()),
+    "rayledger_appended_bytes": (
+        "counter",
+        "entry bytes (headers included) committed through this leader",
+        (),
+    ),
     "rayledger_flush_latency_ms": ("histogram", "one fsync pass of the file store", ()),
     "rayledger_elections_started": ("counter", "times this member became a candidate", ()),
     "rayledger_elections_won": ("counter", "times this member became leader", ()),

@@ -45,9 +45,6 @@ _STATUS = {
     ResponseCode.LEADER_PENDING_FULL: PutMessageStatus.OS_PAGECACHE_BUSY,
     ResponseCode.TIMEOUT: PutMessageStatus.SERVICE_NOT_AVAILABLE,
 }
-# the LedgerClient retries a full pending queue until the deadline, then says TIMEOUT with
-# the last refusal in its message
-_PENDING_FULL = f"[{ResponseCode.LEADER_PENDING_FULL.name}]"
 
 
 def put_status(exc: LedgerError) -> PutMessageStatus:
@@ -62,8 +59,9 @@ def put_status(exc: LedgerError) -> PutMessageStatus:
     passed in flight) are UNKNOWN_ERROR."""
     if _maybe_stored(exc) and exc.code is not ResponseCode.WAIT_QUORUM_ACK_TIMEOUT:
         return PutMessageStatus.UNKNOWN_ERROR
-    if exc.code is ResponseCode.TIMEOUT and _PENDING_FULL in exc.message:
-        return PutMessageStatus.OS_PAGECACHE_BUSY
+    cause = exc.__cause__  # the LedgerClient retries a full queue, then says TIMEOUT
+    if exc.code is ResponseCode.TIMEOUT and isinstance(cause, LedgerError):
+        return _STATUS.get(cause.code, PutMessageStatus.SERVICE_NOT_AVAILABLE)
     return _STATUS.get(exc.code, PutMessageStatus.UNKNOWN_ERROR)
 
 

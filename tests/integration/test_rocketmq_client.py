@@ -16,6 +16,13 @@ from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 RC, ST = ResponseCode, PutMessageStatus
 
 
+def timeout_after(refusal: LedgerError | None) -> LedgerError:
+    """The LedgerClient's TIMEOUT after it retried ``refusal`` until the deadline."""
+    exc = LedgerError.of(RC.TIMEOUT, f"no leader took the append before the deadline: {refusal}")
+    exc.__cause__ = refusal
+    return exc
+
+
 @pytest.mark.parametrize(
     "exc, status",
     [
@@ -29,9 +36,9 @@ RC, ST = ResponseCode, PutMessageStatus
         (OutcomeUnknownError(RC.APPEND_OUTCOME_UNKNOWN, "member died"), ST.UNKNOWN_ERROR),
         (OutcomeUnknownError(RC.TERM_CHANGED, "lost its term"), ST.UNKNOWN_ERROR),
         # the client's deadline, after retrying what the leader refused
-        (LedgerError.of(RC.TIMEOUT, "took no append: [NOT_LEADER] none"), ST.SERVICE_NOT_AVAILABLE),
-        (LedgerError.of(RC.TIMEOUT, "took no append: [LEADER_PENDING_FULL] 4096 pending"),
-         ST.OS_PAGECACHE_BUSY),
+        (timeout_after(LedgerError.of(RC.NOT_LEADER)), ST.SERVICE_NOT_AVAILABLE),
+        (timeout_after(LedgerError.of(RC.LEADER_PENDING_FULL)), ST.OS_PAGECACHE_BUSY),
+        (timeout_after(None), ST.SERVICE_NOT_AVAILABLE),
         (LedgerError.of(RC.CORRUPT_LOG), ST.UNKNOWN_ERROR),
     ],
 )  # fmt: skip
