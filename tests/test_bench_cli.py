@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-def bench(which: str, *extra: str, timeout: float = 600) -> dict:
+def bench(which: str, *extra: str, timeout: float = 240) -> dict:  # under pytest's 300 s
     out = subprocess.run(
         [sys.executable, "-m", "rayledger.integration.cli", "bench", which, "--json", "--quick"]
         + list(extra),
@@ -64,7 +64,10 @@ def test_bench_group(tmp_path):
     for key in GROUP_FIGURES:
         assert r[key] > 0, (key, r)
     assert r["concurrent_errors"] == 0 and r["batch_errors"] == 0, r
-    assert r["reads_errors_linearizable"] == 0 and r["term_changes_under_load"] >= 0, r
+    assert r["reads_errors_linearizable"] == 0, r
+    # a figure, not a pass mark: a quick run on a loaded CI machine may see a term change
+    # (the 60 s saturating check is in docs/BENCHMARKS.md); it must be counted, though
+    assert isinstance(r["term_changes_under_load"], int), r
     assert r["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000  # two panels drawn, not an empty canvas
 

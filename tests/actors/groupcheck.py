@@ -50,6 +50,19 @@ def committed_log(group: LedgerGroup, member: str) -> list[tuple[int, int, bytes
     return [] if batch is None else [(e.index, e.term, e.body) for e in batch.entries()]
 
 
+def append_acked(client: LedgerClient, body: bytes, timeout_s: float = 60.0, tries: int = 5):
+    """Append after a fault, where an outcome may be unknown (a leader change mid-call):
+    retry with a new body each time (``body`` + ``#k``), so a retry is never mistaken for a
+    duplicate.  Returns (result, body) of the first acked one."""
+    for k in range(tries):
+        attempt = body if k == 0 else b"%s#%d" % (body, k)
+        try:
+            return client.append(attempt, timeout_s=timeout_s), attempt
+        except OutcomeUnknownError:
+            continue
+    raise AssertionError(f"{tries} appends of {body!r} all ended with unknown outcomes")
+
+
 def helper_pids(group: LedgerGroup, member: str, timeout_s: float = 60.0) -> dict[str, int]:
     """Process ids of a member's checker and dispatchers, once every one answers (a helper
     that is starting or restarting reports None)."""

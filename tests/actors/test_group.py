@@ -14,6 +14,7 @@ from groupcheck import (
     TEST_CONFIG,
     Outcomes,
     Writer,
+    append_acked,
     assert_consistent,
     check_history,
     committed_log,
@@ -296,6 +297,6 @@ def test_a_sync_flush_group_replicates_and_survives_a_leader_kill(make_group):
     g.kill(leader)
     # the restarted member may lead again (in a newer term): any leader, then more appends
     g.wait_for_leader(timeout_s=60)
-    r = c.append(b"after", timeout_s=60)
-    acked[r.index] = b"after"
+    r, body = append_acked(c, b"after")
+    acked[r.index] = body
     assert_consistent(g, acked, wait_s=60)

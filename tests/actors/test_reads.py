@@ -7,6 +7,7 @@ import time
 
 import pytest
 import ray
+from groupcheck import append_acked
 from rayledger.storage import LedgerError, ResponseCode
 
 pytestmark = pytest.mark.ray
@@ -44,7 +45,7 @@ def test_a_partitioned_old_leader_never_answers_a_linearizable_read(make_group):
     h = g.handle(old)
     g.partition({old}, set(_other(g, old)))
     new = g.wait_for_leader(timeout_s=30, exclude=old)
-    acked = c.append(b"after")  # committed by the majority side
+    acked, _ = append_acked(c, b"after")  # committed by the majority side
     stale = ray.get(h.committed_index.remote(consistency="committed"))
     assert stale < acked.index, "the old leader already knew the new commit: nothing tested"
     for consistency in ("linearizable", "lease"):

@@ -148,6 +148,6 @@ def test_job_without_create_fails_cleanly(head_cluster):
         RAY, "job", "submit", "--address", head_cluster, "--working-dir", ".", "--",
         sys.executable, "-m", "rayledger.integration.cli.job", "--group", "nosuchgroup",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=_env())
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, env=_env())
     assert proc.returncode != 0
     assert "UNKNOWN_GROUP" in proc.stdout
