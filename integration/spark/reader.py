@@ -410,8 +410,12 @@ def committed_dataframe(
 ) -> DataFrame:
     """The committed entries ``start <= index < stop`` as a DataFrame (index, term, pos, body).
 
-    ``stop`` None means "up to the committed index at the time of this call".
-    ``group`` may also be one member's store directory of a stopped group.
+    ``stop`` None means "up to the committed index at the time of this call", read at
+    ``committed`` consistency: the highest committed index any live member reports (an
+    index a member knows committed is committed, so nothing uncommitted is ever read; an
+    append acknowledged a moment before the call may be left for the next read, as with
+    ``client.read(..., consistency="committed")``).  ``group`` may also be one member's
+    store directory of a stopped group.
     """
     return committed_read(spark, group, start, stop, **kwargs)[0]
 
