@@ -45,11 +45,8 @@ from .network import (
     RpcRequest,
     RpcResponse,
     SimNetwork,
+    SimulationFailure,
 )
-
-
-class SimulationFailure(AssertionError):
-    """A safety or liveness property failed; the message carries seed and trace."""
 
 
 @dataclass(frozen=True)

@@ -122,12 +122,8 @@ from .network import (
     RpcRequest,
     RpcResponse,
     SimNetwork,
+    SimulationFailure,
 )
-
-
-class SimulationFailure(AssertionError):
-    """A safety or liveness property failed; the message carries the seed and a trace."""
-
 
 SIM_ELECTION = ElectionConfig(
     heartbeat_interval_ms=100,

@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class SimulationFailure(AssertionError):
+    """A safety or liveness property failed; the message carries the seed and a trace."""
+
+
 class FakeClock:
     """Simulated milliseconds; only the driver advances it."""
 
