@@ -14,16 +14,6 @@ from rayledger.integration.rocketmq.message import (
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
 
 
-@pytest.fixture(scope="module")
-def spark(ray_session):
-    from rayledger.integration.spark import init_spark, stop_spark
-
-    session = init_spark("rayledger-rocketmq-tests")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_spark()
-
-
 def test_incremental_runs_read_each_consumable_message_once(spark, tmp_path, group_name):
     from rayledger.integration.rocketmq.spark import read_new_messages
     from rayledger.integration.spark.consumer import ConsumerCheckpoint

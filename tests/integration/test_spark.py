@@ -22,16 +22,6 @@ from rayledger.replication import ReplicationConfig
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
 
 
-@pytest.fixture(scope="module")
-def spark(ray_session):
-    from rayledger.integration.spark import init_spark, stop_spark
-
-    session = init_spark("rayledger-tests")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_spark()
-
-
 @pytest.fixture
 def groups(ray_session, tmp_path):
     made = []
