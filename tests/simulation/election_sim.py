@@ -36,17 +36,24 @@ from rayledger.election import (
     TransferOutcome,
 )
 
+from .driver import SimDriver
 from .network import (
-    FakeClock,
     FaultConfig,
     FaultInjector,
     NetworkConfig,
-    RpcLayer,
     RpcRequest,
     RpcResponse,
-    SimNetwork,
     SimulationFailure,
 )
+
+__all__ = [
+    "ElectionSim",
+    "RecordingTermStore",
+    "SimMember",
+    "SimulationFailure",
+    "SyncAck",
+    "SyncLog",
+]
 
 
 @dataclass(frozen=True)
@@ -93,8 +100,11 @@ class SimMember:
         return self.elector is not None
 
 
-class ElectionSim:
+class ElectionSim(SimDriver):
     """N election cores, a simulated network, a fake clock and the safety checks."""
+
+    KIND = "election-sim"
+    TRACE_LINES = 120
 
     def __init__(
         self,
@@ -120,11 +130,7 @@ class ElectionSim:
         self.tick_ms = tick_ms
         self.group = group
         self.ids = [f"n{i}" for i in range(n)]
-        self.clock = FakeClock(0)
-        self.net = SimNetwork(
-            self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock
-        )
-        self.rpc = RpcLayer(self.net, rpc_timeout_ms, down_fail_ms=down_fail_ms)
+        self._init_network(network, rpc_timeout_ms, down_fail_ms)
         self.append_every_ms = append_every_ms
         self.sync_every_ms = sync_every_ms
         self._next_append_ms = append_every_ms or 0
@@ -147,26 +153,12 @@ class ElectionSim:
             self._start(mid)
         self.injector: FaultInjector | None = None
         if faults is not None:
-            self.injector = FaultInjector(
-                self.net,
-                random.Random(self.rng.getrandbits(64)),
-                faults,
-                crash=self._crash_member,
-                restart=self._start,
-                base_network=self.net.config,
-            )
+            self.injector = self._make_injector(faults, self._crash)
 
     # ============================================================= failures
 
-    def fail(self, message: str) -> None:
-        trace = "\n".join(list(self.net.trace)[-120:])
-        raise SimulationFailure(
-            f"[{self.label or 'election-sim'}] seed={self.seed} n={self.n} "
-            f"t={self.clock.now_ms}ms: {message}\n"
-            f"reproduce with: RAYLEDGER_SIM_SEED={self.seed} "
-            f"pytest tests/simulation/test_election_sim.py\n"
-            f"--- members ---\n{self.describe()}\n--- last events ---\n{trace}"
-        )
+    def reproduce(self) -> str:
+        return "tests/simulation/test_election_sim.py"
 
     def describe(self) -> str:
         lines = []
@@ -240,7 +232,7 @@ class ElectionSim:
         if m.incarnation > 1:
             self.net.note(f"{mid} RESTART term={state.current_term} vote={state.vote_for}")
 
-    def _crash_member(self, mid: str) -> None:
+    def _crash(self, mid: str) -> None:
         m = self.members[mid]
         m.elector = None
         self.net.set_down(mid, True)
@@ -250,12 +242,7 @@ class ElectionSim:
     def crash(self, mid: str) -> None:
         if self.injector is not None:
             self.injector.crashed.add(mid)
-        self._crash_member(mid)
-
-    def restart(self, mid: str) -> None:
-        if self.injector is not None:
-            self.injector.crashed.discard(mid)
-        self._start(mid)
+        self._crash(mid)
 
     def elector(self, mid: str) -> Elector:
         el = self.members[mid].elector
@@ -387,17 +374,6 @@ class ElectionSim:
         if self.injector is not None:
             self.injector.step(now)
         self.check_invariants()
-
-    def run_until(self, t_ms: int, stop: Callable[[], bool] | None = None) -> bool:
-        """Run to ``t_ms``; with ``stop``, return True as soon as it holds."""
-        while self.clock.now_ms < t_ms:
-            self.step(t_ms)
-            if stop is not None and stop():
-                return True
-        return stop() if stop is not None else True
-
-    def run_for(self, ms: int, stop: Callable[[], bool] | None = None) -> bool:
-        return self.run_until(self.clock.now_ms + ms, stop)
 
     # ========================================================= observations
 

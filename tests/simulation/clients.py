@@ -1,0 +1,110 @@
+"""The clients of the whole-group simulation: unique bodies appended through whichever
+member they believe leads, over delayed actor calls, and the checks on every answer."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from rayledger.storage import ResponseCode
+
+
+@dataclass(frozen=True)
+class ClientAppend:
+    client: str
+    req_id: int
+    target: str
+    bodies: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class ClientReply:
+    req_id: int
+    code: ResponseCode
+    first_index: int = -1
+    last_index: int = -1
+    term: int = -1
+    leader_id: str | None = None
+
+
+@dataclass
+class Client:
+    id: str
+    believed: str
+    next_at: int = 0
+    outstanding: tuple[int, tuple[bytes, ...], int] | None = None  # (req id, bodies, sent at)
+    seq: int = 0
+
+
+class Clients:
+    """Clients and their appends (a mixin of :class:`~.group_sim.GroupSim`)."""
+
+    def _clients_step(self, now: int) -> None:
+        for c in self.clients:
+            if c.outstanding is not None:
+                if now - c.outstanding[2] > 3000:  # longer than max_wait_ack_time_ms
+                    self._inflight_clients.pop(c.outstanding[0], None)
+                    c.outstanding = None
+                    self.unknown_outcomes += 1
+                    c.believed = self.rng.choice(self.ids)
+                    c.next_at = now
+                continue
+            if not self.clients_on or now < c.next_at:
+                continue
+            req_id = next(self._req_ids)
+            k = self.rng.randint(1, self.max_bodies)
+            bodies = tuple(
+                f"{c.id}:{req_id}:{j}:".encode() + b"x" * self.rng.randint(0, 120) for j in range(k)
+            )
+            c.outstanding = (req_id, bodies, now)
+            self._inflight_clients[req_id] = c
+            self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, bodies))
+
+    def _to_client(self, src: str, dst: str, msg: object) -> None:
+        """Client calls are Ray actor calls: delayed, lost with a crashed member, never duplicated."""
+        if self.net.is_down(src) or self.net.is_down(dst):
+            return
+        delay = self._client_rng.randint(1, 15)
+        heapq.heappush(self._held, (self.clock.now_ms + delay, next(self._held_seq), src, dst, msg))
+
+    def _client_reply(self, c: Client, reply: ClientReply) -> None:
+        if c.outstanding is None or c.outstanding[0] != reply.req_id:
+            return
+        bodies = c.outstanding[1]
+        c.outstanding = None
+        self.reply_codes[reply.code] += 1
+        self._inflight_clients.pop(reply.req_id, None)
+        now = self.clock.now_ms
+        lo, hi = self.client_interval_ms
+        c.next_at = now + self.rng.randint(lo, hi)
+        if reply.code == ResponseCode.SUCCESS:
+            if reply.last_index - reply.first_index + 1 != len(bodies):
+                self.fail(
+                    f"append {reply.req_id} acknowledged {reply.first_index}..{reply.last_index} for {len(bodies)} bodies"
+                )
+            for k, body in enumerate(bodies):
+                index = reply.first_index + k
+                if index in self.acked and not self.durability_void:
+                    self.fail(
+                        f"index {index} acknowledged twice ({self.acked[index]!r} and {body!r})"
+                    )
+                self.acked[index] = body
+                self.acked_terms[index] = reply.term
+                got = self.committed.get(index)
+                if got is None:
+                    self.acked_unseen[index] = (reply.term, reply.req_id)
+                elif got[0] != reply.term and not self.durability_void:
+                    self.fail(
+                        f"append {reply.req_id} acknowledged at {index} (term {reply.term}) but committed {got}"
+                    )
+            return
+        if reply.code in (
+            ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
+            ResponseCode.TERM_CHANGED,
+            ResponseCode.NOT_LEADER,
+        ):
+            self.unknown_outcomes += reply.code != ResponseCode.NOT_LEADER
+        if reply.leader_id is not None and reply.leader_id in self.members:
+            c.believed = reply.leader_id
+        elif reply.code != ResponseCode.LEADER_PENDING_FULL:
+            c.believed = self.rng.choice(self.ids)

@@ -1,0 +1,197 @@
+"""The safety checks of the whole-group simulation (Log Matching, Election Safety, Leader
+Completeness, committed entries never change, acknowledged appends stay where they were
+acknowledged, rounds answered in time) and the convergence checks at the end of a run."""
+
+from __future__ import annotations
+
+from rayledger.storage import LogStore
+
+from .node_state import SimMember
+from .sim_config import ROUND_SLACK_MS
+
+
+class Invariants:
+    """What the checks remember and the checks themselves (a mixin of :class:`~.group_sim.GroupSim`)."""
+
+    def _headers(self, store: LogStore, lo: int, hi: int) -> list[tuple]:
+        """(index, term, chain crc, body crc) of entries lo..hi."""
+        out = []
+        start = lo
+        while start <= hi:
+            batch = store.read_batch(start, 1 << 20, hi - start + 1)
+            for h in batch.headers():
+                out.append((h[2], h[3], h[6], h[7]))
+            start += batch.count
+        return out
+
+    def check_invariants(self) -> None:
+        now = self.clock.now_ms
+        stuck_after = self.replication.max_wait_ack_time_ms + ROUND_SLACK_MS
+        for m in self.members.values():
+            if not m.alive:
+                continue
+            lg = m.node.logic
+            st = lg.state
+            if st.is_leader:
+                term = st.current_term
+                holder = self.leaders_by_term.get(term)
+                if holder is None:
+                    self.leaders_by_term[term] = m.id
+                    self.leader_incarnation[term] = m.incarnation
+                    self._check_leader_completeness(m, term)
+                elif holder == m.id and self.leader_incarnation[term] != m.incarnation:
+                    # issue 10 §3a: it may have lost entries it acknowledged in that term
+                    self.fail(f"{m.id} leads term {term} again after a restart")
+                elif holder != m.id:
+                    self.fail(f"Election Safety: {m.id} and {holder} both lead term {term}")
+        for m in self.members.values():
+            if not m.alive:
+                continue
+            self._check_member(m)
+            lg = m.node.logic
+            if m.node.rounds and lg.leads(lg.leading_term):
+                for rid, (rnd, _, born) in m.node.rounds.items():
+                    if rnd.term == lg.leading_term and now - born > stuck_after:
+                        self.fail(
+                            f"{m.id} leads term {rnd.term} but round {rid} "
+                            f"({rnd.first_index}..{rnd.last_index}, written at {born}) "
+                            f"is unanswered after {now - born} ms"
+                        )
+
+    def _check_member(self, m: SimMember) -> None:
+        store = m.store
+        end = store.ledger_end_index
+        cut = self.touched.pop(m.id, None)
+        if cut is not None and cut < m.verified_end:
+            m.verified_end = cut
+        if end > m.verified_end:
+            lo = max(m.verified_end + 1, store.ledger_begin_index)
+            for index, term, chain, bcrc in self._headers(store, lo, end):
+                key = (index, term)
+                seen = self.entries.get(key)
+                if seen is None:
+                    self.entries[key] = (chain, bcrc)
+                elif seen != (chain, bcrc):
+                    self.fail(
+                        f"Log Matching: {m.id} holds a different entry at index {index} term {term}"
+                    )
+            m.verified_end = end
+        elif end < m.verified_end:
+            m.verified_end = end
+        committed = store.committed_index
+        if committed > end:
+            self.fail(f"{m.id} committed {committed} beyond its end {end}")
+        if committed < m.committed_seen:
+            self.fail(f"{m.id} committed index went back from {m.committed_seen} to {committed}")
+        if committed > m.committed_seen:
+            lo = max(m.committed_seen + 1, store.ledger_begin_index)
+            for index, term, chain, bcrc in self._headers(store, lo, committed):
+                got = self.committed.get(index)
+                if got is None:
+                    self.committed[index] = (term, chain, bcrc)
+                    unseen = self.acked_unseen.pop(index, None)
+                    if unseen is not None and unseen[0] != term and not self.durability_void:
+                        self.fail(
+                            f"append {unseen[1]} acknowledged at {index} (term {unseen[0]}) "
+                            f"but committed there in term {term}"
+                        )
+                elif got != (term, chain, bcrc):
+                    if self.durability_void:
+                        self.stats["committed_overwritten_after_power_loss"] += 1
+                        self.committed[index] = (term, chain, bcrc)
+                        continue
+                    self.fail(
+                        f"{m.id} committed index {index} as term {term}, "
+                        f"another member committed term {got[0]} there"
+                    )
+            m.committed_seen = committed
+            if committed > self.max_committed:
+                self.max_committed = committed
+            if m.alive:
+                self._note_commit_term(m.node.logic.state.current_term, committed)
+
+    def _note_commit_term(self, term: int, index: int) -> None:
+        """Entries up to ``index`` were committed in ``term`` or before."""
+        if index > self.commit_terms.get(term, -1):
+            self.commit_terms[term] = index
+
+    def _committed_before(self, term: int) -> int:
+        """The highest index known committed in a term before ``term``."""
+        return max((i for t, i in self.commit_terms.items() if t < term), default=-1)
+
+    def _check_leader_completeness(self, m: SimMember, term: int) -> None:
+        c = self._committed_before(term)
+        if c < 0 or self.durability_void:
+            return
+        store = m.store
+        if store.ledger_end_index < c:
+            self.fail(
+                f"Leader Completeness: leader {m.id} of term {term} ends at "
+                f"{store.ledger_end_index}, {c} was committed before"
+            )
+        (h,) = self._headers(store, c, c)
+        if (h[1], h[2], h[3]) != self.committed[c]:
+            self.fail(
+                f"Leader Completeness: leader {m.id} of term {term} holds another entry "
+                f"at index {c}, committed before"
+            )
+
+    # ================================================================ convergence
+
+    def converged(self) -> bool:
+        """One leader followed by all; every log identical and fully committed; clients answered."""
+        alive = [m for m in self.members.values() if m.alive]
+        if len(alive) != self.n:
+            return False
+        leaders = [m for m in alive if m.state.is_leader]
+        if len(leaders) != 1:
+            return False
+        leader = leaders[0]
+        node = leader.node
+        term = leader.state.current_term
+        end = leader.store.ledger_end_index
+        if leader.store.committed_index != end or node.logic.ready_term != term:
+            return False
+        if node.checker.core.pending_count or node.rounds:
+            return False
+        for m in alive:
+            st = m.state
+            if st.current_term != term or st.leader_id != leader.id:
+                return False
+            if m.store.ledger_end_index != end or m.store.committed_index != end:
+                return False
+        if any(c.outstanding is not None for c in self.clients):
+            return False
+        return True
+
+    def final_check(self) -> None:
+        """Identical logs everywhere; acknowledged appends committed where acknowledged; no body twice."""
+        if self.acked_unseen and not self.durability_void:
+            self.fail(f"acknowledged but never committed: {sorted(self.acked_unseen)[:10]}")
+        logs = {}
+        for m in self.members.values():
+            store = m.store
+            data = store.read_batch(store.ledger_begin_index).data if not store.is_empty else b""
+            logs[m.id] = (store.ledger_begin_index, store.ledger_end_index, data)
+        first = next(iter(logs.values()))
+        for mid, got in logs.items():
+            if got != first:
+                self.fail(f"logs differ after convergence: {mid} {got[:2]} vs {first[:2]}")
+        store = next(iter(self.members.values())).store
+        bodies: dict[bytes, int] = {}
+        for e in store.get_range(store.ledger_begin_index, store.committed_index + 1):
+            if not e.body:
+                continue
+            if e.body in bodies:
+                self.fail(
+                    f"body {e.body[:24]!r} committed twice, at {bodies[e.body]} and {e.index}"
+                )
+            bodies[e.body] = e.index
+        for index, body in self.acked.items():
+            if bodies.get(body) != index:
+                if self.durability_void:
+                    self.stats["acked_lost_after_power_loss"] += 1
+                    continue
+                self.fail(
+                    f"acknowledged append {body[:24]!r} at {index} is at {bodies.get(body)} in the committed log"
+                )

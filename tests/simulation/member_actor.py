@@ -1,0 +1,219 @@
+"""``MemberActor`` (actors/member.py) in the whole-group simulation: ticks, role changes,
+client appends written as rounds, and the answers of the helpers and the fast path."""
+
+from __future__ import annotations
+
+from rayledger.actors.logic import Announcement, MemberLogic, StopLeading
+from rayledger.election import RoleChange, TransferOutcome
+from rayledger.storage import LedgerError, ResponseCode
+
+from .clients import ClientAppend, ClientReply
+from .node_state import CgToken, Node
+from .sim_config import MAINTAIN_MAX_SLEEP_MS, MAX_ROUNDS
+
+
+class MemberActor:
+    """The member's actor shell (a mixin of :class:`~.group_sim.GroupSim`)."""
+
+    def _maintain(self, node: Node) -> None:
+        """``MemberActor._maintain``: tick, then sleep until the elector's next deadline
+        (at least the maintain interval, at most a second)."""
+        now = self.clock.now_ms
+        actions, answers = node.logic.tick(now)
+        self._answer(node, answers)
+        self._apply(node, actions)
+        if node.dead:
+            return
+        interval = self.tick_ms
+        delay = node.logic.next_tick_ms(now, interval) - now
+        self._at(node, now + min(MAINTAIN_MAX_SLEEP_MS, max(interval, delay)), self._maintain, node)
+
+    def _apply(self, node: Node, actions: list) -> None:
+        if not actions:
+            return
+        sends, role_changed = MemberLogic.split(actions)
+        for action in actions:
+            if isinstance(action, RoleChange):
+                self.net.note(
+                    f"{node.id} -> {action.role.value} term={action.term} leader={action.leader_id}"
+                )
+            elif isinstance(action, TransferOutcome):
+                self.net.note(f"{node.id} transfer to {action.transferee}: {action.code.name}")
+        for s in sends:
+            self.rpc.call(node.id, s.to, s.message)
+        if role_changed:
+            self._sync_role(node)
+
+    def _answer(self, node: Node, answers: list) -> None:
+        """Answers of the entry handler: a plain push's go back over the network, a graph
+        push's wait for the next ``cg_push`` (``MemberActor._late``)."""
+        for tok, resp in answers:
+            if type(tok) is CgToken:
+                node.late.append((tok.key, resp, tok.origin))
+            else:
+                caller, call_id = tok
+                self.rpc.reply(node.id, caller, call_id, resp)
+
+    def _sync_role(self, node: Node) -> None:
+        """``_sync_role``: changes are carried out one at a time, in order (a role lock)."""
+        if node.role_busy:
+            node.role_again = True
+            return
+        node.role_busy = True
+        self._spawn(node, self._role_task(node))
+
+    def _role_task(self, node: Node):
+        while True:
+            node.role_again = False
+            for change in node.logic.leadership():
+                if isinstance(change, StopLeading):
+                    yield from self._stop_leading(node, change)
+                else:
+                    yield from self._start_leading(node, change)
+            if not node.role_again:
+                break
+        node.role_busy = False
+
+    def _stop_leading(self, node: Node, change: StopLeading):
+        self.net.note(f"{node.id} stops leading term {change.term} (now {change.new_term})")
+        if node.fast is not None:
+            self._fp_stop(node)
+        (resolved,) = yield [lambda: self._c_step_down(node, change.new_term)]
+        self._finish(node, resolved)
+        # whatever the checker did not answer ends here: the outcome is unknown
+        for rid in [r for r, (rnd, _, _) in node.rounds.items() if rnd.term == change.term]:
+            self._finish_round(node, rid, ResponseCode.TERM_CHANGED)
+        yield [(lambda p=p: self._d_deactivate(node, p, change.term)) for p in node.dispatchers]
+
+    def _start_leading(self, node: Node, change):
+        term = change.term
+        self.net.note(
+            f"{node.id} LEADS term={term} from index {change.term_start_index} "
+            f"(committed {change.info.committed})"
+        )
+        yield [lambda: self._c_become_leader(node, term, change.term_start_index, change.info)]
+        yield [(lambda p=p: self._d_activate(node, p, change.info)) for p in node.dispatchers]
+        if node.logic.mark_ready(term):
+            self.net.note(f"{node.id} ready for appends in term {term}")
+            if self.members[node.id].fast_enabled and len(self.ids) > 1:
+                self._fp_start(node, term)
+
+    def _client_append(self, node: Node, msg: ClientAppend) -> None:
+        """``MemberActor.append``: admit, queue, one round per loop turn."""
+        try:
+            _, bodies = node.logic.admit(list(msg.bodies), self.group, msg.target, node.outstanding)
+        except LedgerError as exc:
+            self._to_client(
+                node.id, msg.client, ClientReply(msg.req_id, exc.code, leader_id=exc.leader_id)
+            )
+            return
+        node.queue.append(((msg.client, msg.req_id), bodies))
+        node.outstanding += 1
+        self._schedule_round(node)
+
+    def _schedule_round(self, node: Node) -> None:
+        """Write the queue as a round in this loop turn, unless ``MAX_ROUNDS`` rounds wait
+        for their quorum: then the queue grows until one ends and goes out as one round."""
+        if not node.round_scheduled and node.queue and len(node.rounds) < MAX_ROUNDS:
+            node.round_scheduled = True
+            self._soon(node, self._write_round, node)
+
+    def _write_round(self, node: Node) -> None:
+        """Group commit: the queued appends become one store batch and one round."""
+        node.round_scheduled = False
+        queue, node.queue = node.queue, []
+        if not queue:
+            return
+        rid = next(node.round_ids)
+        lg = node.logic
+        term = lg.ready_term
+        try:
+            rnd = lg.write_round([(None, b) for _, b in queue], term)
+        except LedgerError as exc:
+            node.outstanding -= len(queue)
+            for (client, req_id), _ in queue:
+                self._to_client(
+                    node.id, client, ClientReply(req_id, exc.code, leader_id=exc.leader_id)
+                )
+            return
+        a = lg.announcement(rnd, rnd.appended.batch())
+        node.rounds[rid] = (rnd, [tok for tok, _ in queue], self.clock.now_ms)
+        fast = node.fast
+        if (
+            fast is not None
+            and fast.active
+            and self._fp_submit(node, a, [(rnd.first_index, rnd.last_index, rid)])
+        ):
+            return
+        self._announce_plain(node, a)
+        self._hop(node, self._c_add_round, node, term, rnd.first_index, rnd.last_index, rid)
+
+    def _announce_plain(self, node: Node, a: Announcement) -> None:
+        for p in node.dispatchers:
+            self._hop(node, self._d_on_announcement, node, p, a)
+
+    def _m_on_resolved(self, node: Node, term: int, committed: int | None, resolved) -> None:
+        if committed is not None:
+            node.logic.on_committed(term, committed)
+        self._finish(node, resolved)
+
+    def _finish(self, node: Node, resolved) -> None:
+        for token, code in resolved:
+            self._finish_round(node, token, code)
+
+    def _finish_round(self, node: Node, rid: int, code: ResponseCode) -> None:
+        item = node.rounds.pop(rid, None)
+        if item is None:
+            return
+        self._schedule_round(node)
+        rnd, clients, _ = item
+        node.outstanding -= len(clients)
+        if code == ResponseCode.SUCCESS:
+            node.logic.on_committed(rnd.term, rnd.last_index)  # read-your-writes
+            for (client, req_id), (_, first, last) in zip(clients, rnd.calls, strict=True):
+                self._to_client(
+                    node.id,
+                    client,
+                    ClientReply(req_id, code, first, last, rnd.term, node.id),
+                )
+            return
+        # stored here, not acknowledged by a quorum: the outcome is unknown
+        leader = node.logic.state.leader_id
+        for client, req_id in clients:
+            self._to_client(node.id, client, ClientReply(req_id, code, leader_id=leader))
+
+    def _m_on_peer_progress(self, node: Node, peer: str, wm: int) -> None:
+        self._apply(node, node.logic.on_peer_progress(peer, wm, self.clock.now_ms))
+
+    def _m_cg_push(self, node: Node, pushed) -> tuple:
+        """``MemberActor.cg_push``: a follower takes the pushes of a graph execution."""
+        carry, wire = pushed
+        answers = []
+        now = self.clock.now_ms
+        for key, req in wire:
+            for tok, resp in node.logic.on_push(req, CgToken(key, (req.leader_id, req.term)), now):
+                if type(tok) is CgToken:
+                    answers.append((tok.key, resp, tok.origin))
+                else:
+                    self._answer(node, [(tok, resp)])
+        if node.late:
+            self.stats["late_answers"] += len(node.late)
+            answers += node.late
+            node.late = []
+        return carry, answers
+
+    def _m_on_graph_output(self, node: Node, term: int, committed, resolved) -> None:
+        if committed is not None:
+            node.logic.on_committed(term, committed)
+        self._finish(node, resolved)
+
+    def _m_on_graph_fallback(self, node: Node, items: list) -> None:
+        """Rounds queued or in flight in an abandoned graph travel again as plain calls."""
+        for a, rounds in items:
+            waiting = [(f, la, rid) for f, la, rid in rounds if rid in node.rounds]
+            if not waiting:
+                continue
+            self._announce_plain(node, a)
+            for first, last, rid in waiting:
+                self.stats["re_registered"] += 1
+                self._hop(node, self._c_add_round, node, a.term, first, last, rid)

@@ -1,0 +1,93 @@
+"""The timing, fault mix and store layout of the whole-group simulation (:mod:`.group_sim`)."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import replace
+
+from rayledger.election import ElectionConfig
+from rayledger.replication import ReplicationConfig
+
+from .network import FaultConfig
+
+SIM_ELECTION = ElectionConfig(
+    heartbeat_interval_ms=100,
+    max_heartbeat_leak=3,
+    min_vote_interval_ms=100,
+    max_vote_interval_ms=300,
+    vote_wait_base_ms=300,
+)
+"""DLedger's election timing scaled down about tenfold, so a seed covers many terms."""
+
+SIM_REPLICATION = ReplicationConfig(
+    max_push_timeout_ms=300,
+    max_wait_ack_time_ms=2500,
+    max_batch_push_bytes=2048,  # a few entries per push: batching boundaries get exercised
+    max_pending_pushes=8,
+    compare_timeout_ms=1000,
+    commit_push_interval_ms=200,
+    error_backoff_ms=100,
+    abnormal_check_ms=300,
+    push_wait_timeout_ms=300,
+)
+
+SIM_FAULTS = FaultConfig(
+    mean_interval_ms=700,
+    weights=(
+        ("partition", 3.0),
+        ("one_way", 1.5),
+        ("isolate", 2.5),
+        ("crash", 2.5),
+        ("restart", 2.5),
+        ("heal", 1.5),
+        ("flaky", 1.0),
+    ),
+)
+"""Frequent faults that mostly separate or kill members; heals are rarer than breaks."""
+
+SIM_STORE = dict(data_segment_size=16 * 1024, index_segment_size=32 * 256)
+"""Small segments so entries roll over segment ends (and leave padding) often."""
+
+SIM_TMP = os.environ.get("RAYLEDGER_SIM_TMP") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+)
+"""Where FileStore members keep their files: a RAM disk when there is one (power loss is
+modelled from ``flushed_pos``, so a real disk's fsync would only cost time)."""
+
+LOCAL_HOP_MS = (0, 2)
+"""One actor call between a member and its helpers (same node)."""
+
+FAST_PATH_STALL_MS = SIM_ELECTION.heartbeat_interval_ms // 2
+"""``LedgerConfig.stall_ms()``: an execution unanswered this long abandons the graph."""
+
+FAST_PATH_MAX_INFLIGHT = 8  # fastpath.MAX_INFLIGHT
+FAST_PATH_RETRY_MS = (100, 1500)  # fastpath retry_s, scaled like the election timing
+FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
+FAST_PATH_SWITCH_MEAN_MS = 900
+ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
+
+MAX_ROUNDS = 1  # member.MAX_ROUNDS: rounds waiting for a quorum before appends queue up
+COMMIT_NOTICE_MS = 5  # checker.COMMIT_NOTICE_S: the committed index stands still, then notice
+MAINTAIN_MAX_SLEEP_MS = 1000  # MemberActor._maintain sleeps at most this long
+FETCH_LOOP = 20  # one need fetched and answered this often in a row: a hot loop (counted)
+FETCH_LIVELOCK_MS = 20_000  # ... and for this long: a livelock (a failure)
+
+FLUSH_TICK_MS = (20, 200)
+"""The file store's flush service, run in simulated time: a FileStore member fsyncs what it
+wrote this often (its own thread is parked), so what a power loss keeps is seeded."""
+
+PARKED_MS = 1 << 40  # flush/checkpoint intervals of the store's own thread: never on its own
+
+
+def sim_config_for(seed: int) -> ReplicationConfig:
+    """Vary the replication settings by seed: tiny pushes, small windows, a throttled follower."""
+    rng = random.Random(seed * 7919 + 1)
+    cfg = SIM_REPLICATION
+    return replace(
+        cfg,
+        max_batch_push_bytes=rng.choice((200, 2048, 64 * 1024)),
+        max_pending_pushes=rng.choice((1, 4, 8, 64)),
+        peer_push_throttle_point=rng.choice((cfg.peer_push_throttle_point, 2048)),
+        peer_push_quota=rng.choice((cfg.peer_push_quota, 40 * 1024)),
+    )
