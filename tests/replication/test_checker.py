@@ -9,6 +9,16 @@ def checker(n: int = 3, **cfg) -> QuorumAckChecker:
     return QuorumAckChecker("g", "m0", ids, ReplicationConfig(**cfg))
 
 
+def leading(end: int, *rounds: tuple[int, int, str]) -> QuorumAckChecker:
+    """A 3-member checker leading term 1 from index 0 with its own log ending at ``end``,
+    waiting for the quorum of ``rounds`` (first, last, token) registered at time 0."""
+    c = checker(3)
+    c.become_leader(1, 0, end)
+    for first, last, token in rounds:
+        c.add_pending(1, first, last, token, 0)
+    return c
+
+
 def codes(resolved) -> list[tuple]:
     return [(r.token, r.code) for r in resolved]
 
@@ -85,9 +95,7 @@ def test_pending_resolved_in_index_order() -> None:
 
 
 def test_batch_waits_for_its_last_entry() -> None:
-    c = checker(3)
-    c.become_leader(1, 0, 10)
-    c.add_pending(1, 1, 10, "batch", 0)
+    c = leading(10, (1, 10, "batch"))
     c.update_water_mark(1, "m1", 9)
     assert c.check(0)[1] == []
     c.update_water_mark(1, "m1", 10)
@@ -110,9 +118,7 @@ def test_wait_quorum_ack_timeout() -> None:
 
 
 def test_new_term_fails_old_pendings_with_term_changed() -> None:
-    c = checker(3)
-    c.become_leader(1, 0, 2)
-    c.add_pending(1, 1, 2, "old", 0)
+    c = leading(2, (1, 2, "old"))
     failed = c.become_leader(3, 3, 3)
     assert codes(failed) == [("old", ResponseCode.TERM_CHANGED)] and failed[0].term == 1
     assert c.water_marks(1) == {} and c.water_marks() == {"m0": 3, "m1": -1, "m2": -1}
@@ -121,10 +127,7 @@ def test_new_term_fails_old_pendings_with_term_changed() -> None:
 
 
 def test_step_down() -> None:
-    c = checker(3)
-    c.become_leader(1, 0, 2)
-    c.add_pending(1, 1, 1, "a", 0)
-    c.add_pending(1, 2, 2, "b", 0)
+    c = leading(2, (1, 1, "a"), (2, 2, "b"))
     assert codes(c.step_down(2)) == [
         ("a", ResponseCode.TERM_CHANGED),
         ("b", ResponseCode.TERM_CHANGED),
@@ -138,10 +141,7 @@ def test_step_down() -> None:
 
 
 def test_out_of_order_add_pending_keeps_index_order() -> None:
-    c = checker(3)
-    c.become_leader(1, 0, 5)
-    c.add_pending(1, 3, 5, "second", 0)
-    c.add_pending(1, 1, 2, "first", 0)
+    c = leading(5, (3, 5, "second"), (1, 2, "first"))
     c.update_water_mark(1, "m1", 5)
     assert [r.token for r in c.check(0)[1]] == ["first", "second"]
 

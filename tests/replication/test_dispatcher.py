@@ -11,7 +11,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
-from rayledger.storage import ResponseCode
+from rayledger.storage import MemoryStore, ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, resp, store_with
 
@@ -77,20 +77,24 @@ def test_one_compare_in_flight_resent_after_timeout() -> None:
     assert again.type is PushType.COMPARE and again.first_index == req.first_index
 
 
-def test_compare_equal_end_goes_to_append() -> None:
+def compared(follower_end: int) -> tuple[EntryDispatcher, MemoryStore]:
+    """A dispatcher over the log [1, 1, 2] whose first COMPARE (at index 2) the follower
+    answered with success and its log end ``follower_end``."""
     d = dispatcher()
     log = store_with([1, 1, 2])
     (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(S, 2, 0, 2), 0)
+    d.on_response(req, resp(S, 2, 0, follower_end), 0)
+    return d, log
+
+
+def test_compare_equal_end_goes_to_append() -> None:
+    d, _ = compared(2)
     assert d.state is DispatcherState.APPEND
     assert d.water_mark == 2 and d.write_index == 3 and d.compare_index == -1
 
 
 def test_compare_success_with_longer_follower_truncates_there() -> None:
-    d = dispatcher()
-    log = store_with([1, 1, 2])
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(S, 2, 0, 7), 0)
+    d, log = compared(7)
     assert d.state is DispatcherState.TRUNCATE
     (tr,) = d.next_requests(0, log)
     assert tr.type is PushType.TRUNCATE and tr.first_index == 2 and not tr.reset

@@ -78,8 +78,7 @@ def test_cut_last_entry_at_every_byte(tmp_path, crash):
         d = tmp_path / f"c{cut}"
         shutil.copytree(src, d)
         os.truncate(data_file_of(d, last.pos), start_in_file + cut)
-        s = reopen(d)
-        try:
+        with reopen(d) as s:
             assert s.recovery.dropped_bytes == cut, cut
             assert s.recovery.dropped_at_pos == (last.pos if cut else None)
             assert_prefix(s, entries, 11)
@@ -89,8 +88,6 @@ def test_cut_last_entry_at_every_byte(tmp_path, crash):
                 assert s.committed_index == 5
             if cut in (0, 1, HEADER_SIZE, total - 1):
                 assert_appends_like_a_clean_log(s, entries, 11)
-        finally:
-            s.close()
         shutil.rmtree(d)
     assert seg_file.exists()
 
@@ -110,12 +107,9 @@ def test_flip_any_checked_byte_of_the_tail(tmp_path):
         raw = bytearray(f.read_bytes())
         raw[last.pos % 4096 + k] ^= 0x5A
         f.write_bytes(raw)
-        s = reopen(d)
-        try:
+        with reopen(d) as s:
             assert s.recovery.dropped_bytes == total, k
             assert_prefix(s, entries, 8)
-        finally:
-            s.close()
         shutil.rmtree(d)
 
 
@@ -125,13 +119,10 @@ def test_garbage_after_the_tail_is_dropped(tmp_path):
     f = data_file_of(tmp_path, last.pos)
     with open(f, "ab") as fh:
         fh.write(b"\0" * 100)  # e.g. a file system that extended the file with zeros
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.dropped_bytes == 100
         assert_prefix(s, entries, 6)
         assert_appends_like_a_clean_log(s, entries, 6)
-    finally:
-        s.close()
 
 
 @pytest.mark.parametrize("damage", ["delete_dir", "delete_file", "truncate", "flip", "zero"])
@@ -152,20 +143,14 @@ def test_damaged_index_is_rebuilt_from_the_data(tmp_path, damage):
         victim.write_bytes(raw)
     else:
         victim.write_bytes(bytes(victim.stat().st_size))
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.full_scan and s.recovery.index_rebuilt_from == 0
         assert s.recovery.dropped_bytes == 0
         assert_prefix(s, entries, 30)
         assert s.committed_index == 20
-    finally:
-        s.close()
-    s = reopen(tmp_path)  # and the rebuilt index is trusted next time
-    try:
+    with reopen(tmp_path) as s:  # and the rebuilt index is trusted next time
         assert not s.recovery.full_scan and s.recovery.index_rebuilt_from is None
         assert_prefix(s, entries, 30)
-    finally:
-        s.close()
 
 
 def test_index_behind_the_data_is_completed(tmp_path):
@@ -173,13 +158,10 @@ def test_index_behind_the_data_is_completed(tmp_path):
     entries = build(tmp_path, n=20, crash=True)
     last_index = index_files(tmp_path)[-1]
     os.truncate(last_index, last_index.stat().st_size - 32 * 2)
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.dropped_bytes == 0
         assert s.recovery.index_rebuilt_from is not None
         assert_prefix(s, entries, 20)
-    finally:
-        s.close()
 
 
 def test_term_mismatch_with_index_drops_the_uncommitted_tail(tmp_path):
@@ -190,12 +172,9 @@ def test_term_mismatch_with_index_drops_the_uncommitted_tail(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[last.pos % 4096 + 16] ^= 0x01  # high byte of the term
     f.write_bytes(raw)
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.dropped_bytes == HEADER_SIZE + len(last.body)
         assert_prefix(s, entries, 7)
-    finally:
-        s.close()
 
 
 def test_crash_after_new_segment_created_empty(tmp_path):
@@ -204,14 +183,11 @@ def test_crash_after_new_segment_created_empty(tmp_path):
     nxt = (last.pos // 4096 + 1) * 4096
     (tmp_path / "data" / f"{nxt:020d}").write_bytes(b"")
     (tmp_path / "index" / f"{(5 * 32 // 256 + 1) * 256:020d}").write_bytes(b"")
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.dropped_bytes == 0
         assert_prefix(s, entries, 5)
         assert s.write_pos == last.pos + HEADER_SIZE + len(last.body)
         assert_appends_like_a_clean_log(s, entries, 5)
-    finally:
-        s.close()
 
 
 def test_crash_with_roll_padding_written_but_no_entry(tmp_path):
@@ -222,13 +198,10 @@ def test_crash_with_roll_padding_written_but_no_entry(tmp_path):
         from rayledger.storage.codec import blank_record
 
         fh.write(blank_record(4096 - f.stat().st_size))
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.dropped_bytes == 0 and s.recovery.trimmed_bytes > 0
         assert_prefix(s, entries, 5)
         assert_appends_like_a_clean_log(s, entries, 5)
-    finally:
-        s.close()
 
 
 def test_crash_with_padding_missing_before_the_next_segment(tmp_path):
@@ -240,19 +213,13 @@ def test_crash_with_padding_missing_before_the_next_segment(tmp_path):
     end = last_in_first.pos + HEADER_SIZE + len(last_in_first.body)
     assert end < 4096 and first_seg.stat().st_size == 4096
     os.truncate(first_seg, end)
-    s = reopen(tmp_path, verify_all_on_open=True)
-    try:
+    with reopen(tmp_path, verify_all_on_open=True) as s:
         assert s.recovery.dropped_bytes == 0
         assert_prefix(s, entries, 12)
         assert first_seg.stat().st_size == 4096  # padded again
-    finally:
-        s.close()
-    s = reopen(tmp_path, verify_all_on_open=True)
-    try:
+    with reopen(tmp_path, verify_all_on_open=True) as s:
         assert_prefix(s, entries, 12)
         assert_appends_like_a_clean_log(s, entries, 12)
-    finally:
-        s.close()
 
 
 def test_torn_first_entry_of_a_new_segment(tmp_path):
@@ -264,13 +231,10 @@ def test_torn_first_entry_of_a_new_segment(tmp_path):
     for later in data_files(tmp_path):
         if int(later.name) > e.pos:
             later.unlink()
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert 0 < s.recovery.dropped_bytes <= n_after
         assert_prefix(s, entries, k)
         assert_appends_like_a_clean_log(s, entries, k)
-    finally:
-        s.close()
 
 
 # -- committed entries are never dropped -------------------------------------------------
@@ -306,12 +270,9 @@ def test_corrupt_committed_entry_is_a_hard_error(tmp_path, how):
 def test_uncommitted_corruption_is_cut_even_in_the_middle(tmp_path):
     entries = build(tmp_path, n=12, commit=4)
     _flip(tmp_path, entries[7].pos + HEADER_SIZE)
-    s = reopen(tmp_path, verify_all_on_open=True)
-    try:
+    with reopen(tmp_path, verify_all_on_open=True) as s:
         assert s.recovery.dropped_at_pos == entries[7].pos
         assert_prefix(s, entries, 7)
-    finally:
-        s.close()
 
 
 def test_lost_data_segment_with_committed_entries_is_a_hard_error(tmp_path):
@@ -345,33 +306,24 @@ def test_malformed_checkpoint_is_a_hard_error(tmp_path):
 def test_missing_checkpoint_means_a_full_scan(tmp_path):
     entries = build(tmp_path, n=12, commit=5)
     (tmp_path / "checkpoint").unlink()
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert s.recovery.full_scan and s.recovery.dropped_bytes == 0
         assert_prefix(s, entries, 12)
         assert s.committed_index == -1  # unknown; the leader will tell again
-    finally:
-        s.close()
 
 
 def test_copy_of_an_open_store_after_flush(tmp_path):
     """Copying the directory of a live store after flush() is a valid crash image."""
-    s = FileStore(small_config(tmp_path / "live"))
-    try:
+    with FileStore(small_config(tmp_path / "live")) as s:
         for i in range(15):
             s.append_as_leader([body(i)], 1)
         s.update_committed_index(9)
         s.flush()
         shutil.copytree(tmp_path / "live", tmp_path / "copy")
         entries = s.get_range(0, 15)
-    finally:
-        s.close()
-    c = reopen(tmp_path / "copy")
-    try:
+    with reopen(tmp_path / "copy") as c:
         assert c.recovery.dropped_bytes == 0
         assert_prefix(c, entries, 15)
-    finally:
-        c.close()
 
 
 def test_reopen_after_reset_keeps_the_base(tmp_path):
@@ -379,15 +331,9 @@ def test_reopen_after_reset_keeps_the_base(tmp_path):
     s.append_as_leader([b"x" * 10], 1)
     s.reset(50, 10_000)
     s.close()
-    s = reopen(tmp_path)
-    try:
+    with reopen(tmp_path) as s:
         assert (s.ledger_begin_index, s.ledger_end_index, s.write_pos) == (50, 49, 10_000)
         s.append_as_leader([b"y"], 3)
         assert s.get(50).pos == 10_000
-    finally:
-        s.close()
-    s = reopen(tmp_path, verify_all_on_open=True)
-    try:
+    with reopen(tmp_path, verify_all_on_open=True) as s:
         assert s.get(50).body == b"y" and s.recovery.dropped_bytes == 0
-    finally:
-        s.close()
