@@ -41,6 +41,7 @@ from rayledger.replication import (
     Resolved,
     check_append,
 )
+from rayledger.replication.admission import not_leader
 from rayledger.storage import (
     Appended,
     EntryBatch,
@@ -252,12 +253,7 @@ class MemberLogic:
         st = self.state
         term = st.current_term
         if not st.is_leader:
-            leader = st.leader_id if st.leader_id != self.self_id else None
-            raise LedgerError.of(
-                ResponseCode.NOT_LEADER,
-                f"{self.self_id} does not lead {self.group!r} (term {term})",
-                leader_id=leader,
-            )
+            raise not_leader(st, f"{self.self_id} does not lead {self.group!r} (term {term})")
         if self.ready_term != term:
             raise LedgerError.of(
                 ResponseCode.LEADER_NOT_READY,
@@ -297,11 +293,7 @@ class MemberLogic:
         or the store refuses the batch (sizes, types, a full disk).
         """
         if not self.leads(term) or self.ready_term != term:
-            raise LedgerError.of(
-                ResponseCode.NOT_LEADER,
-                f"{self.self_id} no longer leads term {term}",
-                leader_id=self.state.leader_id if self.state.leader_id != self.self_id else None,
-            )
+            raise not_leader(self.state, f"{self.self_id} no longer leads term {term}")
         if len(calls) == 1:
             bodies = calls[0][1]
         else:

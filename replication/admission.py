@@ -13,6 +13,16 @@ if TYPE_CHECKING:
     from rayledger.election import MemberState
 
 
+def known_leader(state: MemberState) -> str | None:
+    """The leader this member knows of, unless that is itself."""
+    return state.leader_id if state.leader_id != state.self_id else None
+
+
+def not_leader(state: MemberState, message: str) -> LedgerError:
+    """NOT_LEADER from a member that does not lead, pointing at the leader when it knows one."""
+    return LedgerError.of(ResponseCode.NOT_LEADER, message, leader_id=known_leader(state))
+
+
 def check_append(
     state: MemberState,
     req_group: str,
@@ -32,11 +42,10 @@ def check_append(
     if target_id is not None and target_id != state.self_id:
         raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER, f"{target_id!r} != {state.self_id!r}")
     if not state.is_leader:
-        leader = state.leader_id if state.leader_id != state.self_id else None
-        raise LedgerError.of(
-            ResponseCode.NOT_LEADER,
-            f"{state.self_id} is {state.role.value} in term {state.current_term}, leader {leader}",
-            leader_id=leader,
+        raise not_leader(
+            state,
+            f"{state.self_id} is {state.role.value} in term {state.current_term}, "
+            f"leader {known_leader(state)}",
         )
     if state.transferee is not None:  # a transfer runs: the leader refuses appends
         raise LedgerError.of(
