@@ -41,7 +41,7 @@ from rayledger.storage import (
     ResponseCode,
 )
 
-from .naming import NAMESPACE, actor_name, group_members
+from .naming import NAMESPACE, group_members, member_handle
 from .reads import Consistency
 from .types import AppendResult
 
@@ -124,11 +124,7 @@ class LedgerClient:
         return cls(group, members, timeout_s=timeout_s)
 
     def _handle(self, member: str):
-        h = self._handles.get(member)
-        if h is None:
-            h = ray.get_actor(actor_name(self.group, member), namespace=NAMESPACE)
-            self._handles[member] = h
-        return h
+        return member_handle(self._handles, self.group, member)
 
     def _find_leader(self, timeout_s: float = 1.0) -> str | None:
         """Ask every member at once; the highest-term member that says it leads."""

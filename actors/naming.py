@@ -4,6 +4,7 @@ members by name (shared by the member, its helpers, the group and the client).""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import ray
 
@@ -12,6 +13,16 @@ NAMESPACE = "rayledger"
 
 def actor_name(group: str, member: str) -> str:
     return f"{group}/{member}"
+
+
+def member_handle(handles: dict[str, Any], group: str, member: str) -> Any:
+    """The named actor of ``member``, looked up once and then kept in ``handles`` (a caller
+    drops the entry when the actor died, so the next call looks it up again)."""
+    h = handles.get(member)
+    if h is None:
+        h = ray.get_actor(actor_name(group, member), namespace=NAMESPACE)
+        handles[member] = h
+    return h
 
 
 def group_members(name: str) -> list[str]:
