@@ -1,16 +1,11 @@
-"""The group on Ray: member, dispatcher and quorum-ack actors, LedgerGroup and LedgerClient."""
+"""The group on Ray: member, dispatcher and quorum-ack actors, LedgerGroup and LedgerClient.
 
-from rayledger.storage import (
-    InconsistentStateError,
-    InvalidRequestError,
-    LedgerError,
-    LedgerTimeoutError,
-    NotLeaderError,
-    OutcomeUnknownError,
-    ResponseCode,
-    StorageError,
-)
-from rayledger.storage.codec import Entry
+The store's names (errors, response codes, ``Entry``, ...) are re-exported as they are, so
+a user of the group needs only this package.
+"""
+
+from rayledger import storage as _storage
+from rayledger.storage import *  # noqa: F403  (re-exported: see storage.__all__)
 
 from .client import LedgerClient
 from .config import LedgerConfig
@@ -18,18 +13,10 @@ from .group import LedgerGroup
 from .types import AppendResult, MemberStatus
 
 __all__ = [
+    *_storage.__all__,
     "AppendResult",
-    "Entry",
-    "InconsistentStateError",
-    "InvalidRequestError",
     "LedgerClient",
     "LedgerConfig",
-    "LedgerError",
     "LedgerGroup",
-    "LedgerTimeoutError",
     "MemberStatus",
-    "NotLeaderError",
-    "OutcomeUnknownError",
-    "ResponseCode",
-    "StorageError",
 ]
