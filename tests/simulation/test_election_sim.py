@@ -42,6 +42,7 @@ def _admit(el) -> None:
 ELECTION_BOUND_MS = 30_000
 LOSSY_ELECTION_BOUND_MS = 60_000
 CFG = ElectionConfig()
+TRANSFER_TIMEOUT_MS = CFG.leadership_transfer_wait_timeout_ms
 STEP_DOWN_BOUND_MS = (CFG.max_heartbeat_leak + 1) * CFG.heartbeat_interval_ms + 100
 
 # No loss; random delays, duplicates and reordering.  RELIABLE adds occasional
@@ -84,6 +85,16 @@ def _elect(sim: ElectionSim) -> str:
     leader = sim.stable_leader()
     assert leader is not None
     return leader
+
+
+def _elected(n: int, seed: int, network: NetworkConfig, label: str) -> tuple[ElectionSim, str]:
+    """A simulation of ``n`` members and the first leader everyone follows."""
+    sim = ElectionSim(n, seed, network=network, label=label)
+    return sim, _elect(sim)
+
+
+def _others(sim: ElectionSim, mid: str) -> list[str]:
+    return [other for other in sim.ids if other != mid]
 
 
 # ----------------------------------------------------------------- chaos
@@ -172,8 +183,7 @@ def test_leader_elected_with_a_healthy_majority(n: int, lossy: bool) -> None:
 @pytest.mark.parametrize("n", [3, 5])
 def test_isolated_leader_steps_down_and_majority_moves_on(n: int) -> None:
     def one(seed: int) -> None:
-        sim = ElectionSim(n, seed, network=RELIABLE, label=f"isolate-leader-{n}")
-        old = _elect(sim)
+        sim, old = _elected(n, seed, RELIABLE, f"isolate-leader-{n}")
         sim.run_for(random.Random(seed).randint(0, 4000))
         sim.net.isolate(old)
         t0 = sim.clock.now_ms
@@ -183,7 +193,7 @@ def test_isolated_leader_steps_down_and_majority_moves_on(n: int) -> None:
             STEP_DOWN_BOUND_MS,
         )
         assert sim.clock.now_ms - t0 > CFG.heartbeat_interval_ms, "stepped down too early"
-        rest = [mid for mid in sim.ids if mid != old]
+        rest = _others(sim, old)
         sim.wait_for(
             "a new leader of the majority",
             lambda: sim.stable_leader(rest) is not None,
@@ -207,12 +217,11 @@ def test_pre_vote_keeps_a_reconnecting_member_from_deposing_the_leader(n: int) -
     isolate it entirely, then reconnect it: the healthy leader keeps its term."""
 
     def one(seed: int) -> None:
-        sim = ElectionSim(n, seed, network=RELIABLE, label=f"pre-vote-{n}")
-        leader = _elect(sim)
+        sim, leader = _elected(n, seed, RELIABLE, f"pre-vote-{n}")
         sim.run_for(2000)
         term = sim.elector(leader).term
         rng = random.Random(seed)
-        member = rng.choice([mid for mid in sim.ids if mid != leader])
+        member = rng.choice(_others(sim, leader))
         changes_before = len(sim.role_changes)
 
         sim.net.cut_both(leader, member)
@@ -259,15 +268,12 @@ def test_preferred_leader_ends_up_leading(n: int) -> None:
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_transfer_completes_within_its_timeout(n: int) -> None:
-    timeout = CFG.leadership_transfer_wait_timeout_ms
-
     def one(seed: int) -> None:
         # No long delays here: the old leader must hear of the new term in time.
-        sim = ElectionSim(n, seed, network=PROMPT, label=f"transfer-{n}")
-        leader = _elect(sim)
+        sim, leader = _elected(n, seed, PROMPT, f"transfer-{n}")
         rng = random.Random(seed)
         sim.run_for(rng.randint(2500, 5000))  # followers caught up, peers marked live
-        target = rng.choice([mid for mid in sim.ids if mid != leader])
+        target = rng.choice(_others(sim, leader))
         resp = sim.request_transfer(target)
         assert resp is not None and resp.code == ResponseCode.SUCCESS, resp
         with pytest.raises(Exception) as refused:
@@ -276,12 +282,12 @@ def test_transfer_completes_within_its_timeout(n: int) -> None:
         sim.wait_for(
             f"{target} leading after the transfer",
             lambda: sim.elector(target).role is Role.LEADER,
-            timeout,
+            TRANSFER_TIMEOUT_MS,
         )
         sim.wait_for(
             f"{leader} seeing the transfer through",
             lambda: any(mid == leader for _, mid, _ in sim.transfer_outcomes),
-            timeout,
+            TRANSFER_TIMEOUT_MS,
         )
         outcomes = [o for _, mid, o in sim.transfer_outcomes if mid == leader]
         assert outcomes[-1].code == ResponseCode.SUCCESS, outcomes
@@ -294,14 +300,11 @@ def test_transfer_completes_within_its_timeout(n: int) -> None:
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_transfer_to_a_lagging_member_is_abandoned_in_time(n: int) -> None:
-    timeout = CFG.leadership_transfer_wait_timeout_ms
-
     def one(seed: int) -> None:
-        sim = ElectionSim(n, seed, network=RELIABLE, label=f"transfer-abandon-{n}")
-        leader = _elect(sim)
+        sim, leader = _elected(n, seed, RELIABLE, f"transfer-abandon-{n}")
         sim.run_for(3000)
         rng = random.Random(seed)
-        target = rng.choice([mid for mid in sim.ids if mid != leader])
+        target = rng.choice(_others(sim, leader))
         # The target hears nothing from the leader any more (no log, no orders),
         # but still answers and is marked live from the leader's last round.
         sim.net.cut(leader, target)
@@ -313,9 +316,9 @@ def test_transfer_to_a_lagging_member_is_abandoned_in_time(n: int) -> None:
         sim.wait_for(
             "the transfer ending",
             lambda: not sim.elector(leader).transferring,
-            timeout + 2 * sim.tick_ms,
+            TRANSFER_TIMEOUT_MS + 2 * sim.tick_ms,
         )
-        assert sim.clock.now_ms - t0 <= timeout + 2 * sim.tick_ms
+        assert sim.clock.now_ms - t0 <= TRANSFER_TIMEOUT_MS + 2 * sim.tick_ms
         if sim.elector(leader).role is Role.LEADER and sim.elector(leader).term == term:
             _admit(sim.elector(leader))  # appends flow again
             assert [o.code for _, mid, o in sim.transfer_outcomes if mid == leader][-1] in (
