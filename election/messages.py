@@ -115,9 +115,8 @@ class HeartbeatRequest:
 
 
 @dataclass(frozen=True)
-class HeartbeatResponse:
-    """``code`` is SUCCESS, EXPIRED_TERM, INCONSISTENT_LEADER, TERM_NOT_READY,
-    UNKNOWN_MEMBER, UNEXPECTED_MEMBER or UNKNOWN_GROUP; ``term`` is the follower's."""
+class _CodedResponse:
+    """An answer that is a response code and the answerer's term, with the usual ids."""
 
     code: ResponseCode
     term: int
@@ -126,6 +125,12 @@ class HeartbeatResponse:
     local_id: str = ""
     remote_id: str = ""
     leader_id: str | None = None
+
+
+@dataclass(frozen=True)
+class HeartbeatResponse(_CodedResponse):
+    """``code`` is SUCCESS, EXPIRED_TERM, INCONSISTENT_LEADER, TERM_NOT_READY,
+    UNKNOWN_MEMBER, UNEXPECTED_MEMBER or UNKNOWN_GROUP; ``term`` is the follower's."""
 
 
 # ------------------------------------------------------------ leadership transfer
@@ -155,17 +160,9 @@ class LeadershipTransferRequest:
 
 
 @dataclass(frozen=True)
-class LeadershipTransferResponse:
+class LeadershipTransferResponse(_CodedResponse):
     """SUCCESS means the transfer (or the take-leadership vote) has *started*; the
     outcome is seen as role changes and, on the old leader, a :class:`TransferOutcome`."""
-
-    code: ResponseCode
-    term: int
-    _: KW_ONLY
-    group: str = ""
-    local_id: str = ""
-    remote_id: str = ""
-    leader_id: str | None = None
 
 
 # ------------------------------------------------------------------------- actions

@@ -696,6 +696,31 @@ class FileStore(LogStore):
                 self._data.close()
                 self._index.close()
 
+    def abandon(self) -> AbandonedAt:
+        """Drop the store as a process crash would: stop the flush thread with no final
+        flush or checkpoint and close the files.  Bytes already written stay (they are in
+        the page cache, as after a kill); what fdatasync made durable is reported, so a
+        power-loss simulation can cut the files back to it."""
+        with self._lock:
+            self._closed = True  # parks the flush thread for good, without its final flush
+            self._flush_cv.notify_all()
+            at = AbandonedAt(
+                durable=(self.flushed_pos, (self.flushed_index + 1) * INDEX_UNIT),
+                written=(self._data.write_pos, self._index.write_pos),
+            )
+        self._flusher.join(timeout=10)
+        self._data.close()
+        self._index.close()
+        return at
+
+
+@dataclass(frozen=True)
+class AbandonedAt:
+    """Where an abandoned store's (data, index) files end: fdatasync'ed, and written."""
+
+    durable: tuple[int, int]
+    written: tuple[int, int]
+
 
 def open_store(config: StoreConfig) -> LogStore:
     """A FileStore when ``config.data_dir`` is set, else a MemoryStore."""

@@ -51,16 +51,6 @@ def _append(store: FileStore, body: bytes, entries: int, batch: int = 1000) -> N
         store.append_as_leader(bodies[:rest], 1)
 
 
-def _abandon(store: FileStore) -> None:
-    """Crash the store: stop its flush thread with no final flush or checkpoint."""
-    with store._lock:
-        store._closed = True
-        store._flush_cv.notify_all()
-    store._flusher.join(timeout=10)
-    store._data.close()
-    store._index.close()
-
-
 def _bench_small(root: str, entries: int, gets: int, seed: int) -> dict[str, Any]:
     """128-byte appends (async flush), then random gets over that log."""
     cfg = StoreConfig(data_dir=os.path.join(root, "small"))
@@ -137,7 +127,7 @@ def _bench_recovery(root: str, gib: float) -> dict[str, Any]:
     s = FileStore(cfg)
     _append(s, b"t" * 1024, 20_000)
     s.flush()
-    _abandon(s)
+    s.abandon()  # a crash: no final flush or checkpoint
     w, c, s = _timed(lambda: FileStore(cfg))
     assert s.ledger_end_index == n_rec + 20_000 - 1
     out["crash_recovery_s_per_gib"] = round(w / size_gib, 3)

@@ -16,6 +16,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import mq, ops, output
+from .options import Parser, add_start_options, common_options, group_command_adder
 from .output import say
 
 
@@ -126,30 +127,6 @@ NEXT_STEP: dict[ResponseCode, str] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad options and values are errors like the others: a code and a next step, exit 2."""
-
-    def error(self, message: str):
-        self.print_usage(sys.stderr)
-        self.exit(2, f"error: [UNEXPECTED_ARGUMENT] {message}; see `{self.prog} --help`\n")
-
-
-def _options() -> argparse.ArgumentParser:
-    """Options every subcommand takes."""
-    common = _Parser(add_help=False)
-    common.add_argument(
-        "--verbose", "-v", action="store_true", help="also show Ray's and Spark's own output"
-    )
-    return common
-
-
-def _with_group(sp: argparse.ArgumentParser, timeout: float = 30.0) -> argparse.ArgumentParser:
-    sp.add_argument("--group", "-g", required=True, help="group name")
-    sp.add_argument("--address", default=None, help="Ray address (default: the running cluster)")
-    sp.add_argument("--timeout", type=float, default=timeout, help="seconds to wait")
-    return sp
-
-
 def _add_demo(sub, common) -> None:
     demo = sub.add_parser(
         "demo",
@@ -169,15 +146,9 @@ def _add_demo(sub, common) -> None:
 
 
 def _add_group_commands(sub, common) -> None:
-    def add(name: str, help: str, func, timeout: float = 30.0) -> argparse.ArgumentParser:
-        sp = _with_group(sub.add_parser(name, parents=[common], help=help), timeout)
-        sp.set_defaults(func=func)
-        return sp
-
+    add = group_command_adder(sub, common)
     st = add("start", "start a group on the running Ray cluster", cmd_start)
-    st.add_argument("--members", default="3", help="a count or comma-separated member ids")
-    st.add_argument("--store-dir", default=None, help="file store root (default: memory store)")
-    st.add_argument("--fast", action="store_true", help="short election timers (heartbeat 100 ms)")
+    add_start_options(st, "a count or comma-separated member ids")
     ap = add("append", "append entries (one per argument) and wait for commit", cmd_append)
     ap.add_argument("bodies", nargs="*", help="entry bodies (UTF-8)")
     ap.add_argument("--file", help="also append this file's bytes as one entry")
@@ -222,15 +193,15 @@ def _add_bench(sub, common) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _options()
-    p = _Parser(
+    common = common_options()
+    p = Parser(
         prog="rayledger", description="DLedger's replicated commitlog on Ray", parents=[common]
     )
     sub = p.add_subparsers(dest="command", required=True)
     _add_demo(sub, common)
     _add_group_commands(sub, common)
     _add_bench(sub, common)
-    mq.add_commands(_with_group, sub, common)
+    mq.add_commands(sub, common)
     return p
 
 

@@ -16,6 +16,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import output
+from .options import add_start_options, group_command_adder
 from .output import say
 
 
@@ -175,20 +176,12 @@ def cmd_stats(args) -> int:
     return 0
 
 
-def add_commands(add_group_options, sub, common) -> None:
-    """``rayledger mq SUBCOMMAND``; ``add_group_options`` adds --group/--address/--timeout."""
+def add_commands(sub, common) -> None:
+    """``rayledger mq SUBCOMMAND``, each on one group (--group/--address/--timeout)."""
     mq = sub.add_parser("mq", parents=[common], help="RocketMQ on a group: produce, consume, ...")
-    mqs = mq.add_subparsers(dest="mq_command", required=True)
-
-    def add(name: str, help: str, func):
-        sp = add_group_options(mqs.add_parser(name, parents=[common], help=help))
-        sp.set_defaults(func=func)
-        return sp
-
+    add = group_command_adder(mq.add_subparsers(dest="mq_command", required=True), common)
     st = add("start", "start a group whose members run the RocketMQ commit log", cmd_start)
-    st.add_argument("--members", default="3", help="how many members")
-    st.add_argument("--store-dir", default=None, help="file store root (default: memory)")
-    st.add_argument("--fast", action="store_true", help="short election timers")
+    add_start_options(st, "how many members")
     pr = add("produce", "put messages (one per BODY, or --count N generated)", cmd_produce)
     pr.add_argument("bodies", nargs="*", help="message bodies (UTF-8)")
     pr.add_argument("--topic", "-t", required=True)

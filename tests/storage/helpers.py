@@ -23,12 +23,7 @@ def abandon(store: FileStore) -> None:
     Bytes already written stay (they are in the page cache, as after a kill);
     only the file descriptors are closed so the test does not leak them.
     """
-    with store._lock:
-        store._closed = True
-        store._flush_cv.notify_all()
-    store._flusher.join(timeout=10)
-    store._data.close()
-    store._index.close()
+    store.abandon()
 
 
 def snapshot(store: LogStore) -> dict:

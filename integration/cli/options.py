@@ -1,0 +1,54 @@
+"""The parser's building blocks every command family shares (main, ops and mq)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad options and values are errors like the others: a code and a next step, exit 2."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: [UNEXPECTED_ARGUMENT] {message}; see `{self.prog} --help`\n")
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every subcommand takes."""
+    common = Parser(add_help=False)
+    common.add_argument(
+        "--verbose", "-v", action="store_true", help="also show Ray's and Spark's own output"
+    )
+    return common
+
+
+def with_group(sp: argparse.ArgumentParser, timeout: float = 30.0) -> argparse.ArgumentParser:
+    """``--group``, ``--address`` and ``--timeout``: what a command on one group needs."""
+    sp.add_argument("--group", "-g", required=True, help="group name")
+    sp.add_argument("--address", default=None, help="Ray address (default: the running cluster)")
+    sp.add_argument("--timeout", type=float, default=timeout, help="seconds to wait")
+    return sp
+
+
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+def group_command_adder(subparsers, common: argparse.ArgumentParser) -> AddCommand:
+    """``add(name, help, func, timeout=30.0)``: a subcommand on one group that runs ``func``."""
+
+    def add(name: str, help: str, func, timeout: float = 30.0) -> argparse.ArgumentParser:
+        sp = with_group(subparsers.add_parser(name, parents=[common], help=help), timeout)
+        sp.set_defaults(func=func)
+        return sp
+
+    return add
+
+
+def add_start_options(sp: argparse.ArgumentParser, members_help: str) -> argparse.ArgumentParser:
+    """What ``start`` (of a plain or a RocketMQ group) takes: members, store and timers."""
+    sp.add_argument("--members", default="3", help=members_help)
+    sp.add_argument("--store-dir", default=None, help="file store root (default: memory store)")
+    sp.add_argument("--fast", action="store_true", help="short election timers (heartbeat 100 ms)")
+    return sp
