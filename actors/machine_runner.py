@@ -122,19 +122,16 @@ class MachineRunner:
         if self.failed is not None:
             raise self._broken()
         if self.applier.applied < index:
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.add(index, fut)
-            self.kick()
-            deadline = time.monotonic() + timeout_s
-            try:
-                await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                self._waiters.discard(fut)
-                raise LedgerError.of(
+            await self._waiters.wait(
+                index,
+                time.monotonic() + timeout_s,
+                self.kick,
+                lambda: LedgerError.of(
                     ResponseCode.TIMEOUT,
                     f"{self.member.self_id} has applied up to {self.applier.applied}, "
                     f"not yet {index}",
-                ) from None
+                ),
+            )
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self.applier.machine.query, request)
 

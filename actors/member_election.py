@@ -1,0 +1,211 @@
+"""The member's elector on Ray: its clock, its messages to peers, and election RPCs.
+
+Mixed into :class:`~.member.MemberActor`.  The elector is ticked every
+``maintain_interval_ms`` (DLedger's ``maintainState``) on the election concurrency group's
+loop, beside the vote and heartbeat handlers, so a main loop busy with appends and pushes
+never delays a heartbeat; role changes are carried out on the main loop
+(:meth:`~.member_leadership.LeadershipMixin._sync_role`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import ray
+from rayledger.election.messages import TransferOutcome
+from rayledger.storage import LedgerError, ResponseCode
+
+from .faults import LinkDown
+from .futures import set_result
+from .logic import MemberLogic
+from .naming import now_ms
+
+log = logging.getLogger("rayledger.actors")
+
+MAINTAINER_STALL_S = 10.0  # a maintainer that has not ticked for this long is replaced
+
+
+class ElectionMixin:
+    """Runs the elector of ``self.logic`` (uses the shell's ``_lock``, ``_loop``, ``_peer``,
+    ``faults`` and ``config``)."""
+
+    def _init_election(self) -> None:
+        self._maintainer: asyncio.Task | None = None
+        self._last_tick = time.monotonic()
+        self._transfers: dict[tuple[int, str], asyncio.Future] = {}  # (term, target) -> outcome
+
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def run_maintainer(self) -> None:
+        """The elector's clock runs on the election group's loop, beside the vote and
+        heartbeat handlers: a main loop busy with appends and pushes never delays a
+        heartbeat (role changes are carried out on the main loop)."""
+        self._ensure_maintainer()
+
+    def _ensure_maintainer(self) -> None:
+        """Start the elector's clock on the running (election) loop unless it is ticking.
+
+        ``run_maintainer`` starts it at boot; every election message and status call
+        checks again, so a clock whose start call was lost (seen once in CI after a
+        restart: the member stayed a candidate of an old term for good, answering the
+        leader's heartbeats TERM_NOT_READY) or whose task ended restarts within one
+        heartbeat.  A clock that stopped ticking for ``MAINTAINER_STALL_S`` is replaced.
+        """
+        task = self._maintainer
+        if self._closed:
+            return
+        if task is not None and not task.done():
+            if time.monotonic() - self._last_tick < MAINTAINER_STALL_S:
+                return
+            log.error("[%s] the maintainer stalled; starting it again", self.self_id)
+            task.cancel()
+        elif task is not None:
+            log.error("[%s] the maintainer had stopped; starting it again", self.self_id)
+        self._tick_loop = asyncio.get_running_loop()
+        self._tick_wake = asyncio.Event()
+        self._last_tick = time.monotonic()
+        self._maintainer = asyncio.ensure_future(self._maintain())
+
+    async def _maintain(self) -> None:
+        """DLedger's maintainState, event-timed: sleep until the elector's next deadline
+        (at least ``maintain_interval_ms``, at most one second) instead of every 10 ms; an
+        election message that brings the deadline forward wakes it (:meth:`_rearm`)."""
+        interval = self.config.maintain_interval_ms
+        while True:
+            delay = interval
+            self._last_tick = time.monotonic()
+            try:
+                now = now_ms()
+                with self._lock:
+                    actions, answers = self.logic.tick(now)
+                if self._sync and answers:
+                    await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
+                self._resolve(answers)
+                self._commits_moved()
+                await self._apply(actions)
+                self._metrics.tick(self.logic.state, self.store, self._outstanding)
+                with self._lock:
+                    delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
+            except Exception:
+                log.exception("[%s] maintain loop error", self.self_id)
+            delay = min(1000, max(interval, delay))
+            self._sleep_until = now_ms() + delay
+            self._tick_wake.clear()
+            try:
+                await asyncio.wait_for(self._tick_wake.wait(), delay / 1000)
+            except asyncio.TimeoutError:
+                pass
+            self._sleep_until = 0
+
+    def _rearm(self) -> None:
+        """Wake the maintainer when the elector's next deadline moved before its wake-up
+        (a leadership-transfer request, a new role); callable from any thread."""
+        with self._lock:
+            due = self.logic.next_tick_ms(now_ms(), self.config.maintain_interval_ms)
+        if due < self._sleep_until and self._tick_loop is not None:
+            self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
+
+    async def _apply(self, actions: list) -> None:
+        """Send the messages from the running loop (the election loop for the elector's
+        own, so they never wait behind the data path); a role change is carried out on
+        the main loop, where the append path lives."""
+        if not actions:
+            return
+        sends, role_changed = MemberLogic.split(actions)
+        for a in actions:
+            if isinstance(a, TransferOutcome):
+                self._transfer_done(a)
+        for s in sends:
+            asyncio.ensure_future(self._send(s.to, s.message))
+        if role_changed:
+            if asyncio.get_running_loop() is self._loop:
+                await self._sync_role()
+            else:
+                asyncio.run_coroutine_threadsafe(self._sync_role(), self._loop)
+
+    async def _ask_peer(self, to: str, msg, timeout_s: float):
+        """``msg`` to ``to``'s election handler, through this member's link faults; its
+        answer within ``timeout_s``."""
+        if self.faults.active:
+            await self.faults.before_send(to)
+        ref = self._peer(to).handle_election.remote(msg)
+        return await asyncio.wait_for(ref, timeout_s)
+
+    async def _send(self, to: str, msg) -> None:
+        resp = None
+        try:
+            resp = await self._ask_peer(to, msg, self.config.rpc_timeout_ms / 1000)
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
+            log.debug("[%s] %s to %s failed: %s", self.self_id, type(msg).__name__, to, exc)
+            resp = None
+            if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
+                self._handles.pop(to, None)
+        with self._lock:
+            actions = self.logic.on_election_response(to, msg, resp, now_ms())
+        await self._apply(actions)
+        self._rearm()
+
+    # -- election RPCs (own concurrency group) ----------------------------------------------
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def handle_election(self, req):
+        """A vote, pre-vote, heartbeat or leadership-transfer request from a peer."""
+        self._ensure_maintainer()
+        with self._lock:
+            resp, actions = self.logic.handle_election(req, now_ms())
+        self._apply_threadsafe(actions)
+        self._rearm()
+        return resp
+
+    def _apply_threadsafe(self, actions: list) -> None:
+        """Carry out an election handler's actions on its own loop (see :meth:`_apply`)."""
+        if actions:
+            asyncio.ensure_future(self._apply(actions))
+
+    @ray.method(concurrency_group="election")
+    async def transfer_leadership(self, target: str):
+        """Ask this member (the leader) to hand leadership to ``target``."""
+        if target not in self.peers:
+            raise LedgerError.of(
+                ResponseCode.UNKNOWN_MEMBER, f"{target!r} is not a member of {self.group!r}"
+            )
+        with self._lock:
+            term = self.logic.state.current_term
+            resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
+            running = self.logic.elector.transferring
+        done = None
+        if resp.code == ResponseCode.SUCCESS and running:
+            done = asyncio.get_running_loop().create_future()
+            self._transfers[(term, target)] = done
+        self._apply_threadsafe(actions)
+        self._rearm()
+        if resp.code != ResponseCode.SUCCESS:
+            raise LedgerError.of(
+                resp.code,
+                f"{self.self_id} cannot transfer leadership to {target}",
+                leader_id=self.logic.state.leader_id,
+            )
+        if done is not None:  # the transfer's outcome, as the elector decides it
+            cfg = self.config
+            wait_s = (
+                cfg.election.leadership_transfer_wait_timeout_ms + 2 * cfg.rpc_timeout_ms
+            ) / 1000
+            try:
+                code = await asyncio.wait_for(done, wait_s)
+            except asyncio.TimeoutError:
+                code = ResponseCode.TIMEOUT
+            finally:
+                self._transfers.pop((term, target), None)
+            if code != ResponseCode.SUCCESS:
+                raise LedgerError.of(
+                    code,
+                    f"{self.self_id}: the transfer of term {term} to {target} ended {code.name}",
+                    leader_id=self.logic.state.leader_id,
+                )
+        return resp
+
+    def _transfer_done(self, outcome: TransferOutcome) -> None:
+        """A transfer ended (from any loop): its caller learns how."""
+        fut = self._transfers.get((outcome.term, outcome.transferee))
+        if fut is not None and not fut.done():
+            fut.get_loop().call_soon_threadsafe(set_result, fut, outcome.code)

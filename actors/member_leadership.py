@@ -1,0 +1,238 @@
+"""Taking and leaving office on Ray: a member's role changes and the supervision of the
+helpers (checker and dispatchers) it leads with.
+
+Mixed into :class:`~.member.MemberActor`.  A new leader sets its helpers up for the term and
+watches them while it leads; a helper Ray restarted is set up again
+(:meth:`LeadershipMixin.helper_started`), and a leader whose helpers do not work hands
+leadership on, or steps down, rather than holding it with heartbeats while no append can
+commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import ray
+from rayledger.storage import LedgerError, ResponseCode
+
+from .futures import set_exception
+from .logic import StartLeading, StopLeading
+from .naming import now_ms
+
+log = logging.getLogger("rayledger.actors")
+
+HELPER_START_S = 30.0  # how long a new leader waits for helpers that are still starting
+
+
+class LeadershipMixin:
+    """Role changes of ``self.logic`` and the helpers' supervision (uses the shell's
+    ``_checker``, ``_dispatchers``, ``_lock``, ``_role_lock`` and the other mixins)."""
+
+    def _init_leadership(self) -> None:
+        self._helper_pids: dict[tuple[str, str | None], int] = {}
+
+    async def _sync_role(self) -> None:
+        """Start or stop leading; changes are carried out one at a time, in order."""
+        async with self._role_lock:
+            try:
+                with self._lock:
+                    changes = self.logic.leadership()
+            except (LedgerError, OSError) as exc:  # the term's empty entry was not written
+                self._step_down(f"its term's first entry could not be written: {exc}")
+                return
+            if self._machine_runner is not None:  # before it is asked whether it is ready
+                st = self.logic.state
+                await self._machine_runner.role_changed(st.role, st.current_term)
+            for change in changes:
+                if isinstance(change, StopLeading):
+                    await self._stop_leading(change)
+                else:
+                    await self._start_leading(change)
+
+    async def _stop_leading(self, change: StopLeading) -> None:
+        with self._lock:
+            readers = self.reads.step_down()
+        for token in readers:
+            if not token.done():
+                set_exception(token, self._not_leader())
+        if self._fast is not None:
+            self._fast.stop()
+        try:
+            resolved = await self._checker.step_down.remote(change.new_term)
+            self._finish(resolved)
+        except ray.exceptions.RayError as exc:
+            log.warning("[%s] checker step_down failed: %s", self.self_id, exc)
+        # whatever the checker did not answer ends here: the outcome is unknown
+        for rid in [r for r, (rnd, _) in self._rounds.items() if rnd.term == change.term]:
+            self._finish_round(rid, ResponseCode.TERM_CHANGED)
+        await asyncio.gather(
+            *(d.deactivate.remote(change.term) for d in self._dispatchers.values()),
+            return_exceptions=True,
+        )
+
+    async def _start_leading(self, change: StartLeading) -> None:
+        """Set the helpers up for the new term, trying again while they restart; a leader
+        that cannot get them working hands leadership on (after ``HELPER_START_S``: at a
+        member's start its helpers' processes may still be starting)."""
+        term = change.term
+        if self._sync:  # the term's first entry is on disk before we count ourselves
+            try:
+                await self._loop.run_in_executor(None, self.store.flush)
+            except (LedgerError, OSError) as exc:
+                self._step_down(f"its term's first entry could not be flushed: {exc}")
+                return
+        give_up = time.monotonic() + self._helper_wait_s()
+        delay = 0.05
+        while True:
+            try:
+                budget = max(give_up - time.monotonic(), self.config.rpc_timeout_ms / 1000)
+                await self._install_helpers(term, change.term_start_index, change.info, budget)
+                break
+            except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                log.error("[%s] term=%d: helpers did not start: %r", self.self_id, term, exc)
+            if not self.logic.leads(term):
+                return
+            if time.monotonic() > give_up:
+                self._hand_over(term, "its helpers did not start")
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if self._machine_runner is not None and not await self._machine_runner.wait_ready(
+            lambda: self.logic.leads(term)
+        ):
+            return
+        with self._lock:
+            ready = self.logic.mark_ready(term)
+        if ready:
+            log.info("[%s] term=%d: ready to take appends", self.self_id, term)
+            if self.config.fast_path and len(self.peers) > 1:
+                self._fast_path().start(term)
+            asyncio.ensure_future(self._watch_helpers(term))
+
+    def _helper_keys(self) -> list[tuple[str, str | None]]:
+        return [("checker", None)] + [("dispatcher", p) for p in self._dispatchers]
+
+    def _helper_wait_s(self) -> float:
+        """How long a leader waits for a helper before it hands leadership on: one election
+        timeout (at least two RPC timeouts, so one slow call is not a lost helper), or
+        ``HELPER_START_S`` while a helper has never started (at a member's start its
+        helpers' processes may still be coming up: not dead, just new)."""
+        if not all(k in self._helper_pids for k in self._helper_keys()):
+            return HELPER_START_S
+        cfg = self.config
+        return max(cfg.election.heartbeat_timeout_ms, 2 * cfg.rpc_timeout_ms) / 1000
+
+    async def _watch_helpers(self, term: int) -> None:
+        """While this member leads ``term``, ask each helper for its pid every quarter of
+        the wait.  A killed helper is restarted by Ray and set up again
+        (:meth:`helper_started`); one that answers nothing for :meth:`_helper_wait_s` (a
+        hung process, or one Ray could not restart) costs the leadership, which the leader
+        hands on rather than holding it with heartbeats while no append can commit."""
+        wait_s = self._helper_wait_s()
+        answered = {k: time.monotonic() for k in self._helper_keys()}
+
+        async def ping(key: tuple[str, str | None], handle) -> None:
+            try:
+                await handle.pid.remote()
+                answered[key] = time.monotonic()
+            except ray.exceptions.RayError:
+                pass  # dead: Ray restarts it, or it stays silent and costs the leadership
+
+        handed_over: float | None = None
+        while self.logic.leads(term) and not self._closed:
+            handles = {("checker", None): self._checker}
+            handles.update({("dispatcher", p): d for p, d in self._dispatchers.items()})
+            pings = [asyncio.ensure_future(ping(k, h)) for k, h in handles.items()]
+            await asyncio.wait(pings, timeout=wait_s / 4)
+            silent = [k for k, t in answered.items() if time.monotonic() - t > wait_s]
+            if silent and self.logic.leads(term):
+                why = f"its {silent[0][0]} {silent[0][1] or ''} answered nothing for {wait_s} s"
+                if handed_over is None:
+                    handed_over = time.monotonic()
+                    self._hand_over(term, why)
+                elif time.monotonic() - handed_over > wait_s:  # the transfer did not end it
+                    self._step_down(why)
+                    return
+            await asyncio.sleep(wait_s / 4)
+
+    async def _install_helpers(
+        self, term: int, start: int, info, timeout: float, only: str | None = None
+    ) -> None:
+        """Start the checker and the dispatchers (or one of them, ``only``) for ``term``."""
+        if only in (None, "checker"):
+            dispatchers = list(self._dispatchers.values())
+            await asyncio.wait_for(self._checker.set_dispatchers.remote(dispatchers), timeout)
+            await asyncio.wait_for(self._checker.become_leader.remote(term, start, info), timeout)
+            for rid, (rnd, _) in list(self._rounds.items()):
+                if rnd.term == term:  # rounds a dead checker held
+                    self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        dispatchers = [d for p, d in self._dispatchers.items() if only in (None, "checker", p)]
+        f = self.faults
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(d.set_faults.remote(sorted(f.cut), f.drop, f.delay_ms) for d in dispatchers),
+                *(d.activate.remote(info) for d in dispatchers),
+            ),
+            timeout,
+        )
+
+    async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
+        """Every helper says so when its process starts.  A second process for the same
+        helper means Ray restarted it after its process died: set it up again for the term
+        this member leads (a restarted checker also needs the rounds in flight and every
+        follower's water mark again, so the dispatchers start over too)."""
+        known = self._helper_pids.setdefault((kind, peer), pid)
+        if known == pid:
+            return
+        self._helper_pids[(kind, peer)] = pid
+        log.warning("[%s] %s helper restarted (%s), pid %d", self.self_id, kind, peer or "", pid)
+        async with self._role_lock:
+            with self._lock:
+                term = self.logic.leading_term
+                if not self.logic.leads(term):
+                    return
+                start, info = self.logic.term_start_index, self.logic.leader_info()
+            if self._fast is not None:
+                self._fast.stop()
+            # the helper is up (it called us): within an election timeout, or hand over
+            give_up = time.monotonic() + self._helper_wait_s()
+            while self.logic.leads(term):
+                try:
+                    budget = self.config.rpc_timeout_ms / 1000
+                    only = kind if kind == "checker" else peer
+                    await self._install_helpers(term, start, info, budget, only)
+                    return
+                except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                    log.error("[%s] term=%d: helper not restored: %s", self.self_id, term, exc)
+                if time.monotonic() > give_up:
+                    self._hand_over(term, f"its {kind} helper could not be restored")
+                    return
+                await asyncio.sleep(0.1)
+
+    def _hand_over(self, term: int, why: str) -> None:
+        """Leave leadership of ``term`` to a peer (a leader that cannot replicate must not
+        hold it: heartbeats alone would keep it forever)."""
+        peers = [p for p in self.peers if p != self.self_id]
+        if not peers or not self.logic.leads(term):
+            return
+        target = peers[term % len(peers)]
+        log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, term, target, why)
+        with self._lock:
+            resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
+        if resp.code is not ResponseCode.SUCCESS:
+            self._step_down(f"{why}; the transfer to {target} did not start ({resp.code.name})")
+            return
+        asyncio.ensure_future(self._apply(actions))
+        self._rearm()
+
+    def _step_down(self, why: str) -> None:
+        """Stop leading at once (see :meth:`Elector.step_down`)."""
+        with self._lock:
+            term = self.logic.state.current_term
+            actions = self.logic.elector.step_down(now_ms())
+        if actions:
+            log.error("[%s] term=%d: steps down: %s", self.self_id, term, why)
+            asyncio.ensure_future(self._apply(actions))
+            self._rearm()

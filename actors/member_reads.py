@@ -1,0 +1,243 @@
+"""Reads on Ray: read index rounds, leases, waiting for a commit, and the read RPCs.
+
+Mixed into :class:`~.member.MemberActor`; :mod:`.reads` holds the Ray-free logic it drives
+and says what each consistency promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+from rayledger.election.messages import HeartbeatRequest
+from rayledger.replication.admission import not_leader
+from rayledger.storage import Entry, LedgerError, ResponseCode
+
+from .faults import LinkDown
+from .futures import set_exception, set_result
+from .naming import now_ms
+from .reads import CommitWaiters, Consistency, ReadIndexLogic
+
+
+class ReadsMixin:
+    """The read path (uses the shell's ``store``, ``logic``, ``_lock``, ``_loop``, ``_peer``,
+    ``faults``, ``_metrics`` and ``_machine_runner``)."""
+
+    def _init_reads(self) -> None:
+        self.reads = ReadIndexLogic(
+            self.self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
+        )
+        self._commit_waiters = CommitWaiters()
+
+    # -- reads (see reads.py for what each consistency promises) -------------------------
+    async def read_index(self, consistency: str = "linearizable") -> int:
+        """On the leader: an index every read that starts now may be served at (a follower
+        serving a linearizable read asks this, then waits until it has committed that far)."""
+        return await self._leader_read_index(Consistency.of(consistency))
+
+    async def _leader_read_index(self, c: Consistency) -> int:
+        deadline = time.monotonic() + self.config.rpc_timeout_ms / 1000
+        with self._lock:
+            term, start = self.logic.read_base()
+        # the term's first entry must commit first: until then the committed index may lag
+        await self._wait_committed(start, deadline)
+        with self._lock:
+            if self.logic.read_base()[0] != term:
+                raise self._not_leader()
+            index = self.store.committed_index
+            if c is not Consistency.LINEARIZABLE and self._lease_holds(term):
+                return index
+            fut = self._loop.create_future()
+            sends, confirmed = self.reads.request(term, index, fut, now_ms())
+        self._reads_out(sends, confirmed)
+        try:
+            return await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise LedgerError.of(
+                ResponseCode.TIMEOUT,
+                f"{self.self_id} could not confirm with a quorum that it still leads term {term}",
+            ) from None
+
+    def _lease_holds(self, term: int) -> bool:
+        """A lease read needs pre-vote on and no transfer under way (reads.py says why)."""
+        return (
+            self.config.election.enable_pre_vote
+            and not self.logic.elector.transferring
+            and self.reads.lease_holds(term, now_ms())
+        )
+
+    def _reads_out(self, sends: list, confirmed: list) -> None:
+        for token, index in confirmed:
+            if not token.done():
+                token.get_loop().call_soon_threadsafe(set_result, token, index)
+        for rnd in sends:
+            for peer in self.reads.others:
+                asyncio.ensure_future(self._read_ping(peer, rnd))
+            self._loop.call_later(self.reads.round_timeout_ms / 1000 + 0.001, self._expire_reads)
+
+    async def _read_ping(self, peer: str, rnd) -> None:
+        """One heartbeat of a confirmation round; it counts if ``peer`` follows us in the
+        round's term."""
+        req = HeartbeatRequest(
+            group=self.group,
+            local_id=self.self_id,
+            remote_id=peer,
+            leader_id=self.self_id,
+            term=rnd.term,
+            round_id=-rnd.round_id,
+        )
+        ok = False
+        try:
+            resp = await self._ask_peer(peer, req, self.reads.round_timeout_ms / 1000)
+            ok = resp.code == ResponseCode.SUCCESS and resp.term == rnd.term
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError):
+            pass
+        with self._lock:
+            sends, confirmed = self.reads.on_answer(rnd.round_id, peer, ok, now_ms())
+        self._reads_out(sends, confirmed)
+
+    def _expire_reads(self) -> None:
+        with self._lock:
+            sends, expired = self.reads.expire(now_ms())
+        for token in expired:
+            if not token.done():
+                set_exception(token, asyncio.TimeoutError())
+        self._reads_out(sends, [])
+
+    def _not_leader(self) -> LedgerError:
+        return not_leader(self.logic.state, f"{self.self_id} no longer leads {self.group!r}")
+
+    async def _follower_read_index(self, c: Consistency) -> int:
+        """Ask the leader for a read index, then wait until this member committed that far
+        (two RPC timeouts in all: a follower that missed pushes catches up after a pause)."""
+        deadline = time.monotonic() + 2 * self.config.rpc_timeout_ms / 1000
+        leader = self.logic.state.leader_id
+        if leader is None or leader == self.self_id:
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER, f"{self.self_id} knows no leader to ask for a read index"
+            )
+        try:
+            if self.faults.active:
+                await self.faults.before_send(leader)
+            ref = self._peer(leader).read_index.remote(c.value)
+            index = await asyncio.wait_for(ref, max(0.001, deadline - time.monotonic()))
+        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, LedgerError):
+                raise exc.cause from None
+            raise LedgerError.of(
+                ResponseCode.NOT_LEADER,
+                f"{self.self_id} could not get a read index from {leader}: {type(exc).__name__}",
+            ) from None
+        await self._wait_committed(index, deadline)
+        return index
+
+    async def _wait_committed(self, index: int, deadline: float) -> None:
+        if self.store.committed_index >= index:
+            return
+        await self._commit_waiters.wait(
+            index,
+            deadline,
+            self._commits_moved,
+            lambda: LedgerError.of(
+                ResponseCode.TIMEOUT,
+                f"{self.self_id} has committed up to {self.store.committed_index}, not yet "
+                f"{index}; it is catching up, try again or read from the leader",
+            ),
+            self._lock,
+        )
+
+    def _commits_moved(self) -> None:
+        """Release the readers waiting for the committed index, and let the state machine
+        apply what committed (callable from any thread)."""
+        if self._machine_runner is not None:
+            self._machine_runner.kick()
+        with self._lock:
+            done = self._commit_waiters.reached(self.store.committed_index)
+        for fut in done:
+            if not fut.done():
+                fut.get_loop().call_soon_threadsafe(set_result, fut, None)
+
+    async def _read_limit(self, consistency: str) -> int:
+        """The highest index a read with ``consistency`` may return from this member."""
+        c = Consistency.of(consistency)
+        if c is Consistency.COMMITTED:
+            return self.store.committed_index
+        if self.logic.state.is_leader:
+            await self._leader_read_index(c)
+        else:
+            await self._follower_read_index(c)
+        return self.store.committed_index
+
+    def _not_committed_here(self, index: int, c: Consistency) -> LedgerError:
+        """An index past the read's limit.  Past a leader's committed index or a read index
+        the entry is not committed in the group (INDEX_OUT_OF_BOUNDS); a follower's own
+        committed index may lag, so a ``committed`` read there is pointed at the leader
+        (NOT_LEADER, with its id when known) and never refused as out of bounds."""
+        committed = self.store.committed_index
+        st = self.logic.state
+        if c is Consistency.COMMITTED and not st.is_leader:
+            return not_leader(
+                st,
+                f"entry {index} is not committed on {self.self_id} (committed index "
+                f"{committed}); ask the leader",
+            )
+        return LedgerError.of(
+            ResponseCode.INDEX_OUT_OF_BOUNDS,
+            f"entry {index} is not committed (committed index {committed})",
+        )
+
+    async def get(
+        self, index: int, committed_only: bool = True, consistency: str = "committed"
+    ) -> Entry:
+        self._metrics.read(Consistency.of(consistency).value if committed_only else "uncommitted")
+        if type(index) is not int:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "index must be an int")
+        if committed_only:
+            limit = await self._read_limit(consistency)
+            if index > limit:
+                raise self._not_committed_here(index, Consistency.of(consistency))
+        with self._lock:
+            return self.store.get(index)
+
+    async def read(
+        self, start: int, stop: int, committed_only: bool = True, consistency: str = "committed"
+    ) -> list[Entry]:
+        if type(start) is not int or type(stop) is not int:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "start and stop must be ints")
+        self._metrics.read(Consistency.of(consistency).value if committed_only else "uncommitted")
+        limit = self.store.ledger_end_index
+        if committed_only:
+            limit = await self._read_limit(consistency)
+            err = self._not_committed_here(stop - 1, Consistency.of(consistency))
+            if stop - 1 > limit and err.code == ResponseCode.NOT_LEADER:
+                raise err
+        with self._lock:
+            if start >= min(stop, limit + 1):
+                return []
+            return self.store.get_range(start, min(stop, limit + 1))
+
+    async def read_batch(self, start: int, stop: int, committed_only: bool = True):
+        """Encoded entries in [start, stop) (clipped to the committed index) as one EntryBatch."""
+        with self._lock:
+            limit = (
+                self.store.committed_index + 1
+                if committed_only
+                else self.store.ledger_end_index + 1
+            )
+            stop = min(stop, limit)
+            if start >= stop:
+                return None
+            return self.store.read_batch(start, max_count=stop - start)
+
+    async def committed_index(self, consistency: str = "committed") -> int:
+        return await self._read_limit(consistency)
+
+    async def query(self, request, consistency: str = "committed"):
+        """Ask the state machine, once it has applied what ``consistency`` requires."""
+        if self._machine_runner is None:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED, f"group {self.group!r} runs no state machine"
+            )
+        limit = await self._read_limit(consistency)
+        return await self._machine_runner.query(request, limit)
