@@ -364,6 +364,11 @@ class EntryHandler:
         """Cut our log after the leader's entry at ``first_index`` (or reset it to start there)."""
         store = self.store
         index = req.first_index
+        if index < self.matched_index or (req.reset and index <= self.matched_index):
+            # a late copy (a duplicate, or one a replaced dispatcher sent) of a TRUNCATE this
+            # leader has already moved past: it would drop entries we acknowledged to it
+            self._event(INFO, "truncate.stale", req, matched=self.matched_index)
+            return self._resp(req, ResponseCode.SUCCESS)
         try:
             if req.reset:
                 if not (store.is_empty and store.ledger_begin_index == index):

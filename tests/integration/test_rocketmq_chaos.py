@@ -26,7 +26,7 @@ from rayledger.integration.rocketmq.message import QUEUE_OFFSET_POS
 from rayledger.storage.codec import HEADER_SIZE
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/actors")
-from groupcheck import TEST_CONFIG, wait_until  # noqa: E402
+from groupcheck import wait_until  # noqa: E402
 from nemesis import KINDS, Nemesis  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -233,13 +233,6 @@ def run_with_faults(log: CommitLog, faults) -> None:
     consumer.stop.set()
     consumer.join(timeout=60)
     check(log, out, consumer)
-
-
-@pytest.fixture
-def commitlog(ray_session, tmp_path, group_name):
-    log = CommitLog.create(group_name, 3, store_dir=str(tmp_path / "mq"), config=TEST_CONFIG)
-    yield log
-    log.group.shutdown(delete_data=True)
 
 
 def test_produce_and_consume_through_a_follower_restart_and_a_partition(commitlog):

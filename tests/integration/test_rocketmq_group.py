@@ -15,7 +15,7 @@ from rayledger.integration.rocketmq import CommitLog, PutMessageStatus
 from rayledger.integration.rocketmq.message import pulled_messages
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/actors")
-from groupcheck import TEST_CONFIG, wait_until  # noqa: E402
+from groupcheck import wait_until  # noqa: E402
 from test_rocketmq_chaos import (  # noqa: E402
     QUEUES,
     Produced,
@@ -26,13 +26,6 @@ from test_rocketmq_chaos import (  # noqa: E402
 from test_rocketmq_commitlog import MALFORMED  # noqa: E402
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture
-def commitlog(ray_session, tmp_path, group_name):
-    log = CommitLog.create(group_name, 3, store_dir=str(tmp_path / "mq"), config=TEST_CONFIG)
-    yield log
-    log.group.shutdown(delete_data=True)
 
 
 def test_produce_and_consume_through_a_leader_kill(commitlog):

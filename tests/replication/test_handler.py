@@ -158,6 +158,25 @@ def test_truncate_reset_restarts_the_log_at_the_leaders_begin() -> None:
     assert h.matched_index == 4
 
 
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_late_copy_of_a_truncate_never_drops_what_we_acknowledged(reset) -> None:
+    """The only ``commit.unheld`` the simulation could not put down to a power loss (seed
+    30092 of test_chaos_n5_file): a duplicated TRUNCATE from the same leader and term
+    arrived after the appends that followed it and wiped entries this follower had
+    acknowledged (on Ray: a TRUNCATE sent by a dispatcher that was killed and replaced)."""
+    leader = store_with([2, 2, 2, 2])
+    h, store, state = handler([] if reset else [2])
+    trunc = push(PushType.TRUNCATE, first_index=0, entry_term=2, entry_pos=0, reset=reset)
+    _, r = only(h.handle_push(trunc, "t", 0))
+    assert r.code == S
+    _, r = only(h.handle_push(append_req(leader, 1 - reset, 3 + reset), "a", 0))
+    assert r.code == S and h.matched_index == 3  # acknowledged up to 3
+    _, r = only(h.handle_push(trunc, "late", 0))  # the late copy
+    assert r.code == S
+    assert store.ledger_end_index == 3 and state.ledger_end_index == 3 and h.matched_index == 3
+    assert store.read_batch(0).data == leader.read_batch(0).data
+
+
 def test_compare_and_truncate_clear_queued_appends() -> None:
     leader = store_with([1] * 5)
     h, store, _ = handler([1])

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from rayledger.actors.logic import Announcement, CachedBatch
 from rayledger.replication import PushEntryRequest, PushType
-from rayledger.storage import EntryBatch, LedgerError
+from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 
 from .node_state import GraphRound, Node
 from .sim_config import FETCH_LIVELOCK_MS, FETCH_LOOP
@@ -126,9 +126,26 @@ class DispatcherActor:
             req = replace(req, batch=batch.payload)
         self.rpc.call(node.id, peer, req)
 
+    def _d_answered(self, node: Node, peer: str, req: PushEntryRequest, resp) -> int | None:
+        """Feed an answer to the dispatcher core; a COMMIT the follower could not match
+        (the ``commit.unheld`` warning) must be explained by entries it lost."""
+        if (
+            req.type is PushType.COMMIT
+            and resp is not None
+            and resp.code == ResponseCode.INCONSISTENT_STATE
+        ):
+            self.stats["commit_unheld"] += 1
+            if self.lost_from.get(peer, req.first_index + 1) > req.first_index:
+                self.fail(
+                    f"{node.id}'s COMMIT names entry {req.first_index} (term {req.entry_term}) "
+                    f"that {peer} acknowledged and does not hold, yet {peer} never lost it "
+                    f"to a power loss (lost from: {self.lost_from.get(peer)})"
+                )
+        return node.dispatchers[peer].on_response(req, resp, self.clock.now_ms)
+
     def _d_on_response(self, node: Node, peer: str, req: PushEntryRequest, resp) -> None:
         sh = node.dsh[peer]
-        wm = node.dispatchers[peer].on_response(req, resp, self.clock.now_ms)
+        wm = self._d_answered(node, peer, req, resp)
         if wm is not None and sh.reporting and sh.reporting_term != req.term:
             self.stats["report_swallowed"] += 1  # a report loop of an older term still runs
         if wm is not None and not sh.reporting:
@@ -213,7 +230,6 @@ class DispatcherActor:
         (gen, term, rounds), answers = answered
         sh = node.dsh[peer]
         d = node.dispatchers[peer]
-        now = self.clock.now_ms
         for key, resp, origin in answers:
             req = sh.cg_sent.pop(key, None)
             if origin != (node.id, term):
@@ -226,7 +242,7 @@ class DispatcherActor:
                         f"{node.id}->{peer} folds {origin}'s answer {resp} into {req.describe()}"
                     )
             if req is not None:
-                d.on_response(req, resp, now)
+                self._d_answered(node, peer, req, resp)
         wm = d.water_mark if d.term == term else -1
         self._hop(node, self._d_after_ack, node, peer, wm)
         return gen, term, peer, wm, rounds

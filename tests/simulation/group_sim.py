@@ -255,6 +255,9 @@ class GroupSim(
         # its own stream, so the other streams of a seed stay as they were
         self._power_rng = random.Random(seed * 7919 + 23)
         self.durability_void = False  # a power loss dropped an entry seen committed
+        # member -> the lowest index it ever lost to a power loss (what explains a COMMIT
+        # that names an entry the follower acknowledged but no longer holds)
+        self.lost_from: dict[str, int] = {}
         self._next_flush_ms: dict[str, int] = {}
         self.ids = [f"n{i}" for i in range(n)]
         self._init_network(network, rpc_timeout_ms)

@@ -11,7 +11,6 @@ import shutil
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
-from rayledger.storage.codec import INDEX_UNIT
 
 from .node_state import Node, SimMember
 from .sim_config import FLUSH_TICK_MS, PARKED_MS, SIM_STORE
@@ -121,15 +120,8 @@ class MemberLifecycle:
         """Abandon a FileStore without close(): no final flush, no checkpoint.  A power loss
         then cuts each file to what fdatasync made durable plus a seeded prefix of the rest."""
         store = m.store
-        with store._lock:
-            store._closed = True  # parks the flush thread for good, without its final flush
-            store._flush_cv.notify_all()
-            durable = (store.flushed_pos, (store.flushed_index + 1) * INDEX_UNIT)
-            written = (store._data.write_pos, store._index.write_pos)
-            lists = (store._data, store._index)
-        store._flusher.join(timeout=10)
-        for sl in lists:
-            sl.close()
+        at = store.abandon()  # parks the flush thread for good, without its final flush
+        durable, written, lists = at.durable, at.written, (store._data, store._index)
         if not power:
             return "CRASH"
         rng = self._power_rng
@@ -156,6 +148,7 @@ class MemberLifecycle:
             # that voids the durability checks for the rest of the run
             self.durability_void = True
             self.stats["power_lost_entries"] += 1
+            self.lost_from[m.id] = min(lost_from, self.lost_from.get(m.id, lost_from))
         self.stats["power_losses"] += 1
         return (
             f"POWER LOSS (durable data {durable[0]}/{written[0]}, kept {keeps[0]}; "
