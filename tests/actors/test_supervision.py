@@ -194,3 +194,27 @@ def test_a_member_whose_election_clock_stopped_starts_it_again(make_group):
         30,
         "a leader of a newer term",
     )
+
+
+def test_heal_while_a_partitioned_member_restarts_restores_its_links(make_group):
+    """heal() while the member is still restarting: heal waits for it (or the member reads
+    the healed state when it starts), so it never comes back still cut off."""
+    g = make_group(members=3)
+    leader = g.wait_for_leader()
+    isolated = next(m for m in g.members if m != leader)
+    c = g.client(timeout_s=30)
+    r = c.append(b"before")
+    g.partition({isolated}, set(g.members) - {isolated}, one_way=True)
+    h = g.handle(isolated)
+    g.kill(isolated)
+    g.heal()  # the member is down or restarting now
+
+    def reads_again() -> bool:
+        try:
+            index = ray.get(h.committed_index.remote(consistency="linearizable"), timeout=10)
+            return index >= r.index
+        except (LedgerError, ray.exceptions.RayError):
+            return False
+
+    wait_until(reads_again, 60, "the restarted member to read through the leader again")
+    assert c.append(b"after").index > r.index
