@@ -83,17 +83,24 @@ class VoteRequest:
 
 
 @dataclass(frozen=True)
-class VoteResponse:
+class _Answer:
+    """The ids every answer carries (keyword-only, after the answer's own fields)."""
+
+    _: KW_ONLY
+    group: str = ""
+    local_id: str = ""
+    remote_id: str = ""
+    leader_id: str | None = None
+
+
+@dataclass(frozen=True)
+class VoteResponse(_Answer):
     """The voter's verdict; ``term`` is the voter's term (its ledger end term for
     ``REJECT_TERM_SMALL_THAN_LEDGER``, as in DLedger)."""
 
     result: VoteResult
     term: int
     _: KW_ONLY
-    group: str = ""
-    local_id: str = ""
-    remote_id: str = ""
-    leader_id: str | None = None
     code: ResponseCode = ResponseCode.SUCCESS
     pre_vote: bool = False
 
@@ -115,16 +122,11 @@ class HeartbeatRequest:
 
 
 @dataclass(frozen=True)
-class _CodedResponse:
-    """An answer that is a response code and the answerer's term, with the usual ids."""
+class _CodedResponse(_Answer):
+    """An answer that is a response code and the answerer's term."""
 
     code: ResponseCode
     term: int
-    _: KW_ONLY
-    group: str = ""
-    local_id: str = ""
-    remote_id: str = ""
-    leader_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -123,15 +123,21 @@ def test_a_leader_whose_first_entry_cannot_be_written_steps_down(make_group):
     assert g.status()[target].role.name != "LEADER"
 
 
-def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group):
-    """Issue 10 §5: a member partitioned while it restarts used to come back healed.  Its
-    outgoing links are cut: a linearizable read there must ask the leader and cannot."""
+def _cut_off_a_follower(make_group):
+    """A 3-member group with one entry, and a follower whose outgoing links are cut."""
     g = make_group(members=3)
     leader = g.wait_for_leader()
     isolated = next(m for m in g.members if m != leader)
     c = g.client(timeout_s=30)
     r = c.append(b"before")
     g.partition({isolated}, set(g.members) - {isolated}, one_way=True)
+    return g, isolated, c, r
+
+
+def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group):
+    """Issue 10 §5: a member partitioned while it restarts used to come back healed.  Its
+    outgoing links are cut: a linearizable read there must ask the leader and cannot."""
+    g, isolated, c, r = _cut_off_a_follower(make_group)
     h = g.handle(isolated)
 
     def linearizable_index():
@@ -199,12 +205,7 @@ def test_a_member_whose_election_clock_stopped_starts_it_again(make_group):
 def test_heal_while_a_partitioned_member_restarts_restores_its_links(make_group):
     """heal() while the member is still restarting: heal waits for it (or the member reads
     the healed state when it starts), so it never comes back still cut off."""
-    g = make_group(members=3)
-    leader = g.wait_for_leader()
-    isolated = next(m for m in g.members if m != leader)
-    c = g.client(timeout_s=30)
-    r = c.append(b"before")
-    g.partition({isolated}, set(g.members) - {isolated}, one_way=True)
+    g, isolated, c, r = _cut_off_a_follower(make_group)
     h = g.handle(isolated)
     g.kill(isolated)
     g.heal()  # the member is down or restarting now
