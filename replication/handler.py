@@ -71,7 +71,12 @@ class EntryHandler:
         self._writes: dict[int, tuple[PushEntryRequest, Any, int]] = {}
         self._ctrl: deque[tuple[PushEntryRequest, Any]] = deque()  # COMPARE / TRUNCATE / COMMIT
         self._leader_key: tuple[int, str | None] = (-1, None)
-        self.matched_index = -1  # highest index known to match the current leader's log
+        # highest index known to match the log of this term's leader; kept by term, not by
+        # (term, leader): a term has one leader, so a same-term flap (heartbeats time out,
+        # then the same leader again) must not forget it, or a late duplicate TRUNCATE
+        # passes the guard in :meth:`_truncate` and cuts acknowledged entries
+        self._matched_term = -1
+        self.matched_index = -1
         self._last_abnormal_check = _NEVER
 
     @property
@@ -126,12 +131,15 @@ class EntryHandler:
         return None
 
     def _sync_leader(self) -> bool:
-        """A new (term, leader) forgets what matched the old one; True when it changed."""
+        """A new (term, leader) drops queued pushes (see :meth:`_on_leader_change`); a new
+        term also forgets what matched the old one.  True when (term, leader) changed."""
         key = (self.state.current_term, self.state.leader_id)
         if key == self._leader_key:
             return False
         self._leader_key = key
-        self.matched_index = -1
+        if key[0] != self._matched_term:
+            self._matched_term = key[0]
+            self.matched_index = -1
         return True
 
     def _resp(

@@ -261,3 +261,26 @@ def test_unknown_push_type() -> None:
     req = replace(push(PushType.COMMIT), type="BOGUS")
     _, r = only(h.handle_push(req, "t", 0))
     assert r.code == ResponseCode.UNEXPECTED_ARGUMENT
+
+
+def test_the_truncate_guard_remembers_the_term_through_a_same_term_flap() -> None:
+    """Issue 20 item 2 (review c2_flap): a follower whose heartbeats time out becomes a
+    candidate in the same term with no leader, then follows the same leader again.  There
+    is one leader per term, so what matched it is still known: a late duplicate TRUNCATE
+    must not cut entries the follower acknowledged (the store only refuses cuts below its
+    own committed index, which lags the leader's)."""
+    leader = store_with([2] * 21)
+    h, store, state = handler([2] * 10)
+    trunc = push(PushType.TRUNCATE, first_index=9, entry_term=2, entry_pos=leader.get_pos(9))
+    _, r = only(h.handle_push(trunc, "t", 0))
+    assert r.code == S and h.matched_index == 9
+    _, r = only(h.handle_push(append_req(leader, 10, 11, commit=5), "a", 0))
+    assert r.code == S and store.ledger_end_index == 20 and h.matched_index == 20
+    state.change_to_candidate(2)  # the heartbeat timeout: same term, no leader
+    h.tick(1)
+    state.change_to_follower(2, "l")  # the same leader's next heartbeat
+    h.tick(2)
+    assert h.matched_index == 20
+    _, r = only(h.handle_push(trunc, "late", 3))  # the late duplicate
+    assert r.code == S
+    assert store.ledger_end_index == 20 and store.read_batch(10).data == leader.read_batch(10).data
