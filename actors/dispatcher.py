@@ -98,9 +98,11 @@ class EntryDispatcherActor:
             self.logic.deactivate(term)
             self._cg_gen = None
             self._cg_sent.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+            self._progress_wm = -1
+        for timer in (self._timer, self._progress_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._progress_timer = None
 
     @ray.method(enable_task_events=False)
     async def on_announcement(self, a: Announcement) -> None:
@@ -184,7 +186,7 @@ class EntryDispatcherActor:
                     self.logic.on_response(req, resp, now)
             wm = self.logic.water_mark if self.logic.term == term else -1
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._after_ack, wm)
+            self._loop.call_soon_threadsafe(self._after_ack, term, wm)
         return gen, term, self.peer_id, wm, rounds
 
     def _send_all(self, reqs: list) -> None:
@@ -192,15 +194,19 @@ class EntryDispatcherActor:
             asyncio.ensure_future(self._send(req))
         self._kick()
 
-    def _after_ack(self, wm: int) -> None:
+    def _after_ack(self, term: int, wm: int) -> None:
         if wm >= 0:
-            self._progress(wm)
+            self._progress(term, wm)
         self._kick()
 
-    def _progress(self, wm: int) -> None:
+    def _progress(self, term: int, wm: int) -> None:
         """Tell the member's elector how far the follower matches (leadership transfer waits
-        for it): at most every PROGRESS_S, and the last water mark always gets through."""
-        self._progress_wm = max(self._progress_wm, wm)
+        for it): at most every PROGRESS_S, and the last water mark always gets through.  A
+        water mark learned in another term than the one served now is dropped."""
+        with self._lock:
+            if term != self.logic.term:
+                return
+            self._progress_wm = max(self._progress_wm, wm)
         if self._progress_timer is not None:
             return
         due = self._last_progress + PROGRESS_S - time.monotonic()
@@ -210,9 +216,13 @@ class EntryDispatcherActor:
             self._progress_timer = self._loop.call_later(due, self._send_progress)
 
     def _send_progress(self) -> None:
+        """The report names the term it serves: the member drops one of another term."""
         self._progress_timer = None
         self._last_progress = time.monotonic()
-        self.member.on_peer_progress.remote(self.peer_id, self._progress_wm)
+        with self._lock:
+            term, wm = self.logic.term, self._progress_wm
+        if wm >= 0:
+            self.member.on_peer_progress.remote(self.peer_id, term, wm)
 
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
@@ -331,7 +341,7 @@ class EntryDispatcherActor:
                         due = self.logic.on_committed(term, committed)
                     if due:
                         self._kick()
-                self._progress(wm)
+                self._progress(term, wm)
                 with self._lock:
                     if self.logic.term == term and self.logic.water_mark <= wm and not force:
                         return

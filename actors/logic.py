@@ -51,6 +51,8 @@ from rayledger.storage import (
     ResponseCode,
 )
 
+from .reads import ReadIndexLogic
+
 log = logging.getLogger("rayledger.actors")
 
 
@@ -183,8 +185,8 @@ class MemberLogic:
     def on_election_response(self, peer: str, req: object, resp: object, now_ms: int) -> list:
         return self.elector.on_response(peer, req, resp, now_ms)
 
-    def on_peer_progress(self, peer: str, match_index: int, now_ms: int) -> list:
-        return self.elector.on_peer_progress(peer, match_index, now_ms)
+    def on_peer_progress(self, peer: str, term: int, match_index: int, now_ms: int) -> list:
+        return self.elector.on_peer_progress(peer, term, match_index, now_ms)
 
     @staticmethod
     def split(actions: list) -> tuple[list[Send], bool]:
@@ -261,6 +263,12 @@ class MemberLogic:
                 leader_id=self.self_id,
             )
         return term, self.term_start_index
+
+    def lease_holds(self, reads: ReadIndexLogic, term: int, now_ms: int) -> bool:
+        """A lease read may skip its confirmation round: the elector allows a lease in
+        ``term`` (pre-vote on, no take-leadership order sent in it) and the lease of the
+        last confirmed round has not run out."""
+        return self.elector.lease_allowed(term) and reads.lease_holds(term, now_ms)
 
     def leads(self, term: int) -> bool:
         return (

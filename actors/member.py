@@ -276,9 +276,9 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
 
     # -- answers to this member's helpers (fenced by term) ------------------------------------
     @ray.method(enable_task_events=False)
-    async def on_peer_progress(self, peer: str, match_index: int) -> None:
+    async def on_peer_progress(self, peer: str, term: int, match_index: int) -> None:
         with self._lock:
-            actions = self.logic.on_peer_progress(peer, match_index, now_ms())
+            actions = self.logic.on_peer_progress(peer, term, match_index, now_ms())
         await self._apply(actions)
 
     async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):

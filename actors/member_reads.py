@@ -60,12 +60,7 @@ class ReadsMixin:
             ) from None
 
     def _lease_holds(self, term: int) -> bool:
-        """A lease read needs pre-vote on and no transfer under way (reads.py says why)."""
-        return (
-            self.config.election.enable_pre_vote
-            and not self.logic.elector.transferring
-            and self.reads.lease_holds(term, now_ms())
-        )
+        return self.logic.lease_holds(self.reads, term, now_ms())
 
     def _reads_out(self, sends: list, confirmed: list) -> None:
         for token, index in confirmed:

@@ -15,7 +15,10 @@ without a cluster.
   in real time.  The lease ends earlier, at ``t + heartbeat_timeout / (1 + max_clock_drift)``,
   which assumes clocks run at rates differing by at most ``max_clock_drift`` (10 % by
   default) and holds only with pre-vote on and no leadership transfer under way (a transferee
-  skips pre-vote): the shell falls back to a read-index round otherwise.
+  skips pre-vote).  Once a take-leadership order has gone out in a term, no lease holds for
+  the rest of that term, even after the transfer is given up
+  (:meth:`~rayledger.election.Elector.lease_allowed`); the leader falls back to a read-index
+  round otherwise.
 * ``committed``: this member's own committed index, no round at all; may be stale.
 
 Before either of the first two, a new leader must have committed an entry of its own term

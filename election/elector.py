@@ -94,6 +94,9 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         self._transfer: _Transfer | None = None
         self._pending_take: _PendingTake | None = None
         self._taking_from: LeadershipTransferRequest | None = None
+        # The term in which this leader sent a take-leadership order: its transferee skips
+        # pre-vote, so no lease is trusted for the rest of that term (see lease_allowed).
+        self._take_order_term = -1
         # Random start so answers to a previous incarnation's rounds never match.
         self._round_seq = rng.getrandbits(31)
         self._announced = Announced(state.current_term, state.role, state.leader_id)
@@ -114,6 +117,23 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
     def transferring(self) -> bool:
         """True while this leader hands over leadership (appends are refused)."""
         return self.state.transferee is not None
+
+    def lease_allowed(self, term: int) -> bool:
+        """Whether this member may serve a lease read in ``term`` (a lease that also has not
+        run out: :class:`~rayledger.actors.reads.ReadIndexLogic`).  A lease rests on pre-vote:
+        a quorum that heard from this leader grants no pre-vote for a heartbeat timeout.  A
+        transferee skips pre-vote, so the lease is void from the moment a transfer starts,
+        and once a take order has gone out in ``term``, for the rest of ``term``: giving the
+        transfer up does not recall the order (the transferee may still win a real vote, or
+        get the order late), and a read round confirmed meanwhile proves nothing either."""
+        st = self.state
+        return (
+            self.config.enable_pre_vote
+            and st.role is Role.LEADER
+            and st.current_term == term
+            and st.transferee is None
+            and self._take_order_term != term
+        )
 
     @property
     def transfer_deadline_ms(self) -> int | None:

@@ -71,6 +71,7 @@ class ElectorParts:
     _transfer: _Transfer | None
     _pending_take: _PendingTake | None
     _taking_from: LeadershipTransferRequest | None
+    _take_order_term: int  # the term this leader sent a take order in (no lease after it)
 
     @property
     def self_id(self) -> str:

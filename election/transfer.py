@@ -164,6 +164,7 @@ class TransferSteps(ElectorParts):
         if fall_behind >= self.config.max_leadership_transfer_wait_index:
             return []
         transfer.take_sent = True
+        self._take_order_term = transfer.term  # no lease for the rest of this term
         self._log(
             INFO,
             "TellTakeLeadership",
@@ -208,8 +209,14 @@ class TransferSteps(ElectorParts):
             return self._abandon_transfer(ResponseCode(resp.code), "transferee refused")
         return []  # it is voting; we step down when its term reaches us, or time out
 
-    def on_peer_progress(self, peer: str, match_index: int, now_ms: int) -> list[Action]:
-        """The shell reports a follower's match index (its replication water mark)."""
+    def on_peer_progress(self, peer: str, term: int, match_index: int, now_ms: int) -> list[Action]:
+        """The shell reports a follower's match index (its replication water mark), as a
+        dispatcher of ``term`` learned it.  A report of another term is dropped: an old
+        term's water mark must not refill ``peer_match_index`` after an election, or a take
+        order could go to a transferee that lags (issue 20 item 5)."""
+        st = self.state
+        if term != st.current_term or st.role is not Role.LEADER:
+            return []
         timers = self._timers
         if match_index > timers.peer_match_index.get(peer, -1):
             timers.peer_match_index[peer] = match_index

@@ -35,7 +35,7 @@ def _take_order(sends):
 def test_transfer_blocks_appends_and_orders_the_caught_up_transferee(h) -> None:
     el, now = _leader(h, term=0, ledger=(-1, -1))
     el.state.update_ledger(50, el.term)
-    el.on_peer_progress("n2", 50, now)
+    el.on_peer_progress("n2", el.term, 50, now)
     resp, actions = el.transfer_leadership("n2", now)
     assert isinstance(resp, LeadershipTransferResponse) and resp.code is C.SUCCESS
     assert el.transferring and el.state.transferee == "n2"
@@ -55,11 +55,11 @@ def test_transfer_waits_for_the_transferee_to_come_within_wait_index(h) -> None:
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
     el.state.update_ledger(100, el.term)
-    el.on_peer_progress("n1", 80, now)
+    el.on_peer_progress("n1", el.term, 80, now)
     resp, actions = el.transfer_leadership("n1", now)
     assert resp.code is C.SUCCESS and h.sends(actions) == []
-    assert el.on_peer_progress("n1", 90, now + 10) == []  # 10 behind: not yet
-    order = _take_order(el.on_peer_progress("n1", 91, now + 20))
+    assert el.on_peer_progress("n1", el.term, 90, now + 10) == []  # 10 behind: not yet
+    order = _take_order(el.on_peer_progress("n1", el.term, 91, now + 20))
     assert order.message.take_leadership_ledger_index == 100
     assert order.message.wait_timeout_ms == 1000 - 20
 
@@ -238,10 +238,10 @@ def test_preferred_leader_check_skips_dead_or_lagging_members(h) -> None:
     sends = h.sends(el.tick(now))
     h.answer_heartbeats(el, sends, C.SUCCESS, now + 1, only={"n1"})
     el.state.update_ledger(100, el.term)
-    el.on_peer_progress("n1", 50, now)
+    el.on_peer_progress("n1", el.term, 50, now)
     el.tick(now + 1000)
     assert not el.transferring  # n2 dead, n1 too far behind
-    el.on_peer_progress("n1", 95, now + 1001)
+    el.on_peer_progress("n1", el.term, 95, now + 1001)
     el.tick(now + 2000)
     assert el.state.transferee == "n1"
 
@@ -334,3 +334,26 @@ def test_role_change_action_carries_the_leader(h) -> None:
     el = h.make(term=2)
     _, actions = el.handle_heartbeat(h.hb_req(el, "n2"), 0)
     assert actions == [RoleChange(2, Role.FOLLOWER, "n2")]
+
+
+def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
+    """Issue 20 item 5 (review c5_small): a dispatcher's report of term T landing after the
+    leader was deposed and re-elected in T+2 must not refill ``peer_match_index``, or a take
+    order goes at once to a transferee that may lag by any amount."""
+    cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
+    el, now = _leader(h, term=0, midlife=True, config=cfg)
+    el.state.update_ledger(1000, 0)
+    old = el.term
+    el.on_peer_progress("n1", old, 995, now + 10)
+    el._change_role_to_candidate(old + 1, now + 20)
+    while el.term < old + 2:
+        el.state.next_term()
+    el._change_role_to_leader(old + 2, now + 30)
+    assert el._timers.peer_match_index == {}
+    assert el.on_peer_progress("n1", old, 995, now + 31) == []  # the old dispatcher's report
+    assert el._timers.peer_match_index == {}
+    resp, actions = el.transfer_leadership("n1", now + 40)
+    assert resp.code is C.SUCCESS
+    assert [s for s in h.sends(actions) if isinstance(s.message, LeadershipTransferRequest)] == []
+    el.on_peer_progress("n1", el.term, 995, now + 41)  # the new term's report counts
+    assert el._timers.peer_match_index == {"n1": 995}

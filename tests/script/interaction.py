@@ -300,7 +300,7 @@ class Env:
             if wm is not None:  # to the checker, and the member's progress notice
                 node.checker.report(d.term, peer, wm)
                 self._check(node)
-                self._act(node, node.logic.on_peer_progress(peer, wm, self.now))
+                self._act(node, node.logic.on_peer_progress(peer, d.term, wm, self.now))
             self._pump(node, peer)
         else:
             self._act(node, node.logic.on_election_response(peer, req, resp, self.now))

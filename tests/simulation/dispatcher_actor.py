@@ -168,7 +168,7 @@ class DispatcherActor:
             now = self.clock.now_ms
             if now - sh.last_progress > 50:
                 sh.last_progress = now
-                self._hop(node, self._m_on_peer_progress, node, peer, wm)
+                self._hop(node, self._m_on_peer_progress, node, peer, term, wm)
             if d.water_mark <= wm and not force:
                 break
             force = False
@@ -244,15 +244,15 @@ class DispatcherActor:
             if req is not None:
                 self._d_answered(node, peer, req, resp)
         wm = d.water_mark if d.term == term else -1
-        self._hop(node, self._d_after_ack, node, peer, wm)
+        self._hop(node, self._d_after_ack, node, peer, term, wm)
         return gen, term, peer, wm, rounds
 
-    def _d_after_ack(self, node: Node, peer: str, wm: int) -> None:
+    def _d_after_ack(self, node: Node, peer: str, term: int, wm: int) -> None:
         sh = node.dsh[peer]
         now = self.clock.now_ms
         if wm >= 0 and now - sh.last_progress > 50:
             sh.last_progress = now
-            self._hop(node, self._m_on_peer_progress, node, peer, wm)
+            self._hop(node, self._m_on_peer_progress, node, peer, term, wm)
         self._d_kick(node, peer)
 
 

@@ -309,7 +309,7 @@ class ElectionSim(SimDriver):
                 self.net.send(dst, src, SyncAck(payload.term, payload.end_index))
         elif isinstance(payload, SyncAck):
             if el.role is Role.LEADER and el.term == payload.term:
-                self._apply(dst, el.on_peer_progress(src, payload.end_index, now))
+                self._apply(dst, el.on_peer_progress(src, payload.term, payload.end_index, now))
         else:
             self.fail(f"unknown payload {payload!r}")
 

@@ -182,8 +182,8 @@ class MemberActor:
         for client, req_id in clients:
             self._to_client(node.id, client, ClientReply(req_id, code, leader_id=leader))
 
-    def _m_on_peer_progress(self, node: Node, peer: str, wm: int) -> None:
-        self._apply(node, node.logic.on_peer_progress(peer, wm, self.clock.now_ms))
+    def _m_on_peer_progress(self, node: Node, peer: str, term: int, wm: int) -> None:
+        self._apply(node, node.logic.on_peer_progress(peer, term, wm, self.clock.now_ms))
 
     def _m_cg_push(self, node: Node, pushed) -> tuple:
         """``MemberActor.cg_push``: a follower takes the pushes of a graph execution."""
