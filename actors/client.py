@@ -69,6 +69,25 @@ class _Pending:
     last_error: Exception | None = None
 
 
+def _settle(p: _Pending, result: list | None = None, exc: BaseException | None = None) -> bool:
+    """Give ``p`` its outcome unless it already has one; True when this one did.
+
+    The call's answer, the caller's deadline (:meth:`LedgerClient._expire`) and an
+    ``append_future`` caller's ``cancel()`` race from different threads, so checking
+    ``done()`` first is not enough: the future itself decides, and the loser's
+    ``InvalidStateError`` is swallowed so it never stops the other appends of a call
+    from being settled.
+    """
+    try:
+        if exc is not None:
+            p.future.set_exception(exc)
+        else:
+            p.future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        return False
+    return True
+
+
 def _check_bodies(bodies) -> list:
     if isinstance(bodies, (*_BYTES, str)) or not isinstance(bodies, Sequence):
         raise LedgerError.of(
@@ -256,25 +275,26 @@ class LedgerClient:
             )
             self._sender.start()
 
-    def _expire(self, p: _Pending) -> LedgerError | None:
-        """The caller's deadline passed: queued means never stored, sent means unknown."""
+    def _expire(self, p: _Pending) -> BaseException | None:
+        """The caller's deadline passed: queued means never stored, sent means unknown.
+
+        Returns the append's error, or None when its call's answer won the race (then
+        ``p.future`` holds the result).
+        """
         with self._cv:
-            # queued, or taken by the sender but not sent (it skips appends that are done)
-            if p in self._queue or (not p.sent and not p.future.done()):
+            # queued, or taken by the sender but not sent: settled under the lock, so the
+            # sender (which skips appends that are done) cannot send it meanwhile
+            if p in self._queue or not p.sent:
                 if p in self._queue:
                     self._queue.remove(p)
                 exc = self._not_taken(p)
-                p.future.set_exception(exc)
-                return exc
-        if p.future.done():
-            return p.future.exception()  # it ended meanwhile: its own answer
+                return exc if _settle(p, exc=exc) else p.future.exception()
         exc = OutcomeUnknownError(
             ResponseCode.APPEND_OUTCOME_UNKNOWN,
             f"append to {self.group!r} did not finish before the deadline; it may still commit",
         )
-        if not p.future.done():
-            p.future.set_exception(exc)
-        return exc
+        # the call's answer may land at any moment: whichever settles first is the answer
+        return exc if _settle(p, exc=exc) else p.future.exception()
 
     def _not_taken(self, p: _Pending) -> LedgerError:
         """TIMEOUT for an append no leader took before its deadline (nothing stored); the
@@ -292,10 +312,7 @@ class LedgerClient:
             self._closed = True
             while self._queue:
                 p = self._queue.popleft()
-                if not p.future.done():
-                    p.future.set_exception(
-                        LedgerError.of(ResponseCode.TIMEOUT, "the client was closed")
-                    )
+                _settle(p, exc=LedgerError.of(ResponseCode.TIMEOUT, "the client was closed"))
             self._cv.notify_all()
 
     # -- the sender -----------------------------------------------------------------------------
@@ -305,8 +322,7 @@ class LedgerClient:
         now = time.monotonic()
         while q and (q[0].future.done() or q[0].deadline < now):
             p = q.popleft()
-            if not p.future.done():
-                p.future.set_exception(self._not_taken(p))
+            _settle(p, exc=self._not_taken(p))
         if not q:
             return []
         if q[0].alone:
@@ -400,12 +416,9 @@ class LedgerClient:
         pos = np.frombuffer(positions, dtype=np.int64).tolist()
         rc = receipts[0] if receipts else [None] * len(pos)
         k = 0
-        for p in batch:
+        for p in batch:  # one already settled (its deadline won) never stops the others
             n = len(p.bodies)
-            if not p.future.done():
-                p.future.set_result(
-                    [AppendResult(first + k + j, term, pos[k + j], rc[k + j]) for j in range(n)]
-                )
+            _settle(p, [AppendResult(first + k + j, term, pos[k + j], rc[k + j]) for j in range(n)])
             k += n
 
     def _call_failed(self, batch: list[_Pending], target: str, exc: Exception) -> None:
@@ -450,9 +463,8 @@ class LedgerClient:
         with self._cv:
             self._in_flight -= 1
             self._cv.notify_all()
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(make())
+        for p in batch:  # one already settled (its deadline won) never stops the others
+            _settle(p, exc=make())
 
     # -- reads --------------------------------------------------------------------------------
     # a read changes nothing, so unlike an append it is safe to try again elsewhere
