@@ -75,14 +75,16 @@ class QuorumAckCheckerActor:
         return [r for _, r in out]
 
     @ray.method(enable_task_events=False)
-    async def add_round(self, term: int, first: int, last: int, token) -> None:
+    async def add_round(self, term: int, first: int, last: int, token, leader_mark: int) -> None:
+        """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
+        counts its own copy (see :meth:`MemberLogic.water_mark`)."""
         with self._lock:
             if term != self.logic.term:
                 self._out.append(
                     (term, Resolved(token, ResponseCode.TERM_CHANGED, first, last, term))
                 )
             else:
-                self.logic.add_round(term, first, last, token, now_ms())
+                self.logic.add_round(term, first, last, token, now_ms(), leader_mark)
         self._kick()
 
     @ray.method(enable_task_events=False)
@@ -117,8 +119,8 @@ class QuorumAckCheckerActor:
         with self._lock:
             if gen != self._cg_gen or term != self.logic.term:
                 return None
-            for first, last, token in rounds:
-                self.logic.add_round(term, first, last, token, now)
+            for first, last, token in rounds:  # the graph runs only without sync_flush:
+                self.logic.add_round(term, first, last, token, now, last)  # written counts
             if wm >= 0:
                 self.logic.report(term, peer, wm)
             committed, resolved = self.logic.check(now)

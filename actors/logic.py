@@ -69,6 +69,9 @@ class LeaderInfo:
     end_term: int
     end_pos: int
     committed: int
+    # how far the leader counts its own copy toward a quorum: ``end``, or with sync_flush
+    # its flushed end (a restarted checker must not count an unflushed copy)
+    water_mark: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +249,15 @@ class MemberLogic:
             end_term=s.ledger_end_term,
             end_pos=s.get_pos(end) if end >= s.ledger_begin_index else -1,
             committed=s.committed_index,
+            water_mark=self.water_mark(),
         )
+
+    def water_mark(self) -> int:
+        """How far this leader's own copy counts toward a quorum (the checker's mark for
+        it): its log end, or with sync_flush only what is flushed (``durable_end_index``),
+        wherever the checker learns it -- a round's registration, a restarted checker's
+        start, the rounds re-registered with it."""
+        return self.store.durable_end_index
 
     def read_base(self) -> tuple[int, int]:
         """``(term, index of its first entry)`` for a read index on this leader: the read
@@ -568,8 +579,7 @@ class CheckerLogic:
     def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list[Resolved]:
         self.term = term
         self._registered.clear()
-        out = self.core.become_leader(term, term_start_index, info.end, info.committed)
-        self.core.update_water_mark(term, self.self_id, info.end)
+        out = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
         return out
 
     def step_down(self, term: int) -> list[Resolved]:
@@ -579,12 +589,16 @@ class CheckerLogic:
         self._registered.clear()
         return self.core.step_down(term)
 
-    def add_round(self, term: int, first: int, last: int, token: Any, now_ms: int) -> None:
-        """A round of ``term`` waits for its quorum (registering one twice is harmless)."""
+    def add_round(
+        self, term: int, first: int, last: int, token: Any, now_ms: int, leader_mark: int
+    ) -> None:
+        """A round of ``term`` waits for its quorum (registering one twice is harmless);
+        ``leader_mark`` is the leader's :meth:`MemberLogic.water_mark` when it registered
+        the round (with sync_flush it may stand below the round: not flushed yet)."""
+        self.core.update_water_mark(term, self.self_id, leader_mark)
         if token in self._registered:
             return
         self._registered.add(token)
-        self.core.update_water_mark(term, self.self_id, last)
         self.core.add_pending(term, first, last, token, now_ms)
 
     def report(self, term: int, peer: str, water_mark: int) -> None:

@@ -71,8 +71,9 @@ class AppendsMixin:
             if not waiting:
                 continue
             self._announce_plain(a)
+            mark = self.logic.water_mark()
             for first, last, rid in waiting:
-                self._checker.add_round.remote(a.term, first, last, rid)
+                self._checker.add_round.remote(a.term, first, last, rid, mark)
 
     def _announce_plain(self, a) -> None:
         batch = a.payload
@@ -141,7 +142,8 @@ class AppendsMixin:
                 if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
                     return
             self._announce_plain(replace(a, payload=batch))
-            self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+            mark = self.logic.water_mark()
+            self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
         except Exception as exc:  # stored, but not sent on (e.g. ray.put failed)
             log.error(
                 "[%s] term=%d: round %d..%d not sent: %r",
@@ -154,15 +156,22 @@ class AppendsMixin:
             self._finish_round(rid, ResponseCode.INTERNAL_ERROR)
 
     async def _register_synced(self, term: int, rnd: Round, rid: int) -> None:
-        """sync_flush: the round joins the quorum count once it is on this member's disk."""
+        """sync_flush: the round joins the quorum count once it is on this member's disk
+        (until then the checker's mark for the leader is its flushed end, even a restarted
+        checker's).  A failed flush fails the round's appends, unless the followers alone
+        already made a quorum for it, and costs the leadership: a leader whose disk fails
+        can count itself toward nothing."""
         try:
             await self._loop.run_in_executor(None, self.store.flush)
-        except LedgerError as exc:
+        except (LedgerError, OSError) as exc:
             log.error("[%s] term=%d: flush of %d..%d failed: %s", self.self_id, term,
                       rnd.first_index, rnd.last_index, exc)  # fmt: skip
             self._finish_round(rid, ResponseCode.DISK_ERROR)  # stored: outcome unknown
+            self._step_down(f"the flush of entries {rnd.first_index}..{rnd.last_index} failed")
             return
-        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+        with self._lock:
+            mark = self.logic.water_mark()
+        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:

@@ -562,6 +562,12 @@ class FileStore(LogStore):
                 self._flush_cv.notify_all()
                 self._flush_cv.wait(1.0)
 
+    @property
+    def durable_end_index(self) -> int:
+        if self.config.sync_flush:
+            return min(self.flushed_index, self.ledger_end_index)
+        return self.ledger_end_index
+
     def after_append(self) -> None:
         if self.config.sync_flush and not self.defer_sync:
             self.flush()

@@ -153,6 +153,13 @@ class LogStore:
     def write_pos(self) -> int:
         return self._data.write_pos
 
+    @property
+    def durable_end_index(self) -> int:
+        """The last entry this store may count as stored toward a quorum: with
+        ``sync_flush`` only what is flushed (an unflushed copy may vanish in a power loss),
+        otherwise what is written (asynchronous mode accepts that loss)."""
+        return self.ledger_end_index
+
     def add_append_hook(self, hook: AppendHook) -> None:
         """Run ``hook(index, pos, body)`` on every leader append, before the CRCs are computed."""
         if not callable(hook):

@@ -101,3 +101,42 @@ def test_with_sync_flush_a_follower_acknowledges_only_what_is_on_disk(tmp_path):
         assert store.flushed_index >= 2  # on disk before the answer left
     finally:
         store.close()
+
+
+def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_copy(tmp_path):
+    """Issue 20 item 3 (review c3_sync): a round is stored and announced before the leader's
+    own fdatasync (the followers write meanwhile).  A checker restarted during that flush
+    starts from the leader's ``LeaderInfo`` and gets the rounds of the term again; on
+    24eedd2 it took the leader's mark from the log end, so the unflushed copy plus one
+    follower made a quorum and the append was acknowledged before it was on a quorum's
+    disk.  In sync mode the leader's mark is its flushed end, everywhere."""
+    from rayledger.actors.logic import CheckerLogic
+
+    cfg = StoreConfig(data_dir=str(tmp_path), sync_flush=True, flush_interval_ms=3_600_000)
+    store = open_store(cfg)
+    store.defer_sync = True  # as the member actor runs it: it flushes, unlocked, itself
+    peers = ["n0", "n1", "n2"]
+    m = MemberLogic("g", "n0", peers, store, ElectionConfig(), ReplicationConfig(),
+                    MemoryTermStore(term=3))  # fmt: skip
+    try:
+        m.state.change_to_leader(3)
+        (start,) = m.leadership()
+        store.flush()  # the term's first entry is flushed before the helpers start
+        assert m.mark_ready(3)
+        rnd = m.write_round([(None, [b"a", b"b", b"c"])], 3)
+        assert store.flushed_index < rnd.first_index  # stored and announced, not yet flushed
+        chk = CheckerLogic("g", "n0", peers, ReplicationConfig())
+        chk.become_leader(3, start.term_start_index, m.leader_info())  # the restarted checker
+        chk.report(3, "n1", rnd.last_index)  # one follower flushed and acknowledged
+        committed, _ = chk.check(1)
+        assert committed is None or committed < rnd.first_index
+        chk.add_round(3, rnd.first_index, rnd.last_index, "r", 1, m.water_mark())  # re-sent
+        committed, resolved = chk.check(2)
+        assert resolved == [] and (committed is None or committed < rnd.first_index)
+        store.flush()  # the leader's own flush ends: its registration counts it now
+        chk.add_round(3, rnd.first_index, rnd.last_index, "r", 3, m.water_mark())
+        committed, resolved = chk.check(4)
+        assert committed == rnd.last_index
+        assert [(r.token, r.code) for r in resolved] == [("r", ResponseCode.SUCCESS)]
+    finally:
+        store.close()

@@ -126,7 +126,7 @@ def test_hint_reads_wait_for_a_leader_view_to_fetch_them() -> None:
     store = store_with([1, 1] + [3] * 30)
     end = store.ledger_end_index
     view = LeaderView(1 << 20)
-    view.reset(LeaderInfo(3, 0, end, 3, store.get_pos(end), -1))
+    view.reset(LeaderInfo(3, 0, end, 3, store.get_pos(end), -1, end))
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
     d.check_and_fresh_state(3, LEADER, True)
     (req,) = d.next_requests(0, view)

@@ -400,7 +400,9 @@ class Env:
         node.rounds[self.tokens] = (rnd.first_index, rnd.last_index)
         self.say(f"{mid} stores {rnd.first_index}..{rnd.last_index} in term {term}")
         a = lg.announcement(rnd, rnd.appended.batch())
-        node.checker.add_round(term, rnd.first_index, rnd.last_index, self.tokens, self.now)
+        node.checker.add_round(
+            term, rnd.first_index, rnd.last_index, self.tokens, self.now, lg.water_mark()
+        )
         for peer, d in node.dispatchers.items():
             d.on_announcement(a)
             self._pump(node, peer)

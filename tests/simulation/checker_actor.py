@@ -30,7 +30,9 @@ class CheckerActor:
         cs.cg_gen = None
         return [(r.token, r.code) for r in failed]
 
-    def _c_add_round(self, node: Node, term: int, first: int, last: int, token) -> None:
+    def _c_add_round(
+        self, node: Node, term: int, first: int, last: int, token, leader_mark: int
+    ) -> None:
         chk = node.checker
         if term != chk.term:
             node.csh.out.append(
@@ -39,7 +41,7 @@ class CheckerActor:
         else:
             if token in chk._registered:
                 self.stats["double_registered"] += 1
-            chk.add_round(term, first, last, token, self.clock.now_ms)
+            chk.add_round(term, first, last, token, self.clock.now_ms, leader_mark)
         self._c_kick(node)
 
     def _c_report(self, node: Node, term: int, peer: str, wm: int) -> int | None:
@@ -118,7 +120,7 @@ class CheckerActor:
         for first, last, token in rounds:
             if token in chk._registered:
                 self.stats["double_registered"] += 1
-            chk.add_round(term, first, last, token, now)
+            chk.add_round(term, first, last, token, now, last)
         if wm >= 0:
             chk.report(term, peer, wm)
         committed, resolved = chk.check(now)

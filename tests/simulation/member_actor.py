@@ -146,7 +146,8 @@ class MemberActor:
         ):
             return
         self._announce_plain(node, a)
-        self._hop(node, self._c_add_round, node, term, rnd.first_index, rnd.last_index, rid)
+        mark = node.logic.water_mark()
+        self._hop(node, self._c_add_round, node, term, rnd.first_index, rnd.last_index, rid, mark)
 
     def _announce_plain(self, node: Node, a: Announcement) -> None:
         for p in node.dispatchers:
@@ -216,4 +217,5 @@ class MemberActor:
             self._announce_plain(node, a)
             for first, last, rid in waiting:
                 self.stats["re_registered"] += 1
-                self._hop(node, self._c_add_round, node, a.term, first, last, rid)
+                mark = node.logic.water_mark()
+                self._hop(node, self._c_add_round, node, a.term, first, last, rid, mark)

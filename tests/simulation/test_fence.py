@@ -172,7 +172,9 @@ class FiveMembers:
         for p, d in self.disp[mid].items():
             if d.on_announcement(a):
                 self.push(mid, p)
-        self.chk[mid].add_round(term, rnd.first_index, rnd.last_index, next(self.rids), self.now)
+        self.chk[mid].add_round(
+            term, rnd.first_index, rnd.last_index, next(self.rids), self.now, lg.water_mark()
+        )
         self.check(mid)
         return rnd
 

@@ -238,10 +238,19 @@ def test_file_store_crash_recovers_from_files() -> None:
         leader = _leader(sim)
         follower = next(mid for mid in sim.ids if mid != leader)
         sim.run_for(1000)
+        store = sim.members[follower].store
+        durable = store.flushed_index  # what a crash keeps, even a power loss (seeded)
+        held = [store.get(i) for i in range(store.ledger_end_index + 1)]
+        assert durable > 0, "nothing flushed before the crash: nothing to recover"
         sim.crash(follower)
         sim.run_for(1000)
         sim.restart(follower)
-        assert sim.members[follower].store.ledger_end_index >= 0
+        store = sim.members[follower].store
+        # reopened from its files: every entry flushed before the crash, as it was
+        assert durable <= store.ledger_end_index < len(held), (durable, store.ledger_end_index)
+        assert [store.get(i) for i in range(store.ledger_end_index + 1)] == held[
+            : store.ledger_end_index + 1
+        ]
         sim.heal()
         assert sim.run_for(5000, sim.converged)
         sim.final_check()
