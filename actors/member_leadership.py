@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import ray
 from rayledger.storage import LedgerError, ResponseCode
@@ -52,6 +53,10 @@ class LeadershipMixin:
                     await self._start_leading(change)
 
     async def _stop_leading(self, change: StopLeading) -> None:
+        """Stop the helpers of ``change.term``.  Each call waits one RPC timeout at most: a
+        hung helper (a SIGSTOPped process Ray does not restart) must not hold ``_role_lock``,
+        or this member could never take office again (issue 20 item 4).  A helper that did
+        not answer is harmless: it serves an old term, and every answer to it is fenced."""
         with self._lock:
             readers = self.reads.step_down()
         for token in readers:
@@ -59,36 +64,48 @@ class LeadershipMixin:
                 set_exception(token, self._not_leader())
         if self._fast is not None:
             self._fast.stop()
+        timeout = self.config.rpc_timeout_ms / 1000
         try:
-            resolved = await self._checker.step_down.remote(change.new_term)
+            resolved = await asyncio.wait_for(
+                self._checker.step_down.remote(change.new_term), timeout
+            )
             self._finish(resolved)
-        except ray.exceptions.RayError as exc:
-            log.warning("[%s] checker step_down failed: %s", self.self_id, exc)
+        except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+            log.warning("[%s] term=%d: checker step_down failed: %r", self.self_id,
+                        change.new_term, exc)  # fmt: skip
         # whatever the checker did not answer ends here: the outcome is unknown
         for rid in [r for r, (rnd, _) in self._rounds.items() if rnd.term == change.term]:
             self._finish_round(rid, ResponseCode.TERM_CHANGED)
-        await asyncio.gather(
-            *(d.deactivate.remote(change.term) for d in self._dispatchers.values()),
-            return_exceptions=True,
-        )
+        calls = [asyncio.ensure_future(d.deactivate.remote(change.term))
+                 for d in self._dispatchers.values()]  # fmt: skip
+        if calls:
+            _, late = await asyncio.wait(calls, timeout=timeout)
+            for f in late:  # their answer, if any ever comes, is of no use
+                f.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if late:
+                log.warning("[%s] term=%d: %d dispatcher(s) did not stop within %.1f s",
+                            self.self_id, change.new_term, len(late), timeout)  # fmt: skip
 
     async def _start_leading(self, change: StartLeading) -> None:
         """Set the helpers up for the new term, trying again while they restart; a leader
         that cannot get them working hands leadership on (after ``HELPER_START_S``: at a
         member's start its helpers' processes may still be starting)."""
         term = change.term
+        info = change.info
         if self._sync:  # the term's first entry is on disk before we count ourselves
             try:
                 await self._loop.run_in_executor(None, self.store.flush)
             except (LedgerError, OSError) as exc:
                 self._step_down(f"its term's first entry could not be flushed: {exc}")
                 return
+            with self._lock:  # now flushed: the checker may count it
+                info = replace(info, water_mark=self.logic.water_mark())
         give_up = time.monotonic() + self._helper_wait_s()
         delay = 0.05
         while True:
             try:
                 budget = max(give_up - time.monotonic(), self.config.rpc_timeout_ms / 1000)
-                await self._install_helpers(term, change.term_start_index, change.info, budget)
+                await self._install_helpers(term, change.term_start_index, info, budget)
                 break
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
                 log.error("[%s] term=%d: helpers did not start: %r", self.self_id, term, exc)
@@ -165,9 +182,10 @@ class LeadershipMixin:
             dispatchers = list(self._dispatchers.values())
             await asyncio.wait_for(self._checker.set_dispatchers.remote(dispatchers), timeout)
             await asyncio.wait_for(self._checker.become_leader.remote(term, start, info), timeout)
+            mark = self.logic.water_mark()  # sync_flush: rounds still flushing do not count us
             for rid, (rnd, _) in list(self._rounds.items()):
                 if rnd.term == term:  # rounds a dead checker held
-                    self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid)
+                    self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
         dispatchers = [d for p, d in self._dispatchers.items() if only in (None, "checker", p)]
         f = self.faults
         await asyncio.wait_for(
