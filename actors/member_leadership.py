@@ -157,7 +157,6 @@ class LeadershipMixin:
             except ray.exceptions.RayError:
                 pass  # dead: Ray restarts it, or it stays silent and costs the leadership
 
-        handed_over: float | None = None
         while self.logic.leads(term) and not self._closed:
             handles = {("checker", None): self._checker}
             handles.update({("dispatcher", p): d for p, d in self._dispatchers.items()})
@@ -166,12 +165,8 @@ class LeadershipMixin:
             silent = [k for k, t in answered.items() if time.monotonic() - t > wait_s]
             if silent and self.logic.leads(term):
                 why = f"its {silent[0][0]} {silent[0][1] or ''} answered nothing for {wait_s} s"
-                if handed_over is None:
-                    handed_over = time.monotonic()
-                    self._hand_over(term, why)
-                elif time.monotonic() - handed_over > wait_s:  # the transfer did not end it
-                    self._step_down(why)
-                    return
+                self._hand_over(term, why)  # ends the term: transferred, or stepped down
+                return
             await asyncio.sleep(wait_s / 4)
 
     async def _install_helpers(
@@ -231,17 +226,20 @@ class LeadershipMixin:
 
     def _hand_over(self, term: int, why: str) -> None:
         """Leave leadership of ``term`` to a peer (a leader that cannot replicate must not
-        hold it: heartbeats alone would keep it forever)."""
+        hold it: heartbeats alone would keep it forever).  The elector steps down when the
+        transfer cannot start or is given up (:meth:`Elector.hand_over`), so the term ends
+        either way -- even when the transferee cannot catch up because the helpers that
+        would bring it the term's entries never started."""
         peers = [p for p in self.peers if p != self.self_id]
-        if not peers or not self.logic.leads(term):
+        if not self.logic.leads(term):
+            return
+        if not peers:
+            self._step_down(why)
             return
         target = peers[term % len(peers)]
         log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, term, target, why)
         with self._lock:
-            resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
-        if resp.code is not ResponseCode.SUCCESS:
-            self._step_down(f"{why}; the transfer to {target} did not start ({resp.code.name})")
-            return
+            _, actions = self.logic.elector.hand_over(target, now_ms())
         asyncio.ensure_future(self._apply(actions))
         self._rearm()
 

@@ -29,6 +29,7 @@ class _Transfer:
     started_ms: int
     deadline_ms: int
     take_sent: bool = False
+    must_leave: bool = False  # a hand-over: if the transfer fails, the leader steps down
 
 
 @dataclass
@@ -57,6 +58,19 @@ class TransferSteps(ElectorParts):
             leader_id=st.leader_id,
         )
         return self.handle_leadership_transfer(req, now_ms)
+
+    def hand_over(self, transferee_id: str, now_ms: int) -> tuple[ResponseCode, list[Action]]:
+        """Leave leadership of this term to ``transferee_id`` because this leader cannot
+        serve it (its helpers are lost or hung): a transfer that, if it cannot start or is
+        given up, ends in :meth:`Elector.step_down` instead of leaving the leader in office
+        (a leader that cannot replicate holds its term forever with heartbeats alone)."""
+        resp, actions = self.transfer_leadership(transferee_id, now_ms)
+        transfer = self._transfer
+        if resp.code is ResponseCode.SUCCESS and transfer is not None:
+            transfer.must_leave = True
+            return resp.code, actions
+        self._log(WARNING, "HandOverNotStarted", transferee=transferee_id, code=resp.code.name)
+        return resp.code, actions + self.step_down(now_ms)
 
     def handle_leadership_transfer(
         self, req: LeadershipTransferRequest, now_ms: int
@@ -131,14 +145,19 @@ class TransferSteps(ElectorParts):
         )
         return self._transfer_response(req, C.SUCCESS), self._progress_transfer(now_ms)
 
-    def _abandon_transfer(self, code: ResponseCode, why: str) -> list[Action]:
+    def _abandon_transfer(self, code: ResponseCode, why: str, now_ms: int) -> list[Action]:
         transfer = self._transfer
         if transfer is None:
             return []
         self._transfer = None
         if self.state.transferee == transfer.transferee:
             self.state.set_transferee(None)
-        return [self._transfer_ended(transfer, code, WARNING, "TransferAbandoned", why=why)]
+        out: list[Action] = [
+            self._transfer_ended(transfer, code, WARNING, "TransferAbandoned", why=why)
+        ]
+        if transfer.must_leave:  # a failed hand-over: the leader cannot serve its term
+            out += self.step_down(now_ms)
+        return out
 
     def _transfer_ended(
         self, transfer: _Transfer, code: ResponseCode, level: int, event: str, **fields
@@ -154,9 +173,11 @@ class TransferSteps(ElectorParts):
         if transfer is None:
             return []
         if st.role is not Role.LEADER or st.current_term != transfer.term:
-            return self._abandon_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED, "no longer leader")
+            return self._abandon_transfer(
+                ResponseCode.TAKE_LEADERSHIP_FAILED, "no longer leader", now_ms
+            )
         if now_ms > transfer.deadline_ms:
-            return self._abandon_transfer(ResponseCode.TIMEOUT, "wait timeout")
+            return self._abandon_transfer(ResponseCode.TIMEOUT, "wait timeout", now_ms)
         if transfer.take_sent:
             return []
         match = self._timers.peer_match_index.get(transfer.transferee, -1)
@@ -203,10 +224,10 @@ class TransferSteps(ElectorParts):
             return []
         if resp is None:
             return self._abandon_transfer(
-                ResponseCode.TAKE_LEADERSHIP_FAILED, "transferee unreachable"
+                ResponseCode.TAKE_LEADERSHIP_FAILED, "transferee unreachable", now_ms
             )
         if resp.code != ResponseCode.SUCCESS:
-            return self._abandon_transfer(ResponseCode(resp.code), "transferee refused")
+            return self._abandon_transfer(ResponseCode(resp.code), "transferee refused", now_ms)
         return []  # it is voting; we step down when its term reaches us, or time out
 
     def on_peer_progress(self, peer: str, term: int, match_index: int, now_ms: int) -> list[Action]:

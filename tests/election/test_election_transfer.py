@@ -357,3 +357,28 @@ def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
     assert [s for s in h.sends(actions) if isinstance(s.message, LeadershipTransferRequest)] == []
     el.on_peer_progress("n1", el.term, 995, now + 41)  # the new term's report counts
     assert el._timers.peer_match_index == {"n1": 995}
+
+
+def test_a_hand_over_that_is_given_up_ends_in_a_step_down(h) -> None:
+    """Issue 20 item 4, second path (found by the Ray test): a leader re-elected with a hung
+    checker never activates its dispatchers, so the transferee of its hand-over cannot catch
+    up, the transfer times out, and on 24eedd2 nothing ended the term.  A hand-over that is
+    given up steps the leader down; a plain transfer that is given up does not."""
+    cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
+    el, now = _leader(h, term=0, config=cfg)
+    el.state.update_ledger(100, el.term)
+    code, actions = el.hand_over("n1", now)  # n1 lags: no take order yet
+    assert code is C.SUCCESS and el.role is Role.LEADER
+    el.tick(now + cfg.leadership_transfer_wait_timeout_ms + 1)
+    assert el.role is Role.CANDIDATE and not el.transferring
+    plain, now = _leader(h, term=0, config=cfg)
+    plain.state.update_ledger(100, plain.term)
+    plain.transfer_leadership("n1", now)
+    plain.tick(now + cfg.leadership_transfer_wait_timeout_ms + 1)
+    assert plain.role is Role.LEADER and not plain.transferring
+
+
+def test_a_hand_over_that_cannot_start_steps_down_at_once(h) -> None:
+    el, now = _leader(h, term=0)
+    code, _ = el.hand_over("nobody", now)
+    assert code is C.UNKNOWN_MEMBER and el.role is Role.CANDIDATE
