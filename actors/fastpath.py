@@ -21,7 +21,7 @@ resends always travel as plain calls.
 
 Ray lets an actor run one compiled graph at a time, and a graph whose driver
 died keeps its participants' loops waiting.  Members record the loops they run
-(:func:`install_loop_registry`), and a new leader asks each follower to drop
+(:func:`.ray_compat.install_loop_registry`), and a new leader asks each follower to drop
 its old loops (:meth:`MemberActor.cg_reset`) before it compiles.
 """
 
@@ -38,51 +38,13 @@ from typing import Any
 
 import ray
 
+from .ray_compat import compile_options
+
 log = logging.getLogger("rayledger.actors")
 
 MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
 MAX_ROUND_BYTES = 6 << 20  # larger rounds travel as plain calls
 BUFFER_BYTES = 8 << 20  # per channel
-
-
-# -- loops a member runs for compiled graphs ----------------------------------------------
-def install_loop_registry() -> None:
-    """Record, on the actor instance, the task lists of the compiled-graph loops it runs.
-
-    Ray starts a participant's loop with ``do_exec_tasks(actor, tasks, ...)`` looked up by
-    name in this process, so wrapping it here is enough.  :func:`reset_loops` closes the
-    channels of recorded loops, which makes them return.
-    """
-    import ray.dag.compiled_dag_node as cdn
-
-    orig = cdn.do_exec_tasks
-    if getattr(orig, "_rayledger", False):
-        return
-
-    def do_exec_tasks(self, tasks, *args, **kwargs):
-        loops = self.__dict__.setdefault("_cg_loops", [])
-        loops.append(tasks)
-        try:
-            return orig(self, tasks, *args, **kwargs)
-        finally:
-            if tasks in loops:
-                loops.remove(tasks)
-
-    do_exec_tasks._rayledger = True  # type: ignore[attr-defined]
-    cdn.do_exec_tasks = do_exec_tasks
-
-
-def reset_loops(actor: Any) -> int:
-    """Make every compiled-graph loop this actor runs return; how many there were."""
-    import ray.dag.compiled_dag_node as cdn
-
-    loops = list(actor.__dict__.get("_cg_loops", []))
-    for tasks in loops:
-        try:
-            cdn.do_cancel_executable_tasks(actor, tasks)
-        except Exception as exc:  # a channel already closed
-            log.debug("closing a compiled-graph loop: %s", exc)
-    return len(loops)
 
 
 # -- what travels through the graph -------------------------------------------------------
@@ -274,11 +236,7 @@ class FastPath:
                 ack = d.cg_ack.bind(answers)
                 outs.append(self.checker.cg_report.bind(ack))
             dag = MultiOutputNode(outs)
-        return dag.experimental_compile(
-            enable_asyncio=True,
-            _max_inflight_executions=MAX_INFLIGHT + 2,
-            _buffer_size_bytes=BUFFER_BYTES,
-        )
+        return dag.experimental_compile(**compile_options(MAX_INFLIGHT + 2, BUFFER_BYTES))
 
     def _retry_later(self) -> None:
         if self.term < 0:

@@ -12,6 +12,8 @@ import json
 import random
 from dataclasses import dataclass, field
 
+from .ray_compat import check_ray_version, kv_del, kv_get, kv_put
+
 
 class LinkDown(Exception):
     """A call was dropped by injected faults (the sender sees a lost message)."""
@@ -47,22 +49,19 @@ def _key(group: str, member: str) -> str:
 
 
 def save_faults(group: str, member: str, faults: LinkFaults) -> None:
-    from ray.experimental import internal_kv
-
     key = _key(group, member)
     if not faults.active:
-        internal_kv._internal_kv_del(key, namespace=_KV_NAMESPACE)
+        kv_del(key, _KV_NAMESPACE)
         return
     value = {"cut": sorted(faults.cut), "drop": faults.drop, "delay_ms": faults.delay_ms}
-    internal_kv._internal_kv_put(key, json.dumps(value), namespace=_KV_NAMESPACE)
+    kv_put(key, json.dumps(value), _KV_NAMESPACE)
 
 
 def load_faults(group: str, member: str) -> LinkFaults:
     """The faults recorded for ``member`` (none when the store is unreachable)."""
-    from ray.experimental import internal_kv
-
+    check_ray_version()  # an untested Ray is an error, not "no faults"
     try:
-        raw = internal_kv._internal_kv_get(_key(group, member), namespace=_KV_NAMESPACE)
+        raw = kv_get(_key(group, member), _KV_NAMESPACE)
     except Exception:  # no Ray here (a unit test): a member starts without faults
         return LinkFaults()
     if not raw:

@@ -33,7 +33,6 @@ from rayledger.storage import open_store
 from .checker import QuorumAckCheckerActor
 from .config import LedgerConfig
 from .dispatcher import EntryDispatcherActor
-from .fastpath import install_loop_registry, reset_loops
 from .faults import LinkFaults, load_faults
 from .futures import set_result
 from .logic import MemberLogic
@@ -44,6 +43,7 @@ from .member_leadership import LeadershipMixin
 from .member_reads import ReadsMixin
 from .metrics import MemberMetrics
 from .naming import member_handle, now_ms
+from .ray_compat import install_loop_registry, reset_loops
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -78,7 +78,8 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         self._machine_runner: MachineRunner | None = None
         if self.config.state_machine is not None:
             self._machine_runner = MachineRunner(self, data_dir)
-        install_loop_registry()
+        if self.config.fast_path:  # the group's leaders compile graphs this member runs in
+            install_loop_registry()
         self._boot()
         log.info(
             "[%s] member of %s started: term=%d end=%d",
