@@ -191,7 +191,7 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
             "fast_path_active": bool(f and f.active),
             "fast_path_compiles": f.compiles if f else 0,
             "fast_path_fallbacks": f.fallbacks if f else 0,
-            "rounds_waiting": len(self._rounds),
+            "rounds_waiting": len(self._book.rounds),
         }
 
     @ray.method(concurrency_group="election")

@@ -11,21 +11,20 @@ once a quorum stores it.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import replace
 
 import numpy as np
 import ray
-from rayledger.storage import EntryBatch, LedgerError, OutcomeUnknownError, ResponseCode
+from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 
 from .fastpath import FastPath
 from .futures import set_exception, set_result
 from .logic import Round
+from .rounds import RoundBook
 
 log = logging.getLogger("rayledger.actors")
 
-MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
 
 
@@ -34,11 +33,7 @@ class AppendsMixin:
     ``_loop``, ``_metrics`` and ``_machine_runner``)."""
 
     def _init_appends(self) -> None:
-        self._queue: list[tuple[asyncio.Future, list]] = []
-        self._round_scheduled = False
-        self._rounds: dict[int, tuple[Round, list[asyncio.Future]]] = {}
-        self._round_ids = itertools.count()
-        self._outstanding = 0
+        self._book = RoundBook(self.logic)  # queued appends and rounds (tokens: futures)
         self._fast: FastPath | None = None
 
     # -- sending rounds: the compiled graph, or plain calls to the dispatchers -------------
@@ -67,7 +62,7 @@ class AppendsMixin:
         """Rounds that were queued or in flight in an abandoned graph travel again as plain
         calls (a follower answers a push it already holds from its log)."""
         for a, rounds in items:
-            waiting = [(f, la, rid) for f, la, rid in rounds if rid in self._rounds]
+            waiting = [(f, la, rid) for f, la, rid in rounds if self._book.waiting(rid)]
             if not waiting:
                 continue
             self._announce_plain(a)
@@ -92,44 +87,31 @@ class AppendsMixin:
 
         The batch joins the round of everything appended in the same loop turn.
         """
-        with self._lock:
-            _, bodies = self.logic.admit(
-                bodies, group if group is not None else self.group, target, self._outstanding
-            )
         fut = self._loop.create_future()
-        self._queue.append((fut, bodies))
-        self._outstanding += 1
+        with self._lock:
+            self._book.admit(bodies, group if group is not None else self.group, target, fut)
         self._schedule_round()
-        try:
-            return await fut
-        finally:
-            self._outstanding -= 1
+        return await fut
 
     def _schedule_round(self) -> None:
-        """Write the queue as a round in this loop turn, unless ``MAX_ROUNDS`` rounds already
-        wait for their quorum: then the queue grows until one of them ends, and goes out as
-        one larger round (every round costs a dozen actor calls, whatever its size)."""
-        if not self._round_scheduled and self._queue and len(self._rounds) < MAX_ROUNDS:
-            self._round_scheduled = True
+        """Write the queue as a round in this loop turn when the book says one is due (see
+        :class:`~.rounds.RoundBook`)."""
+        if self._book.write_due():
             self._loop.call_soon(self._write_round)
 
     def _write_round(self) -> None:
         """Group commit: the queued appends become one store batch and one round."""
-        self._round_scheduled = False
-        queue, self._queue = self._queue, []
-        if not queue:
-            return
-        rid = next(self._round_ids)
         with self._lock:
-            term = self.logic.ready_term
-            try:
-                rnd = self.logic.write_round([(None, b) for _, b in queue], term)
-            except LedgerError as exc:
-                for fut, _ in queue:
+            w = self._book.write()
+            if w is None:
+                return
+            if w.error is not None:
+                exc = w.error
+                for fut in w.tokens:
                     set_exception(fut, type(exc)(exc.code, exc.message, leader_id=exc.leader_id))
                 return
+            rnd, rid, term = w.round, w.rid, w.round.term
             a = self.logic.announcement(rnd, None)
-        self._rounds[rid] = (rnd, [f for f, _ in queue])
         try:
             batch = rnd.appended.batch()
             self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
@@ -187,35 +169,24 @@ class AppendsMixin:
         self._commits_moved()
 
     def _finish_round(self, rid: int, code: ResponseCode) -> None:
-        item = self._rounds.pop(rid, None)
-        if item is None:
+        with self._lock:  # SUCCESS moves the committed index: read-your-writes
+            fin = self._book.finish(rid, code)
+        if fin is None:
             return
-        self._metrics.round_done(rid, code == ResponseCode.SUCCESS)
+        self._metrics.round_done(rid, fin.ok)
         self._schedule_round()
-        rnd, futs = item
-        if code == ResponseCode.SUCCESS:
-            with self._lock:  # read-your-writes, even before the checker's index arrives
-                self.logic.on_committed(rnd.term, rnd.last_index)
+        rnd = fin.round
+        if fin.ok:
             positions = np.asarray(rnd.appended.positions, dtype=np.int64)
             base = rnd.first_index
             runner = self._machine_runner
-            for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
+            for fut, first, last in fin.calls:
                 # compact: (first index, term, positions as int64 bytes[, receipts]), expanded
                 # by the client
                 out = (first, rnd.term, positions[first - base : last - base + 1].tobytes())
                 receipts = runner.receipt(first, last) if runner is not None else None
                 set_result(fut, out if receipts is None else (*out, receipts))
             return
-        for fut, (_, first, last) in zip(futs, rnd.calls, strict=True):
-            # the entries are in this member's log and may still commit under a later
-            # leader: the outcome is unknown, never a plain failure to retry
-            set_exception(
-                fut,
-                OutcomeUnknownError(
-                    code,
-                    f"entries {first}..{last} (term {rnd.term}) were stored by {self.self_id} "
-                    f"but not acknowledged by a quorum ({code.name}); the outcome is unknown, "
-                    "check before retrying",
-                    leader_id=self.logic.state.leader_id,
-                ),
-            )
+        leader = self.logic.state.leader_id
+        for fut, first, last in fin.calls:
+            set_exception(fut, fin.unknown(first, last, self.self_id, leader))

@@ -84,7 +84,7 @@ class ElectionMixin:
                 self._resolve(answers)
                 self._commits_moved()
                 await self._apply(actions)
-                self._metrics.tick(self.logic.state, self.store, self._outstanding)
+                self._metrics.tick(self.logic.state, self.store, self._book.outstanding)
                 with self._lock:
                     delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
             except Exception:

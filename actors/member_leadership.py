@@ -74,7 +74,7 @@ class LeadershipMixin:
             log.warning("[%s] term=%d: checker step_down failed: %r", self.self_id,
                         change.new_term, exc)  # fmt: skip
         # whatever the checker did not answer ends here: the outcome is unknown
-        for rid in [r for r, (rnd, _) in self._rounds.items() if rnd.term == change.term]:
+        for rid, _ in self._book.of_term(change.term):
             self._finish_round(rid, ResponseCode.TERM_CHANGED)
         calls = [asyncio.ensure_future(d.deactivate.remote(change.term))
                  for d in self._dispatchers.values()]  # fmt: skip
@@ -178,9 +178,8 @@ class LeadershipMixin:
             await asyncio.wait_for(self._checker.set_dispatchers.remote(dispatchers), timeout)
             await asyncio.wait_for(self._checker.become_leader.remote(term, start, info), timeout)
             mark = self.logic.water_mark()  # sync_flush: rounds still flushing do not count us
-            for rid, (rnd, _) in list(self._rounds.items()):
-                if rnd.term == term:  # rounds a dead checker held
-                    self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
+            for rid, rnd in self._book.of_term(term):  # rounds a dead checker held
+                self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
         dispatchers = [d for p, d in self._dispatchers.items() if only in (None, "checker", p)]
         f = self.faults
         await asyncio.wait_for(

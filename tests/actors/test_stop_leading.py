@@ -15,6 +15,7 @@ from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import MemberLogic, StartLeading
 from rayledger.actors.member_leadership import LeadershipMixin
 from rayledger.actors.reads import ReadIndexLogic
+from rayledger.actors.rounds import RoundBook
 from rayledger.election import MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import MemoryStore, StoreConfig
@@ -33,7 +34,8 @@ class _Shell(LeadershipMixin):
                                  ReplicationConfig(), MemoryTermStore(term=3))  # fmt: skip
         self.self_id, self.peers, self.store = "n0", PEERS, store
         self._lock, self._role_lock = threading.Lock(), asyncio.Lock()
-        self._machine_runner, self._fast, self._sync, self._rounds = None, None, False, {}
+        self._machine_runner, self._fast, self._sync = None, None, False
+        self._book = RoundBook(self.logic)
         self._loop = loop
         self.reads = ReadIndexLogic("n0", PEERS, 1000, 1000)
         hung = types.SimpleNamespace(remote=lambda *a: loop.create_future())  # never answers

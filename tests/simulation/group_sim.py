@@ -376,7 +376,7 @@ class GroupSim(
                 f"{m.id}: {st.role.value} term={st.current_term} leader={st.leader_id} "
                 f"leading={lg.leading_term} ready={lg.ready_term} store={m.store!r} "
                 f"handler(matched={lg.handler.matched_index}, queued={lg.handler.queued}) "
-                f"rounds={len(node.rounds)} fast_enabled={m.fast_enabled}"
+                f"rounds={len(node.book.rounds)} fast_enabled={m.fast_enabled}"
             )
             for p, d in node.dispatchers.items():
                 if d.term == -1:

@@ -49,8 +49,9 @@ class Invariants:
                 continue
             self._check_member(m)
             lg = m.node.logic
-            if m.node.rounds and lg.leads(lg.leading_term):
-                for rid, (rnd, _, born) in m.node.rounds.items():
+            if m.node.book.rounds and lg.leads(lg.leading_term):
+                for rid, (rnd, _) in m.node.book.rounds.items():
+                    born = m.node.round_born.get(rid, now)
                     if rnd.term == lg.leading_term and now - born > stuck_after:
                         self.fail(
                             f"{m.id} leads term {rnd.term} but round {rid} "
@@ -152,7 +153,7 @@ class Invariants:
         end = leader.store.ledger_end_index
         if leader.store.committed_index != end or node.logic.ready_term != term:
             return False
-        if node.checker.core.pending_count or node.rounds:
+        if node.checker.core.pending_count or node.book.rounds:
             return False
         for m in alive:
             st = m.state

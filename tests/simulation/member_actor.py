@@ -9,7 +9,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from .clients import ClientAppend, ClientReply
 from .node_state import CgToken, Node
-from .sim_config import MAINTAIN_MAX_SLEEP_MS, MAX_ROUNDS
+from .sim_config import MAINTAIN_MAX_SLEEP_MS
 
 
 class MemberActor:
@@ -81,7 +81,7 @@ class MemberActor:
         (resolved,) = yield [lambda: self._c_step_down(node, change.new_term)]
         self._finish(node, resolved)
         # whatever the checker did not answer ends here: the outcome is unknown
-        for rid in [r for r, (rnd, _, _) in node.rounds.items() if rnd.term == change.term]:
+        for rid, _ in node.book.of_term(change.term):
             self._finish_round(node, rid, ResponseCode.TERM_CHANGED)
         yield [(lambda p=p: self._d_deactivate(node, p, change.term)) for p in node.dispatchers]
 
@@ -99,45 +99,34 @@ class MemberActor:
                 self._fp_start(node, term)
 
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
-        """``MemberActor.append``: admit, queue, one round per loop turn."""
+        """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""
         try:
-            _, bodies = node.logic.admit(list(msg.bodies), self.group, msg.target, node.outstanding)
+            node.book.admit(list(msg.bodies), self.group, msg.target, (msg.client, msg.req_id))
         except LedgerError as exc:
             self._to_client(
                 node.id, msg.client, ClientReply(msg.req_id, exc.code, leader_id=exc.leader_id)
             )
             return
-        node.queue.append(((msg.client, msg.req_id), bodies))
-        node.outstanding += 1
         self._schedule_round(node)
 
     def _schedule_round(self, node: Node) -> None:
-        """Write the queue as a round in this loop turn, unless ``MAX_ROUNDS`` rounds wait
-        for their quorum: then the queue grows until one ends and goes out as one round."""
-        if not node.round_scheduled and node.queue and len(node.rounds) < MAX_ROUNDS:
-            node.round_scheduled = True
+        if node.book.write_due():
             self._soon(node, self._write_round, node)
 
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one store batch and one round."""
-        node.round_scheduled = False
-        queue, node.queue = node.queue, []
-        if not queue:
+        w = node.book.write()
+        if w is None:
             return
-        rid = next(node.round_ids)
-        lg = node.logic
-        term = lg.ready_term
-        try:
-            rnd = lg.write_round([(None, b) for _, b in queue], term)
-        except LedgerError as exc:
-            node.outstanding -= len(queue)
-            for (client, req_id), _ in queue:
+        if w.error is not None:
+            for client, req_id in w.tokens:
                 self._to_client(
-                    node.id, client, ClientReply(req_id, exc.code, leader_id=exc.leader_id)
+                    node.id, client, ClientReply(req_id, w.error.code, leader_id=w.error.leader_id)
                 )
             return
+        rnd, rid, term, lg = w.round, w.rid, w.round.term, node.logic
+        node.round_born[rid] = self.clock.now_ms
         a = lg.announcement(rnd, rnd.appended.batch())
-        node.rounds[rid] = (rnd, [tok for tok, _ in queue], self.clock.now_ms)
         fast = node.fast
         if (
             fast is not None
@@ -163,24 +152,19 @@ class MemberActor:
             self._finish_round(node, token, code)
 
     def _finish_round(self, node: Node, rid: int, code: ResponseCode) -> None:
-        item = node.rounds.pop(rid, None)
-        if item is None:
+        fin = node.book.finish(rid, code)
+        if fin is None:
             return
+        node.round_born.pop(rid, None)
         self._schedule_round(node)
-        rnd, clients, _ = item
-        node.outstanding -= len(clients)
-        if code == ResponseCode.SUCCESS:
-            node.logic.on_committed(rnd.term, rnd.last_index)  # read-your-writes
-            for (client, req_id), (_, first, last) in zip(clients, rnd.calls, strict=True):
-                self._to_client(
-                    node.id,
-                    client,
-                    ClientReply(req_id, code, first, last, rnd.term, node.id),
-                )
+        if fin.ok:
+            for (client, req_id), first, last in fin.calls:
+                reply = ClientReply(req_id, code, first, last, fin.round.term, node.id)
+                self._to_client(node.id, client, reply)
             return
         # stored here, not acknowledged by a quorum: the outcome is unknown
         leader = node.logic.state.leader_id
-        for client, req_id in clients:
+        for (client, req_id), _, _ in fin.calls:
             self._to_client(node.id, client, ClientReply(req_id, code, leader_id=leader))
 
     def _m_on_peer_progress(self, node: Node, peer: str, term: int, wm: int) -> None:
@@ -211,7 +195,7 @@ class MemberActor:
     def _m_on_graph_fallback(self, node: Node, items: list) -> None:
         """Rounds queued or in flight in an abandoned graph travel again as plain calls."""
         for a, rounds in items:
-            waiting = [(f, la, rid) for f, la, rid in rounds if rid in node.rounds]
+            waiting = [(f, la, rid) for f, la, rid in rounds if node.book.waiting(rid)]
             if not waiting:
                 continue
             self._announce_plain(node, a)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayledger.actors.logic import Announcement, CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.rounds import RoundBook
 from rayledger.election import TermStore
 from rayledger.storage import LogStore
 
@@ -150,18 +151,16 @@ class Node:
     dsh: dict[str, DispatcherShell] = field(init=False)  # one shell per dispatcher
     csh: CheckerShell = field(default_factory=CheckerShell)
     fast: FastPathState | None = None
-    # MemberActor: queued appends, rounds waiting for the checker, role changes
-    queue: list[tuple[tuple[str, int], list[bytes]]] = field(default_factory=list)
-    round_scheduled: bool = False
-    round_ids: Iterator[int] = field(default_factory=itertools.count)
-    rounds: dict[int, tuple[Any, list[tuple[str, int]], int]] = field(default_factory=dict)
-    outstanding: int = 0
+    # MemberActor: queued appends and rounds (the shipped RoundBook), role changes
+    book: RoundBook = field(init=False)
+    round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
     role_busy: bool = False
     role_again: bool = False
     late: list = field(default_factory=list)  # answers to graph pushes given outside cg_push
     lanes: dict[str, int] = field(default_factory=dict)  # call_soon_threadsafe lanes: in order
 
     def __post_init__(self) -> None:
+        self.book = RoundBook(self.logic)
         self.dsh = {p: DispatcherShell() for p in self.dispatchers}
 
 

@@ -6,6 +6,7 @@ import os
 import random
 from dataclasses import replace
 
+from rayledger.actors.rounds import MAX_ROUNDS as ROUNDBOOK_MAX_ROUNDS
 from rayledger.election import ElectionConfig
 from rayledger.replication import ReplicationConfig
 
@@ -67,7 +68,7 @@ FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
 FAST_PATH_SWITCH_MEAN_MS = 900
 ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
 
-MAX_ROUNDS = 1  # member_appends.MAX_ROUNDS: rounds waiting for a quorum before appends queue up
+MAX_ROUNDS = ROUNDBOOK_MAX_ROUNDS  # the shipped RoundBook's: rounds waiting before appends queue
 COMMIT_NOTICE_MS = 5  # checker.COMMIT_NOTICE_S: the committed index stands still, then notice
 MAINTAIN_MAX_SLEEP_MS = 1000  # MemberActor._maintain sleeps at most this long
 FETCH_LOOP = 20  # one need fetched and answered this often in a row: a hot loop (counted)

@@ -272,7 +272,7 @@ def test_minority_leader_appends_are_truncated() -> None:
             1000,
             lambda: (
                 ostore.committed_index == ostore.ledger_end_index
-                and not sim.members[old].node.rounds
+                and not sim.members[old].node.book.rounds
             ),
         )
         sim.net.isolate(old)

@@ -1,0 +1,86 @@
+"""RoundBook (actors/rounds.py): group commit into rounds, as the Ray member and the
+simulation both run it."""
+
+from __future__ import annotations
+
+import pytest
+from rayledger.actors.logic import MemberLogic
+from rayledger.actors.rounds import RoundBook
+from rayledger.election import ElectionConfig, MemoryTermStore
+from rayledger.replication import ReplicationConfig
+from rayledger.storage import (
+    LedgerError,
+    MemoryStore,
+    OutcomeUnknownError,
+    ResponseCode,
+    StoreConfig,
+)
+
+C = ResponseCode
+
+
+@pytest.fixture
+def book() -> RoundBook:
+    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
+    m = MemberLogic("g", "n0", ["n0", "n1", "n2"], store, ElectionConfig(),
+                    ReplicationConfig(max_pending_requests_num=2), MemoryTermStore(term=3))  # fmt: skip
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    return RoundBook(m)
+
+
+def test_appends_of_one_turn_become_one_round(book) -> None:
+    book.admit([b"a"], "g", None, "t1")
+    book.admit([b"b", b"c"], "g", None, "t2")
+    assert book.write_due() and not book.write_due()  # one write per turn
+    w = book.write()
+    assert w.error is None and w.tokens == ("t1", "t2")
+    assert (w.round.first_index, w.round.last_index) == (1, 3)  # 0 is the term's entry
+    assert book.outstanding == 2 and book.of_term(3) == [(w.rid, w.round)]
+    fin = book.finish(w.rid, C.SUCCESS)
+    assert fin.ok and fin.calls == (("t1", 1, 1), ("t2", 2, 3))
+    assert book.logic.store.committed_index == 3  # read-your-writes
+    assert book.outstanding == 0 and book.finish(w.rid, C.SUCCESS) is None
+
+
+def test_while_a_round_waits_appends_queue_and_go_out_as_one(book) -> None:
+    book.admit([b"a"], "g", None, "t1")
+    book.write_due()
+    first = book.write()
+    book.admit([b"b"], "g", None, "t2")
+    book.admit([b"c"], "g", None, "t3")
+    assert not book.write_due()  # MAX_ROUNDS rounds wait
+    book.finish(first.rid, C.SUCCESS)
+    assert book.write_due()
+    assert book.write().tokens == ("t2", "t3")
+
+
+def test_a_failed_round_is_an_unknown_outcome(book) -> None:
+    book.admit([b"a"], "g", None, "t1")
+    book.write_due()
+    w = book.write()
+    fin = book.finish(w.rid, C.TERM_CHANGED)
+    assert not fin.ok
+    exc = fin.unknown(1, 1, "n0", "n1")
+    assert isinstance(exc, OutcomeUnknownError) and exc.code == C.TERM_CHANGED
+    assert exc.leader_id == "n1" and "outcome is unknown" in exc.message
+    assert book.logic.store.committed_index == -1
+
+
+def test_the_pending_limit_counts_queued_and_waiting_calls(book) -> None:
+    for k in range(3):
+        book.admit([b"x"], "g", None, k)
+    with pytest.raises(LedgerError) as e:
+        book.admit([b"y"], "g", None, "over")
+    assert e.value.code == C.LEADER_PENDING_FULL
+    assert [t for t, _ in book.queue] == [0, 1, 2]
+
+
+def test_a_refused_write_keeps_no_round(book) -> None:
+    book.admit([b"a"], "g", None, "t1")
+    book.logic.state.change_to_candidate(4)  # deposed before the write
+    book.write_due()
+    w = book.write()
+    assert w.round is None and w.error.code == C.NOT_LEADER and w.tokens == ("t1",)
+    assert book.rounds == {} and book.outstanding == 0
