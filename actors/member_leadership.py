@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from dataclasses import replace
 
@@ -87,9 +89,11 @@ class LeadershipMixin:
                             self.self_id, change.new_term, len(late), timeout)  # fmt: skip
 
     async def _start_leading(self, change: StartLeading) -> None:
-        """Set the helpers up for the new term, trying again while they restart; a leader
-        that cannot get them working hands leadership on (after ``HELPER_START_S``: at a
-        member's start its helpers' processes may still be starting)."""
+        """Set the helpers up for the new term, trying again while they restart.  Each try
+        waits one RPC timeout; after the first that fails, helpers that answer nothing (hung)
+        are replaced (killed, so Ray starts them again) and get one more helper wait.  A
+        leader that cannot get them working hands leadership on (after ``HELPER_START_S``
+        while a helper has never started: at a member's start they may still be booting)."""
         term = change.term
         info = change.info
         if self._sync:  # the term's first entry is on disk before we count ourselves
@@ -100,17 +104,25 @@ class LeadershipMixin:
                 return
             with self._lock:  # now flushed: the checker may count it
                 info = replace(info, water_mark=self.logic.water_mark())
-        give_up = time.monotonic() + self._helper_wait_s()
+        wait_s = self._helper_wait_s()
+        known = wait_s < HELPER_START_S  # every helper has started before: not still booting
+        give_up = time.monotonic() + wait_s
+        rpc_s = self.config.rpc_timeout_ms / 1000
+        replaced = False
         delay = 0.05
         while True:
             try:
-                budget = max(give_up - time.monotonic(), self.config.rpc_timeout_ms / 1000)
+                budget = rpc_s if known else max(give_up - time.monotonic(), rpc_s)
                 await self._install_helpers(term, change.term_start_index, info, budget)
                 break
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
                 log.error("[%s] term=%d: helpers did not start: %r", self.self_id, term, exc)
             if not self.logic.leads(term):
                 return
+            if known and not replaced:  # a hung helper: replace it at once, wait for it once
+                replaced = True
+                if await self._replace_silent_helpers(term):
+                    give_up = max(give_up, time.monotonic() + wait_s)
             if time.monotonic() > give_up:
                 self._hand_over(term, "its helpers did not start")
                 return
@@ -145,8 +157,9 @@ class LeadershipMixin:
         """While this member leads ``term``, ask each helper for its pid every quarter of
         the wait.  A killed helper is restarted by Ray and set up again
         (:meth:`helper_started`); one that answers nothing for :meth:`_helper_wait_s` (a
-        hung process, or one Ray could not restart) costs the leadership, which the leader
-        hands on rather than holding it with heartbeats while no append can commit."""
+        hung process, or one Ray could not restart) is killed so that Ray starts it again,
+        and costs the leadership, which the leader hands on rather than holding it with
+        heartbeats while no append can commit."""
         wait_s = self._helper_wait_s()
         answered = {k: time.monotonic() for k in self._helper_keys()}
 
@@ -158,16 +171,51 @@ class LeadershipMixin:
                 pass  # dead: Ray restarts it, or it stays silent and costs the leadership
 
         while self.logic.leads(term) and not self._closed:
-            handles = {("checker", None): self._checker}
-            handles.update({("dispatcher", p): d for p, d in self._dispatchers.items()})
+            handles = self._helper_handles()
             pings = [asyncio.ensure_future(ping(k, h)) for k, h in handles.items()]
             await asyncio.wait(pings, timeout=wait_s / 4)
             silent = [k for k, t in answered.items() if time.monotonic() - t > wait_s]
             if silent and self.logic.leads(term):
                 why = f"its {silent[0][0]} {silent[0][1] or ''} answered nothing for {wait_s} s"
+                self._replace(term, {k: handles[k] for k in silent})
                 self._hand_over(term, why)  # ends the term: transferred, or stepped down
                 return
             await asyncio.sleep(wait_s / 4)
+
+    def _helper_handles(self) -> dict[tuple[str, str | None], object]:
+        handles = {("checker", None): self._checker}
+        handles.update({("dispatcher", p): d for p, d in self._dispatchers.items()})
+        return handles
+
+    async def _replace_silent_helpers(self, term: int) -> bool:
+        """Find the helpers that do not answer a ping within one RPC timeout and replace
+        them (a new leader whose helpers time out); True when there were any."""
+        handles = self._helper_handles()
+        pings = {k: asyncio.ensure_future(h.pid.remote()) for k, h in handles.items()}
+        await asyncio.wait(pings.values(), timeout=self.config.rpc_timeout_ms / 1000)
+        silent = {}
+        for k, f in pings.items():  # a dead one (an exception) is being restarted by Ray
+            if not f.done():
+                f.add_done_callback(lambda f: f.cancelled() or f.exception())
+                silent[k] = handles[k]
+        self._replace(term, silent)
+        return bool(silent)
+
+    def _replace(self, term: int, silent: dict) -> None:
+        """Kill helpers that answer nothing (a hung process: Ray sees nothing to restart), so
+        Ray starts them again and :meth:`helper_started` sets them up for whoever leads
+        then; otherwise the hung helper would cost this member every term it wins again."""
+        for (kind, peer), handle in silent.items():
+            pid = self._helper_pids.get((kind, peer))
+            log.error("[%s] term=%d: replaces its hung %s helper %s (pid %s)", self.self_id,
+                      term, kind, peer or "", pid)  # fmt: skip
+            try:  # helpers run on this member's node: a hung process gets no Ray message
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    ray.kill(handle, no_restart=False)
+            except (ProcessLookupError, ray.exceptions.RayError) as exc:  # already gone
+                log.warning("[%s] could not kill its %s helper: %r", self.self_id, kind, exc)
 
     async def _install_helpers(
         self, term: int, start: int, info, timeout: float, only: str | None = None
