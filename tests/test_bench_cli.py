@@ -60,7 +60,7 @@ GROUP_FIGURES = (
 @pytest.mark.ray
 def test_bench_group(tmp_path):
     png = tmp_path / "group.png"
-    r = bench("group", "--plot", str(png))
+    r = bench("group", "--plot", str(png), "--load-seconds", "1")
     for key in GROUP_FIGURES:
         assert r[key] > 0, (key, r)
     assert r["concurrent_errors"] == 0 and r["batch_errors"] == 0, r

@@ -9,15 +9,27 @@ import pytest
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/actors")  # groupcheck, nemesis
 
 
-@pytest.fixture(scope="module")
-def spark(ray_session, request):
-    """One Spark (through RayDP) per test module: it takes about 12 s to start."""
+@pytest.fixture(scope="session")
+def spark(ray_session):
+    """One Spark (through RayDP) for the modules that read through it: it takes 12-16 s to
+    start here, and those modules run one after the other."""
     from rayledger.integration.spark import init_spark, stop_spark
 
-    session = init_spark(f"rayledger-{request.module.__name__.rsplit('.', 1)[-1]}")
+    session = init_spark("rayledger-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     stop_spark()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Spark's error tests need no Spark running in this process: they run before the first
+    test that starts the shared one."""
+    errors = [i for i in items if i.nodeid.startswith("tests/integration/test_spark_errors.py")]
+    rest = [i for i in items if i not in errors]
+    uses = (k for k, i in enumerate(rest) if "spark" in getattr(i, "fixturenames", ()))
+    first = next(uses, None)
+    if errors and first is not None:
+        items[:] = rest[:first] + errors + rest[first:]
 
 
 @pytest.fixture
