@@ -73,8 +73,9 @@ class ElectorParts:
     _taking_from: LeadershipTransferRequest | None
     _take_order_term: int  # the term this leader sent a take order in (no lease after it)
 
-    def step_down(self, now_ms: int) -> list:  # the elector's (elector.py)
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the elector's (elector.py); parts call it, the elector defines it
+
+        def step_down(self, now_ms: int) -> list: ...
 
     @property
     def self_id(self) -> str:
