@@ -1,38 +1,55 @@
-"""EntryDispatcherActor: the Ray transport of one leader -> follower :class:`~.logic.DispatcherLogic`.
+"""EntryDispatcherActor: the Ray transport of one leader -> follower
+:class:`~.dispatcher_logic.DispatcherLogic`.
 
-The member announces every round it stores (the bytes inline, or one ObjectRef
-for a large round); the logic decides what to push and the shell sends it,
-pipelined: every request goes out at once and answers are folded back as they
-arrive.  What the logic lacks (a batch evicted from its cache, the term of an
-entry to COMPARE) it asks for as a need, and the shell fetches it from the
-member with a term-fenced call.  Nothing polls: the shell runs when an
-announcement, an answer or a fetched batch arrives, and otherwise sleeps until
-the logic's next deadline (a resend, a COMMIT push).
+The member announces every round it stores (the bytes inline, or one ObjectRef for a
+large round); the core decides what to push, what to fetch from the member, when to
+report to the checker and to the member's elector, and
+:class:`~.dispatcher_logic.DispatcherDriver` runs it on this actor's loop.  This shell
+only makes the calls: pushes to the follower (with the link faults tests inject and a
+timeout), term-fenced fetches from the member, reports to the checker, and the compiled
+graph's entry points.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
-import threading
 import time
 from dataclasses import replace
 
 import ray
-from rayledger.replication import PushEntryRequest, PushType
+from rayledger.replication import PushEntryRequest
 from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 
+from .aioloop import AsyncioLoop
 from .config import LedgerConfig
+from .dispatcher_logic import CachedBatch, DispatcherDriver, DispatcherLogic, Fetch
 from .faults import LinkDown, LinkFaults
-from .logic import Announcement, CachedBatch, DispatcherLogic, LeaderInfo
+from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
-from .naming import NAMESPACE, actor_name, now_ms
+from .naming import NAMESPACE, actor_name
 
 log = logging.getLogger("rayledger.actors")
 
-PROGRESS_S = 0.05  # how often a dispatcher tells its member a follower's progress
+
+class _RayPorts:
+    """The dispatcher's calls as Ray actor calls; answers go back to the driver."""
+
+    def __init__(self, actor: EntryDispatcherActor):
+        self.a = actor
+
+    def push(self, req: PushEntryRequest) -> None:
+        asyncio.ensure_future(self.a._send(req))
+
+    def fetch(self, f: Fetch) -> None:
+        asyncio.ensure_future(self.a._fetch(f))
+
+    def report(self, term: int, wm: int) -> None:
+        asyncio.ensure_future(self.a._report(term, wm))
+
+    def progress(self, term: int, wm: int) -> None:
+        self.a.member.on_peer_progress.remote(self.a.peer_id, term, wm)
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -42,27 +59,23 @@ class EntryDispatcherActor:
     ):
         self.group, self.self_id, self.peer_id = group, self_id, peer_id
         self.config = config
-        self.logic = DispatcherLogic(
-            group, self_id, peer_id, config.replication, config.dispatcher_cache_bytes
+        self.driver = DispatcherDriver(
+            DispatcherLogic(
+                group, self_id, peer_id, config.replication, config.dispatcher_cache_bytes
+            ),
+            _RayPorts(self),
         )
-        self._lock = threading.Lock()
+        self.logic = self.driver.logic
         self.member = member
         member.helper_started.remote("dispatcher", peer_id, os.getpid())  # restarted: set me up
         self.checker = checker
         self.faults = LinkFaults()
         self._follower = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._fetching = False
-        self._reporting = False
-        self._last_progress = 0.0
-        self._progress_wm = -1
-        self._progress_timer: asyncio.TimerHandle | None = None
-        self._cg_gen: int | None = None  # the compiled-graph generation this dispatcher serves
-        self._cg_sent: dict[tuple, PushEntryRequest] = {}
-        self._cg_keys = itertools.count()
         self._metrics = PeerMetrics(group, self_id, peer_id)
+
+    def _attach(self) -> None:
+        if self.driver.pump.loop is None:
+            self.driver.attach(AsyncioLoop(asyncio.get_running_loop()))
 
     async def pid(self) -> int:
         return os.getpid()
@@ -71,220 +84,91 @@ class EntryDispatcherActor:
     async def progress(self) -> dict:
         """Where replication to this follower stands (like etcd's Progress), for operators
         and failure messages."""
-        with self._lock:
-            core = self.logic.core
+        with self.driver.lock:
+            lg = self.logic
+            core = lg.core
             return {
-                "term": self.logic.term,
+                "term": lg.term,
                 "state": core.state.name if core.active else "INACTIVE",
                 "water_mark": core.water_mark,
                 "write_index": core.write_index,
                 "pending": core.pending_pushes,
-                "need": repr(self.logic.need) if self.logic.need else None,
-                "fetching": self._fetching,
-                "reporting": self._reporting,
-                "graph": self._cg_gen,
+                "need": repr(lg.need) if lg.need else None,
+                "fetching": lg.fetching,
+                "reporting": lg.reporting,
+                "graph": lg.graph_gen,
             }
 
     # -- from the member and the checker -------------------------------------------------
     async def activate(self, info: LeaderInfo) -> None:
-        self._loop = asyncio.get_running_loop()
-        with self._lock:
-            self.logic.activate(info)
-            self._progress_wm = -1
-        self._kick()
+        self._attach()
+        self.driver.activate(info)
 
     async def deactivate(self, term: int) -> None:
-        with self._lock:
-            self.logic.deactivate(term)
-            self._cg_gen = None
-            self._cg_sent.clear()
-            self._progress_wm = -1
-        for timer in (self._timer, self._progress_timer):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._progress_timer = None
+        self.driver.deactivate(term)
 
     @ray.method(enable_task_events=False)
     async def on_announcement(self, a: Announcement) -> None:
         """The leader stored a round: push it now when it is next in line."""
-        with self._lock:
-            now = self.logic.on_announcement(a)
-        if now:
-            self._pump()
-        else:
-            self._kick()
+        self._attach()
+        self.driver.on_announcement(a)
 
     @ray.method(enable_task_events=False)
     async def on_committed(self, term: int, index: int) -> None:
-        with self._lock:
-            due = self.logic.on_committed(term, index)
-        if due:
-            self._kick()
-
-    # -- the compiled path (see fastpath.py); cg_* run on the graph's thread -----------------
-    async def cg_begin(self, term: int, gen: int) -> None:
-        with self._lock:
-            if term != self.logic.term:
-                raise LedgerError.of(
-                    ResponseCode.TERM_CHANGED, f"dispatcher serves term {self.logic.term}"
-                )
-            self._cg_gen = gen
-            self._cg_sent.clear()
-
-    async def cg_end(self, gen: int) -> None:
-        """The leader left graph ``gen``: its pushes in flight are lost, push again."""
-        with self._lock:
-            if self._cg_gen != gen:
-                return
-            self._cg_gen = None
-            self._cg_sent.clear()
-            self.logic.rewind()
-            term = self.logic.term
-        # water marks that went into the graph may never have reached the checker
-        if not self._reporting:
-            self._reporting = True
-            asyncio.ensure_future(self._report(term, force=True))
-        self._kick()
-
-    def cg_push(self, g):
-        """A round through the graph: the pushes the logic wants now (others go plain)."""
-        a = g.announcement
-        wire, plain = [], []
-        with self._lock:
-            if g.gen != self._cg_gen:
-                return (g.gen, a.term, g.rounds), []
-            self.logic.on_announcement(a)
-            for req in self.logic.next_requests(now_ms()):
-                batch = req.batch
-                inline = batch is None or isinstance(batch.payload, EntryBatch)
-                if inline and req.type in (PushType.APPEND, PushType.COMMIT):
-                    key = (
-                        self.self_id,
-                        a.term,
-                        g.gen,
-                        next(self._cg_keys),
-                    )  # unique across leaders
-                    self._cg_sent[key] = req
-                    wire.append((key, replace(req, batch=batch.payload) if batch else req))
-                else:
-                    plain.append(req)
-            need = self.logic.need is not None
-        self._metrics.sent_first(wire)
-        if (plain or need) and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._send_all, plain)
-        return (g.gen, a.term, g.rounds), wire
-
-    def cg_ack(self, answered):
-        """The follower's answers: fold them in, report the water mark to the checker."""
-        (gen, term, rounds), answers = answered
-        now = now_ms()
-        with self._lock:
-            for key, resp in answers:
-                req = self._cg_sent.pop(key, None)
-                self._metrics.acked(key, self.logic)
-                if req is not None:
-                    self.logic.on_response(req, resp, now)
-            wm = self.logic.water_mark if self.logic.term == term else -1
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._after_ack, term, wm)
-        return gen, term, self.peer_id, wm, rounds
-
-    def _send_all(self, reqs: list) -> None:
-        for req in reqs:
-            asyncio.ensure_future(self._send(req))
-        self._kick()
-
-    def _after_ack(self, term: int, wm: int) -> None:
-        if wm >= 0:
-            self._progress(term, wm)
-        self._kick()
-
-    def _progress(self, term: int, wm: int) -> None:
-        """Tell the member's elector how far the follower matches (leadership transfer waits
-        for it): at most every PROGRESS_S, and the last water mark always gets through.  A
-        water mark learned in another term than the one served now is dropped."""
-        with self._lock:
-            if term != self.logic.term:
-                return
-            self._progress_wm = max(self._progress_wm, wm)
-        if self._progress_timer is not None:
-            return
-        due = self._last_progress + PROGRESS_S - time.monotonic()
-        if due <= 0:
-            self._send_progress()
-        else:
-            self._progress_timer = self._loop.call_later(due, self._send_progress)
-
-    def _send_progress(self) -> None:
-        """The report names the term it serves: the member drops one of another term."""
-        self._progress_timer = None
-        self._last_progress = time.monotonic()
-        with self._lock:
-            term, wm = self.logic.term, self._progress_wm
-        if wm >= 0:
-            self.member.on_peer_progress.remote(self.peer_id, term, wm)
+        self._attach()
+        self.driver.on_committed(term, index)
 
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
 
-    # -- the pump --------------------------------------------------------------------------
-    def _kick(self) -> None:
-        """Run the pump once in this loop turn, however many events asked for it."""
-        if not self._scheduled and self._loop is not None:
-            self._scheduled = True
-            self._loop.call_soon(self._pump)
+    # -- the compiled path (see fastpath.py); cg_* run on the graph's thread -----------------
+    async def cg_begin(self, term: int, gen: int) -> None:
+        if not self.driver.graph_begin(term, gen):
+            raise LedgerError.of(
+                ResponseCode.TERM_CHANGED, f"dispatcher serves term {self.logic.term}"
+            )
 
-    def _pump(self) -> None:
-        self._scheduled = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        now = now_ms()
-        with self._lock:
-            if not self.logic.active:
-                return
-            reqs = self.logic.next_requests(now)
-            need = self.logic.need
-            term = self.logic.term
-            wake = self.logic.next_wakeup_ms(now)
-        for req in reqs:
-            asyncio.ensure_future(self._send(req))
-        if need is not None and not self._fetching:
-            self._fetching = True
-            asyncio.ensure_future(self._fetch(term, need.kind, need.index, need.count))
-        if wake is not None:
-            self._timer = self._loop.call_later(max(0.001, (wake - now) / 1000), self._pump)
+    async def cg_end(self, gen: int) -> None:
+        """The leader left graph ``gen``: its pushes in flight are lost, push again."""
+        self.driver.graph_end(gen)
 
-    async def _fetch(self, term: int, kind: str, index: int, count: int | None = None) -> None:
-        cfg = self.config.replication
+    def cg_push(self, g):
+        """A round through the graph: the pushes the logic wants now (others go plain)."""
+        carry, wire = self.driver.graph_push(g)
+        self._metrics.sent_first(wire)
+        return carry, wire
+
+    def cg_ack(self, answered):
+        """The follower's answers: fold them in, hand the water mark to the checker."""
+        for key, _ in answered[1]:
+            self._metrics.acked(key, self.logic)
+        return self.driver.graph_ack(answered)
+
+    # -- the calls ---------------------------------------------------------------------------
+    async def _fetch(self, f: Fetch) -> None:
         try:
-            if kind == "batch":
+            if f.kind == "batch":
                 answer = await self.member.read_for_push.remote(
-                    term, index, cfg.max_batch_push_bytes, count or cfg.max_batch_push_count
+                    f.term, f.index, f.max_bytes, f.max_count
                 )
                 if answer is not None:
                     (first, count, payload, nbytes), info = answer
                     answer = (CachedBatch(first, count, payload, nbytes), info)
-                with self._lock:
-                    self.logic.took_batch(term, answer)
+                self.driver.fetched_batch(f.term, answer)
             else:
-                answer = await self.member.entry_meta.remote(term, index)
-                with self._lock:
-                    self.logic.took_meta(term, index, answer)
+                answer = await self.member.entry_meta.remote(f.term, f.index)
+                self.driver.fetched_meta(f.term, f.index, answer)
         except (ray.exceptions.RayError, LedgerError) as exc:
             log.debug(
                 "[%s->%s] term=%d fetch %s@%d failed: %s",
                 self.self_id,
                 self.peer_id,
-                term,
-                kind,
-                index,
+                f.term,
+                f.kind,
+                f.index,
                 exc,
             )
-            await asyncio.sleep(0.05)
-        finally:
-            self._fetching = False
-        self._kick()
+            self.driver.fetch_failed()
 
     async def _send(self, req: PushEntryRequest) -> None:
         resp, t0 = None, time.perf_counter()
@@ -317,36 +201,14 @@ class EntryDispatcherActor:
             )
             if isinstance(exc, ValueError):
                 self._follower = None
-        with self._lock:
-            wm = self.logic.on_response(req, resp, now_ms())
+        self.driver.on_response(req, resp)
         self._metrics.answered(t0, resp, self.logic)
-        if wm is not None and not self._reporting:
-            self._reporting = True
-            asyncio.ensure_future(self._report(req.term))
-        self._kick()
 
-    async def _report(self, term: int, force: bool = False) -> None:
-        """Report the follower's water mark (the latest, one report in flight at a time).
-        The loop follows the current term: a report of an older term still in flight when
-        a new term starts must not swallow the new term's first report."""
+    async def _report(self, term: int, wm: int) -> None:
         try:
-            while True:
-                with self._lock:
-                    if not self.logic.active:
-                        return
-                    term, wm = self.logic.term, self.logic.water_mark
-                committed = await self.checker.report.remote(term, self.peer_id, wm)
-                if committed is not None:
-                    with self._lock:
-                        due = self.logic.on_committed(term, committed)
-                    if due:
-                        self._kick()
-                self._progress(term, wm)
-                with self._lock:
-                    if self.logic.term == term and self.logic.water_mark <= wm and not force:
-                        return
-                force = False
+            committed = await self.checker.report.remote(term, self.peer_id, wm)
         except ray.exceptions.RayError as exc:
-            log.debug("[%s->%s] report failed: %s", self.self_id, self.peer_id, exc)
-        finally:
-            self._reporting = False
+            log.debug("[%s->%s] term=%d report failed: %s", self.self_id, self.peer_id, term, exc)
+            self.driver.report_failed()
+            return
+        self.driver.reported(term, wm, committed)

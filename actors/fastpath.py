@@ -30,50 +30,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
+from .aioloop import AsyncioLoop
+from .fastpath_logic import RETRY_MS, Execution, FastPathDriver, FastPathLogic, GraphRound
 from .ray_compat import compile_options
 
 log = logging.getLogger("rayledger.actors")
 
-MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
-MAX_ROUND_BYTES = 6 << 20  # larger rounds travel as plain calls
 BUFFER_BYTES = 8 << 20  # per channel
 
-
-# -- what travels through the graph -------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class GraphRound:
-    """The graph's input: an announcement and the rounds it covers, for one generation."""
-
-    gen: int
-    announcement: Any  # logic.Announcement with an EntryBatch payload
-    rounds: tuple[tuple[int, int, Any], ...]  # (first, last, token) per round
-
-
-@dataclass(slots=True)
-class _Execution:
-    started: float
-    announcement: Any
-    rounds: tuple
-    outputs: list = field(default_factory=list)
-    waiting: int = 0
+__all__ = ["FastPath", "GraphRound"]
 
 
 class FastPath:
-    """The leader's side: compile, submit rounds, read answers, fall back, come back.
+    """The leader's side: the Ray transport of a :class:`~.fastpath_logic.FastPathLogic`.
 
     It runs on a thread and event loop of its own, so compiling a graph (about a second
     of CPU) never stalls the member's loop or its heartbeats.  ``on_output(term,
     committed, resolved)`` gets every answer of the checker nodes and ``on_fallback(items)``
     the (announcement, rounds) that were queued or in flight when the graph was abandoned
-    (they must travel again as plain calls); both are called on ``main_loop``.
+    (they must travel again as plain calls); both are called on ``main_loop``.  The core
+    decides; this class compiles, tells the helpers, submits in order and collects.
     """
 
     def __init__(
@@ -86,103 +68,55 @@ class FastPath:
         on_output: Callable[[int, int | None, list], None],
         on_fallback: Callable[[list], None],
         main_loop: asyncio.AbstractEventLoop,
-        retry_s: tuple[float, float] = (1.0, 15.0),
+        retry_ms: tuple[int, int] = RETRY_MS,
     ):
         self._main = main_loop
         self.self_id = self_id
         self.followers = followers
         self.dispatchers = dispatchers
         self.checker = checker
-        self.stall_s = stall_ms / 1000
         self.on_output = on_output
         self.on_fallback = on_fallback
-        self.retry_s = retry_s
-        self.term = -1
-        self.gen = 0
-        self.graph = None
-        self.active = False
-        self._backoff = retry_s[0]
-        self._building: asyncio.Task | None = None
-        self._submitter: asyncio.Task | None = None
-        self._queue: deque[GraphRound] = deque()
-        self._inflight: deque[_Execution] = deque()
-        self._watchdog: asyncio.TimerHandle | None = None
-        self._retry: asyncio.TimerHandle | None = None
-        self.fallbacks = 0
-        self.compiles = 0
         self._loop = asyncio.new_event_loop()
-        self._wake = asyncio.Event()
+        self.driver = FastPathDriver(FastPathLogic(len(followers), stall_ms, retry_ms), self)
+        self.driver.attach(AsyncioLoop(self._loop))
+        self.logic = self.driver.logic
+        self._to_submit: deque[tuple[Any, Execution]] = deque()
+        self._submitting = False
         threading.Thread(
             target=self._loop.run_forever, name=f"rayledger-fastpath-{self_id}", daemon=True
         ).start()
 
     # -- called on the member's loop --------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.logic.active
+
+    @property
+    def compiles(self) -> int:
+        return self.logic.compiles
+
+    @property
+    def fallbacks(self) -> int:
+        return self.logic.fallbacks
+
     def start(self, term: int) -> None:
         """Lead ``term``: compile its graph in the background (plain calls meanwhile)."""
-        self._loop.call_soon_threadsafe(self._start, term)
+        self.driver.start(term)
 
     def stop(self) -> None:
         """The term ended: leave the graph (the member fails the rounds of the term)."""
-        self.active = False
-        self._loop.call_soon_threadsafe(self._stop)
+        self.driver.stop()
 
     def submit(self, announcement: Any, rounds: list[tuple[int, int, Any]]) -> bool:
         """Send a round through the graph; False when it must go as plain calls."""
-        if not self.active or announcement.nbytes > MAX_ROUND_BYTES:
-            return False
-        self._loop.call_soon_threadsafe(self._enqueue, announcement, rounds)
-        return True
+        return self.driver.submit(announcement, rounds)
 
-    def _to_main(self, fn, *args) -> None:
-        self._main.call_soon_threadsafe(fn, *args)
+    # -- the ports: on the fast path's own loop -----------------------------------------------
+    def build(self, build_id: int, term: int) -> None:
+        asyncio.ensure_future(self._build(build_id, term))
 
-    # -- on the fast path's own loop --------------------------------------------------------
-    def _start(self, term: int) -> None:
-        self._stop()
-        self.term = term
-        self._backoff = self.retry_s[0]
-        self._schedule_build(0.0)
-
-    def _stop(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if self._building is not None:
-            self._building.cancel()
-            self._building = None
-        self._abandon()
-        self.term = -1
-
-    def _abandon(self) -> list:
-        self.active = False
-        self.gen += 1
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        if self._submitter is not None:
-            self._submitter.cancel()
-            self._submitter = None
-        items = [(e.announcement, e.rounds) for e in self._inflight]
-        items += [(g.announcement, g.rounds) for g in self._queue]
-        self._inflight.clear()
-        self._queue.clear()
-        graph, self.graph = self.graph, None
-        if graph is not None:
-            threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
-        return items
-
-    def _schedule_build(self, delay: float) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-        self._retry = self._loop.call_later(delay, self._begin_build)
-
-    def _begin_build(self) -> None:
-        self._retry = None
-        if self.term < 0 or self.active or self._building is not None:
-            return
-        self._building = asyncio.ensure_future(self._build(self.term))
-
-    async def _build(self, term: int) -> None:
+    async def _build(self, build_id: int, term: int) -> None:
         try:
             # followers drop loops of older graphs (a dead leader's keep waiting forever)
             await asyncio.wait_for(
@@ -190,39 +124,11 @@ class FastPath:
                 5.0,
             )
             graph = self._compile()  # blocks this thread's loop only
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             log.info("[%s] term=%d: compiled path not built: %s", self.self_id, term, exc)
-            self._building = None
-            self._retry_later()
+            self.driver.built(build_id, term, None, repr(exc))
             return
-        self._building = None
-        if term != self.term:
-            threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
-            return
-        self.gen += 1
-        gen = self.gen
-        try:
-            await asyncio.gather(
-                self.checker.cg_begin.remote(term, gen),
-                *(d.cg_begin.remote(term, gen) for d in self.dispatchers.values()),
-            )
-        except ray.exceptions.RayError as exc:
-            log.info("[%s] term=%d: helpers refused the compiled path: %s", self.self_id, term, exc)
-            threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
-            self._retry_later()
-            return
-        if term != self.term or gen != self.gen:
-            # the term ended (or another build began) while the helpers were told: a graph
-            # marked active now would be one nobody executes
-            threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
-            return
-        self.graph = graph
-        self.active = True
-        self.compiles += 1
-        self._submitter = asyncio.ensure_future(self._submit_loop(gen))
-        log.info("[%s] term=%d: compiled path on (generation %d)", self.self_id, term, gen)
+        self.driver.built(build_id, term, graph, None)
 
     def _compile(self):
         from ray.dag import InputNode, MultiOutputNode
@@ -236,107 +142,78 @@ class FastPath:
                 ack = d.cg_ack.bind(answers)
                 outs.append(self.checker.cg_report.bind(ack))
             dag = MultiOutputNode(outs)
-        return dag.experimental_compile(**compile_options(MAX_INFLIGHT + 2, BUFFER_BYTES))
+        return dag.experimental_compile(
+            **compile_options(self.logic.max_inflight + 2, BUFFER_BYTES)
+        )
 
-    def _retry_later(self) -> None:
-        if self.term < 0:
-            return
-        delay = self._backoff
-        self._backoff = min(self._backoff * 2, self.retry_s[1])
-        self._schedule_build(delay)
+    def begin(self, term: int, gen: int) -> None:
+        asyncio.ensure_future(self._begin(term, gen))
 
-    # -- rounds ---------------------------------------------------------------------------
-    def _enqueue(self, announcement: Any, rounds: list) -> None:
-        if not self.active:  # left the graph since the member looked: plain calls
-            self._to_main(self.on_fallback, [(announcement, tuple(rounds))])
-            return
-        q = self._queue
-        if q and q[-1].announcement.nbytes + announcement.nbytes <= MAX_ROUND_BYTES:
-            # still waiting for a slot: one execution carries both (contiguous entries)
-            prev = q.pop()
-            announcement = prev.announcement.followed_by(announcement)
-            rounds = list(prev.rounds) + list(rounds)
-        q.append(GraphRound(self.gen, announcement, tuple(rounds)))
-        self._wake.set()
-
-    async def _submit_loop(self, gen: int) -> None:
-        g = self.graph
+    async def _begin(self, term: int, gen: int) -> None:
         try:
-            while gen == self.gen:
-                while not self._queue or len(self._inflight) >= MAX_INFLIGHT:
-                    self._wake.clear()
-                    await self._wake.wait()
-                    if gen != self.gen:
-                        return
-                item = self._queue.popleft()
-                ex = _Execution(time.monotonic(), item.announcement, item.rounds)
-                futs = await g.execute_async(item)
-                ex.waiting = len(futs)
-                self._inflight.append(ex)
-                self._arm_watchdog()
-                for f in futs:
-                    asyncio.ensure_future(self._collect(gen, ex, f))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if gen == self.gen:
-                self.fallback(f"submit failed: {exc!r}")
+            await asyncio.gather(
+                self.checker.cg_begin.remote(term, gen),
+                *(d.cg_begin.remote(term, gen) for d in self.dispatchers.values()),
+            )
+            ok = True
+        except ray.exceptions.RayError as exc:
+            log.info("[%s] term=%d: helpers refused the compiled path: %s", self.self_id, term, exc)
+            ok = False
+        self.driver.began(term, gen, ok)
+        if ok and self.logic.active and self.logic.gen == gen:
+            log.info("[%s] term=%d: compiled path on (generation %d)", self.self_id, term, gen)
 
-    async def _collect(self, gen: int, ex: _Execution, fut) -> None:
+    def execute(self, graph: Any, ex: Execution) -> None:
+        """Executions are submitted in order, one at a time."""
+        self._to_submit.append((graph, ex))
+        if not self._submitting:
+            self._submitting = True
+            asyncio.ensure_future(self._submit_all())
+
+    async def _submit_all(self) -> None:
+        try:
+            while self._to_submit:
+                graph, ex = self._to_submit.popleft()
+                if graph is not self.logic.graph:
+                    continue  # left while it waited: the fallback took its rounds
+                try:
+                    futs = await graph.execute_async(ex.item)
+                except Exception as exc:
+                    self.driver.failed(ex.gen, f"submit failed: {exc!r}")
+                    continue
+                for f in futs:
+                    asyncio.ensure_future(self._collect(ex, f))
+        finally:
+            self._submitting = False
+
+    async def _collect(self, ex: Execution, fut) -> None:
         try:
             out = await fut
         except Exception as exc:
-            if gen == self.gen:
-                self.fallback(f"a participant failed: {type(exc).__name__}: {exc}")
+            self.driver.failed(ex.gen, f"a participant failed: {type(exc).__name__}: {exc}")
             return
-        if out is not None:
-            # also from an abandoned generation: the checker serves it until its cg_end
-            # arrives and may resolve there a round the fallback registered again
-            self._to_main(self.on_output, *out)
-        if gen != self.gen:
-            return
-        ex.waiting -= 1
-        if ex.waiting == 0:
-            while self._inflight and self._inflight[0].waiting == 0:
-                self._inflight.popleft()
-            self._wake.set()
-            self._arm_watchdog()
+        self.driver.collected(ex, out)
 
-    def _arm_watchdog(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        if not self._inflight:
-            return
-        due = self._inflight[0].started + self.stall_s - time.monotonic()
-        self._watchdog = self._loop.call_later(max(0.0, due), self._check_stall)
-
-    def _check_stall(self) -> None:
-        self._watchdog = None
-        if self._inflight and time.monotonic() - self._inflight[0].started >= self.stall_s:
-            self.fallback(f"an execution waited more than {self.stall_s * 1000:.0f} ms")
-        else:
-            self._arm_watchdog()
-
-    def fallback(self, why: str) -> None:
-        """Leave the graph: plain calls carry everything until a new graph is built."""
-        if not self.active:
-            return
-        self.fallbacks += 1
-        gen = self.gen
+    def end(self, gen: int) -> None:
         log.warning(
             "[%s] term=%d: compiled path off (generation %d): %s; plain calls take over",
             self.self_id,
-            self.term,
+            self.logic.term,
             gen,
-            why,
+            self.logic.last_fallback,
         )
-        items = self._abandon()
         for d in self.dispatchers.values():
             d.cg_end.remote(gen)
         self.checker.cg_end.remote(gen)
-        self._to_main(self.on_fallback, items)
-        self._retry_later()
+
+    def fallback(self, items: list) -> None:
+        self._main.call_soon_threadsafe(self.on_fallback, items)
+
+    def output(self, term: int, committed: int | None, outcomes: list) -> None:
+        self._main.call_soon_threadsafe(self.on_output, term, committed, outcomes)
+
+    def teardown(self, graph: Any) -> None:
+        threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
 
 
 def _teardown(graph) -> None:

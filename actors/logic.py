@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,14 +30,9 @@ from rayledger.election import (
     TermStore,
 )
 from rayledger.replication import (
-    EntryDispatcher,
     EntryHandler,
-    NotCached,
     PushEntryRequest,
-    PushEntryResponse,
-    QuorumAckChecker,
     ReplicationConfig,
-    Resolved,
     check_append,
 )
 from rayledger.replication.admission import not_leader
@@ -51,7 +45,22 @@ from rayledger.storage import (
     ResponseCode,
 )
 
+from .checker_logic import CheckerLogic
+from .dispatcher_logic import CachedBatch, DispatcherLogic, LeaderView
 from .reads import ReadIndexLogic
+
+__all__ = [
+    "Announcement",
+    "CachedBatch",
+    "CheckerLogic",
+    "DispatcherLogic",
+    "LeaderInfo",
+    "LeaderView",
+    "MemberLogic",
+    "Round",
+    "StartLeading",
+    "StopLeading",
+]
 
 log = logging.getLogger("rayledger.actors")
 
@@ -367,252 +376,3 @@ class MemberLogic:
         if not self.leads(term):
             return None
         return (self.store.get_term(index), self.store.get_pos(index)), self.leader_info()
-
-
-# ==================================================================== dispatcher
-
-
-@dataclass(slots=True)
-class CachedBatch:
-    """A batch the dispatcher may push; ``payload`` is opaque to the logic."""
-
-    first_index: int
-    count: int
-    payload: Any
-    nbytes: int
-
-    @property
-    def last_index(self) -> int:
-        return self.first_index + self.count - 1
-
-
-class LeaderView:
-    """The part of the leader's log a dispatcher needs: the batches its leader announced
-    (bounded by ``cache_bytes``) and the (term, pos) of entries it learned.  A read of
-    anything else raises :class:`~rayledger.replication.NotCached`."""
-
-    def __init__(self, cache_bytes: int):
-        self.cache_bytes = cache_bytes
-        self.batches: OrderedDict[int, CachedBatch] = OrderedDict()
-        self.meta: dict[int, tuple[int, int]] = {}
-        self.cached_bytes = 0
-        self.ledger_begin_index = 0
-        self.ledger_end_index = -1
-        self.committed_index = -1
-
-    def reset(self, info: LeaderInfo) -> None:
-        self.batches.clear()
-        self.meta.clear()
-        self.cached_bytes = 0
-        self.ledger_begin_index = info.begin
-        self.ledger_end_index = info.end
-        self.committed_index = info.committed
-        if info.end >= info.begin:
-            self.meta[info.end] = (info.end_term, info.end_pos)
-
-    def learn(self, info: LeaderInfo) -> None:
-        """Fold in a fenced answer of the leader (same term by construction)."""
-        self.ledger_begin_index = info.begin
-        self.ledger_end_index = max(self.ledger_end_index, info.end)
-        self.committed_index = max(self.committed_index, info.committed)
-
-    def add(self, batch: CachedBatch) -> None:
-        old = self.batches.pop(batch.first_index, None)
-        if old is not None:
-            self.cached_bytes -= old.nbytes
-        self.batches[batch.first_index] = batch
-        self.cached_bytes += batch.nbytes
-        while self.cached_bytes > self.cache_bytes and len(self.batches) > 1:
-            _, old = self.batches.popitem(last=False)
-            self.cached_bytes -= old.nbytes
-
-    def prune(self, water_mark: int) -> None:
-        while self.batches:
-            b = next(iter(self.batches.values()))
-            if b.last_index > water_mark:
-                break
-            self.batches.popitem(last=False)
-            self.cached_bytes -= b.nbytes
-        if len(self.meta) > 4096:
-            self.meta = {k: v for k, v in self.meta.items() if k > water_mark}
-
-    # -- the LeaderLog protocol -------------------------------------------------------------
-    def get_term(self, index: int) -> int:
-        m = self.meta.get(index)
-        if m is None:
-            raise NotCached("meta", index)
-        return m[0]
-
-    def get_pos(self, index: int) -> int:
-        m = self.meta.get(index)
-        if m is None:
-            raise NotCached("meta", index)
-        return m[1]
-
-    def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62):
-        b = self.batches.get(start)
-        if b is None or b.count > max_count:
-            # a resend wants exactly its original range: fetch no more than that, or a
-            # larger cached batch would be fetched (and refused) again and again
-            raise NotCached("batch", start, max_count if max_count < (1 << 40) else None)
-        return b
-
-
-class DispatcherLogic:
-    """One leader -> follower pusher: the EntryDispatcher core over a :class:`LeaderView`."""
-
-    def __init__(
-        self,
-        group: str,
-        self_id: str,
-        peer_id: str,
-        config: ReplicationConfig,
-        cache_bytes: int = 64 << 20,
-    ):
-        self.self_id, self.peer_id = self_id, peer_id
-        self.core = EntryDispatcher(group, self_id, peer_id, config)
-        self.view = LeaderView(cache_bytes)
-        self.term = -1
-        self.reported = -1  # the water mark last reported to the checker
-
-    @property
-    def active(self) -> bool:
-        return self.core.active
-
-    @property
-    def water_mark(self) -> int:
-        return self.core.water_mark
-
-    def activate(self, info: LeaderInfo) -> None:
-        self.term = info.term
-        self.view.reset(info)
-        self.core.check_and_fresh_state(info.term, self.self_id, True)
-        self.reported = -1
-
-    def deactivate(self, term: int) -> None:
-        """Stop pushing; ``term`` is the term that ended (a later one may start)."""
-        if term >= self.term:
-            self.core.check_and_fresh_state(term, None, False)
-            self.view.batches.clear()
-            self.view.cached_bytes = 0
-
-    def on_announcement(self, a: Announcement) -> bool:
-        """The leader stored a round; True when it may be pushed right away."""
-        if a.term != self.term or not self.core.active:
-            return False
-        view = self.view
-        view.add(CachedBatch(a.first, a.count, a.payload, a.nbytes))
-        # every entry of a round has the leader's term: COMPARE/COMMIT pushes naming a
-        # round's edge need no fetch from the member
-        view.meta[a.first] = (a.term, a.edges[0])
-        view.meta[a.first + a.count - 1] = (a.term, a.edges[1])
-        last = a.first + a.count - 1
-        if last > view.ledger_end_index:
-            view.ledger_end_index = last
-        if a.committed > view.committed_index:
-            view.committed_index = a.committed
-        return self.core.write_index == a.first
-
-    def on_committed(self, term: int, index: int) -> bool:
-        """The checker of ``term`` committed ``index``; True when a COMMIT may be due."""
-        if term == self.term and index > self.view.committed_index:
-            self.view.committed_index = index
-            return True
-        return False
-
-    def next_requests(self, now_ms: int) -> list[PushEntryRequest]:
-        """Pushes to send now; afterwards :attr:`need` says what to fetch, if anything."""
-        return self.core.next_requests(now_ms, self.view)
-
-    @property
-    def need(self) -> NotCached | None:
-        return self.core.need
-
-    def took_batch(self, term: int, answer) -> None:
-        """A fenced :meth:`MemberLogic.read_for_push` answer (None: the member stopped
-        leading ``term``)."""
-        if answer is None or term != self.term:
-            return
-        batch, info = answer
-        self.view.learn(info)
-        if batch is not None and batch.count:
-            self.view.add(batch)
-
-    def took_meta(self, term: int, index: int, answer) -> None:
-        if answer is None or term != self.term:
-            return
-        (t, pos), info = answer
-        self.view.learn(info)
-        self.view.meta[index] = (t, pos)
-
-    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
-        """Fold in an answer; returns the new water mark to report, or None."""
-        if req.term != self.term:
-            return None
-        self.core.on_response(req, resp, now_ms)
-        wm = self.core.water_mark
-        if wm > self.reported and self.core.active:
-            self.reported = wm
-            self.view.prune(wm)
-            return wm
-        return None
-
-    def next_wakeup_ms(self, now_ms: int) -> int | None:
-        return self.core.next_wakeup_ms(now_ms)
-
-    def rewind(self) -> None:
-        self.core.rewind()
-
-
-# ======================================================================= checker
-
-
-class CheckerLogic:
-    """The leader's QuorumAckChecker and the rounds waiting for it (by token)."""
-
-    def __init__(self, group: str, self_id: str, peers: Sequence[str], config: ReplicationConfig):
-        self.self_id = self_id
-        self.core = QuorumAckChecker(group, self_id, list(peers), config)
-        self.term = -1
-        self._registered: set[Any] = set()
-
-    def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list[Resolved]:
-        self.term = term
-        self._registered.clear()
-        out = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
-        return out
-
-    def step_down(self, term: int) -> list[Resolved]:
-        if term < self.term:
-            return []
-        self.term = -1
-        self._registered.clear()
-        return self.core.step_down(term)
-
-    def add_round(
-        self, term: int, first: int, last: int, token: Any, now_ms: int, leader_mark: int
-    ) -> None:
-        """A round of ``term`` waits for its quorum (registering one twice is harmless);
-        ``leader_mark`` is the leader's :meth:`MemberLogic.water_mark` when it registered
-        the round (with sync_flush it may stand below the round: not flushed yet)."""
-        self.core.update_water_mark(term, self.self_id, leader_mark)
-        if token in self._registered:
-            return
-        self._registered.add(token)
-        self.core.add_pending(term, first, last, token, now_ms)
-
-    def report(self, term: int, peer: str, water_mark: int) -> None:
-        self.core.update_water_mark(term, peer, water_mark)
-
-    def check(self, now_ms: int) -> tuple[int | None, list[Resolved]]:
-        committed, resolved = self.core.check(now_ms)
-        for r in resolved:
-            self._registered.discard(r.token)
-        return committed, resolved
-
-    @property
-    def committed_index(self) -> int:
-        return self.core.committed_index
-
-    def next_deadline_ms(self) -> int | None:
-        return self.core.next_deadline_ms()

@@ -96,9 +96,11 @@ class QuorumAckChecker:
         return failed
 
     def step_down(self, term: int) -> list[Resolved]:
-        """Leadership ended: every waiting append fails (TERM_CHANGED when the term moved on)."""
+        """Leadership ended: every waiting append fails (TERM_CHANGED when the term moved on),
+        and so does every stale one not yet answered."""
         code = ResponseCode.TERM_CHANGED if term != self.term else ResponseCode.NOT_LEADER
-        failed = self._fail_all(code, f"stepped down at term {term}")
+        failed = self._stale + self._fail_all(code, f"stepped down at term {term}")
+        self._stale = []
         self.is_leader = False
         self._water_marks.clear()
         return failed
@@ -125,13 +127,15 @@ class QuorumAckChecker:
 
     def add_pending(
         self, term: int, first_index: int, last_index: int, token: Any, now_ms: int
-    ) -> None:
-        """An append of entries ``first_index..last_index`` waits for the quorum."""
+    ) -> bool:
+        """An append of entries ``first_index..last_index`` waits for the quorum (True), or
+        was written in a term this checker does not lead (False): it is answered by the next
+        check, TERM_CHANGED or (the same term, leadership ended) NOT_LEADER -- an unknown
+        outcome for its caller, never a plain failure.  The one place this is decided."""
         if term != self.term or not self.is_leader:
-            # written in a term this checker no longer leads: answered by the next check
             code = ResponseCode.TERM_CHANGED if term != self.term else ResponseCode.NOT_LEADER
             self._stale.append(Resolved(token, code, first_index, last_index, term))
-            return
+            return False
         item = (first_index, last_index, token, now_ms + self.config.max_wait_ack_time_ms)
         pending = self._pending
         if pending and first_index < pending[-1][0]:
@@ -141,6 +145,7 @@ class QuorumAckChecker:
             pending.insert(k, item)  # the shell delivered appends out of order: keep index order
         else:
             pending.append(item)
+        return True
 
     def next_deadline_ms(self) -> int | None:
         """When the oldest waiting append times out (None when nothing waits)."""

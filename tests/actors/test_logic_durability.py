@@ -128,15 +128,14 @@ def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_cop
         chk = CheckerLogic("g", "n0", peers, ReplicationConfig())
         chk.become_leader(3, start.term_start_index, m.leader_info())  # the restarted checker
         chk.report(3, "n1", rnd.last_index)  # one follower flushed and acknowledged
-        committed, _ = chk.check(1)
-        assert committed is None or committed < rnd.first_index
+        assert chk.ready(1).committed_index < rnd.first_index
         chk.add_round(3, rnd.first_index, rnd.last_index, "r", 1, m.water_mark())  # re-sent
-        committed, resolved = chk.check(2)
-        assert resolved == [] and (committed is None or committed < rnd.first_index)
+        ready = chk.ready(2)
+        assert ready.resolution is None and ready.committed_index < rnd.first_index
         store.flush()  # the leader's own flush ends: its registration counts it now
         chk.add_round(3, rnd.first_index, rnd.last_index, "r", 3, m.water_mark())
-        committed, resolved = chk.check(4)
-        assert committed == rnd.last_index
-        assert [(r.token, r.code) for r in resolved] == [("r", ResponseCode.SUCCESS)]
+        res = chk.ready(4).resolution
+        assert res is not None and res.committed == rnd.last_index
+        assert res.outcomes == [("r", ResponseCode.SUCCESS)]
     finally:
         store.close()

@@ -296,11 +296,7 @@ class Env:
             d = node.dispatchers.get(peer)
             if d is None:
                 return
-            wm = d.on_response(req, resp, self.now)
-            if wm is not None:  # to the checker, and the member's progress notice
-                node.checker.report(d.term, peer, wm)
-                self._check(node)
-                self._act(node, node.logic.on_peer_progress(peer, d.term, wm, self.now))
+            d.on_response(req, resp, self.now)
             self._pump(node, peer)
         else:
             self._act(node, node.logic.on_election_response(peer, req, resp, self.now))
@@ -343,48 +339,52 @@ class Env:
         term, as ``read_for_push`` / ``entry_meta`` on the actor)."""
         d = node.dispatchers[peer]
         for _ in range(10):
-            if not d.active:
-                return
-            for req in d.next_requests(self.now):
+            r = d.ready(self.now)
+            for req in r.pushes:
                 batch = req.batch
                 if isinstance(batch, CachedBatch):
                     req = replace(req, batch=batch.payload)
                 self._send(Msg(node.id, peer, req))
-            need = d.need
-            if need is None:
-                return
-            cfg = self.replication
-            if need.kind == "batch":
-                answer = node.logic.read_for_push(
-                    d.term,
-                    need.index,
-                    cfg.max_batch_push_bytes,
-                    need.count or cfg.max_batch_push_count,
-                )
+            if r.report is not None:  # the checker answers at once
+                term, wm = r.report
+                served = node.checker.report(term, peer, wm)
+                self._check(node)
+                committed = node.checker.committed_index if served else None
+                d.reported_to_checker(term, wm, committed, self.now)
+            if r.progress is not None:  # the member's elector hears how far the peer is
+                self._act(node, node.logic.on_peer_progress(peer, *r.progress, self.now))
+            f = r.fetch
+            if f is None:
+                if r.report is None:
+                    return
+                continue
+            if f.kind == "batch":
+                answer = node.logic.read_for_push(f.term, f.index, f.max_bytes, f.max_count)
                 if answer is not None:
                     batch, info = answer
                     answer = (
                         CachedBatch(batch.first_index, batch.count, batch, len(batch.data)),
                         info,
                     )
-                d.took_batch(d.term, answer)
+                d.took_batch(f.term, answer)
             else:
-                d.took_meta(d.term, need.index, node.logic.entry_meta(d.term, need.index))
+                d.took_meta(f.term, f.index, node.logic.entry_meta(f.term, f.index))
 
     def _check(self, node: Node) -> None:
-        committed, resolved = node.checker.check(self.now)
-        if committed is not None:
-            term = node.checker.term
-            node.logic.on_committed(term, committed)
+        res = node.checker.ready(self.now).resolution
+        if res is None:
+            return
+        if res.committed is not None:
+            node.logic.on_committed(res.term, res.committed)
             for peer, d in node.dispatchers.items():
-                if d.on_committed(term, committed):
+                if d.on_committed(res.term, res.committed):
                     self._pump(node, peer)
-        self._finished(node, resolved)
+        self._finished(node, res.outcomes)
 
-    def _finished(self, node: Node, resolved: list) -> None:
-        for r in resolved:
-            first, last = node.rounds.pop(r.token, (-1, -1))
-            self.say(f"{node.id} append {first}..{last}: {r.code.name}", 1, event=True)
+    def _finished(self, node: Node, outcomes: list) -> None:
+        for token, code in outcomes:
+            first, last = node.rounds.pop(token, (-1, -1))
+            self.say(f"{node.id} append {first}..{last}: {code.name}", 1, event=True)
 
     # -- clients ---------------------------------------------------------------------------
     def cmd_propose(self, mid: str, *bodies: str) -> None:

@@ -100,19 +100,12 @@ from .node_state import (
     CgToken,
     Chain,
     Channel,
-    CheckerShell,
-    DispatcherShell,
-    Execution,
-    FastPathState,
-    GraphRound,
     Node,
     SimMember,
 )
 from .node_transport import LocalTransport
 from .sim_config import (
-    COMMIT_NOTICE_MS,
     FAST_PATH_COMPILE_MS,
-    FAST_PATH_MAX_INFLIGHT,
     FAST_PATH_RETRY_MS,
     FAST_PATH_STALL_MS,
     FAST_PATH_SWITCH_MEAN_MS,
@@ -133,9 +126,7 @@ from .sim_config import (
 )
 
 __all__ = [
-    "COMMIT_NOTICE_MS",
     "FAST_PATH_COMPILE_MS",
-    "FAST_PATH_MAX_INFLIGHT",
     "FAST_PATH_RETRY_MS",
     "FAST_PATH_STALL_MS",
     "FAST_PATH_SWITCH_MEAN_MS",
@@ -155,14 +146,9 @@ __all__ = [
     "CgToken",
     "Chain",
     "Channel",
-    "CheckerShell",
     "Client",
     "ClientAppend",
     "ClientReply",
-    "DispatcherShell",
-    "Execution",
-    "FastPathState",
-    "GraphRound",
     "GroupSim",
     "Node",
     "SimMember",
@@ -378,20 +364,19 @@ class GroupSim(
                 f"handler(matched={lg.handler.matched_index}, queued={lg.handler.queued}) "
                 f"rounds={len(node.book.rounds)} fast_enabled={m.fast_enabled}"
             )
-            for p, d in node.dispatchers.items():
+            for d in node.dispatchers.values():
                 if d.term == -1:
                     continue
-                sh = node.dsh[p]
                 v = d.view
                 line += (
                     f"\n    {d.core!r} view(end={v.ledger_end_index} committed={v.committed_index} "
-                    f"batches={len(v.batches)}) reported={d.reported} fetching={sh.fetching} "
-                    f"reporting={sh.reporting} cg_gen={sh.cg_gen}"
+                    f"batches={len(v.batches)}) reported={d.reported} fetching={d.fetching} "
+                    f"reporting={d.reporting} cg_gen={d.graph_gen}"
                 )
             if node.checker.term != -1:
-                line += f"\n    {node.checker.core!r} out={len(node.csh.out)}"
+                line += f"\n    {node.checker.core!r}"
             if node.fast is not None:
-                line += f"\n    {node.fast!r}"
+                line += f"\n    {node.fast.logic!r}"
             lines.append(line)
         lines.append(f"cut links: {sorted(self.net.cut_links())} slow={self.slow}")
         return "\n".join(lines)

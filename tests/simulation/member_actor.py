@@ -130,7 +130,7 @@ class MemberActor:
         fast = node.fast
         if (
             fast is not None
-            and fast.active
+            and fast.logic.active
             and self._fp_submit(node, a, [(rnd.first_index, rnd.last_index, rid)])
         ):
             return

@@ -60,6 +60,10 @@ class MemberLifecycle:
         checker = CheckerLogic(self.group, mid, self.ids, self.replication)
         m.incarnation += 1
         m.node = Node(mid, m.incarnation, logic, dispatchers, checker)
+        m.node.checker_driver = self._checker_driver(m.node, checker)
+        m.node.dispatcher_drivers = {
+            p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()
+        }
         self._at(m.node, self.clock.now_ms, self._maintain, m.node)
         # a restart may recover a lower committed index (the checkpoint lags); never other entries
         m.committed_seen = min(m.committed_seen, m.store.committed_index)
@@ -112,9 +116,9 @@ class MemberLifecycle:
             if chain.peer == mid and not node.dead:
                 for e in chain.edges[1:3]:
                     e.items.clear()
-                fp = node.fast
-                if fp is not None and fp.active and fp.chains.get(mid) is chain:
-                    self._hop(node, self._fp_fallback, node, f"participant {mid} died")
+                fp = node.fast.logic if node.fast is not None else None
+                if fp is not None and fp.graph is not None and fp.graph.get(mid) is chain:
+                    self._hop(node, self._fp_fallback, node, fp.gen, f"participant {mid} died")
 
     def _kill_store(self, m: SimMember, power: bool) -> str:
         """Abandon a FileStore without close(): no final flush, no checkpoint.  A power loss

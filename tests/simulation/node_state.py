@@ -1,21 +1,20 @@
 """What the whole-group simulation keeps per member: the durable parts that survive a crash
 (:class:`SimMember`) and, per incarnation, the node (:class:`Node`) with the transport state
-of its actors -- dispatcher and checker shells and the compiled fast path's graph."""
+of its actors -- the shipped helper drivers and the compiled fast path's graph."""
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayledger.actors.logic import Announcement, CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.checker_logic import CheckerDriver
+from rayledger.actors.dispatcher_logic import DispatcherDriver
+from rayledger.actors.fastpath_logic import FastPathDriver
+from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.rounds import RoundBook
 from rayledger.election import TermStore
 from rayledger.storage import LogStore
-
-from .sim_config import FAST_PATH_RETRY_MS
 
 
 @dataclass(frozen=True)
@@ -28,52 +27,12 @@ class CgToken:
 
 
 @dataclass
-class DispatcherShell:
-    """What ``EntryDispatcherActor`` keeps beside its DispatcherLogic."""
+class NeedWatch:
+    """The last need a dispatcher fetched and got answered: since when, how often in a row."""
 
-    loop: bool = False  # activated once (the actor's ``_loop``)
-    scheduled: bool = False
-    timer: list | None = None
-    fetching: bool = False
-    reporting: bool = False
-    reporting_term: int = -1
-    last_need: tuple | None = None  # the last need fetched and answered: since when, how often
-    same_need: int = 0
-    same_need_since: int = 0
-    last_progress: int = -(1 << 62)
-    cg_gen: int | None = None
-    cg_sent: dict = field(default_factory=dict)
-    cg_keys: Iterator[int] = field(default_factory=itertools.count)
-
-
-@dataclass
-class CheckerShell:
-    """What ``QuorumAckCheckerActor`` keeps beside its CheckerLogic."""
-
-    loop: bool = False
-    scheduled: bool = False
-    timer: list | None = None
-    committed_sent: int = -1
-    out: list = field(default_factory=list)  # (term, Resolved) answered at the next check
-    cg_gen: int | None = None
-    notice: tuple[int, int] | None = None  # (term, committed) for the dispatchers
-    notice_timer: list | None = None
-
-
-@dataclass
-class GraphRound:
-    gen: int
-    announcement: Announcement
-    rounds: tuple[tuple[int, int, Any], ...]
-
-
-@dataclass
-class Execution:
-    started: int
-    announcement: Announcement
-    rounds: tuple
-    gen: int
-    waiting: int
+    need: tuple | None = None
+    times: int = 0
+    since: int = 0
 
 
 class Channel:
@@ -93,11 +52,11 @@ class Chain:
     """One follower's chain of a graph: fast path -> dispatcher -> follower ->
     dispatcher -> checker -> fast path."""
 
-    __slots__ = ("peer", "gen", "follower_inc", "edges")
+    __slots__ = ("peer", "follower_inc", "edges", "live")
 
-    def __init__(self, leader: str, peer: str, gen: int, follower_inc: int):
+    def __init__(self, leader: str, peer: str, follower_inc: int):
         self.peer = peer
-        self.gen = gen
+        self.live = False  # its graph went live (the helpers serve it)
         self.follower_inc = follower_inc
         self.edges = [
             Channel(leader, leader, False),
@@ -111,32 +70,6 @@ class Chain:
         return not any(e.items for e in self.edges)
 
 
-class FastPathState:
-    """What ``FastPath`` (actors/fastpath.py) keeps for one member."""
-
-    def __init__(self) -> None:
-        self.term = -1
-        self.gen = 0
-        self.active = False
-        self.building: int | None = None
-        self.build_ids = itertools.count(1)
-        self.queue: deque[GraphRound] = deque()
-        self.inflight: deque[Execution] = deque()
-        self.watchdog: list | None = None
-        self.retry: list | None = None
-        self.backoff = FAST_PATH_RETRY_MS[0]
-        self.chains: dict[str, Chain] = {}
-        self.compiles = 0
-        self.fallbacks = 0
-
-    def __repr__(self) -> str:
-        return (
-            f"FastPath(term={self.term} gen={self.gen} active={self.active} "
-            f"building={self.building} queue={len(self.queue)} inflight={len(self.inflight)} "
-            f"compiles={self.compiles} fallbacks={self.fallbacks})"
-        )
-
-
 @dataclass(eq=False, repr=False)
 class Node:
     """One incarnation of a member's process: its MemberLogic and helpers, and the
@@ -148,9 +81,10 @@ class Node:
     dispatchers: dict[str, DispatcherLogic]
     checker: CheckerLogic
     dead: bool = False
-    dsh: dict[str, DispatcherShell] = field(init=False)  # one shell per dispatcher
-    csh: CheckerShell = field(default_factory=CheckerShell)
-    fast: FastPathState | None = None
+    dispatcher_drivers: dict[str, DispatcherDriver] = field(default_factory=dict)  # by _start
+    need_watch: dict[str, NeedWatch] = field(init=False)  # per dispatcher: a fetch livelock
+    checker_driver: CheckerDriver = field(init=False)  # the shipped driver, set by _start
+    fast: FastPathDriver | None = None  # the shipped compiled-path driver, once leading
     # MemberActor: queued appends and rounds (the shipped RoundBook), role changes
     book: RoundBook = field(init=False)
     round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
@@ -161,7 +95,7 @@ class Node:
 
     def __post_init__(self) -> None:
         self.book = RoundBook(self.logic)
-        self.dsh = {p: DispatcherShell() for p in self.dispatchers}
+        self.need_watch = {p: NeedWatch() for p in self.dispatchers}
 
 
 @dataclass

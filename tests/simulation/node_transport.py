@@ -12,6 +12,42 @@ from .node_state import Node
 from .sim_config import LOCAL_HOP_MS
 
 
+class SimTimer:
+    """A timer of the node-local queue (``asyncio.TimerHandle``)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: list):
+        self.entry = entry
+
+    def cancel(self) -> None:
+        self.entry[5] = False
+
+
+class SimLoop:
+    """One actor's :class:`~rayledger.actors.pump.Loop` on a simulated node: the clock, a
+    call later in this turn, timers, and a hop from a graph's thread."""
+
+    __slots__ = ("sim", "node", "lane")
+
+    def __init__(self, sim: LocalTransport, node: Node, lane: str | None = None):
+        self.sim, self.node, self.lane = sim, node, lane  # lane: hops onto it keep order
+
+    def now_ms(self) -> int:
+        return self.sim.clock.now_ms
+
+    def call_soon(self, fn: Callable, *args) -> list:
+        return self.sim._soon(self.node, fn, *args)
+
+    def call_later_ms(self, delay_ms: int, fn: Callable, *args) -> SimTimer:
+        return SimTimer(self.sim._at(self.node, self.sim.clock.now_ms + delay_ms, fn, *args))
+
+    def call_threadsafe(self, fn: Callable, *args) -> list:
+        if self.lane is not None:
+            return self.sim._lane(self.node, self.lane, fn, *args)
+        return self.sim._hop(self.node, fn, *args)
+
+
 class LocalTransport:
     """Timers, hops and coroutines on one node (a mixin of :class:`~.group_sim.GroupSim`)."""
 

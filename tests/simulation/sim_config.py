@@ -6,6 +6,7 @@ import os
 import random
 from dataclasses import replace
 
+from rayledger.actors.config import LedgerConfig
 from rayledger.actors.rounds import MAX_ROUNDS as ROUNDBOOK_MAX_ROUNDS
 from rayledger.election import ElectionConfig
 from rayledger.replication import ReplicationConfig
@@ -59,17 +60,15 @@ modelled from ``flushed_pos``, so a real disk's fsync would only cost time)."""
 LOCAL_HOP_MS = (0, 2)
 """One actor call between a member and its helpers (same node)."""
 
-FAST_PATH_STALL_MS = SIM_ELECTION.heartbeat_interval_ms // 2
-"""``LedgerConfig.stall_ms()``: an execution unanswered this long abandons the graph."""
+FAST_PATH_STALL_MS = LedgerConfig(election=SIM_ELECTION).stall_ms()
+"""The shipped ``LedgerConfig.stall_ms()``: an execution unanswered this long abandons the graph."""
 
-FAST_PATH_MAX_INFLIGHT = 8  # fastpath.MAX_INFLIGHT
-FAST_PATH_RETRY_MS = (100, 1500)  # fastpath retry_s, scaled like the election timing
+FAST_PATH_RETRY_MS = (100, 1500)  # fastpath_logic.RETRY_MS, scaled like the election timing
 FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
 FAST_PATH_SWITCH_MEAN_MS = 900
 ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
 
 MAX_ROUNDS = ROUNDBOOK_MAX_ROUNDS  # the shipped RoundBook's: rounds waiting before appends queue
-COMMIT_NOTICE_MS = 5  # checker.COMMIT_NOTICE_S: the committed index stands still, then notice
 MAINTAIN_MAX_SLEEP_MS = 1000  # MemberActor._maintain sleeps at most this long
 FETCH_LOOP = 20  # one need fetched and answered this often in a row: a hot loop (counted)
 FETCH_LIVELOCK_MS = 20_000  # ... and for this long: a livelock (a failure)

@@ -201,12 +201,18 @@ class FiveMembers:
         link if it is up (answers may be lost), needs are fetched from ``mid``."""
         d = self.disp[mid][peer]
         for _ in range(rounds):
-            reqs = d.next_requests(self.now)
-            if not reqs and d.need is None:
+            r = d.ready(self.now)
+            if r.report is not None:  # the checker's answer, as EntryDispatcherActor._report
+                term, wm = r.report
+                served = self.chk[mid].report(term, peer, wm)
+                self.check(mid)
+                committed = self.chk[mid].committed_index if served else None
+                d.reported_to_checker(term, wm, committed, self.now)
+            if not r.pushes and r.fetch is None and r.report is None:
                 return
-            for req in reqs:
+            for req in r.pushes:
                 self._call(mid, peer, req)
-            if d.need is not None:
+            if r.fetch is not None:
                 self.fetch(mid, peer)
 
     def _call(self, mid: str, peer: str, req: PushEntryRequest) -> None:
@@ -223,19 +229,16 @@ class FiveMembers:
             self._answer(mid, peer, d, tok, resp)
 
     def _answer(self, mid: str, peer: str, d: DispatcherLogic, req, resp) -> None:
-        wm = d.on_response(req, resp, self.now)
-        if wm is not None:
-            self.chk[mid].report(d.term, peer, wm)
-            self.check(mid)
+        d.on_response(req, resp, self.now)  # a new water mark is reported by push()
 
     def check(self, mid: str) -> None:
         """The checker commits; the member and the dispatchers of its term learn it."""
         chk = self.chk[mid]
-        committed, _ = chk.check(self.now)
-        if committed is not None:
-            self.logic[mid].on_committed(chk.term, committed)
+        res = chk.ready(self.now).resolution
+        if res is not None and res.committed is not None:
+            self.logic[mid].on_committed(res.term, res.committed)
             for d in self.disp[mid].values():
-                d.on_committed(chk.term, committed)
+                d.on_committed(res.term, res.committed)
 
     def time_out_calls(self) -> None:
         """The calls whose answers were lost fail (what a Ray call returns after its timeout)."""
@@ -313,8 +316,8 @@ def stale_dispatcher_needs_entries() -> FiveMembers:
     g.time_out_calls()  # f's answers never came: push again from the water mark
     g.lost_answers.discard(("m", "f"))
     g.now += CONFIG.max_push_timeout_ms + CONFIG.error_backoff_ms + 1
-    assert d.next_requests(g.now) == []
-    assert d.need is not None and (d.need.kind, d.need.index) == ("batch", 2)
+    r = d.ready(g.now)
+    assert r.pushes == [] and r.fetch is not None and (r.fetch.kind, r.fetch.index) == ("batch", 2)
     assert f.state.current_term == T and f.state.leader_id == "m"  # f still follows m
     return g
 

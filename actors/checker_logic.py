@@ -1,0 +1,232 @@
+"""The quorum-ack checker's core and its driver (sans-I/O: no Ray, no asyncio, no clock).
+
+:class:`CheckerLogic` decides: which rounds wait for their quorum and which are stale,
+the committed index (the commit rule of :class:`~rayledger.replication.QuorumAckChecker`),
+which rounds succeed, time out or lose their term, and when the dispatchers hear of a new
+committed index.  Its way out is :meth:`CheckerLogic.ready`: one :class:`CheckerReady` of
+what to tell the leader, what to tell the dispatchers and when to run again.
+
+:class:`CheckerDriver` carries a :class:`~.pump.Loop`'s events into the core and its
+Ready out through :class:`CheckerPorts`; the Ray actor (:mod:`.checker`) and the
+simulation differ only in the loop and the ports they give it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rayledger.replication import QuorumAckChecker, ReplicationConfig, Resolved
+from rayledger.storage import ResponseCode
+
+from .pump import Driver
+
+COMMIT_NOTICE_MS = 5
+"""How long the committed index stands still before the dispatchers hear of it.  Under load
+every announcement and report answer carries it; only the last commit before a pause
+reaches an idle follower no other way, so it goes out once, not once per round."""
+
+Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """For the leader (``MemberActor.on_resolved``): the new committed index of ``term``
+    (None: unchanged) and the rounds that ended."""
+
+    term: int
+    committed: int | None
+    outcomes: list[Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckerReady:
+    resolution: Resolution | None
+    notice: tuple[int, int] | None  # (term, committed index) for every dispatcher
+    committed_index: int  # of the term served (what a report is answered with)
+    wake_at_ms: int | None
+
+
+class CheckerLogic:
+    """The leader's QuorumAckChecker, the rounds waiting for it (by token), the commit
+    notice and the compiled graph it serves."""
+
+    def __init__(self, group: str, self_id: str, peers: Sequence[str], config: ReplicationConfig):
+        self.self_id = self_id
+        self.core = QuorumAckChecker(group, self_id, list(peers), config)
+        self.term = -1  # the term served (-1: none)
+        self._registered: set[Any] = set()
+        self._committed_sent = -1
+        self._notice: tuple[int, int] | None = None
+        self._notice_at = 0
+        self.graph_gen: int | None = None
+
+    # -- events --------------------------------------------------------------------------
+    def become_leader(self, term: int, term_start_index: int, info: Any) -> list[Outcome]:
+        """Serve ``term`` (``info``: the leader's LeaderInfo); what waited for an older term
+        fails."""
+        self.term = term
+        self._registered.clear()
+        self._committed_sent = -1
+        failed = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
+        return _outcomes(failed)
+
+    def step_down(self, term: int) -> list[Outcome]:
+        """Leadership of ``term`` ended: everything waiting is answered to the caller."""
+        self.graph_gen = None
+        if term < self.term:
+            return []
+        self.term = -1
+        self._registered.clear()
+        return _outcomes(self.core.step_down(term))
+
+    def add_round(
+        self, term: int, first: int, last: int, token: Any, now_ms: int, leader_mark: int
+    ) -> None:
+        """A round of ``term`` waits for its quorum (registering one twice is harmless);
+        ``leader_mark`` is the leader's :meth:`MemberLogic.water_mark` when it registered
+        the round (with sync_flush it may stand below the round: not flushed yet).  A round
+        of another term is answered by the next :meth:`ready`."""
+        self.core.update_water_mark(term, self.self_id, leader_mark)
+        if token in self._registered:
+            return
+        if self.core.add_pending(term, first, last, token, now_ms):
+            self._registered.add(token)
+
+    def is_registered(self, token: Any) -> bool:
+        return token in self._registered
+
+    def report(self, term: int, peer: str, water_mark: int) -> bool:
+        """A follower stores the leader's log of ``term`` up to ``water_mark``; False when
+        this checker does not serve ``term`` (the reporter gets no committed index)."""
+        if term != self.term:
+            return False
+        self.core.update_water_mark(term, peer, water_mark)
+        return True
+
+    def graph_begin(self, term: int, gen: int) -> bool:
+        if term != self.term:
+            return False
+        self.graph_gen = gen
+        return True
+
+    def graph_end(self, gen: int) -> None:
+        if self.graph_gen == gen:
+            self.graph_gen = None
+
+    def graph_report(self, ack: tuple, now_ms: int) -> tuple | None:
+        """A follower's water mark and the rounds of its execution, from the graph
+        (None: not this checker's graph or term); answers ``(term, committed, outcomes)``."""
+        gen, term, peer, wm, rounds = ack
+        if gen != self.graph_gen or term != self.term:
+            return None
+        for first, last, token in rounds:  # a graph runs only without sync_flush:
+            self.add_round(term, first, last, token, now_ms, last)  # written counts
+        if wm >= 0:
+            self.core.update_water_mark(term, peer, wm)
+        committed, outcomes = self._check(now_ms)
+        return term, committed, outcomes
+
+    # -- the way out -----------------------------------------------------------------------
+    def _check(self, now_ms: int) -> tuple[int | None, list[Outcome]]:
+        """Commit what a quorum stores; the index is new only once per rise."""
+        committed, resolved = self.core.check(now_ms)
+        for r in resolved:
+            self._registered.discard(r.token)
+        if committed is not None and committed > self._committed_sent:
+            self._committed_sent = committed
+            self._notice = (self.term, committed)
+            self._notice_at = now_ms + COMMIT_NOTICE_MS
+        else:
+            committed = None
+        return committed, _outcomes(resolved)
+
+    def ready(self, now_ms: int) -> CheckerReady:
+        resolution = None
+        wake = None
+        if self.term >= 0:
+            committed, outcomes = self._check(now_ms)
+            if committed is not None or outcomes:
+                resolution = Resolution(self.term, committed, outcomes)
+            wake = self.core.next_deadline_ms()
+        notice = None
+        if self._notice is not None:
+            if now_ms >= self._notice_at:
+                notice, self._notice = self._notice, None
+            elif wake is None or self._notice_at < wake:
+                wake = self._notice_at
+        return CheckerReady(resolution, notice, self.core.committed_index, wake)
+
+    @property
+    def committed_index(self) -> int:
+        return self.core.committed_index
+
+    def next_deadline_ms(self) -> int | None:
+        return self.core.next_deadline_ms()
+
+
+def _outcomes(resolved: list[Resolved]) -> list[Outcome]:
+    return [(r.token, r.code) for r in resolved]
+
+
+class CheckerPorts(Protocol):
+    """Where the checker's messages go: its leader and the leader's dispatchers."""
+
+    def resolved(self, r: Resolution) -> None: ...
+
+    def notice(self, term: int, committed: int) -> None: ...
+
+
+class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
+    """Delivers events to a :class:`CheckerLogic` and carries its Ready out: one message to
+    the leader per loop turn with what changed, a timer for the oldest round's deadline or
+    the commit notice, nothing polled.  Graph calls come from another thread (the lock)."""
+
+    def become_leader(self, term: int, term_start_index: int, info: Any) -> list[Outcome]:
+        with self.lock:
+            failed = self.logic.become_leader(term, term_start_index, info)
+        self.pump.run()
+        return failed
+
+    def step_down(self, term: int) -> list[Outcome]:
+        with self.lock:
+            return self.logic.step_down(term)
+
+    def add_round(self, term: int, first: int, last: int, token: Any, leader_mark: int) -> None:
+        with self.lock:
+            self.logic.add_round(term, first, last, token, self._now(), leader_mark)
+        self.pump.kick()
+
+    def report(self, term: int, peer: str, water_mark: int) -> int | None:
+        """Answers the committed index of ``term`` (None: not served here)."""
+        with self.lock:
+            if not self.logic.report(term, peer, water_mark):
+                return None
+        self.pump.run()
+        return self.logic.committed_index
+
+    def graph_begin(self, term: int, gen: int) -> bool:
+        with self.lock:
+            return self.logic.graph_begin(term, gen)
+
+    def graph_end(self, gen: int) -> None:
+        with self.lock:
+            self.logic.graph_end(gen)
+
+    def graph_report(self, ack: tuple) -> tuple | None:
+        """On the graph's thread: the answer goes back through the graph; the loop re-arms."""
+        with self.lock:
+            out = self.logic.graph_report(ack, self._now())
+        if out is not None and self.pump.loop is not None:
+            self.pump.loop.call_threadsafe(self.pump.run)
+        return out
+
+    def _run(self, now_ms: int) -> int | None:
+        with self.lock:
+            r = self.logic.ready(now_ms)
+        if r.resolution is not None:
+            self.ports.resolved(r.resolution)
+        if r.notice is not None:
+            self.ports.notice(*r.notice)
+        return r.wake_at_ms

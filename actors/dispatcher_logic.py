@@ -1,0 +1,524 @@
+"""The entry dispatcher's core and its driver (sans-I/O: no Ray, no asyncio, no clock).
+
+:class:`DispatcherLogic` is one leader -> follower pusher: the
+:class:`~rayledger.replication.EntryDispatcher` protocol core over a :class:`LeaderView`
+of the leader's log, plus everything a dispatcher decides around it -- what to fetch
+from its member (and when to try again), the single water-mark report in flight to the
+checker (it follows the current term), the throttled progress reports to the member's
+elector (the last one always gets through), and its part of a compiled graph (the keys
+of its pushes, a rewind when the graph is left).  Its way out is
+:meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`.
+
+:class:`DispatcherDriver` carries a :class:`~.pump.Loop`'s events in and the Ready out
+through :class:`DispatcherPorts`; the Ray actor (:mod:`.dispatcher`) and the simulation
+differ only in the loop and the ports.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rayledger.replication import (
+    EntryDispatcher,
+    NotCached,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+    ReplicationConfig,
+)
+from rayledger.storage import EntryBatch
+
+from .pump import Driver
+
+if TYPE_CHECKING:
+    from .logic import Announcement, LeaderInfo
+
+PROGRESS_MS = 50
+"""How often at most a dispatcher tells its member's elector how far the follower matches
+(a leadership transfer waits for it)."""
+
+FETCH_RETRY_MS = 50
+"""After a failed fetch from the member, the next try waits this long."""
+
+
+@dataclass(slots=True)
+class CachedBatch:
+    """A batch the dispatcher may push; ``payload`` is opaque to the logic."""
+
+    first_index: int
+    count: int
+    payload: Any
+    nbytes: int
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + self.count - 1
+
+
+class LeaderView:
+    """The part of the leader's log a dispatcher needs: the batches its leader announced
+    (bounded by ``cache_bytes``) and the (term, pos) of entries it learned.  A read of
+    anything else raises :class:`~rayledger.replication.NotCached`."""
+
+    def __init__(self, cache_bytes: int):
+        self.cache_bytes = cache_bytes
+        self.batches: OrderedDict[int, CachedBatch] = OrderedDict()
+        self.meta: dict[int, tuple[int, int]] = {}
+        self.cached_bytes = 0
+        self.ledger_begin_index = 0
+        self.ledger_end_index = -1
+        self.committed_index = -1
+
+    def reset(self, info: LeaderInfo) -> None:
+        self.batches.clear()
+        self.meta.clear()
+        self.cached_bytes = 0
+        self.ledger_begin_index = info.begin
+        self.ledger_end_index = info.end
+        self.committed_index = info.committed
+        if info.end >= info.begin:
+            self.meta[info.end] = (info.end_term, info.end_pos)
+
+    def learn(self, info: LeaderInfo) -> None:
+        """Fold in a fenced answer of the leader (same term by construction)."""
+        self.ledger_begin_index = info.begin
+        self.ledger_end_index = max(self.ledger_end_index, info.end)
+        self.committed_index = max(self.committed_index, info.committed)
+
+    def add(self, batch: CachedBatch) -> None:
+        old = self.batches.pop(batch.first_index, None)
+        if old is not None:
+            self.cached_bytes -= old.nbytes
+        self.batches[batch.first_index] = batch
+        self.cached_bytes += batch.nbytes
+        while self.cached_bytes > self.cache_bytes and len(self.batches) > 1:
+            _, old = self.batches.popitem(last=False)
+            self.cached_bytes -= old.nbytes
+
+    def prune(self, water_mark: int) -> None:
+        while self.batches:
+            b = next(iter(self.batches.values()))
+            if b.last_index > water_mark:
+                break
+            self.batches.popitem(last=False)
+            self.cached_bytes -= b.nbytes
+        if len(self.meta) > 4096:
+            self.meta = {k: v for k, v in self.meta.items() if k > water_mark}
+
+    # -- the LeaderLog protocol -------------------------------------------------------------
+    def get_term(self, index: int) -> int:
+        m = self.meta.get(index)
+        if m is None:
+            raise NotCached("meta", index)
+        return m[0]
+
+    def get_pos(self, index: int) -> int:
+        m = self.meta.get(index)
+        if m is None:
+            raise NotCached("meta", index)
+        return m[1]
+
+    def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62):
+        b = self.batches.get(start)
+        if b is None or b.count > max_count:
+            # a resend wants exactly its original range: fetch no more than that, or a
+            # larger cached batch would be fetched (and refused) again and again
+            raise NotCached("batch", start, max_count if max_count < (1 << 40) else None)
+        return b
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Ask the member (fenced by ``term``) for a batch from ``index`` or an entry's
+    (term, pos): what the :class:`LeaderView` lacks."""
+
+    term: int
+    kind: str  # "batch" | "meta"
+    index: int
+    max_bytes: int
+    max_count: int
+
+
+@dataclass(slots=True)
+class DispatcherReady:
+    pushes: list[PushEntryRequest] = field(default_factory=list)
+    fetch: Fetch | None = None
+    report: tuple[int, int] | None = None  # (term, water mark) for the checker
+    progress: tuple[int, int] | None = None  # (term, match index) for the member's elector
+    wake_at_ms: int | None = None
+
+
+class DispatcherLogic:
+    """One leader -> follower pusher: the EntryDispatcher core over a :class:`LeaderView`,
+    and the fetches, reports and graph pushes around it."""
+
+    def __init__(
+        self,
+        group: str,
+        self_id: str,
+        peer_id: str,
+        config: ReplicationConfig,
+        cache_bytes: int = 64 << 20,
+    ):
+        self.self_id, self.peer_id = self_id, peer_id
+        self.config = config
+        self.core = EntryDispatcher(group, self_id, peer_id, config)
+        self.view = LeaderView(cache_bytes)
+        self.term = -1
+        self.reported = -1  # the water mark last handed to a report
+        self.fetching = False
+        self._fetch_after = 0
+        self.reporting = False
+        self._report_due = False
+        self._progress_wm = -1
+        self._progress_at: int | None = None
+        self._last_progress = -(1 << 62)
+        self.graph_gen: int | None = None  # the compiled-graph generation served
+        self._graph_sent: dict[tuple, PushEntryRequest] = {}
+        self._graph_keys = itertools.count()
+        self._outbox: list[PushEntryRequest] = []
+
+    @property
+    def active(self) -> bool:
+        return self.core.active
+
+    @property
+    def water_mark(self) -> int:
+        return self.core.water_mark
+
+    @property
+    def need(self) -> NotCached | None:
+        return self.core.need
+
+    # -- from the member and the checker -------------------------------------------------
+    def activate(self, info: LeaderInfo) -> None:
+        self.term = info.term
+        self.view.reset(info)
+        self.core.check_and_fresh_state(info.term, self.self_id, True)
+        self.reported = -1
+        self._report_due = False
+        self._progress_wm = -1
+
+    def deactivate(self, term: int) -> None:
+        """Stop pushing; ``term`` is the term that ended (a later one may start)."""
+        self.graph_gen = None
+        self._graph_sent.clear()
+        self._outbox.clear()
+        self._progress_wm = -1
+        self._progress_at = None
+        self._report_due = False
+        if term >= self.term:
+            self.core.check_and_fresh_state(term, None, False)
+            self.view.batches.clear()
+            self.view.cached_bytes = 0
+
+    def on_announcement(self, a: Announcement) -> bool:
+        """The leader stored a round; True when it may be pushed right away."""
+        if a.term != self.term or not self.core.active:
+            return False
+        view = self.view
+        view.add(CachedBatch(a.first, a.count, a.payload, a.nbytes))
+        # every entry of a round has the leader's term: COMPARE/COMMIT pushes naming a
+        # round's edge need no fetch from the member
+        view.meta[a.first] = (a.term, a.edges[0])
+        view.meta[a.first + a.count - 1] = (a.term, a.edges[1])
+        last = a.first + a.count - 1
+        if last > view.ledger_end_index:
+            view.ledger_end_index = last
+        if a.committed > view.committed_index:
+            view.committed_index = a.committed
+        return self.core.write_index == a.first
+
+    def on_committed(self, term: int, index: int) -> bool:
+        """The checker of ``term`` committed ``index``; True when a COMMIT may be due."""
+        if term == self.term and index > self.view.committed_index:
+            self.view.committed_index = index
+            return True
+        return False
+
+    # -- answers ---------------------------------------------------------------------------
+    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
+        """Fold in a push's answer (None: lost or timed out); returns the new water mark
+        (a report to the checker is then due), or None."""
+        wm = self._fold(req, resp, now_ms)
+        if wm is not None:
+            self._report_due = True
+        return wm
+
+    def _fold(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
+        if req.term != self.term:
+            return None
+        self.core.on_response(req, resp, now_ms)
+        wm = self.core.water_mark
+        if wm > self.reported and self.core.active:
+            self.reported = wm
+            self.view.prune(wm)
+            return wm
+        return None
+
+    def took_batch(self, term: int, answer) -> None:
+        """A fenced :meth:`MemberLogic.read_for_push` answer (None: the member stopped
+        leading ``term``)."""
+        self.fetching = False
+        if answer is None or term != self.term:
+            return
+        batch, info = answer
+        self.view.learn(info)
+        if batch is not None and batch.count:
+            self.view.add(batch)
+
+    def took_meta(self, term: int, index: int, answer) -> None:
+        self.fetching = False
+        if answer is None or term != self.term:
+            return
+        (t, pos), info = answer
+        self.view.learn(info)
+        self.view.meta[index] = (t, pos)
+
+    def fetch_failed(self, now_ms: int) -> None:
+        """The member did not answer: try again after :data:`FETCH_RETRY_MS`."""
+        self.fetching = False
+        self._fetch_after = now_ms + FETCH_RETRY_MS
+
+    def reported_to_checker(self, term: int, wm: int, committed: int | None, now_ms: int) -> None:
+        """The checker took the report ``(term, wm)`` and answered its committed index
+        (None: it does not serve ``term``).  Another report is due when the water mark
+        rose meanwhile or a new term started (a report of an older term must not swallow
+        the new term's first)."""
+        self.reporting = False
+        if committed is not None:
+            self.on_committed(term, committed)
+        self._note_progress(term, wm, now_ms)
+        if self.term != term or self.core.water_mark > wm:
+            self._report_due = True
+
+    def report_failed(self) -> None:
+        """The checker did not answer: the next rise of the water mark reports again."""
+        self.reporting = False
+
+    def _note_progress(self, term: int, wm: int, now_ms: int) -> None:
+        """The member's elector hears of ``wm`` at most every :data:`PROGRESS_MS`, and the
+        last one always gets through; one learned in another term is dropped."""
+        if term != self.term:
+            return
+        self._progress_wm = max(self._progress_wm, wm)
+        if self._progress_at is None:
+            self._progress_at = max(now_ms, self._last_progress + PROGRESS_MS)
+
+    # -- the compiled path (fastpath.py) -----------------------------------------------------
+    def graph_begin(self, term: int, gen: int) -> bool:
+        if term != self.term:
+            return False
+        self.graph_gen = gen
+        self._graph_sent.clear()
+        return True
+
+    def graph_end(self, gen: int) -> bool:
+        """The leader left graph ``gen``: its pushes in flight are lost, push again, and
+        report again (water marks that went into the graph may never have reached the
+        checker).  False when ``gen`` is not the graph served."""
+        if self.graph_gen != gen:
+            return False
+        self.graph_gen = None
+        self._graph_sent.clear()
+        self.core.rewind()
+        self._report_due = True
+        return True
+
+    def graph_push(self, g: Any, now_ms: int) -> tuple[tuple, list, bool]:
+        """A round through the graph: ``(carry, wire, run)`` -- the pushes the core wants
+        now that the graph can carry (inline APPEND/COMMIT), keyed by leader, term, graph
+        and a counter so that no other leader's answer is ever folded into one; the others
+        wait in the outbox and ``run`` asks the loop to send them (or to fetch)."""
+        a = g.announcement
+        carry = (g.gen, a.term, g.rounds)
+        if g.gen != self.graph_gen:
+            return carry, [], False
+        self.on_announcement(a)
+        wire = []
+        for req in self.core.next_requests(now_ms, self.view):
+            batch = req.batch
+            inline = batch is None or isinstance(batch.payload, EntryBatch)
+            if inline and req.type in (PushType.APPEND, PushType.COMMIT):
+                key = (self.self_id, a.term, g.gen, next(self._graph_keys))
+                self._graph_sent[key] = req
+                wire.append((key, replace(req, batch=batch.payload) if batch else req))
+            else:
+                self._outbox.append(req)
+        return carry, wire, bool(self._outbox) or self.need is not None
+
+    def graph_ack(self, answered: tuple, now_ms: int) -> tuple:
+        """The follower's answers through the graph; returns ``(gen, term, peer, water
+        mark, rounds)`` for the checker (water mark -1: another term is served now)."""
+        (gen, term, rounds), answers = answered
+        for key, resp in answers:
+            req = self._graph_sent.pop(key, None)
+            if req is not None:
+                self._fold(req, resp, now_ms)  # the graph carries the water mark on
+        wm = self.core.water_mark if self.term == term else -1
+        if wm >= 0:
+            self._note_progress(term, wm, now_ms)
+        return gen, term, self.peer_id, wm, rounds
+
+    def sent_through_graph(self, key: tuple) -> PushEntryRequest | None:
+        """The push a graph answer under ``key`` belongs to (None: not one in flight)."""
+        return self._graph_sent.get(key)
+
+    # -- the way out -----------------------------------------------------------------------
+    def ready(self, now_ms: int) -> DispatcherReady:
+        out = DispatcherReady(self._outbox)
+        self._outbox = []
+        if not self.core.active:
+            return out
+        out.pushes += self.core.next_requests(now_ms, self.view)
+        wake = self.core.next_wakeup_ms(now_ms)
+        need = self.core.need
+        if need is not None and not self.fetching:
+            if now_ms >= self._fetch_after:
+                self.fetching = True
+                cfg = self.config
+                out.fetch = Fetch(
+                    self.term,
+                    need.kind,
+                    need.index,
+                    cfg.max_batch_push_bytes,
+                    need.count or cfg.max_batch_push_count,
+                )
+            else:
+                wake = _earliest(wake, self._fetch_after)
+        if self._report_due and not self.reporting:
+            self._report_due = False
+            self.reporting = True
+            out.report = (self.term, self.core.water_mark)
+        if self._progress_at is not None:
+            if now_ms >= self._progress_at:
+                self._progress_at = None
+                self._last_progress = now_ms
+                if self._progress_wm >= 0:
+                    out.progress = (self.term, self._progress_wm)
+            else:
+                wake = _earliest(wake, self._progress_at)
+        out.wake_at_ms = wake
+        return out
+
+
+def _earliest(a: int | None, b: int) -> int:
+    return b if a is None or b < a else a
+
+
+class DispatcherPorts(Protocol):
+    """Where a dispatcher's calls go; each answer comes back through the driver."""
+
+    def push(self, req: PushEntryRequest) -> None: ...  # -> DispatcherDriver.on_response
+
+    def fetch(self, f: Fetch) -> None: ...  # -> fetched_batch / fetched_meta / fetch_failed
+
+    def report(self, term: int, wm: int) -> None: ...  # -> reported / report_failed
+
+    def progress(self, term: int, wm: int) -> None: ...  # to the member; no answer
+
+
+class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
+    """Delivers events to a :class:`DispatcherLogic` and carries its Ready out: every push
+    at once (pipelined), one fetch and one report in flight, nothing polled -- it runs
+    when an announcement, an answer or a fetched batch arrives, and otherwise at the
+    logic's next deadline.  Graph calls come from another thread (the lock)."""
+
+    # -- events ------------------------------------------------------------------------------
+    def activate(self, info: LeaderInfo) -> None:
+        with self.lock:
+            self.logic.activate(info)
+        self.pump.kick()
+
+    def deactivate(self, term: int) -> None:
+        with self.lock:
+            self.logic.deactivate(term)
+        self.pump.cancel()
+
+    def on_announcement(self, a: Announcement) -> None:
+        """The leader stored a round: push it now when it is next in line."""
+        with self.lock:
+            now = self.logic.on_announcement(a)
+        if now:
+            self.pump.run()
+        else:
+            self.pump.kick()
+
+    def on_committed(self, term: int, index: int) -> None:
+        with self.lock:
+            due = self.logic.on_committed(term, index)
+        if due:
+            self.pump.kick()
+
+    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None) -> None:
+        with self.lock:
+            self.logic.on_response(req, resp, self._now())
+        self.pump.kick()
+
+    def fetched_batch(self, term: int, answer) -> None:
+        with self.lock:
+            self.logic.took_batch(term, answer)
+        self.pump.kick()
+
+    def fetched_meta(self, term: int, index: int, answer) -> None:
+        with self.lock:
+            self.logic.took_meta(term, index, answer)
+        self.pump.kick()
+
+    def fetch_failed(self) -> None:
+        with self.lock:
+            self.logic.fetch_failed(self._now())
+        self.pump.kick()
+
+    def reported(self, term: int, wm: int, committed: int | None) -> None:
+        with self.lock:
+            self.logic.reported_to_checker(term, wm, committed, self._now())
+        self.pump.kick()
+
+    def report_failed(self) -> None:
+        with self.lock:
+            self.logic.report_failed()
+
+    def graph_begin(self, term: int, gen: int) -> bool:
+        with self.lock:
+            return self.logic.graph_begin(term, gen)
+
+    def graph_end(self, gen: int) -> None:
+        with self.lock:
+            left = self.logic.graph_end(gen)
+        if left:
+            self.pump.kick()
+
+    def graph_push(self, g: Any) -> tuple[tuple, list]:
+        """On the graph's thread: the wire pushes; the rest goes out from the loop."""
+        with self.lock:
+            carry, wire, run = self.logic.graph_push(g, self._now())
+        if run and self.pump.loop is not None:
+            self.pump.loop.call_threadsafe(self.pump.run)
+        return carry, wire
+
+    def graph_ack(self, answered: tuple) -> tuple:
+        """On the graph's thread: answers folded in; the loop reports progress and pushes."""
+        with self.lock:
+            out = self.logic.graph_ack(answered, self._now())
+        if self.pump.loop is not None:
+            self.pump.loop.call_threadsafe(self.pump.run)
+        return out
+
+    # -- the way out -------------------------------------------------------------------------
+    def _run(self, now_ms: int) -> int | None:
+        with self.lock:
+            r = self.logic.ready(now_ms)
+        ports = self.ports
+        for req in r.pushes:
+            ports.push(req)
+        if r.fetch is not None:
+            ports.fetch(r.fetch)
+        if r.report is not None:
+            ports.report(*r.report)
+        if r.progress is not None:
+            ports.progress(*r.progress)
+        return r.wake_at_ms

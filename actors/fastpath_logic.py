@@ -1,0 +1,367 @@
+"""The compiled path's core and its driver (sans-I/O: no Ray, no asyncio, no clock).
+
+:class:`FastPathLogic` decides everything about a leader's compiled graph
+(:mod:`.fastpath` says what the graph is): when to build one and how long to back off
+after a failure, when a built graph may go live (the term and generation still hold),
+which rounds go through it (size cap; rounds waiting for a slot merge, within the cap),
+how many executions are in flight, when an execution waited too long (the watchdog), and
+what a fallback hands back to plain calls and to whom.  Its way out is
+:meth:`FastPathLogic.ready`: a :class:`FastPathReady`.
+
+:class:`FastPathDriver` runs it on the fast path's own loop; the member's thread reaches it
+through :meth:`FastPathDriver.start`, :meth:`FastPathDriver.stop` and
+:meth:`FastPathDriver.submit`.  The graph itself is opaque here: the Ray transport
+compiles a Ray Compiled Graph, the simulation a set of in-order channels.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .pump import Driver
+
+MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
+MAX_ROUND_BYTES = 6 << 20  # larger rounds travel as plain calls
+RETRY_MS = (1000, 15000)  # backoff before building again: first, largest
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRound:
+    """The graph's input: an announcement and the rounds it covers, for one generation."""
+
+    gen: int
+    announcement: Any  # logic.Announcement with an EntryBatch payload
+    rounds: tuple[tuple[int, int, Any], ...]  # (first, last, token) per round
+
+
+@dataclass(eq=False, slots=True)
+class Execution:
+    """One graph execution in flight: answered once every chain's output came back."""
+
+    started: int
+    item: GraphRound
+    waiting: int
+
+    @property
+    def gen(self) -> int:
+        return self.item.gen
+
+
+@dataclass(slots=True)
+class FastPathReady:
+    build: tuple[int, int] | None = None  # (build id, term): reset the followers, compile
+    begin: tuple[int, int] | None = None  # (term, gen): the helpers serve the built graph
+    executions: list[tuple[Any, Execution]] = field(default_factory=list)  # (graph, ...)
+    ended: int | None = None  # generation left: the helpers stop serving it (cg_end)
+    fallback: list[tuple[Any, tuple]] = field(default_factory=list)  # (announcement, rounds)
+    outputs: list[tuple] = field(default_factory=list)  # (term, committed, outcomes)
+    teardown: list[Any] = field(default_factory=list)  # graphs nobody executes any more
+    wake_at_ms: int | None = None
+
+
+class FastPathLogic:
+    """A leader's compiled graph over ``followers`` followers: its life and its rounds."""
+
+    def __init__(
+        self,
+        followers: int,
+        stall_ms: int,
+        retry_ms: tuple[int, int] = RETRY_MS,
+        max_inflight: int = MAX_INFLIGHT,
+        max_round_bytes: int = MAX_ROUND_BYTES,
+    ):
+        self.followers = followers
+        self.stall_ms = stall_ms
+        self.retry_ms = retry_ms
+        self.max_inflight = max_inflight
+        self.max_round_bytes = max_round_bytes
+        self.enabled = True
+        self.term = -1
+        self.gen = 0
+        self.graph: Any = None  # the live graph (opaque), or None
+        self.active = False
+        self.building: int | None = None  # the build in progress
+        self._build_ids = itertools.count(1)
+        self._built: tuple[int, int, Any] | None = None  # (term, gen, graph) being begun
+        self._backoff = retry_ms[0]
+        self._build_at: int | None = None
+        self.queue: deque[GraphRound] = deque()
+        self.inflight: deque[Execution] = deque()
+        self._out = FastPathReady()
+        self.compiles = 0
+        self.fallbacks = 0
+        self.raced = 0  # graphs built for a term or generation that ended meanwhile
+        self.last_fallback = ""
+
+    def __repr__(self) -> str:
+        return (
+            f"FastPath(term={self.term} gen={self.gen} active={self.active} "
+            f"building={self.building} queue={len(self.queue)} inflight={len(self.inflight)} "
+            f"compiles={self.compiles} fallbacks={self.fallbacks})"
+        )
+
+    # -- from the member's thread ------------------------------------------------------------
+    def admits(self, announcement: Any) -> bool:
+        """Whether a round may go through the graph (else: plain calls)."""
+        return self.active and announcement.nbytes <= self.max_round_bytes
+
+    def leave(self) -> None:
+        """The member's side of a stop: no round goes to the graph from now on."""
+        self.active = False
+
+    # -- events on the fast path's loop ----------------------------------------------------
+    def start(self, term: int, now_ms: int) -> None:
+        """Lead ``term``: build its graph (plain calls meanwhile)."""
+        self.stop()
+        self.term = term
+        self._backoff = self.retry_ms[0]
+        self._build_at = now_ms
+
+    def stop(self) -> None:
+        """The term ended: leave the graph; the member fails the rounds of the term."""
+        self._build_at = None
+        self.building = None
+        self._abandon()
+        self.term = -1
+
+    def set_enabled(self, enabled: bool, now_ms: int) -> None:
+        """Switch the compiled path on or off while leading (off: fall back, build none)."""
+        self.enabled = enabled
+        if not enabled:
+            self.fallback("switched off", now_ms)
+        elif self.term >= 0 and not self.active and self.building is None:
+            self._build_at = now_ms
+
+    def built(self, build_id: int, term: int, graph: Any, error: str | None, now_ms: int) -> None:
+        """A build ended: ``graph`` compiled for ``term``, or ``error``."""
+        if build_id != self.building:
+            if graph is not None:
+                self._out.teardown.append(graph)  # stopped or restarted meanwhile
+            return
+        self.building = None
+        if error is not None:
+            self._retry_later(now_ms)
+            return
+        if term != self.term:
+            self._out.teardown.append(graph)
+            return
+        self.gen += 1
+        self._built = (term, self.gen, graph)
+        self._out.begin = (term, self.gen)
+
+    def began(self, term: int, gen: int, ok: bool, now_ms: int) -> None:
+        """The helpers answered ``cg_begin`` for (``term``, ``gen``): all of them (``ok``),
+        or one refused or failed."""
+        built, self._built = self._built, None
+        if built is None or built[:2] != (term, gen):
+            return
+        graph = built[2]
+        if not ok:
+            self._out.teardown.append(graph)
+            self._retry_later(now_ms)
+            return
+        if term != self.term or gen != self.gen or not self.enabled:
+            # the term ended (or another build began) while the helpers were told: a graph
+            # marked active now would be one nobody executes
+            self.raced += 1
+            self._out.teardown.append(graph)
+            return
+        self.graph = graph
+        self.active = True
+        self.compiles += 1
+
+    def enqueue(self, announcement: Any, rounds: list) -> None:
+        """A round the member sent to the graph (it looked active then)."""
+        if not self.active:  # left the graph since the member looked: plain calls
+            self._out.fallback.append((announcement, tuple(rounds)))
+            return
+        q = self.queue
+        if q and q[-1].announcement.nbytes + announcement.nbytes <= self.max_round_bytes:
+            # still waiting for a slot: one execution carries both (contiguous entries)
+            prev = q.pop()
+            announcement = prev.announcement.followed_by(announcement)
+            rounds = list(prev.rounds) + list(rounds)
+        q.append(GraphRound(self.gen, announcement, tuple(rounds)))
+
+    def collected(self, ex: Execution, out: tuple | None) -> None:
+        """One chain of ``ex`` answered; ``out`` is its checker's (term, committed,
+        outcomes), None when the checker did not serve it."""
+        if out is not None:
+            # also from an abandoned generation: the checker serves it until its cg_end
+            # arrives and may resolve there a round the fallback registered again
+            self._out.outputs.append(out)
+        if ex.gen != self.gen:
+            return
+        ex.waiting -= 1
+        if ex.waiting == 0:
+            while self.inflight and self.inflight[0].waiting == 0:
+                self.inflight.popleft()
+
+    def failed(self, gen: int, why: str, now_ms: int) -> None:
+        """A participant of graph ``gen`` failed, or a submit did."""
+        if gen == self.gen:
+            self.fallback(why, now_ms)
+
+    def fallback(self, why: str, now_ms: int) -> None:
+        """Leave the graph: plain calls carry everything until a new graph is built."""
+        if not self.active:
+            return
+        self.fallbacks += 1
+        self.last_fallback = why
+        self._out.ended = self.gen
+        self._out.fallback += self._abandon()
+        self._retry_later(now_ms)
+
+    # -- inside ------------------------------------------------------------------------------
+    def _abandon(self) -> list[tuple[Any, tuple]]:
+        self.active = False
+        self.gen += 1
+        items = [(e.item.announcement, e.item.rounds) for e in self.inflight]
+        items += [(g.announcement, g.rounds) for g in self.queue]
+        self.inflight.clear()
+        self.queue.clear()
+        if self.graph is not None:
+            self._out.teardown.append(self.graph)
+            self.graph = None
+        return items
+
+    def _retry_later(self, now_ms: int) -> None:
+        if self.term < 0:
+            return
+        self._build_at = now_ms + self._backoff
+        self._backoff = min(self._backoff * 2, self.retry_ms[1])
+
+    # -- the way out ---------------------------------------------------------------------------
+    def ready(self, now_ms: int) -> FastPathReady:
+        if self.inflight and now_ms - self.inflight[0].started >= self.stall_ms:
+            self.fallback(f"an execution waited more than {self.stall_ms} ms", now_ms)
+        out, self._out = self._out, FastPathReady()
+        wake = None
+        if self._build_at is not None:
+            if now_ms >= self._build_at:
+                self._build_at = None
+                if self.term >= 0 and self.enabled and not self.active and self.building is None:
+                    self.building = next(self._build_ids)
+                    out.build = (self.building, self.term)
+            else:
+                wake = self._build_at
+        while self.active and self.queue and len(self.inflight) < self.max_inflight:
+            ex = Execution(now_ms, self.queue.popleft(), self.followers)
+            self.inflight.append(ex)
+            out.executions.append((self.graph, ex))
+        if self.inflight:
+            due = self.inflight[0].started + self.stall_ms
+            wake = due if wake is None else min(wake, due)
+        out.wake_at_ms = wake
+        return out
+
+
+class FastPathPorts(Protocol):
+    """What the fast path's Ready turns into; answers come back through the driver."""
+
+    def build(self, build_id: int, term: int) -> None: ...  # -> FastPathDriver.built
+
+    def begin(self, term: int, gen: int) -> None: ...  # -> FastPathDriver.began
+
+    def execute(self, graph: Any, ex: Execution) -> None: ...  # -> collected / failed
+
+    def end(self, gen: int) -> None: ...  # cg_end to the dispatchers and the checker
+
+    def fallback(self, items: list) -> None: ...  # to the member: plain calls again
+
+    def output(self, term: int, committed: int | None, outcomes: list) -> None: ...
+
+    def teardown(self, graph: Any) -> None: ...
+
+
+class FastPathDriver(Driver[FastPathLogic, FastPathPorts]):
+    """Delivers events to a :class:`FastPathLogic` on the fast path's loop and carries its
+    Ready out.  The member's thread calls :meth:`start`, :meth:`stop` and :meth:`submit`;
+    they hop onto the fast path's loop in order."""
+
+    # -- from the member's thread --------------------------------------------------------------
+    def start(self, term: int) -> None:
+        self._hop(self._start, term)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.logic.leave()
+        self._hop(self._stop)
+
+    def submit(self, announcement: Any, rounds: list) -> bool:
+        """Send a round through the graph; False when it must go as plain calls."""
+        with self.lock:
+            if not self.logic.admits(announcement):
+                return False
+        self._hop(self._enqueue, announcement, rounds)
+        return True
+
+    def set_enabled(self, enabled: bool) -> None:
+        self._hop(self._set_enabled, enabled)
+
+    def _hop(self, fn, *args) -> None:
+        self.pump.loop.call_threadsafe(fn, *args)
+
+    # -- on the fast path's loop -------------------------------------------------------------
+    def _start(self, term: int) -> None:
+        with self.lock:
+            self.logic.start(term, self._now())
+        self.pump.run()
+
+    def _stop(self) -> None:
+        with self.lock:
+            self.logic.stop()
+        self.pump.run()
+
+    def _set_enabled(self, enabled: bool) -> None:
+        with self.lock:
+            self.logic.set_enabled(enabled, self._now())
+        self.pump.run()
+
+    def _enqueue(self, announcement: Any, rounds: list) -> None:
+        with self.lock:
+            self.logic.enqueue(announcement, rounds)
+        self.pump.run()
+
+    def built(self, build_id: int, term: int, graph: Any, error: str | None) -> None:
+        with self.lock:
+            self.logic.built(build_id, term, graph, error, self._now())
+        self.pump.run()
+
+    def began(self, term: int, gen: int, ok: bool) -> None:
+        with self.lock:
+            self.logic.began(term, gen, ok, self._now())
+        self.pump.run()
+
+    def collected(self, ex: Execution, out: tuple | None) -> None:
+        with self.lock:
+            self.logic.collected(ex, out)
+        self.pump.run()
+
+    def failed(self, gen: int, why: str) -> None:
+        with self.lock:
+            self.logic.failed(gen, why, self._now())
+        self.pump.run()
+
+    def _run(self, now_ms: int) -> int | None:
+        with self.lock:
+            r = self.logic.ready(now_ms)
+        ports = self.ports
+        for graph in r.teardown:
+            ports.teardown(graph)
+        if r.ended is not None:
+            ports.end(r.ended)
+        if r.fallback:
+            ports.fallback(r.fallback)
+        for out in r.outputs:
+            ports.output(*out)
+        if r.build is not None:
+            ports.build(*r.build)
+        if r.begin is not None:
+            ports.begin(*r.begin)
+        for graph, ex in r.executions:
+            ports.execute(graph, ex)
+        return r.wake_at_ms
