@@ -72,8 +72,8 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         self._started = time.time()
         self._late: list = []  # answers to compiled-path pushes that came out of order
         self._init_election()
-        self._init_leadership()
         self._init_appends()
+        self._init_leadership()
         self._init_reads()
         self._machine_runner: MachineRunner | None = None
         if self.config.state_machine is not None:

@@ -1,73 +1,120 @@
-"""Issue 20 item 4 (review c4_zombie), without Ray: a member whose checker never answers (a
+"""Issue 20 item 4 (review c4_zombie), without Ray: a member whose helpers never answer (a
 SIGSTOPped process) must still finish stopping its term, so that when it leads again it
-takes office.  On 24eedd2 ``_stop_leading`` awaited ``checker.step_down`` with no timeout
-while holding ``_role_lock``: re-elected, the member never ran ``leadership()`` and refused
+takes office; and a new leader whose helpers are hung replaces them and then hands
+leadership on.  On 24eedd2 ``_stop_leading`` awaited ``checker.step_down`` with no timeout
+while holding the role lock: re-elected, the member never ran ``leadership()`` and refused
 every append with LEADER_NOT_READY while its heartbeats kept the others from campaigning.
-The Ray version is in test_safety_review.py."""
+
+The decisions live in :class:`~rayledger.actors.supervision.Supervisor`; these tests are
+its transport, with helpers that never answer: every call is answered, after its own
+time-out, with ``Failed``.  The Ray version is in test_safety_review.py."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import types
-
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.logic import MemberLogic, StartLeading
-from rayledger.actors.member_leadership import LeadershipMixin
-from rayledger.actors.reads import ReadIndexLogic
+from rayledger.actors.logic import MemberLogic
 from rayledger.actors.rounds import RoundBook
+from rayledger.actors.supervision import (
+    CHECKER,
+    Answer,
+    CheckerStepDown,
+    Deactivate,
+    Failed,
+    HandOver,
+    Install,
+    Ping,
+    Process,
+    Ready,
+    Replace,
+    Sleep,
+    Supervisor,
+)
 from rayledger.election import MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import MemoryStore, StoreConfig
 
 PEERS = ["n0", "n1", "n2"]
+CONFIG = LedgerConfig.fast()
 
 
-class _Shell(LeadershipMixin):
-    """The leadership part of the member actor, with helpers that never answer."""
+def _supervisor() -> Supervisor:
+    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
+    logic = MemberLogic("g", "n0", PEERS, store, CONFIG.election, ReplicationConfig(),
+                        MemoryTermStore(term=3))  # fmt: skip
+    sup = Supervisor(logic, RoundBook(logic), PEERS, CONFIG.rpc_timeout_ms,
+                     CONFIG.election.heartbeat_timeout_ms)  # fmt: skip
+    for k in sup.keys():
+        sup.pids[k] = 100  # every helper started once: not still booting
+    return sup
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._init_leadership()
-        self.config = LedgerConfig.fast()
-        store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
-        self.logic = MemberLogic("g", "n0", PEERS, store, self.config.election,
-                                 ReplicationConfig(), MemoryTermStore(term=3))  # fmt: skip
-        self.self_id, self.peers, self.store = "n0", PEERS, store
-        self._lock, self._role_lock = threading.Lock(), asyncio.Lock()
-        self._machine_runner, self._fast, self._sync = None, None, False
-        self._book = RoundBook(self.logic)
-        self._loop = loop
-        self.reads = ReadIndexLogic("n0", PEERS, 1000, 1000)
-        hung = types.SimpleNamespace(remote=lambda *a: loop.create_future())  # never answers
-        self._checker = types.SimpleNamespace(step_down=hung)
-        self._dispatchers = {p: types.SimpleNamespace(deactivate=hung) for p in PEERS[1:]}
-        self.started: list[int] = []
 
-    async def _start_leading(self, change: StartLeading) -> None:
-        self.started.append(change.term)
-
-    def _finish(self, resolved) -> None:
-        pass
-
-    def _not_leader(self):
-        return RuntimeError("not leader")
+def _run_hung(proc: Process, now: int, limit: int = 200) -> tuple[list, int]:
+    """Run ``proc`` against helpers that never answer; returns its actions and the time
+    it ended.  A call without a time-out would hang here for good: fail the test."""
+    actions = []
+    action = proc.start()
+    while action is not None:
+        assert len(actions) < limit, f"no end in sight: {actions[-5:]}"
+        actions.append(action)
+        value = None
+        if isinstance(action, (CheckerStepDown, Install)):
+            assert 0 < action.timeout_ms <= CONFIG.rpc_timeout_ms, action
+            now += action.timeout_ms
+            value = Failed("no answer", timeout=True)
+        elif isinstance(action, Deactivate):
+            assert 0 < action.timeout_ms <= CONFIG.rpc_timeout_ms, action
+            now += action.timeout_ms
+            value = len(PEERS) - 1
+        elif isinstance(action, Ping):
+            now += action.timeout_ms
+            value = {k: "timeout" for k in action.keys}
+        elif isinstance(action, Sleep):
+            now += action.ms
+        action = proc.send(Answer(now, value))
+    return actions, now
 
 
 def test_a_hung_checker_does_not_keep_the_member_from_leading_again() -> None:
-    async def main() -> None:
-        shell = _Shell(asyncio.get_running_loop())
-        m = shell.logic
-        m.state.change_to_leader(3)
-        m.leadership()  # led term 3 with these helpers
-        m.mark_ready(3)
-        m.elector._change_role_to_candidate(4, 0)  # deposed
-        rpc_s = shell.config.rpc_timeout_ms / 1000
-        await asyncio.wait_for(shell._sync_role(), 2 * rpc_s + 1)  # bounded, whatever helpers do
-        assert not shell._role_lock.locked()
-        while m.state.current_term < 5:
-            m.state.next_term()
-        m.elector._change_role_to_leader(5, 1000)  # elected again
-        await asyncio.wait_for(shell._sync_role(), 1)
-        assert shell.started == [5] and m.leading_term == 5
+    sup = _supervisor()
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()  # led term 3 with these helpers
+    m.mark_ready(3)
+    m.elector._change_role_to_candidate(4, 0)  # deposed
+    actions, ended = _run_hung(sup.role_changes(), 0)
+    assert any(isinstance(a, CheckerStepDown) for a in actions)
+    assert ended <= 2 * CONFIG.rpc_timeout_ms  # bounded, whatever the helpers do
+    while m.state.current_term < 5:
+        m.state.next_term()
+    m.elector._change_role_to_leader(5, 1000)  # elected again
+    proc = sup.role_changes()
+    first = proc.start()
+    while isinstance(first, Sleep):
+        first = proc.send(Answer(ended, None))
+    assert isinstance(first, Install) and first.term == 5 and m.leading_term == 5
 
-    asyncio.run(main())
+
+def test_a_new_leader_with_hung_helpers_replaces_them_then_hands_over() -> None:
+    sup = _supervisor()
+    m = sup.logic
+    m.state.change_to_leader(3)
+    actions, ended = _run_hung(sup.role_changes(), 0)
+    replaced = [a for a in actions if isinstance(a, Replace)]
+    assert len(replaced) == 1 and set(replaced[0].keys) == set(sup.keys())
+    assert replaced[0].pids == (100,) * len(sup.keys())  # killed by pid on its node
+    assert isinstance(actions[-1], HandOver) and actions[-1].target in PEERS[1:]
+    # one helper wait after the first failure, one more after the replacement
+    assert ended <= 2 * sup.helper_wait_ms() + 2 * CONFIG.rpc_timeout_ms
+    assert not any(isinstance(a, Ready) for a in actions)
+
+
+def test_a_watched_helper_that_stops_answering_costs_the_leadership() -> None:
+    sup = _supervisor()
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    actions, ended = _run_hung(sup.watch(3), 0)
+    assert isinstance(actions[-2], Replace) and CHECKER in actions[-2].keys
+    assert isinstance(actions[-1], HandOver) and actions[-1].term == 3
+    assert sup.helper_wait_ms() < ended <= sup.helper_wait_ms() * 3 // 2

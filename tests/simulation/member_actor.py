@@ -3,7 +3,8 @@ client appends written as rounds, and the answers of the helpers and the fast pa
 
 from __future__ import annotations
 
-from rayledger.actors.logic import Announcement, MemberLogic, StopLeading
+from rayledger.actors import supervision as sv
+from rayledger.actors.logic import Announcement, MemberLogic
 from rayledger.election import RoleChange, TransferOutcome
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -65,38 +66,80 @@ class MemberActor:
     def _role_task(self, node: Node):
         while True:
             node.role_again = False
-            for change in node.logic.leadership():
-                if isinstance(change, StopLeading):
-                    yield from self._stop_leading(node, change)
-                else:
-                    yield from self._start_leading(node, change)
+            yield from self._run_process(node, node.supervisor.role_changes())
             if not node.role_again:
                 break
         node.role_busy = False
 
-    def _stop_leading(self, node: Node, change: StopLeading):
-        self.net.note(f"{node.id} stops leading term {change.term} (now {change.new_term})")
-        if node.fast is not None:
-            self._fp_stop(node)
-        (resolved,) = yield [lambda: self._c_step_down(node, change.new_term)]
-        self._finish(node, resolved)
-        # whatever the checker did not answer ends here: the outcome is unknown
-        for rid, _ in node.book.of_term(change.term):
-            self._finish_round(node, rid, ResponseCode.TERM_CHANGED)
-        yield [(lambda p=p: self._d_deactivate(node, p, change.term)) for p in node.dispatchers]
+    def _run_process(self, node: Node, proc: sv.Process):
+        """Resume one of the shipped supervisor's processes with each action's answer."""
+        action = proc.start()
+        while action is not None:
+            value = yield from self._perform(node, action)
+            action = proc.send(sv.Answer(self.clock.now_ms, value))
 
-    def _start_leading(self, node: Node, change):
-        term = change.term
-        self.net.note(
-            f"{node.id} LEADS term={term} from index {change.term_start_index} "
-            f"(committed {change.info.committed})"
-        )
-        yield [lambda: self._c_become_leader(node, term, change.term_start_index, change.info)]
-        yield [(lambda p=p: self._d_activate(node, p, change.info)) for p in node.dispatchers]
-        if node.logic.mark_ready(term):
-            self.net.note(f"{node.id} ready for appends in term {term}")
+    def _perform(self, node: Node, a):  # noqa: C901 -- one branch per action, nothing else
+        """Carry out a supervision action (helpers on a simulated node always answer)."""
+        if isinstance(a, sv.Sleep):
+            if a.ms:
+                yield a.ms
+            return None
+        if isinstance(a, sv.FastStop):
+            if node.fast is not None:
+                self._fp_stop(node)
+            return None
+        if isinstance(a, sv.CheckerStepDown):
+            self.net.note(f"{node.id} stops leading (now {a.new_term})")
+            (resolved,) = yield [lambda: self._c_step_down(node, a.new_term)]
+            return resolved
+        if isinstance(a, sv.Finish):
+            self._finish(node, a.outcomes)
+            return None
+        if isinstance(a, sv.Deactivate):
+            yield [(lambda p=p: self._d_deactivate(node, p, a.term)) for p in node.dispatchers]
+            return 0
+        if isinstance(a, sv.Flush):
+            node.logic.store.flush()
+            return None
+        if isinstance(a, sv.Install):
+            if a.only is None:
+                self.net.note(
+                    f"{node.id} LEADS term={a.term} from index {a.start} "
+                    f"(committed {a.info.committed})"
+                )
+            if a.only in (None, "checker"):
+                yield [lambda: self._c_become_leader(node, a.term, a.start, a.info)]
+                mark = node.logic.water_mark()
+                for rid, rnd in node.book.of_term(a.term):  # rounds a dead checker held
+                    f, la = rnd.first_index, rnd.last_index
+                    self._hop(node, self._c_add_round, node, a.term, f, la, rid, mark)
+            peers = [p for p in node.dispatchers if a.only in (None, "checker", p)]
+            yield [(lambda p=p: self._d_activate(node, p, a.info)) for p in peers]
+            return None
+        if isinstance(a, sv.Ping):
+            yield [(lambda: None) for _ in a.keys]
+            return {k: "ok" for k in a.keys}
+        if isinstance(a, sv.HandOver):
+            if a.target is None:
+                self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
+            else:
+                _, actions = node.logic.elector.hand_over(a.target, self.clock.now_ms)
+                self._apply(node, actions)
+            return None
+        if isinstance(a, sv.StepDown):
+            self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
+            return None
+        if isinstance(a, sv.Ready):
+            self.net.note(f"{node.id} ready for appends in term {a.term}")
             if self.members[node.id].fast_enabled and len(self.ids) > 1:
-                self._fp_start(node, term)
+                self._fp_start(node, a.term)
+            self._spawn(node, self._run_process(node, node.supervisor.watch(a.term)))
+            return None
+        if isinstance(a, sv.FailReaders):  # the simulation's clients do not read (yet)
+            return None
+        if isinstance(a, sv.Replace | sv.MachineRole | sv.WaitMachine):
+            self.fail(f"{node.id}: {a!r} has no transport in the simulation yet")
+        raise TypeError(f"unknown supervision action {a!r}")
 
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
         """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""

@@ -9,6 +9,7 @@ import random
 import shutil
 
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.supervision import Supervisor
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
@@ -61,6 +62,16 @@ class MemberLifecycle:
         m.incarnation += 1
         m.node = Node(mid, m.incarnation, logic, dispatchers, checker)
         m.node.checker_driver = self._checker_driver(m.node, checker)
+        m.node.supervisor = Supervisor(
+            logic,
+            m.node.book,
+            self.ids,
+            self.rpc.timeout_ms,
+            self.election.heartbeat_timeout_ms,
+            sync=self.sync_flush,
+            fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
+        )
+        m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})
         m.node.dispatcher_drivers = {
             p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()
         }

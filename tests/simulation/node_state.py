@@ -13,6 +13,7 @@ from rayledger.actors.dispatcher_logic import DispatcherDriver
 from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.rounds import RoundBook
+from rayledger.actors.supervision import Supervisor
 from rayledger.election import TermStore
 from rayledger.storage import LogStore
 
@@ -84,6 +85,7 @@ class Node:
     dispatcher_drivers: dict[str, DispatcherDriver] = field(default_factory=dict)  # by _start
     need_watch: dict[str, NeedWatch] = field(init=False)  # per dispatcher: a fetch livelock
     checker_driver: CheckerDriver = field(init=False)  # the shipped driver, set by _start
+    supervisor: Supervisor = field(init=False)  # the shipped supervisor, set by _start
     fast: FastPathDriver | None = None  # the shipped compiled-path driver, once leading
     # MemberActor: queued appends and rounds (the shipped RoundBook), role changes
     book: RoundBook = field(init=False)

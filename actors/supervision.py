@@ -1,0 +1,404 @@
+"""Taking and leaving office, and the supervision of a leader's helpers (sans-I/O).
+
+Every decision of a role change lives here: what stopping a term does and in which order,
+how long each helper call may take, when a new leader's helpers count as hung and are
+replaced, how long it waits for helpers that are still booting, when it hands leadership
+on instead of holding it with heartbeats while no append can commit, and how a helper Ray
+restarted is set up again.  No Ray, no asyncio, no clock.
+
+Each of these is a *process*: a generator that yields one action at a time and is resumed
+with its answer (:class:`Answer`: the time, and the action's result -- a timeout is an
+answer too).  The transport only performs actions: the Ray member
+(:mod:`.member_leadership`) with actor calls, executors and tasks, a test or the
+simulation with whatever it models.  Processes that change the helpers' setup
+(:meth:`Supervisor.role_changes`, :meth:`Supervisor.helper_started`) hold the role lock:
+they run one at a time, in order (:attr:`Process.exclusive`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rayledger.storage import ResponseCode
+
+from .logic import LeaderInfo, MemberLogic, StartLeading, StopLeading
+from .rounds import RoundBook
+
+log = logging.getLogger("rayledger.actors")
+
+HELPER_START_MS = 30_000  # how long a new leader waits for helpers that are still starting
+RETRY_MS = (50, 500)  # between tries to set the helpers up: first, largest
+
+HelperKey = tuple[str, str | None]  # ("checker", None) or ("dispatcher", peer)
+CHECKER: HelperKey = ("checker", None)
+
+
+class Failed:
+    """An action's call failed or timed out (``why`` says how)."""
+
+    __slots__ = ("why", "timeout")
+
+    def __init__(self, why: str, timeout: bool = False):
+        self.why, self.timeout = why, timeout
+
+    def __repr__(self) -> str:
+        return f"Failed({self.why!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    now_ms: int
+    value: Any = None
+
+
+# -- actions (each is answered; effects are answered with None) ----------------------------
+@dataclass(frozen=True, slots=True)
+class MachineRole:
+    """Tell the state-machine runner the role and term (before it is asked to be ready)."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailReaders:
+    """Reads waiting on this leader fail NOT_LEADER."""
+
+
+@dataclass(frozen=True, slots=True)
+class FastStop:
+    """Leave the compiled path."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckerStepDown:
+    """``checker.step_down(new_term)`` within ``timeout_ms``; answered with its outcomes
+    (a list) or :class:`Failed`."""
+
+    new_term: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Rounds ended with these outcomes ((token, code) pairs)."""
+
+    outcomes: list
+
+
+@dataclass(frozen=True, slots=True)
+class Deactivate:
+    """``deactivate(term)`` on every dispatcher, waiting ``timeout_ms`` at most; answered
+    with how many did not answer in time."""
+
+    term: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Flush the store (off the loop); answered None or :class:`Failed`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Install:
+    """Set the helpers up for ``term`` (all, or ``only`` the checker or one dispatcher):
+    the checker's dispatchers, ``become_leader``, the rounds of the term again, then the
+    dispatchers' faults and ``activate``; answered None or :class:`Failed`."""
+
+    term: int
+    start: int
+    info: LeaderInfo
+    timeout_ms: int
+    only: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Ask each helper of ``keys`` for its pid within ``timeout_ms``; answered with a dict
+    key -> "ok" | "error" (dead: Ray restarts it) | "timeout" (no answer: hung)."""
+
+    keys: tuple[HelperKey, ...]
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Kill these helpers' processes (by pid where known) so that Ray starts them again."""
+
+    term: int
+    keys: tuple[HelperKey, ...]
+    pids: tuple[int | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """Leave leadership of ``term`` to ``target`` (the elector steps down when the
+    transfer cannot start or is given up); ``target`` None: step down at once."""
+
+    term: int
+    target: str | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepDown:
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitMachine:
+    """Wait until the state machine has applied what this leader committed before; answered
+    True, or False when the term ended meanwhile."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The term's helpers work: appends are taken; start the compiled path (``fast``) and
+    watch the helpers (:meth:`Supervisor.watch`)."""
+
+    term: int
+    fast: bool
+
+
+Action = (
+    MachineRole | FailReaders | FastStop | CheckerStepDown | Finish | Deactivate | Flush
+    | Install | Ping | Replace | HandOver | StepDown | Sleep | WaitMachine | Ready
+)  # fmt: skip
+
+
+@dataclass(eq=False)
+class Process:
+    """A running decision: resume it with :meth:`send`; ``exclusive`` ones hold the role
+    lock."""
+
+    name: str
+    gen: Generator[Action, Answer, None]
+    exclusive: bool
+
+    def start(self) -> Action | None:
+        return self.send(None)
+
+    def send(self, answer: Answer | None) -> Action | None:
+        """The next action, or None when the process ended."""
+        try:
+            return self.gen.send(answer)  # type: ignore[arg-type]
+        except StopIteration:
+            return None
+
+
+class Supervisor:
+    """The member's side of its helpers: role changes carried out, helpers watched.
+
+    ``logic`` and ``book`` are the member's cores (read under the member's lock, which the
+    transport holds while it resumes a process).  ``sync`` is the store's sync_flush: a new
+    leader flushes its term's first entry before its checker may count it.
+    """
+
+    def __init__(
+        self,
+        logic: MemberLogic,
+        book: RoundBook,
+        peers: list[str],
+        rpc_timeout_ms: int,
+        heartbeat_timeout_ms: int,
+        sync: bool = False,
+        machine: bool = False,
+        fast_path: bool = False,
+    ):
+        self.logic = logic
+        self.book = book
+        self.self_id = logic.self_id
+        self.peers = list(peers)
+        self.rpc_ms = rpc_timeout_ms
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.sync = sync
+        self.machine = machine
+        self.fast_path = fast_path and len(self.peers) > 1
+        self.pids: dict[HelperKey, int] = {}
+
+    # -- helpers and their timing ------------------------------------------------------------
+    def keys(self) -> tuple[HelperKey, ...]:
+        return (CHECKER, *(("dispatcher", p) for p in self.peers if p != self.self_id))
+
+    def helper_wait_ms(self) -> int:
+        """How long a leader waits for a helper before it hands leadership on: one election
+        timeout (at least two RPC timeouts, so one slow call is not a lost helper), or
+        ``HELPER_START_MS`` while a helper has never started (at a member's start its
+        helpers' processes may still be coming up: not dead, just new)."""
+        if not all(k in self.pids for k in self.keys()):
+            return HELPER_START_MS
+        return max(self.heartbeat_timeout_ms, 2 * self.rpc_ms)
+
+    def hand_over(self, term: int, why: str) -> HandOver:
+        """To whom a leader that cannot replicate leaves ``term`` (a fixed choice per term,
+        so members do not all pick the same peer)."""
+        others = [p for p in self.peers if p != self.self_id]
+        return HandOver(term, others[term % len(others)] if others else None, why)
+
+    # -- processes ---------------------------------------------------------------------------
+    def role_changes(self) -> Process:
+        """Bring the helpers in line with the role (``MemberLogic.leadership``)."""
+        return Process("role", self._role_changes(), exclusive=True)
+
+    def _role_changes(self) -> Generator[Action, Answer, None]:
+        try:
+            changes = self.logic.leadership()
+        except Exception as exc:  # the term's empty entry was not written (LedgerError, OSError)
+            yield StepDown(f"its term's first entry could not be written: {exc}")
+            return
+        if self.machine:  # before it is asked whether it is ready
+            yield MachineRole(self.logic.state.current_term)
+        for change in changes:
+            if isinstance(change, StopLeading):
+                yield from self._stop_leading(change)
+            else:
+                yield from self._start_leading(change)
+
+    def _stop_leading(self, change: StopLeading) -> Generator[Action, Answer, None]:
+        """Stop the helpers of ``change.term``.  Each call waits one RPC timeout at most: a
+        hung helper (a SIGSTOPped process Ray does not restart) must not hold the role lock,
+        or this member could never take office again (issue 20 item 4).  A helper that did
+        not answer is harmless: it serves an old term, and every answer to it is fenced."""
+        yield FailReaders()
+        yield FastStop()
+        answer = yield CheckerStepDown(change.new_term, self.rpc_ms)
+        if isinstance(answer.value, Failed):
+            log.warning("[%s] term=%d: checker step_down failed: %s", self.self_id,
+                        change.new_term, answer.value.why)  # fmt: skip
+        else:
+            yield Finish(answer.value)
+        # whatever the checker did not answer ends here: the outcome is unknown
+        yield Finish(
+            [(rid, ResponseCode.TERM_CHANGED) for rid, _ in self.book.of_term(change.term)]
+        )
+        late = (yield Deactivate(change.term, self.rpc_ms)).value
+        if late:
+            log.warning("[%s] term=%d: %d dispatcher(s) did not stop within %d ms",
+                        self.self_id, change.new_term, late, self.rpc_ms)  # fmt: skip
+
+    def _start_leading(self, change: StartLeading) -> Generator[Action, Answer, None]:
+        """Set the helpers up for the new term, trying again while they restart.  Each try
+        waits one RPC timeout; after the first that fails, helpers that answer nothing (hung)
+        are replaced and get one more helper wait.  A leader that cannot get them working
+        hands leadership on (after ``HELPER_START_MS`` while a helper has never started: at a
+        member's start they may still be booting)."""
+        term, info = change.term, change.info
+        if self.sync:  # the term's first entry is on disk before we count ourselves
+            flushed = yield Flush()
+            if isinstance(flushed.value, Failed):
+                yield StepDown(f"its term's first entry could not be flushed: {flushed.value.why}")
+                return
+            info = replace(info, water_mark=self.logic.water_mark())  # now it may count
+        wait_ms = self.helper_wait_ms()
+        known = wait_ms < HELPER_START_MS  # every helper has started before: not still booting
+        now = (yield Sleep(0)).now_ms
+        give_up = now + wait_ms
+        replaced = False
+        delay = RETRY_MS[0]
+        while True:
+            budget = self.rpc_ms if known else max(give_up - now, self.rpc_ms)
+            done = yield Install(term, change.term_start_index, info, budget)
+            now = done.now_ms
+            if not isinstance(done.value, Failed):
+                break
+            log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term,
+                      done.value.why)  # fmt: skip
+            if not self.logic.leads(term):
+                return
+            if known and not replaced:  # a hung helper: replace it at once, wait for it once
+                replaced = True
+                pinged = yield Ping(self.keys(), self.rpc_ms)
+                now = pinged.now_ms
+                silent = tuple(k for k, how in pinged.value.items() if how == "timeout")
+                if silent:  # a dead one (an error) is being restarted by Ray
+                    yield self._replace(term, silent)
+                    give_up = max(give_up, now + wait_ms)
+            if now > give_up:
+                if self.logic.leads(term):
+                    yield self.hand_over(term, "its helpers did not start")
+                return
+            now = (yield Sleep(delay)).now_ms
+            delay = min(delay * 2, RETRY_MS[1])
+        if self.machine and not (yield WaitMachine(term)).value:
+            return
+        if self.logic.mark_ready(term):
+            log.info("[%s] term=%d: ready to take appends", self.self_id, term)
+            yield Ready(term, self.fast_path)
+
+    def _replace(self, term: int, keys: tuple[HelperKey, ...]) -> Replace:
+        for kind, peer in keys:
+            log.error("[%s] term=%d: replaces its hung %s helper %s (pid %s)", self.self_id,
+                      term, kind, peer or "", self.pids.get((kind, peer)))  # fmt: skip
+        return Replace(term, keys, tuple(self.pids.get(k) for k in keys))
+
+    def watch(self, term: int) -> Process:
+        """While this member leads ``term``, ask each helper for its pid every quarter of
+        the helper wait.  A killed helper is restarted by Ray and set up again
+        (:meth:`helper_started`); one that answers nothing for the whole wait (a hung
+        process, or one Ray could not restart) is replaced and costs the leadership, which
+        the leader hands on rather than holding it with heartbeats while no append can
+        commit."""
+        return Process("watch", self._watch(term), exclusive=False)
+
+    def _watch(self, term: int) -> Generator[Action, Answer, None]:
+        wait_ms = self.helper_wait_ms()
+        now = (yield Sleep(0)).now_ms
+        answered = {k: now for k in self.keys()}
+        while self.logic.leads(term):
+            pinged = yield Ping(self.keys(), wait_ms // 4)
+            now = pinged.now_ms
+            for k, how in pinged.value.items():
+                if how == "ok":
+                    answered[k] = now
+            silent = tuple(k for k, t in answered.items() if now - t > wait_ms)
+            if silent and self.logic.leads(term):
+                kind, peer = silent[0]
+                yield self._replace(term, silent)
+                yield self.hand_over(term, f"its {kind} {peer or ''} answered nothing for "
+                                           f"{wait_ms} ms")  # fmt: skip
+                return  # the hand-over ends the term: transferred, or stepped down
+            yield Sleep(wait_ms // 4)
+
+    def helper_started(self, kind: str, peer: str | None, pid: int) -> Process | None:
+        """Every helper says so when its process starts.  A second process for the same
+        helper means Ray restarted it after its process died: set it up again for the term
+        this member leads (a restarted checker also needs the rounds in flight and every
+        follower's water mark again, so the dispatchers start over too)."""
+        known = self.pids.setdefault((kind, peer), pid)
+        if known == pid:
+            return None
+        self.pids[(kind, peer)] = pid
+        log.warning("[%s] %s helper restarted (%s), pid %d", self.self_id, kind, peer or "", pid)
+        return Process("restore", self._restore(kind, peer), exclusive=True)
+
+    def _restore(self, kind: str, peer: str | None) -> Generator[Action, Answer, None]:
+        term = self.logic.leading_term
+        if not self.logic.leads(term):
+            return
+        start, info = self.logic.term_start_index, self.logic.leader_info()
+        yield FastStop()
+        # the helper is up (it called us): within an election timeout, or hand over
+        now = (yield Sleep(0)).now_ms
+        give_up = now + self.helper_wait_ms()
+        only = kind if kind == "checker" else peer
+        while self.logic.leads(term):
+            done = yield Install(term, start, info, self.rpc_ms, only)
+            if not isinstance(done.value, Failed):
+                return
+            log.error("[%s] term=%d: helper not restored: %s", self.self_id, term,
+                      done.value.why)  # fmt: skip
+            if done.now_ms > give_up:
+                if self.logic.leads(term):
+                    yield self.hand_over(term, f"its {kind} helper could not be restored")
+                return
+            yield Sleep(100)
