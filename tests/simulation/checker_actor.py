@@ -1,13 +1,20 @@
 """``QuorumAckCheckerActor`` (actors/checker.py) in the whole-group simulation: the shipped
 :class:`~rayledger.actors.checker_logic.CheckerDriver` on a node's loop, its messages to the
-member and the dispatchers carried as node-local hops.  Delivery only."""
+member and the dispatchers carried as node-local hops.  Delivery only -- plus a checker
+process that can hang (a SIGSTOP: calls wait in it, its timers stop) until its member
+kills it, when Ray starts a fresh one that tells the member (``helper_started``)."""
 
 from __future__ import annotations
+
+import itertools
 
 from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic, Resolution
 
 from .node_state import Node
-from .node_transport import SimLoop
+from .node_transport import PARK, SimLoop
+
+CHECKER = "checker"
+_pids = itertools.count(1_000_000)
 
 
 class _SimCheckerPorts:
@@ -31,33 +38,75 @@ class CheckerActor:
 
     def _checker_driver(self, node: Node, logic: CheckerLogic) -> CheckerDriver:
         driver = CheckerDriver(logic, _SimCheckerPorts(self, node))
-        driver.attach(SimLoop(self, node))
+        driver.attach(SimLoop(self, node, actor=CHECKER))
         return driver
 
+    def _c_hung(self, node: Node) -> bool:
+        return CHECKER in node.hung
+
     def _c_become_leader(self, node: Node, term: int, start: int, info) -> list:
+        if self._c_hung(node):
+            return PARK
         return node.checker_driver.become_leader(term, start, info)
 
     def _c_step_down(self, node: Node, term: int) -> list:
+        if self._c_hung(node):
+            return PARK
         return node.checker_driver.step_down(term)
+
+    def _c_pid(self, node: Node) -> int:
+        if self._c_hung(node):
+            return PARK
+        return node.helper_gen.get(CHECKER, 0)
 
     def _c_add_round(
         self, node: Node, term: int, first: int, last: int, token, leader_mark: int
     ) -> None:
+        if self._c_hung(node):
+            return  # lost with the process when it is killed
         if term == node.checker.term and node.checker.is_registered(token):
             self.stats["double_registered"] += 1
         node.checker_driver.add_round(term, first, last, token, leader_mark)
 
     def _c_report(self, node: Node, term: int, peer: str, wm: int) -> int | None:
+        if self._c_hung(node):
+            return PARK
         return node.checker_driver.report(term, peer, wm)
 
     def _c_cg_begin(self, node: Node, term: int, gen: int) -> bool:
+        if self._c_hung(node):
+            return PARK
         return node.checker_driver.graph_begin(term, gen)
 
     def _c_cg_end(self, node: Node, gen: int) -> None:
-        node.checker_driver.graph_end(gen)
+        if not self._c_hung(node):
+            node.checker_driver.graph_end(gen)
 
     def _c_cg_report(self, node: Node, ack) -> tuple | None:
         for _, _, token in ack[4]:
             if ack[0] == node.checker.graph_gen and node.checker.is_registered(token):
                 self.stats["double_registered"] += 1
         return node.checker_driver.graph_report(ack)
+
+    # -- the hang fault and the replacement ---------------------------------------------------
+    def hang_checker(self, mid: str) -> None:
+        """SIGSTOP ``mid``'s checker: it answers nothing until its member kills it."""
+        node = self.members[mid].node
+        if node is not None and CHECKER not in node.hung:
+            node.hung.add(CHECKER)
+            node.last_hang_ms = self.clock.now_ms
+            self.stats["checker_hangs"] += 1
+            self.net.note(f"FAULT hang {mid}'s checker")
+
+    def _c_kill(self, node: Node) -> None:
+        """The member killed its checker's process: Ray starts a fresh one (empty state),
+        which tells its member; the calls that waited in the old one fail."""
+        node.hung.discard(CHECKER)
+        node.helper_gen[CHECKER] = node.helper_gen.get(CHECKER, 0) + 1
+        self.stats["checker_replaced"] += 1
+        self.net.note(f"{node.id}'s checker killed: Ray starts it again")
+        self._release_parked(node)
+        logic = CheckerLogic(self.group, node.id, self.ids, self.replication)
+        node.checker = logic
+        node.checker_driver = self._checker_driver(node, logic)
+        self._hop(node, self._m_helper_started, node, CHECKER, None, next(_pids))

@@ -19,7 +19,7 @@ from rayledger.replication import PushEntryRequest, PushType
 from rayledger.storage import LedgerError, ResponseCode
 
 from .node_state import Node
-from .node_transport import SimLoop
+from .node_transport import DIED, SimLoop
 from .sim_config import FETCH_LIVELOCK_MS, FETCH_LOOP
 
 
@@ -90,6 +90,9 @@ class DispatcherActor:
 
     def _d_report(self, node: Node, peer: str, term: int, wm: int):
         (committed,) = yield [lambda: self._c_report(node, term, peer, wm)]
+        if committed is DIED:  # the checker's process was killed while the report waited
+            node.dispatcher_drivers[peer].report_failed()
+            return
         node.dispatcher_drivers[peer].reported(term, wm, committed)
 
     def _note_need(self, node: Node, peer: str, need: tuple) -> None:

@@ -116,7 +116,7 @@ class FastPath:
         answers = yield calls
         fp = node.fast.logic
         raced = fp.raced
-        node.fast.began(term, gen, all(answers))
+        node.fast.began(term, gen, all(a is True for a in answers))  # DIED: killed
         if fp.raced > raced:
             self.stats["fast_build_raced"] += 1
         if fp.active and fp.gen == gen:
@@ -193,6 +193,8 @@ class FastPath:
             self._put(chain, 3, (ex, self._d_cg_ack(node, peer, answered)))
         elif k == 3:
             ex, ack = item
+            if "checker" in node.hung:
+                return  # a hung checker answers nothing: the execution stalls
             self._put(chain, 4, (ex, self._c_cg_report(node, ack)))
         else:
             ex, out = item

@@ -112,6 +112,7 @@ from .sim_config import (
     FETCH_LIVELOCK_MS,
     FETCH_LOOP,
     FLUSH_TICK_MS,
+    HANG_MEAN_MS,
     LOCAL_HOP_MS,
     MAINTAIN_MAX_SLEEP_MS,
     MAX_ROUNDS,
@@ -133,6 +134,7 @@ __all__ = [
     "FETCH_LIVELOCK_MS",
     "FETCH_LOOP",
     "FLUSH_TICK_MS",
+    "HANG_MEAN_MS",
     "LOCAL_HOP_MS",
     "MAINTAIN_MAX_SLEEP_MS",
     "MAX_ROUNDS",
@@ -215,6 +217,7 @@ class GroupSim(
         dispatcher_cache_bytes: int | None = None,
         power_loss: float | None = None,
         sync_flush: bool = False,
+        hangs: bool = True,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -268,6 +271,12 @@ class GroupSim(
         self._held: list[tuple[int, int, str, str, object]] = []
         self._held_seq = itertools.count()
         self._client_rng = random.Random(self.rng.getrandbits(64))
+        # hung checkers: their own stream, so the other streams of a seed stay as they were
+        self._hang_rng = random.Random(seed * 7919 + 31)
+        self._next_hang_ms: int | None = (
+            int(self._hang_rng.expovariate(1 / HANG_MEAN_MS)) + 500 if hangs and faults is not False
+            else None
+        )  # fmt: skip
 
     def _init_history(self) -> None:
         """What the checks remember."""
@@ -435,9 +444,21 @@ class GroupSim(
             self.slow[mid] = now + rng.randint(300, 3000)
             self.net.note(f"FAULT slow {mid} until {self.slow[mid]}")
 
+    def _hang_step(self, now: int) -> None:
+        """Seeded hangs: a live member's checker stops answering (SIGSTOP) until the member
+        kills it (its supervision) -- never on its own."""
+        if self._next_hang_ms is None or now < self._next_hang_ms:
+            return
+        rng = self._hang_rng
+        self._next_hang_ms = now + int(rng.expovariate(1 / HANG_MEAN_MS)) + 1
+        alive = [m for m in self.ids if self.members[m].alive]
+        if alive:
+            self.hang_checker(rng.choice(alive))
+
     def _next_event_ms(self, until: int) -> int:
         t = min(until, self._next_tick_ms)
         cands = [
+            self._next_hang_ms,
             self.net.next_delivery_ms(),
             self.rpc.next_deadline_ms(),
             self._next_local_ms(),
@@ -500,6 +521,7 @@ class GroupSim(
             self.injector.step(now)
         self._slow_step(now)
         self._switch_step(now)
+        self._hang_step(now)
         self._flush_step(now)
         self._drain(now)
         self.check_invariants()
@@ -509,6 +531,7 @@ class GroupSim(
         self.slow.clear()
         self._next_slow_ms = None
         self._next_switch_ms = None
+        self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
         if self.injector is not None:
             self.injector.heal_all(NetworkConfig())
         else:

@@ -10,6 +10,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from .clients import ClientAppend, ClientReply
 from .node_state import CgToken, Node
+from .node_transport import DIED, TIMEOUT, Timed
 from .sim_config import MAINTAIN_MAX_SLEEP_MS
 
 
@@ -57,19 +58,33 @@ class MemberActor:
 
     def _sync_role(self, node: Node) -> None:
         """``_sync_role``: changes are carried out one at a time, in order (a role lock)."""
-        if node.role_busy:
-            node.role_again = True
-            return
-        node.role_busy = True
-        self._spawn(node, self._role_task(node))
+        node.role_again = True
+        if not node.role_busy:
+            node.role_busy = True
+            self._spawn(node, self._role_task(node))
 
     def _role_task(self, node: Node):
+        """The role lock: role changes and helper restores run one at a time, in order."""
         while True:
-            node.role_again = False
-            yield from self._run_process(node, node.supervisor.role_changes())
-            if not node.role_again:
+            if node.role_again:
+                node.role_again = False
+                proc = node.supervisor.role_changes()
+            elif node.exclusive:
+                proc = node.exclusive.pop(0)
+            else:
                 break
+            yield from self._run_process(node, proc)
         node.role_busy = False
+
+    def _m_helper_started(self, node: Node, kind: str, peer: str | None, pid: int) -> None:
+        """``MemberActor.helper_started``: a restarted helper is set up again."""
+        proc = node.supervisor.helper_started(kind, peer, pid)
+        if proc is None:
+            return
+        node.exclusive.append(proc)
+        if not node.role_busy:
+            node.role_busy = True
+            self._spawn(node, self._role_task(node))
 
     def _run_process(self, node: Node, proc: sv.Process):
         """Resume one of the shipped supervisor's processes with each action's answer."""
@@ -78,8 +93,16 @@ class MemberActor:
             value = yield from self._perform(node, action)
             action = proc.send(sv.Answer(self.clock.now_ms, value))
 
+    @staticmethod
+    def _failed(value) -> sv.Failed | None:
+        if value is TIMEOUT:
+            return sv.Failed("no answer in time", timeout=True)
+        if value is DIED:
+            return sv.Failed("the helper's process died")
+        return None
+
     def _perform(self, node: Node, a):  # noqa: C901 -- one branch per action, nothing else
-        """Carry out a supervision action (helpers on a simulated node always answer)."""
+        """Carry out a supervision action: calls to the helpers with their time-outs."""
         if isinstance(a, sv.Sleep):
             if a.ms:
                 yield a.ms
@@ -90,14 +113,15 @@ class MemberActor:
             return None
         if isinstance(a, sv.CheckerStepDown):
             self.net.note(f"{node.id} stops leading (now {a.new_term})")
-            (resolved,) = yield [lambda: self._c_step_down(node, a.new_term)]
-            return resolved
+            (resolved,) = yield Timed(a.timeout_ms, [lambda: self._c_step_down(node, a.new_term)])
+            return self._failed(resolved) or resolved
         if isinstance(a, sv.Finish):
             self._finish(node, a.outcomes)
             return None
         if isinstance(a, sv.Deactivate):
-            yield [(lambda p=p: self._d_deactivate(node, p, a.term)) for p in node.dispatchers]
-            return 0
+            calls = [(lambda p=p: self._d_deactivate(node, p, a.term)) for p in node.dispatchers]
+            done = yield Timed(a.timeout_ms, calls)
+            return sum(1 for r in done if r is TIMEOUT)
         if isinstance(a, sv.Flush):
             node.logic.store.flush()
             return None
@@ -108,17 +132,30 @@ class MemberActor:
                     f"(committed {a.info.committed})"
                 )
             if a.only in (None, "checker"):
-                yield [lambda: self._c_become_leader(node, a.term, a.start, a.info)]
+                call = [lambda: self._c_become_leader(node, a.term, a.start, a.info)]
+                (r,) = yield Timed(a.timeout_ms, call)
+                if self._failed(r):
+                    return self._failed(r)
                 mark = node.logic.water_mark()
                 for rid, rnd in node.book.of_term(a.term):  # rounds a dead checker held
                     f, la = rnd.first_index, rnd.last_index
                     self._hop(node, self._c_add_round, node, a.term, f, la, rid, mark)
             peers = [p for p in node.dispatchers if a.only in (None, "checker", p)]
-            yield [(lambda p=p: self._d_activate(node, p, a.info)) for p in peers]
-            return None
+            done = yield Timed(a.timeout_ms, [(lambda p=p: self._d_activate(node, p, a.info))
+                                              for p in peers])  # fmt: skip
+            return next((self._failed(r) for r in done if self._failed(r)), None)
         if isinstance(a, sv.Ping):
-            yield [(lambda: None) for _ in a.keys]
-            return {k: "ok" for k in a.keys}
+            calls = [(lambda k=k: self._c_pid(node) if k == sv.CHECKER else 0) for k in a.keys]
+            done = yield Timed(a.timeout_ms, calls)
+            out = {}
+            for k, r in zip(a.keys, done, strict=True):
+                out[k] = "timeout" if r is TIMEOUT else "error" if r is DIED else "ok"
+            return out
+        if isinstance(a, sv.Replace):
+            for k in a.keys:
+                if k == sv.CHECKER:
+                    self._hop(node, self._c_kill, node)
+            return None
         if isinstance(a, sv.HandOver):
             if a.target is None:
                 self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
@@ -137,7 +174,7 @@ class MemberActor:
             return None
         if isinstance(a, sv.FailReaders):  # the simulation's clients do not read (yet)
             return None
-        if isinstance(a, sv.Replace | sv.MachineRole | sv.WaitMachine):
+        if isinstance(a, sv.MachineRole | sv.WaitMachine):
             self.fail(f"{node.id}: {a!r} has no transport in the simulation yet")
         raise TypeError(f"unknown supervision action {a!r}")
 

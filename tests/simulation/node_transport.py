@@ -12,6 +12,33 @@ from .node_state import Node
 from .sim_config import LOCAL_HOP_MS
 
 
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+PARK = _Marker("PARK")
+"""What a call to a hung helper returns: it waits in the hung process until the process is
+killed (then its caller gets :data:`DIED`)."""
+TIMEOUT = _Marker("TIMEOUT")  # a timed call's answer when its time ran out first
+DIED = _Marker("DIED")  # the helper's process was killed while the call waited in it
+
+
+class Timed:
+    """``yield Timed(ms, calls)`` in an actor coroutine: the calls' results, each one not
+    back within ``ms`` as :data:`TIMEOUT` (``asyncio.wait`` with a timeout)."""
+
+    __slots__ = ("ms", "calls")
+
+    def __init__(self, ms: int | None, calls: list):
+        self.ms, self.calls = ms, list(calls)
+
+
 class SimTimer:
     """A timer of the node-local queue (``asyncio.TimerHandle``)."""
 
@@ -28,24 +55,40 @@ class SimLoop:
     """One actor's :class:`~rayledger.actors.pump.Loop` on a simulated node: the clock, a
     call later in this turn, timers, and a hop from a graph's thread."""
 
-    __slots__ = ("sim", "node", "lane")
+    __slots__ = ("sim", "node", "lane", "actor", "gen")
 
-    def __init__(self, sim: LocalTransport, node: Node, lane: str | None = None):
+    def __init__(
+        self, sim: LocalTransport, node: Node, lane: str | None = None, actor: str | None = None
+    ):
         self.sim, self.node, self.lane = sim, node, lane  # lane: hops onto it keep order
+        # actor: a helper process that can hang or be replaced; its loop then runs nothing
+        self.actor, self.gen = actor, node.helper_gen.get(actor, 0) if actor else 0
+
+    def _guard(self, fn: Callable) -> Callable:
+        if self.actor is None:
+            return fn
+        node, actor, gen = self.node, self.actor, self.gen
+
+        def run(*args):
+            if actor not in node.hung and node.helper_gen.get(actor, 0) == gen:
+                fn(*args)
+
+        return run
 
     def now_ms(self) -> int:
         return self.sim.clock.now_ms
 
     def call_soon(self, fn: Callable, *args) -> list:
-        return self.sim._soon(self.node, fn, *args)
+        return self.sim._soon(self.node, self._guard(fn), *args)
 
     def call_later_ms(self, delay_ms: int, fn: Callable, *args) -> SimTimer:
-        return SimTimer(self.sim._at(self.node, self.sim.clock.now_ms + delay_ms, fn, *args))
+        due = self.sim.clock.now_ms + delay_ms
+        return SimTimer(self.sim._at(self.node, due, self._guard(fn), *args))
 
     def call_threadsafe(self, fn: Callable, *args) -> list:
         if self.lane is not None:
-            return self.sim._lane(self.node, self.lane, fn, *args)
-        return self.sim._hop(self.node, fn, *args)
+            return self.sim._lane(self.node, self.lane, self._guard(fn), *args)
+        return self.sim._hop(self.node, self._guard(fn), *args)
 
 
 class LocalTransport:
@@ -82,7 +125,8 @@ class LocalTransport:
     def _spawn(self, node: Node, task: Iterator) -> None:
         """Run an actor coroutine, written as a generator: ``yield None`` is one hop,
         ``yield ms`` a sleep, ``yield [calls]`` awaits calls to other actors of the
-        node (each a hop there and a hop back) and resumes with their results."""
+        node (each a hop there and a hop back) and resumes with their results,
+        ``yield Timed(ms, [calls])`` the same with a time-out."""
         self._resume(node, task, None)
 
     def _resume(self, node: Node, task: Iterator, value: Any) -> None:
@@ -97,22 +141,42 @@ class LocalTransport:
         elif isinstance(want, int):
             self._at(node, self.clock.now_ms + want, self._resume, node, task, None)
         else:
-            calls = list(want)
-            results: list = [None] * len(calls)
-            left = [len(calls)]
+            timed = want if isinstance(want, Timed) else Timed(None, want)
+            calls = timed.calls
+            results: list = [TIMEOUT] * len(calls)
+            state = [len(calls), False]  # calls still out; resumed already
             if not calls:
                 self._hop(node, self._resume, node, task, results)
             for i, fn in enumerate(calls):
-                self._hop(node, self._call_there, node, task, fn, i, results, left)
+                self._hop(node, self._call_there, node, task, fn, i, results, state)
+            if timed.ms is not None and calls:
+                self._at(node, self.clock.now_ms + timed.ms, self._time_out, node, task,
+                         results, state)  # fmt: skip
 
-    def _call_there(self, node: Node, task, fn, i: int, results: list, left: list) -> None:
-        results[i] = fn()
-        self._hop(node, self._call_back, node, task, results, left)
+    def _call_there(self, node: Node, task, fn, i: int, results: list, state: list) -> None:
+        r = fn()
+        if r is PARK:  # waits in a hung process until it is killed
+            node.parked.append((task, i, results, state))
+            return
+        self._hop(node, self._call_back, node, task, i, r, results, state)
 
-    def _call_back(self, node: Node, task, results: list, left: list) -> None:
-        left[0] -= 1
-        if left[0] == 0:
+    def _call_back(self, node: Node, task, i: int, r: Any, results: list, state: list) -> None:
+        results[i] = r
+        state[0] -= 1
+        if state[0] == 0 and not state[1]:
+            state[1] = True
             self._resume(node, task, results)
+
+    def _time_out(self, node: Node, task, results: list, state: list) -> None:
+        if not state[1]:
+            state[1] = True
+            self._resume(node, task, list(results))  # what is still out stays TIMEOUT
+
+    def _release_parked(self, node: Node) -> None:
+        """A hung helper's process was killed: the calls waiting in it fail."""
+        parked, node.parked = node.parked, []
+        for task, i, results, state in parked:
+            self._hop(node, self._call_back, node, task, i, DIED, results, state)
 
     def _run_local(self, now: int) -> bool:
         q = self._local
