@@ -10,14 +10,15 @@ import asyncio
 import time
 
 import ray
-from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication.admission import not_leader
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
 from .faults import LinkDown
 from .futures import set_exception, set_result
 from .naming import now_ms
+from .read_path import AskLeader, Confirm, ReadPath, WaitCommitted, run_to_end
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
+from .supervision import Answer, Failed
 
 
 class ReadsMixin:
@@ -29,6 +30,7 @@ class ReadsMixin:
             self.self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
         )
         self._commit_waiters = CommitWaiters()
+        self.read_path = ReadPath(self.logic, self.reads, self.config.rpc_timeout_ms)
 
     # -- reads (see reads.py for what each consistency promises) -------------------------
     async def read_index(self, consistency: str = "linearizable") -> int:
@@ -37,30 +39,56 @@ class ReadsMixin:
         return await self._leader_read_index(Consistency.of(consistency))
 
     async def _leader_read_index(self, c: Consistency) -> int:
-        deadline = time.monotonic() + self.config.rpc_timeout_ms / 1000
-        with self._lock:
-            term, start = self.logic.read_base()
-        # the term's first entry must commit first: until then the committed index may lag
-        await self._wait_committed(start, deadline)
-        with self._lock:
-            if self.logic.read_base()[0] != term:
-                raise self._not_leader()
-            index = self.store.committed_index
-            if c is not Consistency.LINEARIZABLE and self._lease_holds(term):
-                return index
-            fut = self._loop.create_future()
-            sends, confirmed = self.reads.request(term, index, fut, now_ms())
-        self._reads_out(sends, confirmed)
-        try:
-            return await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise LedgerError.of(
-                ResponseCode.TIMEOUT,
-                f"{self.self_id} could not confirm with a quorum that it still leads term {term}",
-            ) from None
+        return await self._run_read(self.read_path.leader_read(c, now_ms()))
 
-    def _lease_holds(self, term: int) -> bool:
-        return self.logic.lease_holds(self.reads, term, now_ms())
+    async def _run_read(self, proc) -> int:
+        """Resume a read (:mod:`.read_path`) with each action's answer until it returns its
+        index or raises the caller's LedgerError."""
+        with self._lock:
+            action, index = run_to_end(proc, None)
+        while action is not None:
+            value = await self._perform_read(action)
+            with self._lock:
+                action, index = run_to_end(proc, Answer(now_ms(), value))
+        return index
+
+    async def _perform_read(self, a):
+        left_s = max(0.001, (a.deadline_ms - now_ms()) / 1000)
+        if isinstance(a, WaitCommitted):
+            if self.store.committed_index >= a.index:
+                return True
+            try:
+                await self._commit_waiters.wait(
+                    a.index, time.monotonic() + left_s, self._commits_moved,
+                    lambda: LedgerError.of(ResponseCode.TIMEOUT, "not committed"), self._lock,
+                )  # fmt: skip
+            except LedgerError:
+                return Failed("not committed in time", timeout=True)
+            return True
+        if isinstance(a, Confirm):
+            fut = self._loop.create_future()
+            with self._lock:
+                sends, confirmed = self.reads.request(a.term, a.index, fut, now_ms())
+            self._reads_out(sends, confirmed)
+            try:
+                return await asyncio.wait_for(fut, left_s)
+            except asyncio.TimeoutError:
+                return Failed("no quorum in time", timeout=True)
+            except LedgerError as exc:  # leadership ended (FailReaders)
+                return Failed(exc.message)
+        if isinstance(a, AskLeader):
+            try:
+                if self.faults.active:
+                    await self.faults.before_send(a.leader)
+                ref = self._peer(a.leader).read_index.remote(a.consistency.value)
+                return await asyncio.wait_for(ref, left_s)
+            except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
+                if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(
+                    exc.cause, LedgerError
+                ):
+                    return exc.cause
+                return Failed(type(exc).__name__, isinstance(exc, asyncio.TimeoutError))
+        raise TypeError(f"unknown read action {a!r}")
 
     def _reads_out(self, sends: list, confirmed: list) -> None:
         for token, index in confirmed:
@@ -74,22 +102,16 @@ class ReadsMixin:
     async def _read_ping(self, peer: str, rnd) -> None:
         """One heartbeat of a confirmation round; it counts if ``peer`` follows us in the
         round's term."""
-        req = HeartbeatRequest(
-            group=self.group,
-            local_id=self.self_id,
-            remote_id=peer,
-            leader_id=self.self_id,
-            term=rnd.term,
-            round_id=-rnd.round_id,
-        )
-        ok = False
+        req = self.reads.heartbeat(self.group, rnd, peer)
+        resp = None
         try:
             resp = await self._ask_peer(peer, req, self.reads.round_timeout_ms / 1000)
-            ok = resp.code == ResponseCode.SUCCESS and resp.term == rnd.term
         except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError):
             pass
         with self._lock:
-            sends, confirmed = self.reads.on_answer(rnd.round_id, peer, ok, now_ms())
+            sends, confirmed = self.reads.on_heartbeat_answer(
+                rnd.round_id, peer, rnd.term, resp, now_ms()
+            )
         self._reads_out(sends, confirmed)
 
     def _expire_reads(self) -> None:
@@ -104,43 +126,7 @@ class ReadsMixin:
         return not_leader(self.logic.state, f"{self.self_id} no longer leads {self.group!r}")
 
     async def _follower_read_index(self, c: Consistency) -> int:
-        """Ask the leader for a read index, then wait until this member committed that far
-        (two RPC timeouts in all: a follower that missed pushes catches up after a pause)."""
-        deadline = time.monotonic() + 2 * self.config.rpc_timeout_ms / 1000
-        leader = self.logic.state.leader_id
-        if leader is None or leader == self.self_id:
-            raise LedgerError.of(
-                ResponseCode.NOT_LEADER, f"{self.self_id} knows no leader to ask for a read index"
-            )
-        try:
-            if self.faults.active:
-                await self.faults.before_send(leader)
-            ref = self._peer(leader).read_index.remote(c.value)
-            index = await asyncio.wait_for(ref, max(0.001, deadline - time.monotonic()))
-        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
-            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, LedgerError):
-                raise exc.cause from None
-            raise LedgerError.of(
-                ResponseCode.NOT_LEADER,
-                f"{self.self_id} could not get a read index from {leader}: {type(exc).__name__}",
-            ) from None
-        await self._wait_committed(index, deadline)
-        return index
-
-    async def _wait_committed(self, index: int, deadline: float) -> None:
-        if self.store.committed_index >= index:
-            return
-        await self._commit_waiters.wait(
-            index,
-            deadline,
-            self._commits_moved,
-            lambda: LedgerError.of(
-                ResponseCode.TIMEOUT,
-                f"{self.self_id} has committed up to {self.store.committed_index}, not yet "
-                f"{index}; it is catching up, try again or read from the leader",
-            ),
-            self._lock,
-        )
+        return await self._run_read(self.read_path.follower_read(c, now_ms()))
 
     def _commits_moved(self) -> None:
         """Release the readers waiting for the committed index, and let the state machine

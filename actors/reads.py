@@ -36,6 +36,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayledger.election.messages import HeartbeatRequest
 from rayledger.storage import LedgerError, ResponseCode
 
 
@@ -125,6 +126,21 @@ class ReadIndexLogic:
         confirmed = self._confirm(rnd)
         sends, more = self._next_round(now_ms)
         return sends, confirmed + more
+
+    def heartbeat(self, group: str, rnd: ReadRound, peer: str) -> HeartbeatRequest:
+        """One heartbeat of a confirmation round (a negative round id marks it as one)."""
+        return HeartbeatRequest(group=group, local_id=self.self_id, remote_id=peer,
+                                leader_id=self.self_id, term=rnd.term,
+                                round_id=-rnd.round_id)  # fmt: skip
+
+    def on_heartbeat_answer(
+        self, round_id: int, peer: str, term: int, resp: Any, now_ms: int
+    ) -> tuple[list, list]:
+        """``peer``'s answer (None: none in time) to the heartbeat of round ``round_id`` in
+        ``term``: it counts when the peer follows us in that term."""
+        code = getattr(resp, "code", None)
+        ok = code == ResponseCode.SUCCESS and getattr(resp, "term", None) == term
+        return self.on_answer(round_id, peer, ok, now_ms)
 
     def expire(self, now_ms: int) -> tuple[list, list]:
         """A round without a quorum after ``round_timeout_ms``: its readers give up (their

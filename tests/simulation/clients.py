@@ -27,6 +27,32 @@ class ClientReply:
     leader_id: str | None = None
 
 
+@dataclass(frozen=True)
+class ClientRead:
+    client: str
+    req_id: int
+    consistency: str  # "linearizable" | "lease"
+
+
+@dataclass(frozen=True)
+class ClientReadReply:
+    req_id: int
+    code: ResponseCode
+    index: int = -1
+    leader_id: str | None = None
+
+
+@dataclass
+class Reader:
+    """A client that reads a read index from whichever member it believes leads; every
+    answer must cover every append acknowledged before the read was sent."""
+
+    id: str
+    believed: str
+    next_at: int = 0
+    outstanding: tuple[int, int, int] | None = None  # (req id, acked floor, sent at)
+
+
 @dataclass
 class Client:
     id: str
@@ -60,6 +86,51 @@ class Clients:
             self._inflight_clients[req_id] = c
             self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, bodies))
 
+    def _readers_step(self, now: int) -> None:
+        rng = self._read_rng
+        for r in self.readers:
+            if r.outstanding is not None:
+                if now - r.outstanding[2] > 1500:  # lost with a crashed member
+                    self._inflight_reads.pop(r.outstanding[0], None)
+                    r.outstanding = None
+                    r.believed = rng.choice(self.ids)
+                continue
+            if not self.clients_on or now < r.next_at:
+                continue
+            req_id = next(self._req_ids)
+            consistency = rng.choice(("linearizable", "lease", "lease"))
+            r.outstanding = (req_id, self.max_acked, now)
+            self._inflight_reads[req_id] = r
+            self._send_held(r.id, r.believed, ClientRead(r.id, req_id, consistency),
+                            rng.randint(1, 15))  # fmt: skip
+
+    def _reader_reply(self, r: Reader, reply: ClientReadReply) -> None:
+        if r.outstanding is None or r.outstanding[0] != reply.req_id:
+            return
+        _, floor, _ = r.outstanding
+        r.outstanding = None
+        self._inflight_reads.pop(reply.req_id, None)
+        rng = self._read_rng
+        r.next_at = self.clock.now_ms + rng.randint(5, 60)
+        self.read_codes[reply.code] += 1
+        if reply.code == ResponseCode.SUCCESS:
+            if reply.index < floor and not self.durability_void:
+                self.fail(
+                    f"stale read: {r.id}'s read {reply.req_id} got read index {reply.index} "
+                    f"from {reply.leader_id}, but index {floor} was acknowledged before it "
+                    f"was sent"
+                )
+            return
+        if reply.leader_id is not None and reply.leader_id in self.members:
+            r.believed = reply.leader_id
+        else:
+            r.believed = rng.choice(self.ids)
+
+    def _send_held(self, src: str, dst: str, msg: object, delay: int) -> None:
+        if self.net.is_down(src) or self.net.is_down(dst):
+            return
+        heapq.heappush(self._held, (self.clock.now_ms + delay, next(self._held_seq), src, dst, msg))
+
     def _to_client(self, src: str, dst: str, msg: object) -> None:
         """Client calls are Ray actor calls: delayed, lost with a crashed member, never duplicated."""
         if self.net.is_down(src) or self.net.is_down(dst):
@@ -89,6 +160,7 @@ class Clients:
                         f"index {index} acknowledged twice ({self.acked[index]!r} and {body!r})"
                     )
                 self.acked[index] = body
+                self.max_acked = max(self.max_acked, index)
                 self.acked_terms[index] = reply.term
                 got = self.committed.get(index)
                 if got is None:

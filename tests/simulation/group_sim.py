@@ -77,11 +77,12 @@ import tempfile
 from dataclasses import dataclass
 
 from rayledger.election import ElectionConfig, MemoryTermStore
+from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest, ReplicationConfig
 from rayledger.storage import ResponseCode
 
 from .checker_actor import CheckerActor
-from .clients import Client, ClientAppend, ClientReply, Clients
+from .clients import Client, ClientAppend, ClientRead, ClientReadReply, ClientReply, Clients, Reader
 from .dispatcher_actor import DispatcherActor
 from .driver import SimDriver
 from .fast_path import FastPath
@@ -123,6 +124,7 @@ from .sim_config import (
     SIM_REPLICATION,
     SIM_STORE,
     SIM_TMP,
+    TRANSFER_MEAN_MS,
     sim_config_for,
 )
 
@@ -135,6 +137,7 @@ __all__ = [
     "FETCH_LOOP",
     "FLUSH_TICK_MS",
     "HANG_MEAN_MS",
+    "TRANSFER_MEAN_MS",
     "LOCAL_HOP_MS",
     "MAINTAIN_MAX_SLEEP_MS",
     "MAX_ROUNDS",
@@ -218,6 +221,8 @@ class GroupSim(
         power_loss: float | None = None,
         sync_flush: bool = False,
         hangs: bool = True,
+        readers: int = 2,
+        transfers: bool = True,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -271,6 +276,21 @@ class GroupSim(
         self._held: list[tuple[int, int, str, str, object]] = []
         self._held_seq = itertools.count()
         self._client_rng = random.Random(self.rng.getrandbits(64))
+        # readers: their own stream, so the other streams of a seed stay as they were
+        self._read_rng = random.Random(seed * 7919 + 47)
+        self.readers = [
+            Reader(f"r{k}", self._read_rng.choice(self.ids), self._read_rng.randint(0, 50))
+            for k in range(readers)
+        ]
+        self._inflight_reads: dict[int, Reader] = {}
+        self.read_codes: collections.Counter[ResponseCode] = collections.Counter()
+        # operator transfers (some given up, some late): their own stream too
+        self._transfer_rng = random.Random(seed * 7919 + 59)
+        self._next_transfer_ms: int | None = (
+            int(self._transfer_rng.expovariate(1 / TRANSFER_MEAN_MS)) + 500
+            if transfers and faults is not False
+            else None
+        )
         # hung checkers: their own stream, so the other streams of a seed stay as they were
         self._hang_rng = random.Random(seed * 7919 + 31)
         self._next_hang_ms: int | None = (
@@ -352,6 +372,7 @@ class GroupSim(
         self.clients_on = True
         self._req_ids = itertools.count(1)
         self._inflight_clients: dict[int, Client] = {}
+        self.max_acked = -1  # the highest index acknowledged to a client so far
 
     # ================================================================ failures
 
@@ -398,6 +419,11 @@ class GroupSim(
             if c is not None and c.id == dst:
                 self._client_reply(c, payload)
             return
+        if dst.startswith("r"):
+            r = self._inflight_reads.get(getattr(payload, "req_id", -1))
+            if r is not None and r.id == dst:
+                self._reader_reply(r, payload)
+            return
         node = self.members[dst].node
         if node is None:
             return
@@ -416,12 +442,19 @@ class GroupSim(
                 self._on_answer(node, pending[0], pending[1], payload.body)
         elif isinstance(payload, ClientAppend):
             self._client_append(node, payload)
+        elif isinstance(payload, ClientRead):
+            self._spawn(node, self._read_task(node, payload))
         else:
             self.fail(f"unknown payload {payload!r}")
 
     def _on_answer(self, node: Node, callee: str, request: object, response: object) -> None:
         """The answer to a call (None: it failed or timed out)."""
-        if isinstance(request, PushEntryRequest):
+        if isinstance(request, HeartbeatRequest) and request.round_id < 0:  # a read round
+            sends, confirmed = node.reads.on_heartbeat_answer(
+                -request.round_id, callee, request.term, response, self.clock.now_ms
+            )
+            self._reads_out(node, sends, confirmed)
+        elif isinstance(request, PushEntryRequest):
             self._d_on_response(node, callee, request, response)
         else:
             self._apply(
@@ -444,6 +477,28 @@ class GroupSim(
             self.slow[mid] = now + rng.randint(300, 3000)
             self.net.note(f"FAULT slow {mid} until {self.slow[mid]}")
 
+    def _transfer_step(self, now: int) -> None:
+        """Seeded operator requests: the leader hands leadership to a random peer (the
+        transfer may complete, be given up, or its take order arrive late)."""
+        if self._next_transfer_ms is None or now < self._next_transfer_ms:
+            return
+        rng = self._transfer_rng
+        self._next_transfer_ms = now + int(rng.expovariate(1 / TRANSFER_MEAN_MS)) + 1
+        leaders = [m for m in self.ids if self.members[m].alive and self.members[m].state.is_leader]
+        if not leaders:
+            return
+        node = self.members[rng.choice(leaders)].node
+        target = rng.choice([p for p in self.ids if p != node.id])
+        resp, actions = node.logic.elector.transfer_leadership(target, now)
+        self.stats["transfers_asked"] += 1
+        self.net.note(f"OPERATOR {node.id} transfer to {target}: {resp.code.name}")
+        self._apply(node, actions)
+
+    def _late_take_order(self) -> bool:
+        """Whether this take order is held up (seeded, its own stream; never on a run
+        without operator transfers, so those runs stay as they were)."""
+        return self._next_transfer_ms is not None and self._transfer_rng.random() < 0.3
+
     def _hang_step(self, now: int) -> None:
         """Seeded hangs: a live member's checker stops answering (SIGSTOP) until the member
         kills it (its supervision) -- never on its own."""
@@ -459,6 +514,7 @@ class GroupSim(
         t = min(until, self._next_tick_ms)
         cands = [
             self._next_hang_ms,
+            self._next_transfer_ms,
             self.net.next_delivery_ms(),
             self.rpc.next_deadline_ms(),
             self._next_local_ms(),
@@ -507,7 +563,8 @@ class GroupSim(
         held = self._held
         while held and held[0][0] <= now:
             _, _, src, dst, payload = heapq.heappop(held)
-            if self.net.link_up(src, dst) or isinstance(payload, (ClientAppend, ClientReply)):
+            client = (ClientAppend, ClientReply, ClientRead, ClientReadReply)
+            if self.net.link_up(src, dst) or isinstance(payload, client):
                 self._deliver(src, dst, payload)
         for caller, callee, request in self.rpc.expired(now):
             node = self.members[caller].node
@@ -516,12 +573,14 @@ class GroupSim(
         if now >= self._next_tick_ms:
             self._next_tick_ms = now + self.tick_ms
             self._clients_step(now)
+            self._readers_step(now)
         self._drain(now)
         if self.injector is not None:
             self.injector.step(now)
         self._slow_step(now)
         self._switch_step(now)
         self._hang_step(now)
+        self._transfer_step(now)
         self._flush_step(now)
         self._drain(now)
         self.check_invariants()
@@ -532,6 +591,7 @@ class GroupSim(
         self._next_slow_ms = None
         self._next_switch_ms = None
         self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
+        self._next_transfer_ms = None
         if self.injector is not None:
             self.injector.heal_all(NetworkConfig())
         else:

@@ -5,13 +5,29 @@ from __future__ import annotations
 
 from rayledger.actors import supervision as sv
 from rayledger.actors.logic import Announcement, MemberLogic
+from rayledger.actors.read_path import Confirm, WaitCommitted, run_to_end
+from rayledger.actors.reads import Consistency
 from rayledger.election import RoleChange, TransferOutcome
+from rayledger.election.messages import LeadershipTransferRequest
 from rayledger.storage import LedgerError, ResponseCode
 
-from .clients import ClientAppend, ClientReply
+from .clients import ClientAppend, ClientRead, ClientReadReply, ClientReply
 from .node_state import CgToken, Node
 from .node_transport import DIED, TIMEOUT, Timed
 from .sim_config import MAINTAIN_MAX_SLEEP_MS
+
+
+class ReadToken:
+    """A reader waiting for its confirmation round: the index, or ``Failed``."""
+
+    __slots__ = ("done", "value")
+
+    def __init__(self) -> None:
+        self.done, self.value = False, None
+
+    def settle(self, value) -> None:
+        if not self.done:
+            self.done, self.value = True, value
 
 
 class MemberActor:
@@ -42,6 +58,12 @@ class MemberActor:
             elif isinstance(action, TransferOutcome):
                 self.net.note(f"{node.id} transfer to {action.transferee}: {action.code.name}")
         for s in sends:
+            if isinstance(s.message, LeadershipTransferRequest) and self._late_take_order():
+                # a take order held up on the way: it arrives after the transfer was given up
+                delay = self.election.leadership_transfer_wait_timeout_ms + 200
+                self.stats["late_take_orders"] += 1
+                self._at(node, self.clock.now_ms + delay, self.rpc.call, node.id, s.to, s.message)
+                continue
             self.rpc.call(node.id, s.to, s.message)
         if role_changed:
             self._sync_role(node)
@@ -172,11 +194,61 @@ class MemberActor:
                 self._fp_start(node, a.term)
             self._spawn(node, self._run_process(node, node.supervisor.watch(a.term)))
             return None
-        if isinstance(a, sv.FailReaders):  # the simulation's clients do not read (yet)
+        if isinstance(a, sv.FailReaders):
+            for token in node.reads.step_down():
+                token.settle(sv.Failed("leadership ended"))
             return None
         if isinstance(a, sv.MachineRole | sv.WaitMachine):
             self.fail(f"{node.id}: {a!r} has no transport in the simulation yet")
         raise TypeError(f"unknown supervision action {a!r}")
+
+    # -- reads: the shipped read path, its rounds over the network --------------------------
+    def _read_task(self, node: Node, msg: ClientRead):
+        """``MemberActor.read_index`` on the member a reader believes leads."""
+        proc = node.read_path.leader_read(Consistency(msg.consistency), self.clock.now_ms)
+        try:
+            action, index = run_to_end(proc, None)
+            while action is not None:
+                value = yield from self._perform_read(node, action)
+                action, index = run_to_end(proc, sv.Answer(self.clock.now_ms, value))
+        except LedgerError as exc:
+            reply = ClientReadReply(msg.req_id, exc.code, leader_id=exc.leader_id)
+        else:
+            reply = ClientReadReply(msg.req_id, ResponseCode.SUCCESS, index, node.id)
+        self._send_held(node.id, msg.client, reply, self._read_rng.randint(1, 15))
+
+    def _perform_read(self, node: Node, a):
+        if isinstance(a, WaitCommitted):
+            while node.logic.store.committed_index < a.index:
+                if self.clock.now_ms >= a.deadline_ms:
+                    return sv.Failed("not committed in time", timeout=True)
+                yield 5
+            return True
+        if isinstance(a, Confirm):
+            token = ReadToken()
+            sends, confirmed = node.reads.request(a.term, a.index, token, self.clock.now_ms)
+            self._reads_out(node, sends, confirmed)
+            while not token.done:
+                if self.clock.now_ms >= a.deadline_ms:
+                    return sv.Failed("no quorum in time", timeout=True)
+                yield 2
+            return token.value
+        self.fail(f"{node.id}: {a!r} has no transport in the simulation yet")
+
+    def _reads_out(self, node: Node, sends: list, confirmed: list) -> None:
+        for token, index in confirmed:
+            token.settle(index)
+        for rnd in sends:
+            for peer in node.reads.others:
+                self.rpc.call(node.id, peer, node.reads.heartbeat(self.group, rnd, peer))
+            due = self.clock.now_ms + node.reads.round_timeout_ms + 1
+            self._at(node, due, self._m_expire_reads, node)
+
+    def _m_expire_reads(self, node: Node) -> None:
+        sends, expired = node.reads.expire(self.clock.now_ms)
+        for token in expired:
+            token.settle(sv.Failed("no quorum in time", timeout=True))
+        self._reads_out(node, sends, [])
 
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
         """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""

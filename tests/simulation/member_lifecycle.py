@@ -8,7 +8,10 @@ import os
 import random
 import shutil
 
+from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.read_path import ReadPath
+from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.supervision import Supervisor
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
@@ -71,6 +74,10 @@ class MemberLifecycle:
             sync=self.sync_flush,
             fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
         )
+        rpc = self.rpc.timeout_ms
+        lease = LedgerConfig(election=self.election).lease_ms()
+        m.node.reads = ReadIndexLogic(mid, self.ids, lease, rpc)
+        m.node.read_path = ReadPath(logic, m.node.reads, rpc)
         m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})
         m.node.dispatcher_drivers = {
             p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()

@@ -12,6 +12,8 @@ from rayledger.actors.checker_logic import CheckerDriver
 from rayledger.actors.dispatcher_logic import DispatcherDriver
 from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.read_path import ReadPath
+from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.rounds import RoundBook
 from rayledger.actors.supervision import Supervisor
 from rayledger.election import TermStore
@@ -86,6 +88,8 @@ class Node:
     need_watch: dict[str, NeedWatch] = field(init=False)  # per dispatcher: a fetch livelock
     checker_driver: CheckerDriver = field(init=False)  # the shipped driver, set by _start
     supervisor: Supervisor = field(init=False)  # the shipped supervisor, set by _start
+    reads: ReadIndexLogic = field(init=False)  # the shipped read-index rounds, set by _start
+    read_path: ReadPath = field(init=False)
     fast: FastPathDriver | None = None  # the shipped compiled-path driver, once leading
     # MemberActor: queued appends and rounds (the shipped RoundBook), role changes
     book: RoundBook = field(init=False)

@@ -66,6 +66,7 @@ FAST_PATH_STALL_MS = LedgerConfig(election=SIM_ELECTION).stall_ms()
 FAST_PATH_RETRY_MS = (100, 1500)  # fastpath_logic.RETRY_MS, scaled like the election timing
 FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
 FAST_PATH_SWITCH_MEAN_MS = 900
+TRANSFER_MEAN_MS = 1500  # how often, on average, an operator asks the leader to transfer
 HANG_MEAN_MS = 6000  # how often, on average, a member's checker hangs (SIGSTOP) in a faulty run
 ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
 
