@@ -149,6 +149,8 @@ class Clients:
         lo, hi = self.client_interval_ms
         c.next_at = now + self.rng.randint(lo, hi)
         if reply.code == ResponseCode.SUCCESS:
+            if self._next_transfer_ms is not None and self._wander_rng.random() < 0.2:
+                c.believed = self._wander_rng.choice(self.ids)  # finds a new leader sooner
             if reply.last_index - reply.first_index + 1 != len(bodies):
                 self.fail(
                     f"append {reply.req_id} acknowledged {reply.first_index}..{reply.last_index} for {len(bodies)} bodies"

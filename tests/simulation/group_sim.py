@@ -291,6 +291,8 @@ class GroupSim(
             if transfers and faults is not False
             else None
         )
+        self._link_restores: list[tuple[int, str, str]] = []  # (when, src, dst) cut links end
+        self._wander_rng = random.Random(seed * 7919 + 61)  # writers that try another member
         # hung checkers: their own stream, so the other streams of a seed stay as they were
         self._hang_rng = random.Random(seed * 7919 + 31)
         self._next_hang_ms: int | None = (
@@ -492,7 +494,21 @@ class GroupSim(
         resp, actions = node.logic.elector.transfer_leadership(target, now)
         self.stats["transfers_asked"] += 1
         self.net.note(f"OPERATOR {node.id} transfer to {target}: {resp.code.name}")
+        if rng.random() < 0.5:  # the old leader will not hear from the transferee for a while
+            self.net.cut(target, node.id)
+            until = now + rng.randint(800, 2500)
+            self._link_restores.append((until, target, node.id))
+            self.net.note(f"FAULT one-way cut {target}->{node.id} until {until}")
         self._apply(node, actions)
+
+    def _restore_links(self, now: int) -> None:
+        keep = []
+        for until, src, dst in self._link_restores:
+            if until <= now:
+                self.net.restore(src, dst)
+            else:
+                keep.append((until, src, dst))
+        self._link_restores = keep
 
     def _late_take_order(self) -> bool:
         """Whether this take order is held up (seeded, its own stream; never on a run
@@ -515,6 +531,7 @@ class GroupSim(
         cands = [
             self._next_hang_ms,
             self._next_transfer_ms,
+            min((u for u, _, _ in self._link_restores), default=None),
             self.net.next_delivery_ms(),
             self.rpc.next_deadline_ms(),
             self._next_local_ms(),
@@ -581,6 +598,7 @@ class GroupSim(
         self._switch_step(now)
         self._hang_step(now)
         self._transfer_step(now)
+        self._restore_links(now)
         self._flush_step(now)
         self._drain(now)
         self.check_invariants()
