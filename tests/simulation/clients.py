@@ -77,6 +77,14 @@ class Clients:
                 continue
             if not self.clients_on or now < c.next_at:
                 continue
+            if (
+                c.id == "c0"
+                and self._next_transfer_ms is not None
+                and self._wander_rng.random() < 0.5
+            ):
+                c.believed = self._wander_rng.choice(
+                    self.ids
+                )  # a roaming writer: finds a new leader
             req_id = next(self._req_ids)
             k = self.rng.randint(1, self.max_bodies)
             bodies = tuple(

