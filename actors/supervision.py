@@ -355,12 +355,14 @@ class Supervisor:
         now = (yield Sleep(0)).now_ms
         answered = {k: now for k in self.keys()}
         while self.logic.leads(term):
-            pinged = yield Ping(self.keys(), wait_ms // 4)
+            # a ping may take up to the whole wait: a helper slow on a loaded machine answers
+            # late, and only one that answers nothing for the whole wait is lost
+            pinged = yield Ping(self.keys(), wait_ms)
             now = pinged.now_ms
             for k, how in pinged.value.items():
                 if how == "ok":
                     answered[k] = now
-            silent = tuple(k for k, t in answered.items() if now - t > wait_ms)
+            silent = tuple(k for k, t in answered.items() if now - t >= wait_ms)
             if silent and self.logic.leads(term):
                 kind, peer = silent[0]
                 yield self._replace(term, silent)

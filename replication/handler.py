@@ -377,6 +377,15 @@ class EntryHandler:
             # leader has already moved past: it would drop entries we acknowledged to it
             self._event(INFO, "truncate.stale", req, matched=self.matched_index)
             return self._resp(req, ResponseCode.SUCCESS)
+        after = index if req.reset else index + 1
+        if store.ledger_begin_index <= after <= store.ledger_end_index and (
+            store.get_term(after) == req.term
+        ):
+            # the entries it would cut are of the requester's own term: only its leader
+            # writes them and a leader's log only grows, so they match it -- a late copy,
+            # even one that reaches us after a restart took our memory (``matched_index``)
+            self._event(INFO, "truncate.stale", req, own_term_from=after)
+            return self._resp(req, ResponseCode.SUCCESS)
         try:
             if req.reset:
                 if not (store.is_empty and store.ledger_begin_index == index):

@@ -284,3 +284,21 @@ def test_the_truncate_guard_remembers_the_term_through_a_same_term_flap() -> Non
     _, r = only(h.handle_push(trunc, "late", 3))  # the late duplicate
     assert r.code == S
     assert store.ledger_end_index == 20 and store.read_batch(10).data == leader.read_batch(10).data
+
+
+def test_a_late_truncate_after_a_restart_keeps_the_leaders_own_entries() -> None:
+    """Found by the simulation (seed 30255 of test_chaos_n5_file, with late duplicate
+    TRUNCATEs): a follower restarted between a TRUNCATE and its late duplicate has no
+    ``matched_index`` memory, and the duplicate cut entries it had acknowledged.  Entries of
+    the requester's own term match its log (one leader per term, its log only grows), so a
+    TRUNCATE never cuts them, memory or not."""
+    leader = store_with([2] * 21)
+    h, store, _ = handler([2] * 10)
+    trunc = push(PushType.TRUNCATE, first_index=9, entry_term=2, entry_pos=leader.get_pos(9))
+    _, r = only(h.handle_push(trunc, "t", 0))
+    _, r = only(h.handle_push(append_req(leader, 10, 11, commit=5), "a", 0))
+    assert r.code == S and store.ledger_end_index == 20
+    h.matched_index = -1  # a restarted process: no memory of what matched
+    _, r = only(h.handle_push(trunc, "late", 3))
+    assert r.code == S
+    assert store.ledger_end_index == 20 and store.read_batch(10).data == leader.read_batch(10).data

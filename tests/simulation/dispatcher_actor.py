@@ -33,7 +33,7 @@ class _SimDispatcherPorts:
         batch = req.batch
         if isinstance(batch, CachedBatch):
             req = replace(req, batch=batch.payload)
-        self.sim.rpc.call(self.node.id, self.peer, req)
+        self.sim.rpc.call(self.node.id, self.peer, req, self.sim._late_copy_ms(req))
 
     def fetch(self, f: Fetch) -> None:
         self.sim._spawn(self.node, self.sim._d_fetch(self.node, self.peer, f))

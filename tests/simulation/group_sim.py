@@ -78,7 +78,7 @@ from dataclasses import dataclass
 
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.election.messages import HeartbeatRequest
-from rayledger.replication import PushEntryRequest, ReplicationConfig
+from rayledger.replication import PushEntryRequest, PushType, ReplicationConfig
 from rayledger.storage import ResponseCode
 
 from .checker_actor import CheckerActor
@@ -293,6 +293,7 @@ class GroupSim(
         )
         self._link_restores: list[tuple[int, str, str]] = []  # (when, src, dst) cut links end
         self._wander_rng = random.Random(seed * 7919 + 61)  # writers that try another member
+        self._replay_rng = random.Random(seed * 7919 + 67) if faults is not False else None
         # hung checkers: their own stream, so the other streams of a seed stay as they were
         self._hang_rng = random.Random(seed * 7919 + 31)
         self._next_hang_ms: int | None = (
@@ -509,6 +510,16 @@ class GroupSim(
             else:
                 keep.append((until, src, dst))
         self._link_restores = keep
+
+    def _late_copy_ms(self, req: PushEntryRequest) -> int | None:
+        """A seeded share of TRUNCATE pushes gets a duplicate that arrives 0.3-1.5 s later
+        (a late duplicate must never cut entries the follower matched since)."""
+        if self._replay_rng is None or req.type is not PushType.TRUNCATE:
+            return None
+        if self._replay_rng.random() < 0.5:
+            self.stats["late_truncates"] += 1
+            return self._replay_rng.randint(300, 1500)
+        return None
 
     def _late_take_order(self) -> bool:
         """Whether this take order is held up (seeded, its own stream; never on a run

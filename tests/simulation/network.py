@@ -158,6 +158,13 @@ class SimNetwork:
                 delay += rng.randint(cfg.long_delay_ms // 2, cfg.long_delay_ms)
             heapq.heappush(self._queue, _InFlight(now + delay, next(self._seq), src, dst, payload))
 
+    def send_late(self, src: str, dst: str, payload: Any, delay_ms: int) -> None:
+        """A copy of ``payload`` that arrives ``delay_ms`` from now (a duplicate that took
+        the long way), if its link is up then."""
+        self.stats.duplicated += 1
+        item = _InFlight(self.clock.now_ms + delay_ms, next(self._seq), src, dst, payload)
+        heapq.heappush(self._queue, item)
+
     def next_delivery_ms(self) -> int | None:
         return self._queue[0].deliver_at if self._queue else None
 
@@ -284,7 +291,9 @@ class RpcLayer:
         self._deadlines: list[tuple[int, int]] = []
         self._ids = itertools.count(1)
 
-    def call(self, caller: str, callee: str, request: Any) -> int:
+    def call(self, caller: str, callee: str, request: Any, late_copy_ms: int | None = None) -> int:
+        """Send ``request``; ``late_copy_ms``: and a duplicate of it that arrives that much
+        later (its answer is ignored: the call is settled by then)."""
         call_id = next(self._ids)
         wait = self.timeout_ms
         if self.down_fail_ms is not None and self.net.is_down(callee):
@@ -293,6 +302,8 @@ class RpcLayer:
         self._pending[call_id] = _Pending(caller, callee, request, deadline)
         heapq.heappush(self._deadlines, (deadline, call_id))
         self.net.send(caller, callee, RpcRequest(call_id, request))
+        if late_copy_ms is not None:
+            self.net.send_late(caller, callee, RpcRequest(call_id, request), late_copy_ms)
         return call_id
 
     def reply(self, callee: str, caller: str, call_id: int, response: Any) -> None:
