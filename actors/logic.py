@@ -211,6 +211,13 @@ class MemberLogic:
         """A push from a leader's dispatcher; returns the answers ready now."""
         return self.handler.handle_push(req, token, now_ms)
 
+    def must_flush(self, answers: Sequence) -> bool:
+        """Whether ``answers`` (to pushes, or the handler's queued ones a tick releases)
+        wait for a flush of this member's store first: with sync_flush a follower
+        acknowledges only what is on disk, and a store that defers its sync to its caller
+        (``defer_sync``, so that no lock is held through an fsync) has not flushed yet."""
+        return self.store.defer_sync and bool(answers)
+
     # -- leadership ----------------------------------------------------------------------
     def leadership(self) -> list[StartLeading | StopLeading]:
         """Bring the helpers in line with the role: stop an old term, start a new one.

@@ -238,7 +238,7 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         fut = self._loop.create_future()
         with self._lock:
             answers = self.logic.on_push(req, fut, now_ms())
-        if self._sync and answers:  # acknowledge only what is on disk
+        if self.logic.must_flush(answers):  # acknowledge only what is on disk
             await self._loop.run_in_executor(None, self.store.flush)
         for f, resp in answers:
             if f is fut:
@@ -258,7 +258,7 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
             if self._late:
                 answers += self._late
                 self._late = []
-        if self._sync and done:
+        if self.logic.must_flush(done):
             self.store.flush()  # the graph's thread waits for the disk, not the member
         for tok, resp in done:
             if type(tok) is tuple:

@@ -18,9 +18,11 @@ import numpy as np
 import ray
 from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 
+from . import round_path as rp
+from . import supervision as sv
 from .fastpath import FastPath
 from .futures import set_exception, set_result
-from .logic import Round
+from .naming import now_ms
 from .rounds import RoundBook
 
 log = logging.getLogger("rayledger.actors")
@@ -34,6 +36,7 @@ class AppendsMixin:
 
     def _init_appends(self) -> None:
         self._book = RoundBook(self.logic)  # queued appends and rounds (tokens: futures)
+        self._round_path = rp.RoundPath(self.logic, self._book, self._sync)
         self._fast: FastPath | None = None
 
     # -- sending rounds: the compiled graph, or plain calls to the dispatchers -------------
@@ -59,16 +62,11 @@ class AppendsMixin:
         self._finish(resolved)  # also releases readers waiting for the commit
 
     def _on_graph_fallback(self, items: list) -> None:
-        """Rounds that were queued or in flight in an abandoned graph travel again as plain
-        calls (a follower answers a push it already holds from its log)."""
-        for a, rounds in items:
-            waiting = [(f, la, rid) for f, la, rid in rounds if self._book.waiting(rid)]
-            if not waiting:
-                continue
-            self._announce_plain(a)
-            mark = self.logic.water_mark()
-            for first, last, rid in waiting:
-                self._checker.add_round.remote(a.term, first, last, rid, mark)
+        """Rounds of an abandoned graph that still wait travel again as plain calls."""
+        with self._lock:
+            actions = self._round_path.fallback(items)
+        for action in actions:
+            self._perform_round(action)
 
     def _announce_plain(self, a) -> None:
         batch = a.payload
@@ -100,7 +98,8 @@ class AppendsMixin:
             self._loop.call_soon(self._write_round)
 
     def _write_round(self) -> None:
-        """Group commit: the queued appends become one store batch and one round."""
+        """Group commit: the queued appends become one store batch and one round, sent on
+        by the round's process (:class:`~.round_path.RoundPath`)."""
         with self._lock:
             w = self._book.write()
             if w is None:
@@ -110,50 +109,58 @@ class AppendsMixin:
                 for fut in w.tokens:
                     set_exception(fut, type(exc)(exc.code, exc.message, leader_id=exc.leader_id))
                 return
-            rnd, rid, term = w.round, w.rid, w.round.term
-            a = self.logic.announcement(rnd, None)
-        try:
-            batch = rnd.appended.batch()
-            self._metrics.round_started(rid, rnd.last_index - rnd.first_index + 1, len(batch.data))
-            if self._sync:  # followers write meanwhile; the quorum counts us once we flushed
-                self._announce_plain(replace(a, payload=batch))
-                asyncio.ensure_future(self._register_synced(term, rnd, rid))
-                return
-            fast = self._fast
-            if fast is not None and fast.active:
-                if fast.submit(replace(a, payload=batch), [(rnd.first_index, rnd.last_index, rid)]):
-                    return
-            self._announce_plain(replace(a, payload=batch))
-            mark = self.logic.water_mark()
-            self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
-        except Exception as exc:  # stored, but not sent on (e.g. ray.put failed)
-            log.error(
-                "[%s] term=%d: round %d..%d not sent: %r",
-                self.self_id,
-                term,
-                rnd.first_index,
-                rnd.last_index,
-                exc,
-            )
-            self._finish_round(rid, ResponseCode.INTERNAL_ERROR)
+            fast = self._fast is not None and self._fast.active
+            proc = self._round_path.send(w, fast)
+            rnd = w.round
+            self._metrics.round_started(w.rid, rnd.last_index - rnd.first_index + 1,
+                                        len(rnd.appended.data))  # fmt: skip
+            action = proc.start()
+        self._drive_round(proc, action)
 
-    async def _register_synced(self, term: int, rnd: Round, rid: int) -> None:
-        """sync_flush: the round joins the quorum count once it is on this member's disk
-        (until then the checker's mark for the leader is its flushed end, even a restarted
-        checker's).  A failed flush fails the round's appends, unless the followers alone
-        already made a quorum for it, and costs the leadership: a leader whose disk fails
-        can count itself toward nothing."""
+    def _drive_round(self, proc: sv.Process, action) -> None:
+        """Perform the round's actions in this loop turn; a flush runs off the loop."""
+        while action is not None:
+            if isinstance(action, sv.Flush):
+                asyncio.ensure_future(self._flush_round(proc))
+                return
+            value = self._perform_round(action)
+            with self._lock:
+                action = proc.send(sv.Answer(now_ms(), value))
+
+    async def _flush_round(self, proc: sv.Process) -> None:
         try:
             await self._loop.run_in_executor(None, self.store.flush)
+            value = None
         except (LedgerError, OSError) as exc:
-            log.error("[%s] term=%d: flush of %d..%d failed: %s", self.self_id, term,
-                      rnd.first_index, rnd.last_index, exc)  # fmt: skip
-            self._finish_round(rid, ResponseCode.DISK_ERROR)  # stored: outcome unknown
-            self._step_down(f"the flush of entries {rnd.first_index}..{rnd.last_index} failed")
-            return
+            value = sv.Failed(str(exc))
         with self._lock:
-            mark = self.logic.water_mark()
-        self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
+            action = proc.send(sv.Answer(now_ms(), value))
+        self._drive_round(proc, action)
+
+    def _perform_round(self, action):
+        """One action of a round's process (see :mod:`.round_path`)."""
+        if isinstance(action, rp.Register):
+            self._checker.add_round.remote(action.term, action.first, action.last,
+                                           action.rid, action.leader_mark)  # fmt: skip
+            return None
+        if isinstance(action, rp.Announce | rp.Submit):
+            a = action.a
+            try:
+                if isinstance(action, rp.Submit):
+                    return self._fast.submit(a, list(action.spans))
+                self._announce_plain(a)
+            except Exception as exc:  # stored, but not sent on (e.g. ray.put failed)
+                log.error("[%s] term=%d: round %d..%d not sent: %r", self.self_id, a.term,
+                          a.first, a.first + a.count - 1, exc)  # fmt: skip
+                return sv.Failed(repr(exc))
+            return None
+        if isinstance(action, sv.Finish):
+            self._finish(action.outcomes)
+            return None
+        if isinstance(action, sv.StepDown):
+            self._step_down(action.why)
+            return None
+        raise TypeError(f"unknown round action {action!r}")
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:

@@ -79,7 +79,7 @@ class ElectionMixin:
                 now = now_ms()
                 with self._lock:
                     actions, answers = self.logic.tick(now)
-                if self._sync and answers:
+                if self.logic.must_flush(answers):
                     await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
                 self._resolve(answers)
                 self._commits_moved()

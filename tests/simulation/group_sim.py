@@ -83,6 +83,7 @@ from rayledger.storage import ResponseCode
 
 from .checker_actor import CheckerActor
 from .clients import Client, ClientAppend, ClientRead, ClientReadReply, ClientReply, Clients, Reader
+from .disk import SimDisk
 from .dispatcher_actor import DispatcherActor
 from .driver import SimDriver
 from .fast_path import FastPath
@@ -179,6 +180,7 @@ class SimResult:
 
 class GroupSim(
     MemberLifecycle,
+    SimDisk,
     LocalTransport,
     MemberActor,
     CheckerActor,
@@ -253,11 +255,13 @@ class GroupSim(
         # that names an entry the follower acknowledged but no longer holds)
         self.lost_from: dict[str, int] = {}
         self._next_flush_ms: dict[str, int] = {}
+        self._durable_end: dict[str, int] = {}  # a crashed member's: what is on its disk
         self.ids = [f"n{i}" for i in range(n)]
         self._init_network(network, rpc_timeout_ms)
         self._tmp = (
             tempfile.mkdtemp(prefix="rayledger-sim-", dir=SIM_TMP) if store_kind == "file" else None
         )
+        self._init_disks(seed, faults is not False)
         self._next_tick_ms = 0  # the clients' clock
         self.steps = 0
         self._init_history()
@@ -434,7 +438,7 @@ class GroupSim(
         if isinstance(payload, RpcRequest):
             body = payload.body
             if isinstance(body, PushEntryRequest):
-                self._answer(node, node.logic.on_push(body, (src, payload.call_id), now))
+                self._answer_durably(node, node.logic.on_push(body, (src, payload.call_id), now))
             else:
                 resp, actions = node.logic.handle_election(body, now)
                 self.rpc.reply(dst, src, payload.call_id, resp)
@@ -541,6 +545,7 @@ class GroupSim(
         t = min(until, self._next_tick_ms)
         cands = [
             self._next_hang_ms,
+            self._next_disk_ms,
             self._next_transfer_ms,
             min((u for u, _, _ in self._link_restores), default=None),
             self.net.next_delivery_ms(),
@@ -608,6 +613,7 @@ class GroupSim(
         self._slow_step(now)
         self._switch_step(now)
         self._hang_step(now)
+        self._disk_step(now)
         self._transfer_step(now)
         self._restore_links(now)
         self._flush_step(now)
@@ -621,6 +627,7 @@ class GroupSim(
         self._next_switch_ms = None
         self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
         self._next_transfer_ms = None
+        self._heal_disks()
         if self.injector is not None:
             self.injector.heal_all(NetworkConfig())
         else:

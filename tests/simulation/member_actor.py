@@ -3,6 +3,7 @@ client appends written as rounds, and the answers of the helpers and the fast pa
 
 from __future__ import annotations
 
+from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.logic import Announcement, MemberLogic
 from rayledger.actors.read_path import Confirm, WaitCommitted, run_to_end
@@ -38,7 +39,7 @@ class MemberActor:
         (at least the maintain interval, at most a second)."""
         now = self.clock.now_ms
         actions, answers = node.logic.tick(now)
-        self._answer(node, answers)
+        self._answer_durably(node, answers)
         self._apply(node, actions)
         if node.dead:
             return
@@ -67,6 +68,18 @@ class MemberActor:
             self.rpc.call(node.id, s.to, s.message)
         if role_changed:
             self._sync_role(node)
+
+    def _answer_durably(self, node: Node, answers: list) -> None:
+        """Answers of the entry handler, after a flush of the member's disk when the core
+        says so (sync_flush acknowledges only what is on disk); none when it fails."""
+        if node.logic.must_flush(answers):
+            self._spawn(node, self._flush_then_answer(node, answers))
+        else:
+            self._answer(node, answers)
+
+    def _flush_then_answer(self, node: Node, answers: list):
+        if (yield from self._disk_flush(node)) is None:
+            self._answer(node, answers)
 
     def _answer(self, node: Node, answers: list) -> None:
         """Answers of the entry handler: a plain push's go back over the network, a graph
@@ -145,8 +158,7 @@ class MemberActor:
             done = yield Timed(a.timeout_ms, calls)
             return sum(1 for r in done if r is TIMEOUT)
         if isinstance(a, sv.Flush):
-            node.logic.store.flush()
-            return None
+            return (yield from self._disk_flush(node))
         if isinstance(a, sv.Install):
             if a.only is None:
                 self.net.note(
@@ -266,7 +278,8 @@ class MemberActor:
             self._soon(node, self._write_round, node)
 
     def _write_round(self, node: Node) -> None:
-        """Group commit: the queued appends become one store batch and one round."""
+        """Group commit: the queued appends become one store batch and one round, sent on
+        by the shipped round path (:class:`~rayledger.actors.round_path.RoundPath`)."""
         w = node.book.write()
         if w is None:
             return
@@ -276,19 +289,38 @@ class MemberActor:
                     node.id, client, ClientReply(req_id, w.error.code, leader_id=w.error.leader_id)
                 )
             return
-        rnd, rid, term, lg = w.round, w.rid, w.round.term, node.logic
-        node.round_born[rid] = self.clock.now_ms
-        a = lg.announcement(rnd, rnd.appended.batch())
-        fast = node.fast
-        if (
-            fast is not None
-            and fast.logic.active
-            and self._fp_submit(node, a, [(rnd.first_index, rnd.last_index, rid)])
-        ):
-            return
-        self._announce_plain(node, a)
-        mark = node.logic.water_mark()
-        self._hop(node, self._c_add_round, node, term, rnd.first_index, rnd.last_index, rid, mark)
+        node.round_born[w.rid] = self.clock.now_ms
+        fast = node.fast is not None and node.fast.logic.active
+        self._spawn(node, self._run_round(node, node.round_path.send(w, fast)))
+
+    def _run_round(self, node: Node, proc: sv.Process):
+        """A round's process, its actions performed in this step (a flush takes the disk's
+        time)."""
+        action = proc.start()
+        while action is not None:
+            if isinstance(action, sv.Flush):
+                value = yield from self._disk_flush(node)
+            else:
+                value = self._perform_round(node, action)
+            action = proc.send(sv.Answer(self.clock.now_ms, value))
+
+    def _perform_round(self, node: Node, a):
+        if isinstance(a, rp.Register):
+            self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
+                      a.leader_mark)  # fmt: skip
+            return None
+        if isinstance(a, rp.Submit):
+            return self._fp_submit(node, a.a, list(a.spans))
+        if isinstance(a, rp.Announce):
+            self._announce_plain(node, a.a)
+            return None
+        if isinstance(a, sv.Finish):
+            self._finish(node, a.outcomes)
+            return None
+        if isinstance(a, sv.StepDown):
+            self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
+            return None
+        raise TypeError(f"unknown round action {a!r}")
 
     def _announce_plain(self, node: Node, a: Announcement) -> None:
         for p in node.dispatchers:
@@ -325,14 +357,20 @@ class MemberActor:
     def _m_cg_push(self, node: Node, pushed) -> tuple:
         """``MemberActor.cg_push``: a follower takes the pushes of a graph execution."""
         carry, wire = pushed
-        answers = []
         now = self.clock.now_ms
-        for key, req in wire:
-            for tok, resp in node.logic.on_push(req, CgToken(key, (req.leader_id, req.term)), now):
-                if type(tok) is CgToken:
-                    answers.append((tok.key, resp, tok.origin))
-                else:
-                    self._answer(node, [(tok, resp)])
+        done = [
+            tr
+            for key, req in wire
+            for tr in node.logic.on_push(req, CgToken(key, (req.leader_id, req.term)), now)
+        ]
+        if node.logic.must_flush(done) and self._disk_flush_now(node) is not None:
+            done = []  # the graph's thread waits for the disk; a failed flush answers none
+        answers = []
+        for tok, resp in done:
+            if type(tok) is CgToken:
+                answers.append((tok.key, resp, tok.origin))
+            else:
+                self._answer(node, [(tok, resp)])
         if node.late:
             self.stats["late_answers"] += len(node.late)
             answers += node.late
@@ -346,12 +384,7 @@ class MemberActor:
 
     def _m_on_graph_fallback(self, node: Node, items: list) -> None:
         """Rounds queued or in flight in an abandoned graph travel again as plain calls."""
-        for a, rounds in items:
-            waiting = [(f, la, rid) for f, la, rid in rounds if node.book.waiting(rid)]
-            if not waiting:
-                continue
-            self._announce_plain(node, a)
-            for first, last, rid in waiting:
+        for action in node.round_path.fallback(items):
+            if isinstance(action, rp.Register):
                 self.stats["re_registered"] += 1
-                mark = node.logic.water_mark()
-                self._hop(node, self._c_add_round, node, a.term, first, last, rid, mark)
+            self._perform_round(node, action)

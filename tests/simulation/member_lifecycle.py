@@ -12,6 +12,7 @@ from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
+from rayledger.actors.round_path import RoundPath
 from rayledger.actors.supervision import Supervisor
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
@@ -76,6 +77,8 @@ class MemberLifecycle:
         )
         rpc = self.rpc.timeout_ms
         lease = LedgerConfig(election=self.election).lease_ms()
+        m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)
+        m.node.round_path = RoundPath(logic, m.node.book, sync=self.sync_flush)
         m.node.reads = ReadIndexLogic(mid, self.ids, lease, rpc)
         m.node.read_path = ReadPath(logic, m.node.reads, rpc)
         m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})
@@ -145,6 +148,7 @@ class MemberLifecycle:
         at = store.abandon()  # parks the flush thread for good, without its final flush
         durable, written, lists = at.durable, at.written, (store._data, store._index)
         if not power:
+            self._durable_end[m.id] = store.ledger_end_index  # the page cache survives
             return "CRASH"
         rng = self._power_rng
         keeps = []
@@ -159,15 +163,14 @@ class MemberLifecycle:
         lost_from = store.flushed_index + 1
         kept = lost_from if keeps[0] == durable[0] else None
         seen = min(self.max_committed, store.ledger_end_index)  # committed anywhere
+        self._durable_end[m.id] = store.flushed_index
         if lost_from <= seen and self.sync_flush:
-            self.fail(
-                f"{m.id} lost committed entries {lost_from}..{seen} to a power loss "
-                f"with sync_flush (flushed_index={store.flushed_index})"
-            )
-        if lost_from <= store.ledger_end_index:
+            self._check_durable_quorum(m.id, lost_from, seen)
+        if lost_from <= store.ledger_end_index and not self.sync_flush:
             # whatever it lost it may have acknowledged to a leader, which may count it
             # towards a quorum later (seed 20196: acked at 196 twice); without sync_flush
-            # that voids the durability checks for the rest of the run
+            # that voids the durability checks for the rest of the run (with it, a member
+            # acknowledges and counts only what it flushed: it lost nothing it counted)
             self.durability_void = True
             self.stats["power_lost_entries"] += 1
             self.lost_from[m.id] = min(lost_from, self.lost_from.get(m.id, lost_from))
@@ -176,6 +179,26 @@ class MemberLifecycle:
             f"POWER LOSS (durable data {durable[0]}/{written[0]}, kept {keeps[0]}; "
             f"index units {durable[1]}/{written[1]}, kept {keeps[1]}; from index {kept})"
         )
+
+    def _check_durable_quorum(self, mid: str, lost_from: int, seen: int) -> None:
+        """sync_flush: ``mid`` lost entries it never flushed, so it never counted them
+        toward a quorum; what was committed among them must be on the disks of a quorum of
+        the others (a copy counted before it was flushed is how an acknowledged append is
+        lost)."""
+        others = [x for x in self.ids if x != mid]
+        holders = [x for x in others if self._durable_end_of(x) >= seen]
+        if len(holders) < len(self.ids) // 2 + 1:
+            self.fail(
+                f"{mid} lost committed entries {lost_from}..{seen} to a power loss with "
+                f"sync_flush, and only {holders} of the others hold {seen} on disk: a copy "
+                "was counted toward the quorum before it was flushed"
+            )
+
+    def _durable_end_of(self, mid: str) -> int:
+        m = self.members[mid]
+        if m.store is not None:
+            return m.store.flushed_index
+        return self._durable_end.get(mid, -1)
 
     def _flush_step(self, now: int) -> None:
         """The flush service of every live FileStore member, in simulated time."""

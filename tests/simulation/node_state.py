@@ -14,6 +14,7 @@ from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
+from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
 from rayledger.actors.supervision import Supervisor
 from rayledger.election import TermStore
@@ -93,6 +94,7 @@ class Node:
     fast: FastPathDriver | None = None  # the shipped compiled-path driver, once leading
     # MemberActor: queued appends and rounds (the shipped RoundBook), role changes
     book: RoundBook = field(init=False)
+    round_path: RoundPath = field(init=False)  # the shipped round path, set by _start
     round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
     role_busy: bool = False
     role_again: bool = False

@@ -79,6 +79,12 @@ FLUSH_TICK_MS = (20, 200)
 """The file store's flush service, run in simulated time: a FileStore member fsyncs what it
 wrote this often (its own thread is parked), so what a power loss keeps is seeded."""
 
+DISK_FLUSH_MS = (0, 4)  # a flush's time on a healthy disk (sync_flush runs)
+DISK_SLOW_MS = (20, 300)  # ... on a slow one
+DISK_FAULT_MEAN_MS = 2500  # how often, on average, a disk turns slow or fails (sync_flush runs)
+DISK_FAIL_SHARE = 0.25  # the share of disk faults that fail the disk (fsync errors)
+KILL_IN_FLUSH_SHARE = 0.3  # a leader's flush during which its checker is killed (sync runs)
+
 PARKED_MS = 1 << 40  # flush/checkpoint intervals of the store's own thread: never on its own
 
 
