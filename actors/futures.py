@@ -1,5 +1,5 @@
 """Settling asyncio futures that may already be done (a waiter that timed out, an answer
-that came twice): the member and its mixins never settle one twice."""
+that came twice): the member and its parts never settle one twice."""
 
 from __future__ import annotations
 

@@ -1,18 +1,20 @@
 """MemberActor: the Ray transport of one member's :class:`~.logic.MemberLogic`.
 
-A thin async shell: it owns the clock, the Ray handles and the asyncio loop, and composes
-what it does from one mixin per concern:
+A thin async shell: it owns the Ray handles and the asyncio loop, and is built from parts,
+each owning its state (see :mod:`.member_context` for what they share and the one
+concurrency model):
 
-* :mod:`.member_election`: the elector's clock and messages, election RPCs;
-* :mod:`.member_leadership`: taking and leaving office, supervising the helpers;
-* :mod:`.member_appends`: appends on the leader, grouped into rounds (group commit);
-* :mod:`.member_reads`: read index rounds, leases and the read RPCs.
+* :class:`~.member_election.ElectionPart`: the elector's clock and messages, election RPCs;
+* :class:`~.member_leadership.LeadershipPart`: taking and leaving office, supervising the
+  helpers;
+* :class:`~.member_appends.AppendPart`: appends on the leader, grouped into rounds;
+* :class:`~.member_reads.ReadPart`: read index rounds, leases and the read RPCs.
 
-Votes and heartbeats run in their own Ray concurrency group (their own thread and loop),
-so a queue of bulk pushes never delays them; all logic state is touched under one lock,
-never across an await.  The helpers (a :class:`~.checker.QuorumAckCheckerActor` and one
-:class:`~.dispatcher.EntryDispatcherActor` per peer) are created by the member, on its
-node, and die with it.
+Ray's methods live here and only hand their calls to a part.  Votes and heartbeats run in
+their own Ray concurrency group (their own thread and loop), so a queue of bulk pushes never
+delays them.  The helpers (a :class:`~.checker.QuorumAckCheckerActor` and one
+:class:`~.dispatcher.EntryDispatcherActor` per peer) are created by the member, on its node,
+and die with it.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ from .faults import LinkFaults, load_faults
 from .futures import set_result
 from .logic import MemberLogic
 from .machine_runner import MachineRunner
-from .member_appends import INLINE_BYTES, AppendsMixin
-from .member_election import ElectionMixin
-from .member_leadership import LeadershipMixin
-from .member_reads import ReadsMixin
+from .member_appends import INLINE_BYTES, AppendPart
+from .member_context import MemberContext
+from .member_election import ElectionPart
+from .member_leadership import LeadershipPart
+from .member_reads import ReadPart
 from .metrics import MemberMetrics
-from .naming import member_handle, now_ms
+from .naming import now_ms
 from .ray_compat import install_loop_registry, reset_loops
 from .types import MemberStatus
 
@@ -50,7 +53,7 @@ log = logging.getLogger("rayledger.actors")
 
 
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
-class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
+class MemberActor:
     def __init__(
         self, group: str, self_id: str, peers: list[str], config: LedgerConfig, data_dir: str | None
     ):
@@ -63,21 +66,38 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         self.peers = list(peers)
         self.config = config.for_member(data_dir)
         self._lock = threading.RLock()
-        self._open_log(data_dir)
-        self.faults = load_faults(group, self_id)  # faults follow a member across restarts
-        self._handles: dict[str, Any] = {}
-        self._dispatchers: dict[str, Any] = {}
-        self._checker = None
-        self._closed = False
         self._started = time.time()
         self._late: list = []  # answers to compiled-path pushes that came out of order
-        self._init_election()
-        self._init_appends()
-        self._init_leadership()
-        self._init_reads()
-        self._machine_runner: MachineRunner | None = None
+        store = open_store(self.config.store)
+        self.logic = MemberLogic(
+            group,
+            self_id,
+            self.peers,
+            store,
+            self.config.election,
+            self.config.replication,
+            data_dir=data_dir,
+        )
+        self.store = store
+        # sync_flush: fdatasync outside the member's lock, so heartbeats and votes never
+        # wait behind a flush; answers and rounds go out only once it is done
+        sync = bool(getattr(self.config.store, "sync_flush", False))
+        store.defer_sync = sync
+        self._metrics = MemberMetrics(group, self_id, store, data_dir)
+        ctx = self.ctx = MemberContext(
+            group, self_id, self.peers, self.config, self.logic, self._lock, self._metrics, sync,
+            faults=load_faults(group, self_id),  # faults follow a member across restarts
+        )  # fmt: skip
+        self.election = ElectionPart(
+            ctx, lambda: self.leadership.sync_role(), self._answered, lambda: self.appends.book.outstanding
+        )  # fmt: skip
+        self.reads = ReadPart(ctx, self.election.ask_peer)
+        self.appends = AppendPart(
+            ctx, self.reads.commits_moved, lambda why: self.leadership.step_down(why)
+        )
+        self.leadership = LeadershipPart(ctx, self.election, self.appends, self.reads)
         if self.config.state_machine is not None:
-            self._machine_runner = MachineRunner(self, data_dir)
+            ctx.machine = MachineRunner(self, data_dir)
         if self.config.fast_path:  # the group's leaders compile graphs this member runs in
             install_loop_registry()
         self._boot()
@@ -89,24 +109,17 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
             self.store.ledger_end_index,
         )
 
-    def _open_log(self, data_dir: str | None) -> None:
-        """The member's store and its logic around it."""
-        store = open_store(self.config.store)
-        self.logic = MemberLogic(
-            self.group,
-            self.self_id,
-            self.peers,
-            store,
-            self.config.election,
-            self.config.replication,
-            data_dir=data_dir,
-        )
-        self.store = store
-        # sync_flush: fdatasync outside the member's lock, so heartbeats and votes never
-        # wait behind a flush; answers and rounds go out only once it is done
-        self._sync = bool(getattr(self.config.store, "sync_flush", False))
-        store.defer_sync = self._sync
-        self._metrics = MemberMetrics(self.group, self.self_id, store, data_dir)
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self.ctx.loop
+
+    @property
+    def faults(self) -> LinkFaults:
+        return self.ctx.faults
+
+    @property
+    def _machine_runner(self) -> MachineRunner | None:
+        return self.ctx.machine
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> str:
@@ -119,11 +132,8 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         Ray runs an async actor's ``__init__`` on its event loop, so this also runs
         when Ray restarts the member after its process died.
         """
-        self._loop = asyncio.get_running_loop()
-        self._role_lock = asyncio.Lock()
-        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
-        self._tick_wake: asyncio.Event | None = None
-        self._sleep_until = 0
+        ctx = self.ctx
+        ctx.loop = asyncio.get_running_loop()
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
@@ -131,21 +141,18 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         # Ray restarts a helper whose process died; the new one tells its member
         # (helper_restarted), which sets it up again for the term it leads
         helper = {"scheduling_strategy": here, "max_restarts": -1}
-        self._checker = QuorumAckCheckerActor.options(**helper).remote(
+        ctx.checker = QuorumAckCheckerActor.options(**helper).remote(
             self.group, self.self_id, self.peers, self.config, me
         )
         for peer in self.peers:
             if peer != self.self_id:
-                self._dispatchers[peer] = EntryDispatcherActor.options(**helper).remote(
-                    self.group, self.self_id, peer, self.config, me, self._checker
+                ctx.dispatchers[peer] = EntryDispatcherActor.options(**helper).remote(
+                    self.group, self.self_id, peer, self.config, me, ctx.checker
                 )
-        self._checker.set_dispatchers.remote(list(self._dispatchers.values()))
+        ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
         me.run_maintainer.remote()
 
-    # -- talking to peers ---------------------------------------------------------------
-    def _peer(self, peer: str):
-        return member_handle(self._handles, self.group, peer)
-
+    # -- answers to pushes ------------------------------------------------------------------
     def _resolve(self, answers) -> None:
         for fut, resp in answers:
             if type(fut) is tuple:  # a compiled-path push answered late: with the next one
@@ -154,10 +161,70 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
             elif not fut.done():
                 fut.get_loop().call_soon_threadsafe(set_result, fut, resp)
 
+    def _answered(self, answers) -> None:
+        """Push answers are out; the committed index may have moved."""
+        self._resolve(answers)
+        self.reads.commits_moved()
+
+    # -- the parts' Ray methods ------------------------------------------------------------------
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def run_maintainer(self) -> None:
+        """The elector's clock runs on the election group's loop, beside the vote and
+        heartbeat handlers (see :class:`~.member_election.ElectionPart`)."""
+        self.election.ensure_maintainer()
+
+    @ray.method(concurrency_group="election", enable_task_events=False)
+    async def handle_election(self, req):
+        """A vote, pre-vote, heartbeat or leadership-transfer request from a peer."""
+        return self.election.handle(req)
+
+    @ray.method(concurrency_group="election")
+    async def transfer_leadership(self, target: str):
+        """Ask this member (the leader) to hand leadership to ``target``."""
+        return await self.election.transfer(target)
+
+    async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
+        """Every helper says so when its process starts (see
+        :meth:`~.supervision.Supervisor.helper_started`)."""
+        await self.leadership.helper_started(kind, peer, pid)
+
+    @ray.method(enable_task_events=False)
+    async def append(
+        self, bodies: list, group: str | None = None, target: str | None = None
+    ) -> list[tuple]:
+        """Append a batch as leader (see :meth:`~.member_appends.AppendPart.append`)."""
+        return await self.appends.append(bodies, group, target)
+
+    @ray.method(enable_task_events=False)
+    async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
+        """From the checker: the committed index moved and/or rounds ended."""
+        self.appends.on_resolved(term, committed, resolved)
+
+    async def read_index(self, consistency: str = "linearizable") -> int:
+        """On the leader: an index every read that starts now may be served at."""
+        return await self.reads.read_index(consistency)
+
+    async def get(self, index: int, committed_only: bool = True, consistency: str = "committed"):
+        return await self.reads.get(index, committed_only, consistency)
+
+    async def read(
+        self, start: int, stop: int, committed_only: bool = True, consistency: str = "committed"
+    ):
+        return await self.reads.read(start, stop, committed_only, consistency)
+
+    async def read_batch(self, start: int, stop: int, committed_only: bool = True):
+        return await self.reads.read_batch(start, stop, committed_only)
+
+    async def committed_index(self, consistency: str = "committed") -> int:
+        return await self.reads.committed_index(consistency)
+
+    async def query(self, request, consistency: str = "committed"):
+        return await self.reads.query(request, consistency)
+
     # -- status and operators (election concurrency group) ---------------------------------
     @ray.method(concurrency_group="election")
     async def status(self) -> MemberStatus:
-        self._ensure_maintainer()
+        self.election.ensure_maintainer()
         with self._lock:
             st = self.logic.state
             return MemberStatus(
@@ -185,27 +252,29 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
     @ray.method(concurrency_group="election")
     async def stats(self) -> dict:
         """Counters of this member's transport (for benchmarks and operators)."""
-        f = self._fast
+        f = self.appends.fast
+        with self._lock:
+            leading, waiting = self.logic.leading_term, len(self.appends.book.rounds)
         return {
-            "leading_term": self.logic.leading_term,
+            "leading_term": leading,
             "fast_path_active": bool(f and f.active),
             "fast_path_compiles": f.compiles if f else 0,
             "fast_path_fallbacks": f.fallbacks if f else 0,
-            "rounds_waiting": len(self._book.rounds),
+            "rounds_waiting": waiting,
         }
 
     @ray.method(concurrency_group="election")
     async def helper_pids(self) -> dict[str, int | None]:
         """Process ids of this member's checker and dispatchers (for fault injection)."""
-        refs = {"checker": self._checker.pid.remote()}
-        refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self._dispatchers.items()})
+        refs = {"checker": self.ctx.checker.pid.remote()}
+        refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self.ctx.dispatchers.items()})
         return await self._helper_answers(refs)
 
     @ray.method(concurrency_group="election")
     async def peer_progress(self) -> dict[str, dict | None]:
         """Each follower's replication progress as this member's dispatchers see it."""
         return await self._helper_answers(
-            {p: d.progress.remote() for p, d in self._dispatchers.items()}
+            {p: d.progress.remote() for p, d in self.ctx.dispatchers.items()}
         )
 
     async def _helper_answers(self, refs: dict[str, Any]) -> dict[str, Any]:
@@ -223,9 +292,9 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
     async def set_faults(
         self, cut: list[str], drop: dict[str, float], delay_ms: dict[str, float]
     ) -> None:
-        self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
+        self.ctx.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
         await asyncio.gather(
-            *(d.set_faults.remote(cut, drop, delay_ms) for d in self._dispatchers.values()),
+            *(d.set_faults.remote(cut, drop, delay_ms) for d in self.ctx.dispatchers.values()),
             return_exceptions=True,  # a restarting helper gets them when it is set up again
         )
 
@@ -238,14 +307,15 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         fut = self._loop.create_future()
         with self._lock:
             answers = self.logic.on_push(req, fut, now_ms())
-        if self.logic.must_flush(answers):  # acknowledge only what is on disk
+            flush = self.logic.must_flush(answers)
+        if flush:  # acknowledge only what is on disk
             await self._loop.run_in_executor(None, self.store.flush)
         for f, resp in answers:
             if f is fut:
                 set_result(fut, resp)
             else:
                 self._resolve([(f, resp)])
-        self._commits_moved()
+        self.reads.commits_moved()
         return await fut
 
     def cg_push(self, pushed):
@@ -255,10 +325,11 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
         now = now_ms()
         with self._lock:
             done = [tr for key, req in wire for tr in self.logic.on_push(req, ("cg", key), now)]
+            flush = self.logic.must_flush(done)
             if self._late:
                 answers += self._late
                 self._late = []
-        if self.logic.must_flush(done):
+        if flush:
             self.store.flush()  # the graph's thread waits for the disk, not the member
         for tok, resp in done:
             if type(tok) is tuple:
@@ -280,7 +351,7 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
     async def on_peer_progress(self, peer: str, term: int, match_index: int) -> None:
         with self._lock:
             actions = self.logic.on_peer_progress(peer, term, match_index, now_ms())
-        await self._apply(actions)
+        await self.election.apply(actions)
 
     async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
         """For a dispatcher of ``term`` that missed a batch: entries from ``start``."""
@@ -299,17 +370,17 @@ class MemberActor(ElectionMixin, LeadershipMixin, AppendsMixin, ReadsMixin):
     @ray.method(concurrency_group="election")
     async def leading_term(self) -> int:
         """The term this member leads with its helpers set up, or -1."""
-        return self.logic.leading_term if self.logic.state.is_leader else -1
+        with self._lock:
+            return self.logic.leading_term if self.logic.state.is_leader else -1
 
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
 
     @ray.method(concurrency_group="election")
     async def close(self) -> None:
-        self._closed = True
-        if self._maintainer is not None:
-            self._maintainer.cancel()
-        if self._machine_runner is not None:
-            self._machine_runner.close()
+        self.ctx.closed = True
+        self.election.stop()
+        if self.ctx.machine is not None:
+            self.ctx.machine.close()
         with self._lock:
             self.store.close()

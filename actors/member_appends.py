@@ -1,10 +1,10 @@
 """Appends on the leader: group commit into rounds, and their answers.
 
-Mixed into :class:`~.member.MemberActor`.  Every append that arrives in one turn of the
+A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  Every append that arrives in one turn of the
 event loop joins one store batch and one replication round.  A round is announced to the
 member's :class:`~.dispatcher.EntryDispatcherActor` s (one per peer), or through the
 compiled graph of the fast path, and registered with its
-:class:`~.checker.QuorumAckCheckerActor`, which answers with :meth:`AppendsMixin.on_resolved`
+:class:`~.checker.QuorumAckCheckerActor`, which answers with :meth:`AppendPart.on_resolved`
 once a quorum stores it.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -22,6 +23,7 @@ from . import round_path as rp
 from . import supervision as sv
 from .fastpath import FastPath
 from .futures import set_exception, set_result
+from .member_context import MemberContext, Part
 from .naming import now_ms
 from .rounds import RoundBook
 
@@ -30,36 +32,44 @@ log = logging.getLogger("rayledger.actors")
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
 
 
-class AppendsMixin:
-    """The leader's append path (uses the shell's ``_checker``, ``_dispatchers``, ``_lock``,
-    ``_loop``, ``_metrics`` and ``_machine_runner``)."""
+class AppendPart(Part):
+    """The leader's append path: the round book, the rounds' processes and the compiled
+    path.  ``commits_moved`` releases what waits for the committed index (readers, the
+    state machine); ``step_down`` ends the leadership (a failed flush)."""
 
-    def _init_appends(self) -> None:
-        self._book = RoundBook(self.logic)  # queued appends and rounds (tokens: futures)
-        self._round_path = rp.RoundPath(self.logic, self._book, self._sync)
-        self._fast: FastPath | None = None
+    def __init__(
+        self,
+        ctx: MemberContext,
+        commits_moved: Callable[[], None],
+        step_down: Callable[[str], None],
+    ):
+        super().__init__(ctx)
+        self._commits_moved, self._step_down = commits_moved, step_down
+        self.book = RoundBook(self.logic)  # queued appends and rounds (tokens: futures)
+        self._round_path = rp.RoundPath(self.logic, self.book, ctx.sync)
+        self.fast: FastPath | None = None
 
     # -- sending rounds: the compiled graph, or plain calls to the dispatchers -------------
     def _fast_path(self) -> FastPath:
-        if self._fast is None:
-            followers = {p: self._peer(p) for p in self.peers if p != self.self_id}
-            self._fast = FastPath(
+        if self.fast is None:
+            followers = {p: self.ctx.peer(p) for p in self.peers if p != self.self_id}
+            self.fast = FastPath(
                 self.self_id,
                 followers,
-                self._dispatchers,
-                self._checker,
+                self.ctx.dispatchers,
+                self.ctx.checker,
                 self.config.stall_ms(),
                 self._on_graph_output,
                 self._on_graph_fallback,
-                self._loop,
+                self.ctx.loop,
             )
-        return self._fast
+        return self.fast
 
     def _on_graph_output(self, term: int, committed: int | None, resolved: list) -> None:
         if committed is not None:
             with self._lock:
                 self.logic.on_committed(term, committed)
-        self._finish(resolved)  # also releases readers waiting for the commit
+        self.finish(resolved)  # also releases readers waiting for the commit
 
     def _on_graph_fallback(self, items: list) -> None:
         """Rounds of an abandoned graph that still wait travel again as plain calls."""
@@ -72,11 +82,17 @@ class AppendsMixin:
         batch = a.payload
         if not isinstance(batch, EntryBatch) or len(batch.data) > INLINE_BYTES:
             a = replace(a, payload=ray.put(batch))
-        for d in self._dispatchers.values():
+        for d in self.ctx.dispatchers.values():
             d.on_announcement.remote(a)
 
+    def fast_start(self, term: int) -> None:
+        self._fast_path().start(term)
+
+    def fast_stop(self) -> None:
+        if self.fast is not None:
+            self.fast.stop()
+
     # -- leader: appends ----------------------------------------------------------------------
-    @ray.method(enable_task_events=False)
     async def append(
         self, bodies: list, group: str | None = None, target: str | None = None
     ) -> list[tuple]:
@@ -85,23 +101,23 @@ class AppendsMixin:
 
         The batch joins the round of everything appended in the same loop turn.
         """
-        fut = self._loop.create_future()
+        fut = self.ctx.loop.create_future()
         with self._lock:
-            self._book.admit(bodies, group if group is not None else self.group, target, fut)
+            self.book.admit(bodies, group if group is not None else self.group, target, fut)
         self._schedule_round()
         return await fut
 
     def _schedule_round(self) -> None:
         """Write the queue as a round in this loop turn when the book says one is due (see
         :class:`~.rounds.RoundBook`)."""
-        if self._book.write_due():
-            self._loop.call_soon(self._write_round)
+        if self.book.write_due():
+            self.ctx.loop.call_soon(self._write_round)
 
     def _write_round(self) -> None:
         """Group commit: the queued appends become one store batch and one round, sent on
         by the round's process (:class:`~.round_path.RoundPath`)."""
         with self._lock:
-            w = self._book.write()
+            w = self.book.write()
             if w is None:
                 return
             if w.error is not None:
@@ -109,7 +125,7 @@ class AppendsMixin:
                 for fut in w.tokens:
                     set_exception(fut, type(exc)(exc.code, exc.message, leader_id=exc.leader_id))
                 return
-            fast = self._fast is not None and self._fast.active
+            fast = self.fast is not None and self.fast.active
             proc = self._round_path.send(w, fast)
             rnd = w.round
             self._metrics.round_started(w.rid, rnd.last_index - rnd.first_index + 1,
@@ -129,7 +145,7 @@ class AppendsMixin:
 
     async def _flush_round(self, proc: sv.Process) -> None:
         try:
-            await self._loop.run_in_executor(None, self.store.flush)
+            await self.ctx.loop.run_in_executor(None, self.store.flush)
             value = None
         except (LedgerError, OSError) as exc:
             value = sv.Failed(str(exc))
@@ -140,14 +156,14 @@ class AppendsMixin:
     def _perform_round(self, action):
         """One action of a round's process (see :mod:`.round_path`)."""
         if isinstance(action, rp.Register):
-            self._checker.add_round.remote(action.term, action.first, action.last,
+            self.ctx.checker.add_round.remote(action.term, action.first, action.last,
                                            action.rid, action.leader_mark)  # fmt: skip
             return None
         if isinstance(action, rp.Announce | rp.Submit):
             a = action.a
             try:
                 if isinstance(action, rp.Submit):
-                    return self._fast.submit(a, list(action.spans))
+                    return self.fast.submit(a, list(action.spans))
                 self._announce_plain(a)
             except Exception as exc:  # stored, but not sent on (e.g. ray.put failed)
                 log.error("[%s] term=%d: round %d..%d not sent: %r", self.self_id, a.term,
@@ -155,29 +171,28 @@ class AppendsMixin:
                 return sv.Failed(repr(exc))
             return None
         if isinstance(action, sv.Finish):
-            self._finish(action.outcomes)
+            self.finish(action.outcomes)
             return None
         if isinstance(action, sv.StepDown):
             self._step_down(action.why)
             return None
         raise TypeError(f"unknown round action {action!r}")
 
-    @ray.method(enable_task_events=False)
-    async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
+    def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
         """From the checker: the committed index moved and/or rounds ended."""
         if committed is not None:
             with self._lock:
                 self.logic.on_committed(term, committed)
-        self._finish(resolved)
+        self.finish(resolved)
 
-    def _finish(self, resolved) -> None:
+    def finish(self, resolved) -> None:
         for token, code in resolved:
             self._finish_round(token, code)
         self._commits_moved()
 
     def _finish_round(self, rid: int, code: ResponseCode) -> None:
         with self._lock:  # SUCCESS moves the committed index: read-your-writes
-            fin = self._book.finish(rid, code)
+            fin = self.book.finish(rid, code)
         if fin is None:
             return
         self._metrics.round_done(rid, fin.ok)
@@ -186,7 +201,7 @@ class AppendsMixin:
         if fin.ok:
             positions = np.asarray(rnd.appended.positions, dtype=np.int64)
             base = rnd.first_index
-            runner = self._machine_runner
+            runner = self.ctx.machine
             for fut, first, last in fin.calls:
                 # compact: (first index, term, positions as int64 bytes[, receipts]), expanded
                 # by the client

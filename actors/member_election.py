@@ -1,10 +1,10 @@
 """The member's elector on Ray: its clock, its messages to peers, and election RPCs.
 
-Mixed into :class:`~.member.MemberActor`.  The elector is ticked every
+A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  The elector is ticked every
 ``maintain_interval_ms`` (DLedger's ``maintainState``) on the election concurrency group's
 loop, beside the vote and heartbeat handlers, so a main loop busy with appends and pushes
 never delays a heartbeat; role changes are carried out on the main loop
-(:meth:`~.member_leadership.LeadershipMixin._sync_role`).
+(:meth:`~.member_leadership.LeadershipPart.sync_role`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import ray
 from rayledger.election.messages import TransferOutcome
@@ -20,6 +21,7 @@ from rayledger.storage import LedgerError, ResponseCode
 from .faults import LinkDown
 from .futures import set_result
 from .logic import MemberLogic
+from .member_context import MemberContext, Part
 from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
@@ -27,33 +29,41 @@ log = logging.getLogger("rayledger.actors")
 MAINTAINER_STALL_S = 10.0  # a maintainer that has not ticked for this long is replaced
 
 
-class ElectionMixin:
-    """Runs the elector of ``self.logic`` (uses the shell's ``_lock``, ``_loop``, ``_peer``,
-    ``faults`` and ``config``)."""
+class ElectionPart(Part):
+    """Runs the elector of ``ctx.logic``: its clock, its messages, transfers' outcomes.
+    Role changes go to ``sync_role`` (the leadership part) on the main loop; the push
+    answers a tick releases go to ``answered``; ``outstanding`` counts pending appends
+    (a gauge)."""
 
-    def _init_election(self) -> None:
+    def __init__(
+        self,
+        ctx: MemberContext,
+        sync_role: Callable[[], Awaitable[None]],
+        answered: Callable[[list], None],
+        outstanding: Callable[[], int],
+    ):
+        super().__init__(ctx)
+        self._sync_role = sync_role
+        self._answered = answered
+        self._outstanding = outstanding
         self._maintainer: asyncio.Task | None = None
         self._last_tick = time.monotonic()
+        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
+        self._tick_wake: asyncio.Event | None = None
+        self._sleep_until = 0
         self._transfers: dict[tuple[int, str], asyncio.Future] = {}  # (term, target) -> outcome
 
-    @ray.method(concurrency_group="election", enable_task_events=False)
-    async def run_maintainer(self) -> None:
-        """The elector's clock runs on the election group's loop, beside the vote and
-        heartbeat handlers: a main loop busy with appends and pushes never delays a
-        heartbeat (role changes are carried out on the main loop)."""
-        self._ensure_maintainer()
-
-    def _ensure_maintainer(self) -> None:
+    def ensure_maintainer(self) -> None:
         """Start the elector's clock on the running (election) loop unless it is ticking.
 
-        ``run_maintainer`` starts it at boot; every election message and status call
+        ``MemberActor.run_maintainer`` starts it at boot; every election message and status call
         checks again, so a clock whose start call was lost (seen once in CI after a
         restart: the member stayed a candidate of an old term for good, answering the
         leader's heartbeats TERM_NOT_READY) or whose task ended restarts within one
         heartbeat.  A clock that stopped ticking for ``MAINTAINER_STALL_S`` is replaced.
         """
         task = self._maintainer
-        if self._closed:
+        if self.ctx.closed:
             return
         if task is not None and not task.done():
             if time.monotonic() - self._last_tick < MAINTAINER_STALL_S:
@@ -67,10 +77,14 @@ class ElectionMixin:
         self._last_tick = time.monotonic()
         self._maintainer = asyncio.ensure_future(self._maintain())
 
+    def stop(self) -> None:
+        if self._maintainer is not None:
+            self._maintainer.cancel()
+
     async def _maintain(self) -> None:
         """DLedger's maintainState, event-timed: sleep until the elector's next deadline
         (at least ``maintain_interval_ms``, at most one second) instead of every 10 ms; an
-        election message that brings the deadline forward wakes it (:meth:`_rearm`)."""
+        election message that brings the deadline forward wakes it (:meth:`rearm`)."""
         interval = self.config.maintain_interval_ms
         while True:
             delay = interval
@@ -79,13 +93,13 @@ class ElectionMixin:
                 now = now_ms()
                 with self._lock:
                     actions, answers = self.logic.tick(now)
-                if self.logic.must_flush(answers):
+                    flush = self.logic.must_flush(answers)
+                if flush:
                     await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
-                self._resolve(answers)
-                self._commits_moved()
-                await self._apply(actions)
-                self._metrics.tick(self.logic.state, self.store, self._book.outstanding)
+                self._answered(answers)
+                await self.apply(actions)
                 with self._lock:
+                    self._metrics.tick(self.logic.state, self.store, self._outstanding())
                     delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
             except Exception:
                 log.exception("[%s] maintain loop error", self.self_id)
@@ -98,7 +112,7 @@ class ElectionMixin:
                 pass
             self._sleep_until = 0
 
-    def _rearm(self) -> None:
+    def rearm(self) -> None:
         """Wake the maintainer when the elector's next deadline moved before its wake-up
         (a leadership-transfer request, a new role); callable from any thread."""
         with self._lock:
@@ -106,7 +120,7 @@ class ElectionMixin:
         if due < self._sleep_until and self._tick_loop is not None:
             self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
 
-    async def _apply(self, actions: list) -> None:
+    async def apply(self, actions: list) -> None:
         """Send the messages from the running loop (the election loop for the elector's
         own, so they never wait behind the data path); a role change is carried out on
         the main loop, where the append path lives."""
@@ -119,51 +133,49 @@ class ElectionMixin:
         for s in sends:
             asyncio.ensure_future(self._send(s.to, s.message))
         if role_changed:
-            if asyncio.get_running_loop() is self._loop:
+            if asyncio.get_running_loop() is self.ctx.loop:
                 await self._sync_role()
             else:
-                asyncio.run_coroutine_threadsafe(self._sync_role(), self._loop)
+                asyncio.run_coroutine_threadsafe(self._sync_role(), self.ctx.loop)
 
-    async def _ask_peer(self, to: str, msg, timeout_s: float):
+    async def ask_peer(self, to: str, msg, timeout_s: float):
         """``msg`` to ``to``'s election handler, through this member's link faults; its
         answer within ``timeout_s``."""
-        if self.faults.active:
-            await self.faults.before_send(to)
-        ref = self._peer(to).handle_election.remote(msg)
+        if self.ctx.faults.active:
+            await self.ctx.faults.before_send(to)
+        ref = self.ctx.peer(to).handle_election.remote(msg)
         return await asyncio.wait_for(ref, timeout_s)
 
     async def _send(self, to: str, msg) -> None:
         resp = None
         try:
-            resp = await self._ask_peer(to, msg, self.config.rpc_timeout_ms / 1000)
+            resp = await self.ask_peer(to, msg, self.config.rpc_timeout_ms / 1000)
         except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
             log.debug("[%s] %s to %s failed: %s", self.self_id, type(msg).__name__, to, exc)
             resp = None
             if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
-                self._handles.pop(to, None)
+                self.ctx.forget_peer(to)
         with self._lock:
             actions = self.logic.on_election_response(to, msg, resp, now_ms())
-        await self._apply(actions)
-        self._rearm()
+        await self.apply(actions)
+        self.rearm()
 
     # -- election RPCs (own concurrency group) ----------------------------------------------
-    @ray.method(concurrency_group="election", enable_task_events=False)
-    async def handle_election(self, req):
+    def handle(self, req):
         """A vote, pre-vote, heartbeat or leadership-transfer request from a peer."""
-        self._ensure_maintainer()
+        self.ensure_maintainer()
         with self._lock:
             resp, actions = self.logic.handle_election(req, now_ms())
         self._apply_threadsafe(actions)
-        self._rearm()
+        self.rearm()
         return resp
 
     def _apply_threadsafe(self, actions: list) -> None:
-        """Carry out an election handler's actions on its own loop (see :meth:`_apply`)."""
+        """Carry out an election handler's actions on its own loop (see :meth:`apply`)."""
         if actions:
-            asyncio.ensure_future(self._apply(actions))
+            asyncio.ensure_future(self.apply(actions))
 
-    @ray.method(concurrency_group="election")
-    async def transfer_leadership(self, target: str):
+    async def transfer(self, target: str):
         """Ask this member (the leader) to hand leadership to ``target``."""
         if target not in self.peers:
             raise LedgerError.of(
@@ -178,7 +190,7 @@ class ElectionMixin:
             done = asyncio.get_running_loop().create_future()
             self._transfers[(term, target)] = done
         self._apply_threadsafe(actions)
-        self._rearm()
+        self.rearm()
         if resp.code != ResponseCode.SUCCESS:
             raise LedgerError.of(
                 resp.code,

@@ -1,9 +1,9 @@
 """Taking and leaving office on Ray: the transport of the member's
 :class:`~.supervision.Supervisor`.
 
-Mixed into :class:`~.member.MemberActor`.  The supervisor decides what a role change does,
-how long every helper call may take, when a helper is hung and replaced, and when the
-leader hands leadership on; this mixin runs its processes as asyncio tasks (those that
+A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  The supervisor
+decides what a role change does, how long every helper call may take, when a helper is hung
+and replaced, and when the leader hands leadership on; this part runs its processes as asyncio tasks (those that
 change the helpers' setup under ``_role_lock``, one at a time) and performs their actions
 with actor calls, an executor for the flush and signals for a hung helper's process.
 """
@@ -20,30 +20,40 @@ import ray
 from rayledger.storage import LedgerError
 
 from . import supervision as sv
-from .futures import set_exception
+from .member_appends import AppendPart
+from .member_context import MemberContext, Part
+from .member_election import ElectionPart
+from .member_reads import ReadPart
 from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 
 
-class LeadershipMixin:
-    """Role changes of ``self.logic`` and the helpers' supervision (uses the shell's
-    ``_checker``, ``_dispatchers``, ``_lock``, ``_role_lock`` and the other mixins)."""
+class LeadershipPart(Part):
+    """Role changes of ``ctx.logic`` and the helpers' supervision.  It tells the other
+    parts what a role change means for them: the elector (``election``: step-downs and
+    hand-overs), the append path (``appends``: rounds of an ended term, the compiled path)
+    and the readers (``reads``)."""
 
-    def _init_leadership(self) -> None:
+    def __init__(
+        self, ctx: MemberContext, election: ElectionPart, appends: AppendPart, reads: ReadPart
+    ):
+        super().__init__(ctx)
+        self.election, self.appends, self.reads = election, appends, reads
         cfg = self.config
         self.supervisor = sv.Supervisor(
             self.logic,
-            self._book,
+            appends.book,
             self.peers,
             cfg.rpc_timeout_ms,
             cfg.election.heartbeat_timeout_ms,
-            sync=bool(getattr(cfg.store, "sync_flush", False)),
+            sync=ctx.sync,
             machine=cfg.state_machine is not None,
             fast_path=cfg.fast_path,
         )
+        self._role_lock = asyncio.Lock()  # role changes and helper restores, one at a time
 
-    async def _sync_role(self) -> None:
+    async def sync_role(self) -> None:
         """Start or stop leading; changes are carried out one at a time, in order."""
         await self._run_process(self.supervisor.role_changes())
 
@@ -61,7 +71,7 @@ class LeadershipMixin:
         async with self._role_lock if proc.exclusive else nullcontext():
             with self._lock:
                 action = proc.start()
-            while action is not None and not self._closed:
+            while action is not None and not self.ctx.closed:
                 value = await self._perform(action)
                 with self._lock:
                     action = proc.send(sv.Answer(now_ms(), value))
@@ -73,29 +83,24 @@ class LeadershipMixin:
                 await asyncio.sleep(a.ms / 1000)
             return None
         if isinstance(a, sv.FailReaders):
-            with self._lock:
-                readers = self.reads.step_down()
-            for token in readers:
-                if not token.done():
-                    set_exception(token, self._not_leader())
+            self.reads.fail_readers()
             return None
         if isinstance(a, sv.FastStop):
-            if self._fast is not None:
-                self._fast.stop()
+            self.appends.fast_stop()
             return None
         if isinstance(a, sv.CheckerStepDown):
             try:
                 return await asyncio.wait_for(
-                    self._checker.step_down.remote(a.new_term), rpc_s(a.timeout_ms)
+                    self.ctx.checker.step_down.remote(a.new_term), rpc_s(a.timeout_ms)
                 )
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
                 return sv.Failed(repr(exc), isinstance(exc, asyncio.TimeoutError))
         if isinstance(a, sv.Finish):
-            self._finish(a.outcomes)
+            self.appends.finish(a.outcomes)
             return None
         if isinstance(a, sv.Deactivate):
             calls = [asyncio.ensure_future(d.deactivate.remote(a.term))
-                     for d in self._dispatchers.values()]  # fmt: skip
+                     for d in self.ctx.dispatchers.values()]  # fmt: skip
             if not calls:
                 return 0
             _, late = await asyncio.wait(calls, timeout=rpc_s(a.timeout_ms))
@@ -104,7 +109,7 @@ class LeadershipMixin:
             return len(late)
         if isinstance(a, sv.Flush):
             try:
-                await self._loop.run_in_executor(None, self.store.flush)
+                await self.ctx.loop.run_in_executor(None, self.store.flush)
             except (LedgerError, OSError) as exc:
                 return sv.Failed(str(exc))
             return None
@@ -123,24 +128,24 @@ class LeadershipMixin:
             self._hand_over(a)
             return None
         if isinstance(a, sv.StepDown):
-            self._step_down(a.why)
+            self.step_down(a.why)
             return None
         if isinstance(a, sv.MachineRole):
             st = self.logic.state
-            await self._machine_runner.role_changed(st.role, st.current_term)
+            await self.ctx.machine.role_changed(st.role, st.current_term)
             return None
         if isinstance(a, sv.WaitMachine):
-            return await self._machine_runner.wait_ready(lambda: self.logic.leads(a.term))
+            return await self.ctx.machine.wait_ready(lambda: self.logic.leads(a.term))
         if isinstance(a, sv.Ready):
             if a.fast:
-                self._fast_path().start(a.term)
+                self.appends.fast_start(a.term)
             asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
             return None
         raise TypeError(f"unknown supervision action {a!r}")
 
     def _helper_handles(self) -> dict:
-        handles = {sv.CHECKER: self._checker}
-        handles.update({("dispatcher", p): d for p, d in self._dispatchers.items()})
+        handles = {sv.CHECKER: self.ctx.checker}
+        handles.update({("dispatcher", p): d for p, d in self.ctx.dispatchers.items()})
         return handles
 
     async def _ping(self, a: sv.Ping) -> dict:
@@ -175,18 +180,18 @@ class LeadershipMixin:
         timeout = a.timeout_ms / 1000
         term, only = a.term, a.only
         if only in (None, "checker"):
-            dispatchers = list(self._dispatchers.values())
-            await asyncio.wait_for(self._checker.set_dispatchers.remote(dispatchers), timeout)
+            dispatchers = list(self.ctx.dispatchers.values())
+            await asyncio.wait_for(self.ctx.checker.set_dispatchers.remote(dispatchers), timeout)
             await asyncio.wait_for(
-                self._checker.become_leader.remote(term, a.start, a.info), timeout
+                self.ctx.checker.become_leader.remote(term, a.start, a.info), timeout
             )
             with self._lock:
                 mark = self.logic.water_mark()  # sync_flush: rounds still flushing do not count
-                rounds = self._book.of_term(term)  # rounds a dead checker held
+                rounds = self.appends.book.of_term(term)  # rounds a dead checker held
             for rid, rnd in rounds:
-                self._checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
-        dispatchers = [d for p, d in self._dispatchers.items() if only in (None, "checker", p)]
-        f = self.faults
+                self.ctx.checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
+        dispatchers = [d for p, d in self.ctx.dispatchers.items() if only in (None, "checker", p)]
+        f = self.ctx.faults
         await asyncio.wait_for(
             asyncio.gather(
                 *(d.set_faults.remote(sorted(f.cut), f.drop, f.delay_ms) for d in dispatchers),
@@ -201,21 +206,21 @@ class LeadershipMixin:
         either way -- even when the transferee cannot catch up because the helpers that
         would bring it the term's entries never started."""
         if a.target is None:
-            self._step_down(a.why)
+            self.step_down(a.why)
             return
         log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, a.term, a.target,
                   a.why)  # fmt: skip
         with self._lock:
             _, actions = self.logic.elector.hand_over(a.target, now_ms())
-        asyncio.ensure_future(self._apply(actions))
-        self._rearm()
+        asyncio.ensure_future(self.election.apply(actions))
+        self.election.rearm()
 
-    def _step_down(self, why: str) -> None:
+    def step_down(self, why: str) -> None:
         """Stop leading at once (see :meth:`Elector.step_down`)."""
         with self._lock:
             term = self.logic.state.current_term
             actions = self.logic.elector.step_down(now_ms())
         if actions:
             log.error("[%s] term=%d: steps down: %s", self.self_id, term, why)
-            asyncio.ensure_future(self._apply(actions))
-            self._rearm()
+            asyncio.ensure_future(self.election.apply(actions))
+            self.election.rearm()

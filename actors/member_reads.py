@@ -1,13 +1,15 @@
 """Reads on Ray: read index rounds, leases, waiting for a commit, and the read RPCs.
 
-Mixed into :class:`~.member.MemberActor`; :mod:`.reads` holds the Ray-free logic it drives
-and says what each consistency promises.
+A part of :class:`~.member.MemberActor` (see :mod:`.member_context`); :mod:`.reads` and
+:mod:`.read_path` hold the Ray-free decisions it performs and say what each consistency
+promises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import ray
 from rayledger.replication.admission import not_leader
@@ -15,17 +17,20 @@ from rayledger.storage import Entry, LedgerError, ResponseCode
 
 from .faults import LinkDown
 from .futures import set_exception, set_result
+from .member_context import MemberContext, Part
 from .naming import now_ms
 from .read_path import AskLeader, Confirm, ReadPath, WaitCommitted, run_to_end
 from .reads import CommitWaiters, Consistency, ReadIndexLogic
 from .supervision import Answer, Failed
 
 
-class ReadsMixin:
-    """The read path (uses the shell's ``store``, ``logic``, ``_lock``, ``_loop``, ``_peer``,
-    ``faults``, ``_metrics`` and ``_machine_runner``)."""
+class ReadPart(Part):
+    """The read path.  ``ask_peer`` sends an election message (a confirmation round's
+    heartbeat) through this member's link faults."""
 
-    def _init_reads(self) -> None:
+    def __init__(self, ctx: MemberContext, ask_peer: Callable[..., Awaitable]):
+        super().__init__(ctx)
+        self._ask_peer = ask_peer
         self.reads = ReadIndexLogic(
             self.self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
         )
@@ -59,14 +64,14 @@ class ReadsMixin:
                 return True
             try:
                 await self._commit_waiters.wait(
-                    a.index, time.monotonic() + left_s, self._commits_moved,
+                    a.index, time.monotonic() + left_s, self.commits_moved,
                     lambda: LedgerError.of(ResponseCode.TIMEOUT, "not committed"), self._lock,
                 )  # fmt: skip
             except LedgerError:
                 return Failed("not committed in time", timeout=True)
             return True
         if isinstance(a, Confirm):
-            fut = self._loop.create_future()
+            fut = self.ctx.loop.create_future()
             with self._lock:
                 sends, confirmed = self.reads.request(a.term, a.index, fut, now_ms())
             self._reads_out(sends, confirmed)
@@ -78,9 +83,9 @@ class ReadsMixin:
                 return Failed(exc.message)
         if isinstance(a, AskLeader):
             try:
-                if self.faults.active:
-                    await self.faults.before_send(a.leader)
-                ref = self._peer(a.leader).read_index.remote(a.consistency.value)
+                if self.ctx.faults.active:
+                    await self.ctx.faults.before_send(a.leader)
+                ref = self.ctx.peer(a.leader).read_index.remote(a.consistency.value)
                 return await asyncio.wait_for(ref, left_s)
             except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
                 if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(
@@ -97,7 +102,7 @@ class ReadsMixin:
         for rnd in sends:
             for peer in self.reads.others:
                 asyncio.ensure_future(self._read_ping(peer, rnd))
-            self._loop.call_later(self.reads.round_timeout_ms / 1000 + 0.001, self._expire_reads)
+            self.ctx.loop.call_later(self.reads.round_timeout_ms / 1000 + 0.001, self._expire_reads)
 
     async def _read_ping(self, peer: str, rnd) -> None:
         """One heartbeat of a confirmation round; it counts if ``peer`` follows us in the
@@ -122,17 +127,23 @@ class ReadsMixin:
                 set_exception(token, asyncio.TimeoutError())
         self._reads_out(sends, [])
 
-    def _not_leader(self) -> LedgerError:
-        return not_leader(self.logic.state, f"{self.self_id} no longer leads {self.group!r}")
+    def fail_readers(self) -> None:
+        """Leadership ended: readers waiting on this leader fail NOT_LEADER."""
+        with self._lock:
+            readers = self.reads.step_down()
+            err = not_leader(self.logic.state, f"{self.self_id} no longer leads {self.group!r}")
+        for token in readers:
+            if not token.done():
+                set_exception(token, LedgerError(err.code, err.message, leader_id=err.leader_id))
 
     async def _follower_read_index(self, c: Consistency) -> int:
         return await self._run_read(self.read_path.follower_read(c, now_ms()))
 
-    def _commits_moved(self) -> None:
+    def commits_moved(self) -> None:
         """Release the readers waiting for the committed index, and let the state machine
         apply what committed (callable from any thread)."""
-        if self._machine_runner is not None:
-            self._machine_runner.kick()
+        if self.ctx.machine is not None:
+            self.ctx.machine.kick()
         with self._lock:
             done = self._commit_waiters.reached(self.store.committed_index)
         for fut in done:
@@ -142,13 +153,12 @@ class ReadsMixin:
     async def _read_limit(self, consistency: str) -> int:
         """The highest index a read with ``consistency`` may return from this member."""
         c = Consistency.of(consistency)
-        if c is Consistency.COMMITTED:
+        if c is not Consistency.COMMITTED:
+            with self._lock:
+                leads = self.logic.state.is_leader
+            await (self._leader_read_index(c) if leads else self._follower_read_index(c))
+        with self._lock:
             return self.store.committed_index
-        if self.logic.state.is_leader:
-            await self._leader_read_index(c)
-        else:
-            await self._follower_read_index(c)
-        return self.store.committed_index
 
     def _not_committed_here(self, index: int, c: Consistency) -> LedgerError:
         """An index past the read's limit.  Past a leader's committed index or a read index
@@ -216,9 +226,9 @@ class ReadsMixin:
 
     async def query(self, request, consistency: str = "committed"):
         """Ask the state machine, once it has applied what ``consistency`` requires."""
-        if self._machine_runner is None:
+        if self.ctx.machine is None:
             raise LedgerError.of(
                 ResponseCode.UNSUPPORTED, f"group {self.group!r} runs no state machine"
             )
         limit = await self._read_limit(consistency)
-        return await self._machine_runner.query(request, limit)
+        return await self.ctx.machine.query(request, limit)

@@ -17,14 +17,13 @@ def test_a_round_stored_but_not_sent_on_is_an_unknown_outcome(make_group):
     def _fail_the_next_send(self) -> None:
         """Runs inside the leader: the next round, already in the store, fails before it is
         sent on, as when ``ray.put`` of its batch raises (nested: pickled by value)."""
-        metrics = self._metrics
-        real = metrics.round_started
+        appends = self.appends
 
         def fail_once(*args):
-            metrics.round_started = real
+            del appends._announce_plain  # the class's again
             raise ray.exceptions.ObjectStoreFullError("injected: ray.put of the batch failed")
 
-        metrics.round_started = fail_once
+        appends._announce_plain = fail_once
 
     g = make_group(members=3)
     leader = g.wait_for_leader()

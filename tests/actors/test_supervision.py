@@ -178,11 +178,13 @@ def test_a_member_whose_election_clock_stopped_starts_it_again(make_group):
     The next election message starts it again, and the group elects past the old leader."""
 
     def _stop_maintainer(self) -> None:  # runs inside the member (nested: pickled by value)
-        self._tick_loop.call_soon_threadsafe(self._maintainer.cancel)
+        e = self.election
+        e._tick_loop.call_soon_threadsafe(e._maintainer.cancel)
 
     def _maintainer_ticks(self) -> bool:
-        m = self._maintainer
-        return m is not None and not m.done() and time.monotonic() - self._last_tick < 2
+        e = self.election
+        m = e._maintainer
+        return m is not None and not m.done() and time.monotonic() - e._last_tick < 2
 
     g = make_group(members=3)
     leader = g.wait_for_leader()

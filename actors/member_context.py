@@ -1,0 +1,78 @@
+"""What the parts of one member actor share, and the rules for sharing it.
+
+The member shell (:mod:`.member`) is built from parts, each owning its own state and
+talking to the others through a few named calls:
+
+* :class:`~.member_election.ElectionPart` -- the elector's clock and election RPCs;
+* :class:`~.member_leadership.LeadershipPart` -- taking and leaving office, the helpers'
+  supervision;
+* :class:`~.member_appends.AppendPart` -- the leader's appends, rounds and the compiled path;
+* :class:`~.member_reads.ReadPart` -- read index rounds, leases and the read RPCs.
+
+They share only this context.  Concurrency (one model per member, see docs/ARCHITECTURE.md):
+``logic`` -- the member's sans-I/O core, and the store under it -- is touched only while
+holding ``lock`` and never across an ``await``; the lock is an RLock because the store's
+append hooks (a state machine's ``pre_append``) call back in.  Three kinds of threads take
+it: the main loop (``loop``: appends, pushes, role changes, helper answers), the election
+concurrency group's loop (ticks, votes, heartbeats, transfers, status) and the compiled
+graph's threads (``cg_push``, ``cg_report``); blocking work (an fsync with sync_flush, the
+state machine) runs in executors and hands its result back to the main loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .config import LedgerConfig
+from .faults import LinkFaults
+from .logic import MemberLogic
+from .metrics import MemberMetrics
+from .naming import member_handle
+
+if TYPE_CHECKING:
+    from rayledger.storage import LogStore
+
+    from .machine_runner import MachineRunner
+
+
+@dataclass(eq=False)
+class MemberContext:
+    group: str
+    self_id: str
+    peers: list[str]
+    config: LedgerConfig
+    logic: MemberLogic
+    lock: threading.RLock
+    metrics: MemberMetrics
+    sync: bool  # sync_flush: the store defers its fsync to the member (never under the lock)
+    faults: LinkFaults = field(default_factory=LinkFaults)
+    loop: asyncio.AbstractEventLoop | None = None  # the main loop, set at boot
+    machine: MachineRunner | None = None
+    checker: Any = None  # the QuorumAckCheckerActor handle, set at boot
+    dispatchers: dict[str, Any] = field(default_factory=dict)  # peer -> EntryDispatcherActor
+    closed: bool = False
+    _handles: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def store(self) -> LogStore:
+        return self.logic.store
+
+    def peer(self, peer: str):
+        """The actor handle of another member (looked up once, forgotten when it died)."""
+        return member_handle(self._handles, self.group, peer)
+
+    def forget_peer(self, peer: str) -> None:
+        self._handles.pop(peer, None)
+
+
+class Part:
+    """A part of a member: the context, and its fixed pieces under short names."""
+
+    def __init__(self, ctx: MemberContext):
+        self.ctx = ctx
+        self.logic, self.store, self.config = ctx.logic, ctx.logic.store, ctx.config
+        self.group, self.self_id, self.peers = ctx.group, ctx.self_id, ctx.peers
+        self._lock, self._metrics = ctx.lock, ctx.metrics
