@@ -32,7 +32,7 @@ class _RayPorts:
         self.dispatchers: list = []
 
     def resolved(self, r: Resolution) -> None:
-        self.member.on_resolved.remote(r.term, r.committed, r.outcomes)
+        self.member.on_resolved.remote(r)
 
     def notice(self, term: int, committed: int) -> None:
         for d in self.dispatchers:

@@ -20,11 +20,11 @@ from dataclasses import replace
 
 import ray
 from rayledger.replication import PushEntryRequest
-from rayledger.storage import EntryBatch, LedgerError, ResponseCode
+from rayledger.storage import LedgerError, ResponseCode
 
 from .aioloop import AsyncioLoop
 from .config import LedgerConfig
-from .dispatcher_logic import CachedBatch, DispatcherDriver, DispatcherLogic, Fetch
+from .dispatcher_logic import DispatcherDriver, DispatcherLogic, Fetch, Inline
 from .faults import LinkDown, LinkFaults
 from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
@@ -151,9 +151,6 @@ class EntryDispatcherActor:
                 answer = await self.member.read_for_push.remote(
                     f.term, f.index, f.max_bytes, f.max_count
                 )
-                if answer is not None:
-                    (first, count, payload, nbytes), info = answer
-                    answer = (CachedBatch(first, count, payload, nbytes), info)
                 self.driver.fetched_batch(f.term, answer)
             else:
                 answer = await self.member.entry_meta.remote(f.term, f.index)
@@ -180,14 +177,12 @@ class EntryDispatcherActor:
                     actor_name(self.group, self.peer_id), namespace=NAMESPACE
                 )
             batch = req.batch
-            if isinstance(batch, CachedBatch):
-                payload = batch.payload
-                if isinstance(payload, EntryBatch):
-                    ref = self._follower.push.remote(replace(req, batch=payload), None)
-                else:
-                    ref = self._follower.push.remote(replace(req, batch=None), payload)
-            else:
+            if batch is None:
                 ref = self._follower.push.remote(req, None)
+            elif isinstance(batch.payload, Inline):
+                ref = self._follower.push.remote(replace(req, batch=batch.payload.batch), None)
+            else:  # the follower's argument: Ray resolves it there, once
+                ref = self._follower.push.remote(replace(req, batch=None), batch.payload.ref)
             resp = await asyncio.wait_for(ref, self.config.rpc_timeout_ms / 1000)
         except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
             log.debug(

@@ -47,13 +47,33 @@ REPORT_RETRY_MS = 50
 """After a failed report to the checker, the next try waits this long."""
 
 
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """A round's bytes carried inside the call."""
+
+    batch: EntryBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A round's bytes in the object store (too large to ride inside a call): ``ref`` is
+    the transport's handle, resolved once, as the receiving actor's argument."""
+
+    ref: Any
+
+
+Payload = Inline | Ref
+"""How a round's bytes travel: the one type from the leader's announcement through the
+dispatcher's cache to the push (the cores never look inside a :class:`Ref`)."""
+
+
 @dataclass(slots=True)
 class CachedBatch:
-    """A batch the dispatcher may push; ``payload`` is opaque to the logic."""
+    """A batch the dispatcher may push."""
 
     first_index: int
     count: int
-    payload: Any
+    payload: Payload
     nbytes: int
 
     @property
@@ -350,11 +370,11 @@ class DispatcherLogic:
         wire = []
         for req in self.core.next_requests(now_ms, self.view):
             batch = req.batch
-            inline = batch is None or isinstance(batch.payload, EntryBatch)
+            inline = batch is None or isinstance(batch.payload, Inline)
             if inline and req.type in (PushType.APPEND, PushType.COMMIT):
                 key = (self.self_id, a.term, g.gen, next(self._graph_keys))
                 self._graph_sent[key] = req
-                wire.append((key, replace(req, batch=batch.payload) if batch else req))
+                wire.append((key, replace(req, batch=batch.payload.batch) if batch else req))
             else:
                 self._outbox.append(req)
         return carry, wire, bool(self._outbox) or self.need is not None

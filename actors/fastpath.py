@@ -37,6 +37,7 @@ from typing import Any
 import ray
 
 from .aioloop import AsyncioLoop
+from .checker_logic import Resolution
 from .fastpath_logic import RETRY_MS, Execution, FastPathDriver, FastPathLogic, GraphRound
 from .ray_compat import compile_options
 
@@ -51,8 +52,8 @@ class FastPath:
     """The leader's side: the Ray transport of a :class:`~.fastpath_logic.FastPathLogic`.
 
     It runs on a thread and event loop of its own, so compiling a graph (about a second
-    of CPU) never stalls the member's loop or its heartbeats.  ``on_output(term,
-    committed, resolved)`` gets every answer of the checker nodes and ``on_fallback(items)``
+    of CPU) never stalls the member's loop or its heartbeats.  ``on_output(r)`` (a
+    :class:`~.checker_logic.Resolution`, as the checker sends) gets every answer of the checker nodes and ``on_fallback(items)``
     the (announcement, rounds) that were queued or in flight when the graph was abandoned
     (they must travel again as plain calls); both are called on ``main_loop``.  The core
     decides; this class compiles, tells the helpers, submits in order and collects.
@@ -65,7 +66,7 @@ class FastPath:
         dispatchers: dict[str, Any],
         checker: Any,
         stall_ms: int,
-        on_output: Callable[[int, int | None, list], None],
+        on_output: Callable[[Resolution], None],
         on_fallback: Callable[[list], None],
         main_loop: asyncio.AbstractEventLoop,
         retry_ms: tuple[int, int] = RETRY_MS,
@@ -209,8 +210,8 @@ class FastPath:
     def fallback(self, items: list) -> None:
         self._main.call_soon_threadsafe(self.on_fallback, items)
 
-    def output(self, term: int, committed: int | None, outcomes: list) -> None:
-        self._main.call_soon_threadsafe(self.on_output, term, committed, outcomes)
+    def output(self, r: Resolution) -> None:
+        self._main.call_soon_threadsafe(self.on_output, r)
 
     def teardown(self, graph: Any) -> None:
         threading.Thread(target=_teardown, args=(graph,), daemon=True).start()

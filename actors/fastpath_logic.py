@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .checker_logic import Resolution
 from .pump import Driver
 
 MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
@@ -272,7 +273,7 @@ class FastPathPorts(Protocol):
 
     def fallback(self, items: list) -> None: ...  # to the member: plain calls again
 
-    def output(self, term: int, committed: int | None, outcomes: list) -> None: ...
+    def output(self, r: Resolution) -> None: ...
 
     def teardown(self, graph: Any) -> None: ...
 
@@ -357,7 +358,7 @@ class FastPathDriver(Driver[FastPathLogic, FastPathPorts]):
         if r.fallback:
             ports.fallback(r.fallback)
         for out in r.outputs:
-            ports.output(*out)
+            ports.output(Resolution(*out))
         if r.build is not None:
             ports.build(*r.build)
         if r.begin is not None:

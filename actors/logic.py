@@ -46,12 +46,15 @@ from rayledger.storage import (
 )
 
 from .checker_logic import CheckerLogic
-from .dispatcher_logic import CachedBatch, DispatcherLogic, LeaderView
+from .dispatcher_logic import CachedBatch, DispatcherLogic, Inline, LeaderView, Payload, Ref
 from .reads import ReadIndexLogic
 
 __all__ = [
     "Announcement",
     "CachedBatch",
+    "Inline",
+    "Payload",
+    "Ref",
     "CheckerLogic",
     "DispatcherLogic",
     "LeaderInfo",
@@ -119,26 +122,25 @@ class Round:
 
 @dataclass(frozen=True, slots=True)
 class Announcement:
-    """What a leader tells its dispatchers about a round; ``payload`` carries the bytes
-    (an :class:`~rayledger.storage.EntryBatch`, or a stand-in the transport understands)."""
+    """What a leader tells its dispatchers about a round; ``payload`` carries its bytes."""
 
     term: int
     first: int
     count: int
-    payload: Any
+    payload: Payload
     nbytes: int
     edges: tuple[int, int]  # positions of the first and the last entry
     committed: int
 
     def followed_by(self, b: Announcement) -> Announcement:
         """This round and the next one as one (their entries are contiguous); both carry
-        their bytes as an :class:`~rayledger.storage.EntryBatch`."""
-        pa, pb = self.payload, b.payload
+        their bytes :class:`Inline`."""
+        pa, pb = self.payload.batch, b.payload.batch
         return Announcement(
             term=self.term,
             first=self.first,
             count=self.count + b.count,
-            payload=EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data),
+            payload=Inline(EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data)),
             nbytes=self.nbytes + b.nbytes,
             edges=(self.edges[0], b.edges[1]),
             committed=max(self.committed, b.committed),
@@ -353,13 +355,15 @@ class MemberLogic:
             first += len(bs)
         return Round(term, appended, tuple(spans))
 
-    def announcement(self, rnd: Round, payload: Any) -> Announcement:
+    def announcement(self, rnd: Round) -> Announcement:
+        """Round ``rnd``'s announcement, its bytes :class:`Inline` (a transport may move
+        large ones to its object store, :class:`Ref`, at its boundary)."""
         a = rnd.appended
         return Announcement(
             term=rnd.term,
             first=a.first_index,
             count=len(a.positions),
-            payload=payload,
+            payload=Inline(a.batch()),
             nbytes=len(a.data),
             edges=(a.positions[0], a.positions[-1]),
             committed=self.store.committed_index,

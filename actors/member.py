@@ -33,13 +33,15 @@ from rayledger.replication import PushEntryRequest
 from rayledger.storage import open_store
 
 from .checker import QuorumAckCheckerActor
+from .checker_logic import Resolution
 from .config import LedgerConfig
 from .dispatcher import EntryDispatcherActor
+from .dispatcher_logic import CachedBatch, Inline
 from .faults import LinkFaults, load_faults
 from .futures import set_result
 from .logic import MemberLogic
 from .machine_runner import MachineRunner
-from .member_appends import INLINE_BYTES, AppendPart
+from .member_appends import AppendPart, to_wire
 from .member_context import MemberContext
 from .member_election import ElectionPart
 from .member_leadership import LeadershipPart
@@ -196,9 +198,9 @@ class MemberActor:
         return await self.appends.append(bodies, group, target)
 
     @ray.method(enable_task_events=False)
-    async def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
+    async def on_resolved(self, r: Resolution) -> None:
         """From the checker: the committed index moved and/or rounds ended."""
-        self.appends.on_resolved(term, committed, resolved)
+        self.appends.on_resolved(r)
 
     async def read_index(self, consistency: str = "linearizable") -> int:
         """On the leader: an index every read that starts now may be served at."""
@@ -360,8 +362,9 @@ class MemberActor:
         if answer is None:
             return None
         batch, info = answer
-        payload = batch if len(batch.data) <= INLINE_BYTES else ray.put(batch)
-        return (batch.first_index, batch.count, payload, len(batch.data)), info
+        return CachedBatch(
+            batch.first_index, batch.count, to_wire(Inline(batch)), len(batch.data)
+        ), info
 
     async def entry_meta(self, term: int, index: int):
         with self._lock:

@@ -17,19 +17,30 @@ from dataclasses import replace
 
 import numpy as np
 import ray
-from rayledger.storage import EntryBatch, LedgerError, ResponseCode
+from rayledger.storage import LedgerError
 
 from . import round_path as rp
 from . import supervision as sv
+from .checker_logic import Resolution
+from .dispatcher_logic import Inline, Payload, Ref
 from .fastpath import FastPath
 from .futures import set_exception, set_result
+from .logic import Announcement
 from .member_context import MemberContext, Part
 from .naming import now_ms
-from .rounds import RoundBook
+from .rounds import Finished, RoundBook
 
 log = logging.getLogger("rayledger.actors")
 
 INLINE_BYTES = 64 * 1024  # rounds up to this size travel inside the call, larger ones via ray.put
+
+
+def to_wire(payload: Payload) -> Payload:
+    """A round's bytes as Ray carries them: inline up to ``INLINE_BYTES``, else one object
+    in the store (:class:`Ref`) that each follower's push resolves as its argument."""
+    if isinstance(payload, Inline) and len(payload.batch.data) > INLINE_BYTES:
+        return Ref(ray.put(payload.batch))
+    return payload
 
 
 class AppendPart(Part):
@@ -59,17 +70,11 @@ class AppendPart(Part):
                 self.ctx.dispatchers,
                 self.ctx.checker,
                 self.config.stall_ms(),
-                self._on_graph_output,
+                self.on_resolved,
                 self._on_graph_fallback,
                 self.ctx.loop,
             )
         return self.fast
-
-    def _on_graph_output(self, term: int, committed: int | None, resolved: list) -> None:
-        if committed is not None:
-            with self._lock:
-                self.logic.on_committed(term, committed)
-        self.finish(resolved)  # also releases readers waiting for the commit
 
     def _on_graph_fallback(self, items: list) -> None:
         """Rounds of an abandoned graph that still wait travel again as plain calls."""
@@ -78,10 +83,8 @@ class AppendPart(Part):
         for action in actions:
             self._perform_round(action)
 
-    def _announce_plain(self, a) -> None:
-        batch = a.payload
-        if not isinstance(batch, EntryBatch) or len(batch.data) > INLINE_BYTES:
-            a = replace(a, payload=ray.put(batch))
+    def _announce_plain(self, a: Announcement) -> None:
+        a = replace(a, payload=to_wire(a.payload))
         for d in self.ctx.dispatchers.values():
             d.on_announcement.remote(a)
 
@@ -178,25 +181,24 @@ class AppendPart(Part):
             return None
         raise TypeError(f"unknown round action {action!r}")
 
-    def on_resolved(self, term: int, committed: int | None, resolved: list) -> None:
-        """From the checker: the committed index moved and/or rounds ended."""
-        if committed is not None:
-            with self._lock:
-                self.logic.on_committed(term, committed)
-        self.finish(resolved)
-
-    def finish(self, resolved) -> None:
-        for token, code in resolved:
-            self._finish_round(token, code)
+    def on_resolved(self, r: Resolution) -> None:
+        """From the checker or the compiled graph: the committed index moved and/or
+        rounds ended (SUCCESS moves this member's committed index: read-your-writes)."""
+        with self._lock:
+            finished = self.book.resolve(r)
+        for fin in finished:
+            self._answer(fin)
+        if finished:
+            self._schedule_round()
         self._commits_moved()
 
-    def _finish_round(self, rid: int, code: ResponseCode) -> None:
-        with self._lock:  # SUCCESS moves the committed index: read-your-writes
-            fin = self.book.finish(rid, code)
-        if fin is None:
-            return
-        self._metrics.round_done(rid, fin.ok)
-        self._schedule_round()
+    def finish(self, outcomes: list) -> None:
+        """Rounds that ended here (a term that ended, a round not sent on)."""
+        self.on_resolved(Resolution(-1, None, outcomes))
+
+    def _answer(self, fin: Finished) -> None:
+        """Each append call of a round that ended gets its span, or its unknown outcome."""
+        self._metrics.round_done(fin.rid, fin.ok)
         rnd = fin.round
         if fin.ok:
             positions = np.asarray(rnd.appended.positions, dtype=np.int64)

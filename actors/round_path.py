@@ -78,7 +78,7 @@ class RoundPath:
     def _send(self, w: Written, fast: bool) -> Generator[RoundAction, Answer, None]:
         rnd, rid = w.round, w.rid
         first, last, term = rnd.first_index, rnd.last_index, rnd.term
-        a = self.logic.announcement(rnd, rnd.appended.batch())
+        a = self.logic.announcement(rnd)
         if self.sync:  # followers write meanwhile; the quorum counts us once we flushed
             if isinstance((yield Announce(a)).value, Failed):
                 yield Finish([(rid, ResponseCode.INTERNAL_ERROR)])  # stored, not sent on

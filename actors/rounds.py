@@ -26,6 +26,7 @@ from typing import Any
 
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 
+from .checker_logic import Resolution
 from .logic import MemberLogic, Round
 
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
@@ -128,6 +129,13 @@ class RoundBook:
         calls = tuple((tok, first, last) for tok, (_, first, last) in zip(tokens, rnd.calls,
                                                                           strict=True))  # fmt: skip
         return Finished(rid, rnd, code, calls)
+
+    def resolve(self, r: Resolution) -> list[Finished]:
+        """The checker's (or the compiled graph's) answer: the committed index of
+        ``r.term`` first, then the rounds that ended, in order."""
+        if r.committed is not None:
+            self.logic.on_committed(r.term, r.committed)
+        return [f for rid, code in r.outcomes if (f := self.finish(rid, code)) is not None]
 
     def waiting(self, rid: int) -> bool:
         return rid in self.rounds

@@ -110,7 +110,7 @@ def test_a_failed_flush_fails_the_round_and_costs_the_leadership(synced) -> None
 
 def test_the_rounds_of_an_abandoned_graph_that_still_wait_go_plain(plain) -> None:
     w = _written(plain, b"a")
-    a = plain.logic.announcement(w.round, w.round.appended.batch())
+    a = plain.logic.announcement(w.round)
     gone = (5, 5, 999)  # a round that already ended
     acts = plain.fallback([(a, [(1, 1, w.rid), gone]), (a, [gone])])
     assert [type(x) for x in acts] == [rp.Announce, rp.Register]

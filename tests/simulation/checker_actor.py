@@ -25,7 +25,7 @@ class _SimCheckerPorts:
 
     def resolved(self, r: Resolution) -> None:
         sim, node = self.sim, self.node
-        sim._hop(node, sim._m_on_resolved, node, r.term, r.committed, r.outcomes)
+        sim._hop(node, sim._m_on_resolved, node, r)
 
     def notice(self, term: int, committed: int) -> None:
         sim, node = self.sim, self.node

@@ -13,6 +13,7 @@ from rayledger.actors.dispatcher_logic import (
     DispatcherDriver,
     DispatcherLogic,
     Fetch,
+    Inline,
 )
 from rayledger.actors.fastpath_logic import GraphRound
 from rayledger.replication import PushEntryRequest, PushType
@@ -32,7 +33,7 @@ class _SimDispatcherPorts:
     def push(self, req: PushEntryRequest) -> None:
         batch = req.batch
         if isinstance(batch, CachedBatch):
-            req = replace(req, batch=batch.payload)
+            req = replace(req, batch=batch.payload.batch)  # always Inline here
         self.sim.rpc.call(self.node.id, self.peer, req, self.sim._late_copy_ms(req))
 
     def fetch(self, f: Fetch) -> None:
@@ -176,4 +177,4 @@ def _cached(answer: tuple | None) -> tuple | None:
     if answer is None:
         return None
     batch, info = answer
-    return CachedBatch(batch.first_index, batch.count, batch, len(batch.data)), info
+    return CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)), info

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayledger.actors.checker_logic import Resolution
 from rayledger.actors.fastpath_logic import Execution, FastPathDriver, FastPathLogic
 
 from .node_state import Chain, Channel, Node
@@ -54,9 +55,9 @@ class _SimFastPorts:
         sim, node = self.sim, self.node
         sim._lane(node, "to_main", sim._m_on_graph_fallback, node, items)
 
-    def output(self, term: int, committed: int | None, outcomes: list) -> None:
+    def output(self, r: Resolution) -> None:
         sim, node = self.sim, self.node
-        sim._lane(node, "to_main", sim._m_on_graph_output, node, term, committed, outcomes)
+        sim._lane(node, "to_main", sim._m_on_resolved, node, r)
 
     def teardown(self, graph: dict[str, Chain]) -> None:
         for chain in graph.values():

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
+from rayledger.actors.checker_logic import Resolution
 from rayledger.actors.logic import Announcement, MemberLogic
 from rayledger.actors.read_path import Confirm, WaitCommitted, run_to_end
 from rayledger.actors.reads import Consistency
+from rayledger.actors.rounds import Finished
 from rayledger.election import RoleChange, TransferOutcome
 from rayledger.election.messages import LeadershipTransferRequest
 from rayledger.storage import LedgerError, ResponseCode
@@ -326,30 +328,28 @@ class MemberActor:
         for p in node.dispatchers:
             self._hop(node, self._d_on_announcement, node, p, a)
 
-    def _m_on_resolved(self, node: Node, term: int, committed: int | None, resolved) -> None:
-        if committed is not None:
-            node.logic.on_committed(term, committed)
-        self._finish(node, resolved)
+    def _m_on_resolved(self, node: Node, r: Resolution) -> None:
+        """``MemberActor.on_resolved``: from the checker, or the compiled graph's output."""
+        finished = node.book.resolve(r)
+        for fin in finished:
+            self._answer_round(node, fin)
+        if finished:
+            self._schedule_round(node)
 
-    def _finish(self, node: Node, resolved) -> None:
-        for token, code in resolved:
-            self._finish_round(node, token, code)
+    def _finish(self, node: Node, outcomes: list) -> None:
+        self._m_on_resolved(node, Resolution(-1, None, outcomes))
 
-    def _finish_round(self, node: Node, rid: int, code: ResponseCode) -> None:
-        fin = node.book.finish(rid, code)
-        if fin is None:
-            return
-        node.round_born.pop(rid, None)
-        self._schedule_round(node)
+    def _answer_round(self, node: Node, fin: Finished) -> None:
+        node.round_born.pop(fin.rid, None)
         if fin.ok:
             for (client, req_id), first, last in fin.calls:
-                reply = ClientReply(req_id, code, first, last, fin.round.term, node.id)
+                reply = ClientReply(req_id, fin.code, first, last, fin.round.term, node.id)
                 self._to_client(node.id, client, reply)
             return
         # stored here, not acknowledged by a quorum: the outcome is unknown
         leader = node.logic.state.leader_id
         for (client, req_id), _, _ in fin.calls:
-            self._to_client(node.id, client, ClientReply(req_id, code, leader_id=leader))
+            self._to_client(node.id, client, ClientReply(req_id, fin.code, leader_id=leader))
 
     def _m_on_peer_progress(self, node: Node, peer: str, term: int, wm: int) -> None:
         self._apply(node, node.logic.on_peer_progress(peer, term, wm, self.clock.now_ms))
@@ -376,11 +376,6 @@ class MemberActor:
             answers += node.late
             node.late = []
         return carry, answers
-
-    def _m_on_graph_output(self, node: Node, term: int, committed, resolved) -> None:
-        if committed is not None:
-            node.logic.on_committed(term, committed)
-        self._finish(node, resolved)
 
     def _m_on_graph_fallback(self, node: Node, items: list) -> None:
         """Rounds queued or in flight in an abandoned graph travel again as plain calls."""

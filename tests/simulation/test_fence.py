@@ -33,6 +33,7 @@ from rayledger.actors.logic import (
     CachedBatch,
     CheckerLogic,
     DispatcherLogic,
+    Inline,
     MemberLogic,
     StartLeading,
     StopLeading,
@@ -168,7 +169,7 @@ class FiveMembers:
         lg = self.logic[mid]
         term, bodies = lg.admit(bodies, GROUP, mid, 0)
         rnd = lg.write_round([(None, bodies)], term)
-        a = lg.announcement(rnd, rnd.appended.batch())
+        a = lg.announcement(rnd)
         for p, d in self.disp[mid].items():
             if d.on_announcement(a):
                 self.push(mid, p)
@@ -189,7 +190,10 @@ class FiveMembers:
             )
             if answer is not None:
                 batch, info = answer
-                answer = (CachedBatch(batch.first_index, batch.count, batch, len(batch.data)), info)
+                answer = (
+                    CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
+                    info,
+                )
             d.took_batch(d.term, answer)
         else:
             answer = lg.entry_meta(d.term, need.index)
@@ -217,7 +221,8 @@ class FiveMembers:
 
     def _call(self, mid: str, peer: str, req: PushEntryRequest) -> None:
         d = self.disp[mid][peer]
-        wire = replace(req, batch=req.batch.payload) if isinstance(req.batch, CachedBatch) else req
+        batch = req.batch
+        wire = replace(req, batch=batch.payload.batch) if isinstance(batch, CachedBatch) else req
         if not self.up(mid, peer):
             self._answer(mid, peer, d, req, None)
             return
