@@ -113,7 +113,9 @@ class AppendPart(Part):
     def _schedule_round(self) -> None:
         """Write the queue as a round in this loop turn when the book says one is due (see
         :class:`~.rounds.RoundBook`)."""
-        if self.book.write_due():
+        with self._lock:
+            due = self.book.write_due()
+        if due:
             self.ctx.loop.call_soon(self._write_round)
 
     def _write_round(self) -> None:
