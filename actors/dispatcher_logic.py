@@ -223,7 +223,10 @@ class DispatcherLogic:
         self.view.reset(info)
         self.core.check_and_fresh_state(info.term, self.self_id, True)
         self.reported = -1
-        self._report_due = False
+        # set up again in the same term (its checker restarted): the fresh checker learns
+        # this follower's mark now, not when it next rises (an idle, caught-up follower's
+        # mark may never rise, and the rounds re-registered with the checker wait for it)
+        self._report_due = self.core.water_mark >= 0
         self._progress_wm = -1
 
     def deactivate(self, term: int) -> None:

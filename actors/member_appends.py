@@ -57,7 +57,7 @@ class AppendPart(Part):
         super().__init__(ctx)
         self._commits_moved, self._step_down = commits_moved, step_down
         self.book = RoundBook(self.logic)  # queued appends and rounds (tokens: futures)
-        self._round_path = rp.RoundPath(self.logic, self.book, ctx.sync)
+        self.round_path = rp.RoundPath(self.logic, self.book, ctx.sync)
         self.fast: FastPath | None = None
 
     # -- sending rounds: the compiled graph, or plain calls to the dispatchers -------------
@@ -79,7 +79,7 @@ class AppendPart(Part):
     def _on_graph_fallback(self, items: list) -> None:
         """Rounds of an abandoned graph that still wait travel again as plain calls."""
         with self._lock:
-            actions = self._round_path.fallback(items)
+            actions = self.round_path.fallback(items)
         for action in actions:
             self._perform_round(action)
 
@@ -131,7 +131,7 @@ class AppendPart(Part):
                     set_exception(fut, type(exc)(exc.code, exc.message, leader_id=exc.leader_id))
                 return
             fast = self.fast is not None and self.fast.active
-            proc = self._round_path.send(w, fast)
+            proc = self.round_path.send(w, fast)
             rnd = w.round
             self._metrics.round_started(w.rid, rnd.last_index - rnd.first_index + 1,
                                         len(rnd.appended.data))  # fmt: skip

@@ -186,10 +186,9 @@ class LeadershipPart(Part):
                 self.ctx.checker.become_leader.remote(term, a.start, a.info), timeout
             )
             with self._lock:
-                mark = self.logic.water_mark()  # sync_flush: rounds still flushing do not count
-                rounds = self.appends.book.of_term(term)  # rounds a dead checker held
-            for rid, rnd in rounds:
-                self.ctx.checker.add_round.remote(term, rnd.first_index, rnd.last_index, rid, mark)
+                again = self.appends.round_path.reregister(term)  # what a dead checker held
+            for r in again:
+                self.ctx.checker.add_round.remote(r.term, r.first, r.last, r.rid, r.leader_mark)
         dispatchers = [d for p, d in self.ctx.dispatchers.items() if only in (None, "checker", p)]
         f = self.ctx.faults
         await asyncio.wait_for(

@@ -96,6 +96,17 @@ class RoundPath:
                 return
         yield Register(term, first, last, rid, self.logic.water_mark())
 
+    def reregister(self, term: int) -> list[Register]:
+        """A restarted checker of ``term`` was set up again: the rounds of the term still
+        waiting were lost with the old one and are registered again, oldest first, with
+        how far the leader's own copy counts now (a round still in its sync flush does
+        not count yet)."""
+        mark = self.logic.water_mark()
+        return [
+            Register(term, rnd.first_index, rnd.last_index, rid, mark)
+            for rid, rnd in self.book.of_term(term)
+        ]
+
     def fallback(self, items: Sequence[tuple[Announcement, Sequence[Span]]]) -> list:
         """Rounds that were queued or in flight in an abandoned graph: those still waiting
         travel again as plain calls (a follower answers a push it already holds from its

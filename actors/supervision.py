@@ -374,8 +374,9 @@ class Supervisor:
     def helper_started(self, kind: str, peer: str | None, pid: int) -> Process | None:
         """Every helper says so when its process starts.  A second process for the same
         helper means Ray restarted it after its process died: set it up again for the term
-        this member leads (a restarted checker also needs the rounds in flight and every
-        follower's water mark again, so the dispatchers start over too)."""
+        this member leads (a restarted checker also needs the rounds in flight, which
+        :meth:`RoundPath.reregister` gives it again, and every follower's water mark, which
+        each dispatcher set up again in the same term reports at once)."""
         known = self.pids.setdefault((kind, peer), pid)
         if known == pid:
             return None

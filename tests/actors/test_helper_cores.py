@@ -37,6 +37,26 @@ def test_a_failed_report_is_sent_again_after_its_backoff() -> None:
     assert again.report == r.report
 
 
+def test_a_dispatcher_set_up_again_reports_its_mark_to_the_restarted_checker() -> None:
+    """A checker restarted after this follower's report got through: the dispatcher is
+    set up again in the same term and reports the caught-up mark at once (before, it
+    waited for the mark to rise, which an idle follower's never does)."""
+    d = DispatcherLogic("g", "n0", "n1", CFG)
+    d.activate(INFO)
+    _caught_up(d, 0)
+    r = d.ready(1)
+    d.reported_to_checker(*r.report, committed=3, now_ms=2)
+    assert d.ready(3).report is None  # nothing new to report
+    d.activate(INFO)  # the supervisor's restore after the checker restarted
+    assert d.ready(4).report == (2, 4)
+
+
+def test_a_fresh_dispatcher_reports_nothing_before_its_follower_answers() -> None:
+    d = DispatcherLogic("g", "n0", "n1", CFG)
+    d.activate(INFO)
+    assert d.ready(0).report is None
+
+
 def test_the_last_progress_report_gets_through_the_throttle() -> None:
     d = DispatcherLogic("g", "n0", "n1", CFG)
     d.activate(INFO)

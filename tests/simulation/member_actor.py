@@ -172,10 +172,8 @@ class MemberActor:
                 (r,) = yield Timed(a.timeout_ms, call)
                 if self._failed(r):
                     return self._failed(r)
-                mark = node.logic.water_mark()
-                for rid, rnd in node.book.of_term(a.term):  # rounds a dead checker held
-                    f, la = rnd.first_index, rnd.last_index
-                    self._hop(node, self._c_add_round, node, a.term, f, la, rid, mark)
+                for reg in node.round_path.reregister(a.term):  # what a dead checker held
+                    self._perform_round(node, reg)
             peers = [p for p in node.dispatchers if a.only in (None, "checker", p)]
             done = yield Timed(a.timeout_ms, [(lambda p=p: self._d_activate(node, p, a.info))
                                               for p in peers])  # fmt: skip
