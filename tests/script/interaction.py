@@ -33,7 +33,8 @@ Commands (one per block; ``#`` lines are comments)::
     deliver [NODE ...]               deliver the messages now in flight (to NODEs only),
                                      printing each and what it caused
     stabilize                        deliver until nothing is in flight
-    propose NODE BODY ...            a client appends BODYs on NODE (it must lead)
+    propose NODE BODY ...            a client appends BODYs on NODE (it must lead): stored
+                                     as a round at once, or queued while rounds wait
     propose-n NODE N                 a client appends N generated bodies on NODE
     transfer NODE TARGET             ask the leader NODE to hand leadership to TARGET
     partition A,B C,...              only members of the same side reach each other
@@ -662,6 +663,8 @@ class Env:
             self._settle()
         finally:
             self.nest = 1
+        if any(token == self.tokens for token, _ in node.book.queue):
+            self.say(f"{mid} queues {' '.join(bodies)}")
 
     def cmd_propose_n(self, mid: str, n: str) -> None:
         """``n`` generated bodies (e0, e1, ...) in one append."""
