@@ -59,7 +59,7 @@ from typing import Any
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import CheckerDriver, Resolution
-from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherDriver, Fetch
+from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherDriver, Fetch, Inline
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
@@ -165,7 +165,7 @@ class _DispatcherPorts:
 
     def push(self, req: PushEntryRequest) -> None:
         if isinstance(req.batch, CachedBatch):
-            req = replace(req, batch=req.batch.payload)
+            req = replace(req, batch=req.batch.payload.batch)  # always Inline here
         self.env._send(Msg(self.node.id, self.peer, req))
 
     def fetch(self, f: Fetch) -> None:
@@ -582,11 +582,8 @@ class Env:
             if a.only in (None, "checker"):
                 # what it fails is ignored, as by both shells: the step-down before failed it
                 node.checker_driver.become_leader(a.term, a.start, a.info)
-                if node.book.of_term(a.term):
-                    # which rounds a restarted checker gets again, with which mark, is
-                    # decided in the shells (member_leadership._install_helpers, the
-                    # simulation's _perform), not in a core: not re-implemented here
-                    raise NotImplementedError("rounds waiting while the checker restarts")
+                for reg in node.round_path.reregister(a.term):  # what a dead checker held
+                    self._perform_round(node, reg)
             for p, d in node.drivers.items():
                 if a.only in (None, "checker", p):
                     d.activate(a.info)
@@ -630,7 +627,7 @@ class Env:
         if f.kind == "batch":
             if answer is not None:
                 batch, info = answer
-                answer = (CachedBatch(batch.first_index, batch.count, batch, len(batch.data)),
+                answer = (CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
                           info)  # fmt: skip
             self._soon(node, d.fetched_batch, f.term, answer)
         else:
@@ -644,9 +641,10 @@ class Env:
         self._apply(node, node.logic.on_peer_progress(peer, term, wm, self.now))
 
     def _on_resolved(self, node: Node, r: Resolution) -> None:
-        if r.committed is not None:
-            node.logic.on_committed(r.term, r.committed)
-        self._finish(node, r.outcomes)
+        for fin in node.book.resolve(r):
+            first, last = fin.round.first_index, fin.round.last_index
+            self.say(f"{node.id} append {first}..{last}: {fin.code.name}", 1, event=True)
+            self._schedule_round(node)
 
     # -- the member: appends ---------------------------------------------------------------
     def cmd_propose(self, mid: str, *bodies: str) -> None:
@@ -705,13 +703,7 @@ class Env:
         raise TypeError(f"{a!r} has no transport in the script environment")
 
     def _finish(self, node: Node, outcomes: list) -> None:
-        for rid, code in outcomes:
-            fin = node.book.finish(rid, code)
-            if fin is None:
-                continue
-            first, last = fin.round.first_index, fin.round.last_index
-            self.say(f"{node.id} append {first}..{last}: {code.name}", 1, event=True)
-            self._schedule_round(node)
+        self._on_resolved(node, Resolution(-1, None, outcomes))
 
     def cmd_transfer(self, mid: str, target: str) -> None:
         node = self.nodes[mid]
