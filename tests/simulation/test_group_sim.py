@@ -47,7 +47,7 @@ def _quiet_logs():
     logging.disable(logging.NOTSET)
 
 
-LEASE_SEEDS = 200
+LEASE_SEEDS = 150
 
 
 def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
