@@ -68,7 +68,7 @@ class Clients:
     def _clients_step(self, now: int) -> None:
         for c in self.clients:
             if c.outstanding is not None:
-                if now - c.outstanding[2] > 3000:  # longer than max_wait_ack_time_ms
+                if now - c.outstanding[2] > self.client_timeout_ms:
                     self._inflight_clients.pop(c.outstanding[0], None)
                     c.outstanding = None
                     self.unknown_outcomes += 1
@@ -98,15 +98,18 @@ class Clients:
         rng = self._read_rng
         for r in self.readers:
             if r.outstanding is not None:
-                if now - r.outstanding[2] > 1500:  # lost with a crashed member
+                if now - r.outstanding[2] > self.reader_timeout_ms:  # lost, or too slow
                     self._inflight_reads.pop(r.outstanding[0], None)
                     r.outstanding = None
-                    r.believed = rng.choice(self.ids)
+                    if not self.readers_stay:
+                        r.believed = rng.choice(self.ids)
                 continue
             if not self.clients_on or now < r.next_at:
                 continue
             req_id = next(self._req_ids)
             consistency = rng.choice(("linearizable", "lease", "lease"))
+            if consistency == "lease" and self._leads_below(r.believed, self._acked_term()):
+                self.stats["lease_reads_to_old_leader"] += 1
             r.outstanding = (req_id, self.max_acked, now)
             self._inflight_reads[req_id] = r
             self._send_held(r.id, r.believed, ClientRead(r.id, req_id, consistency),
@@ -133,6 +136,15 @@ class Clients:
             r.believed = reply.leader_id
         else:
             r.believed = rng.choice(self.ids)
+
+    def _acked_term(self) -> int:
+        """The term of the highest append acknowledged so far (-1: none)."""
+        return self.acked_terms.get(self.max_acked, -1)
+
+    def _leads_below(self, mid: str, term: int) -> bool:
+        """Whether ``mid`` is up and still leads a term older than ``term``."""
+        m = self.members[mid]
+        return m.alive and m.state.is_leader and m.state.current_term < term
 
     def _send_held(self, src: str, dst: str, msg: object, delay: int) -> None:
         if self.net.is_down(src) or self.net.is_down(dst):
@@ -163,6 +175,8 @@ class Clients:
                 self.fail(
                     f"append {reply.req_id} acknowledged {reply.first_index}..{reply.last_index} for {len(bodies)} bodies"
                 )
+            if any(self._leads_below(mid, reply.term) for mid in self.ids):
+                self.stats["acked_beside_old_leader"] += 1
             for k, body in enumerate(bodies):
                 index = reply.first_index + k
                 if index in self.acked and not self.durability_void:

@@ -77,7 +77,7 @@ import tempfile
 from dataclasses import dataclass
 
 from rayledger.election import ElectionConfig, MemoryTermStore
-from rayledger.election.messages import HeartbeatRequest
+from rayledger.election.messages import HeartbeatRequest, LeadershipTransferRequest
 from rayledger.replication import PushEntryRequest, PushType, ReplicationConfig
 from rayledger.storage import ResponseCode
 
@@ -115,6 +115,7 @@ from .sim_config import (
     FETCH_LOOP,
     FLUSH_TICK_MS,
     HANG_MEAN_MS,
+    LEASE_PARTITION_TIMEOUTS,
     LOCAL_HOP_MS,
     MAINTAIN_MAX_SLEEP_MS,
     MAX_ROUNDS,
@@ -213,6 +214,7 @@ class GroupSim(
         faults: FaultConfig | bool | None = None,
         clients: int = 2,
         client_interval_ms: tuple[int, int] = (5, 60),
+        client_timeout_ms: int = 3000,
         max_bodies: int = 4,
         slow_followers: bool = True,
         tick_ms: int = 10,
@@ -224,7 +226,12 @@ class GroupSim(
         sync_flush: bool = False,
         hangs: bool = True,
         readers: int = 2,
+        reader_timeout_ms: int = 1500,
+        readers_stay: bool = False,
         transfers: bool = True,
+        late_take_orders: float = 0.3,
+        lease_partitions: float = 0.0,
+        wake_on_election: bool = False,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -233,7 +240,15 @@ class GroupSim(
         are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
         and stall its channels (None: when there are faults); ``power_loss``: the share of
         crashes that are power losses (None: half for FileStore members); ``sync_flush``:
-        the stores' ``StoreConfig.sync_flush``."""
+        the stores' ``StoreConfig.sync_flush``.  Operator transfers (``transfers``):
+        ``late_take_orders`` of their take orders are held up past the transfer's time-out,
+        and ``lease_partitions`` of those part the old leader from the group as they land
+        (:meth:`_take_order_lands`).  ``wake_on_election``: an election event that brings a
+        member's next deadline forward wakes its maintainer (``MemberActor._rearm``; off by
+        default so that the seeds of the other tests run as they did).  A writer gives an
+        append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
+        up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
+        the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -245,6 +260,7 @@ class GroupSim(
         self.replication = replication
         self.tick_ms = tick_ms
         self.sync_flush = sync_flush
+        self.wake_on_election = wake_on_election
         self.power_loss = (
             (0.5 if store_kind == "file" else 0.0) if power_loss is None else power_loss
         )
@@ -268,6 +284,7 @@ class GroupSim(
         self._init_local_transport(dispatcher_cache_bytes)
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
+        self.client_timeout_ms = client_timeout_ms  # a writer then asks another member
         self._init_clients(clients, client_interval_ms, max_bodies)
         self.injector: FaultInjector | None = None
         faults = SIM_FAULTS if faults is None else faults
@@ -287,14 +304,23 @@ class GroupSim(
             for k in range(readers)
         ]
         self._inflight_reads: dict[int, Reader] = {}
+        self.reader_timeout_ms = reader_timeout_ms  # a reader then asks another member...
+        self.readers_stay = readers_stay  # ... or the same one again
         self.read_codes: collections.Counter[ResponseCode] = collections.Counter()
         # operator transfers (some given up, some late): their own stream too
         self._transfer_rng = random.Random(seed * 7919 + 59)
+        self.late_take_orders = late_take_orders
         self._next_transfer_ms: int | None = (
             int(self._transfer_rng.expovariate(1 / TRANSFER_MEAN_MS)) + 500
             if transfers and faults is not False
             else None
         )
+        # the old leader cut off as a late take order lands: its own stream too
+        self.lease_partitions = lease_partitions
+        self._lease_rng = random.Random(seed * 7919 + 71)
+        self._late_orders: set[tuple[str, str, int]] = set()  # (old leader, transferee, term)
+        # transferee -> (old leader, until): part the old leader on the transferee's next request
+        self._lease_cuts: dict[str, tuple[str, int]] = {}
         self._link_restores: list[tuple[int, str, str]] = []  # (when, src, dst) cut links end
         self._wander_rng = random.Random(seed * 7919 + 61)  # writers that try another member
         self._replay_rng = random.Random(seed * 7919 + 67) if faults is not False else None
@@ -436,13 +462,18 @@ class GroupSim(
             return
         now = self.clock.now_ms
         if isinstance(payload, RpcRequest):
+            if src in self._lease_cuts:
+                self._part_on_request(src, dst)
             body = payload.body
             if isinstance(body, PushEntryRequest):
                 self._answer_durably(node, node.logic.on_push(body, (src, payload.call_id), now))
             else:
+                if isinstance(body, LeadershipTransferRequest):
+                    self._take_order_lands(src, dst, body)
                 resp, actions = node.logic.handle_election(body, now)
                 self.rpc.reply(dst, src, payload.call_id, resp)
                 self._apply(node, actions)
+                self._rearm(node)
         elif isinstance(payload, RpcResponse):
             pending = self.rpc.complete(dst, payload.call_id)
             if pending is not None:
@@ -468,6 +499,7 @@ class GroupSim(
                 node,
                 node.logic.on_election_response(callee, request, response, self.clock.now_ms),
             )
+            self._rearm(node)
 
     # ================================================================ the loop
 
@@ -505,6 +537,7 @@ class GroupSim(
             self._link_restores.append((until, target, node.id))
             self.net.note(f"FAULT one-way cut {target}->{node.id} until {until}")
         self._apply(node, actions)
+        self._rearm(node)
 
     def _restore_links(self, now: int) -> None:
         keep = []
@@ -528,7 +561,51 @@ class GroupSim(
     def _late_take_order(self) -> bool:
         """Whether this take order is held up (seeded, its own stream; never on a run
         without operator transfers, so those runs stay as they were)."""
-        return self._next_transfer_ms is not None and self._transfer_rng.random() < 0.3
+        return (
+            self._next_transfer_ms is not None
+            and self._transfer_rng.random() < self.late_take_orders
+        )
+
+    def _take_order_lands(self, src: str, dst: str, order: LeadershipTransferRequest) -> None:
+        """A held-up take order reaches its transferee: ``lease_partitions`` of the time the
+        network then parts the old leader from the group -- from the transferee at once,
+        from the others as soon as a request of the transferee reaches one of them -- both
+        ways, for 1.5-4 heartbeat timeouts (more than a lease).  Clients and readers still
+        reach it.  The transferee may win a newer term with the others while the old leader
+        hears nothing of it: what a lease read on the old leader must survive."""
+        key = (src, dst, order.term)
+        if key not in self._late_orders:
+            return
+        self._late_orders.discard(key)
+        rng = self._lease_rng
+        if self._next_transfer_ms is None:  # healed: no new faults
+            return
+        if not self.lease_partitions or rng.random() >= self.lease_partitions:
+            return
+        lo, hi = LEASE_PARTITION_TIMEOUTS
+        timeout = self.election.heartbeat_timeout_ms
+        until = self.clock.now_ms + rng.randint(int(lo * timeout), int(hi * timeout))
+        self._cut_for(src, dst, until)
+        self._lease_cuts[dst] = (src, until)
+        self.stats["lease_partitions"] += 1
+        self.net.note(f"FAULT {src} parted from {dst} until {until}, from the rest on "
+                      f"{dst}'s next request (late take order)")  # fmt: skip
+
+    def _cut_for(self, a: str, b: str, until: int) -> None:
+        """Cut ``a`` <-> ``b`` now; both links come back at ``until``."""
+        self.net.cut_both(a, b)
+        self._link_restores += [(until, a, b), (until, b, a)]
+
+    def _part_on_request(self, src: str, dst: str) -> None:
+        """A request from a transferee whose old leader is to be parted (see
+        :meth:`_take_order_lands`) reaches ``dst``: the old leader is cut off from the rest."""
+        old, until = self._lease_cuts.pop(src)
+        if until <= self.clock.now_ms or dst == old:
+            return
+        for other in self.ids:
+            if other not in (old, src):
+                self._cut_for(old, other, until)
+        self.net.note(f"FAULT {old} parted from the group until {until}")
 
     def _hang_step(self, now: int) -> None:
         """Seeded hangs: a live member's checker stops answering (SIGSTOP) until the member
@@ -628,6 +705,7 @@ class GroupSim(
         self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
         self._next_transfer_ms = None
         self._heal_disks()
+        self._lease_cuts.clear()
         if self.injector is not None:
             self.injector.heal_all(NetworkConfig())
         else:

@@ -47,7 +47,19 @@ class MemberActor:
             return
         interval = self.tick_ms
         delay = node.logic.next_tick_ms(now, interval) - now
-        self._at(node, now + min(MAINTAIN_MAX_SLEEP_MS, max(interval, delay)), self._maintain, node)
+        due = now + min(MAINTAIN_MAX_SLEEP_MS, max(interval, delay))
+        node.maintain_at = self._at(node, due, self._maintain, node)
+
+    def _rearm(self, node: Node) -> None:
+        """``MemberActor._rearm`` (with ``wake_on_election``): an election message, an
+        answer to one, a transfer or a step-down that brings the elector's next deadline
+        before the maintainer's wake-up wakes it (a hop: it sleeps on another loop)."""
+        entry = node.maintain_at
+        if not self.wake_on_election or node.dead or entry is None or not entry[5]:
+            return
+        if node.logic.next_tick_ms(self.clock.now_ms, self.tick_ms) < entry[0]:
+            self._cancel(entry)
+            node.maintain_at = self._hop(node, self._maintain, node)
 
     def _apply(self, node: Node, actions: list) -> None:
         if not actions:
@@ -65,6 +77,7 @@ class MemberActor:
                 # a take order held up on the way: it arrives after the transfer was given up
                 delay = self.election.leadership_transfer_wait_timeout_ms + 200
                 self.stats["late_take_orders"] += 1
+                self._late_orders.add((node.id, s.to, s.message.term))
                 self._at(node, self.clock.now_ms + delay, self.rpc.call, node.id, s.to, s.message)
                 continue
             self.rpc.call(node.id, s.to, s.message)
@@ -196,9 +209,11 @@ class MemberActor:
             else:
                 _, actions = node.logic.elector.hand_over(a.target, self.clock.now_ms)
                 self._apply(node, actions)
+            self._rearm(node)
             return None
         if isinstance(a, sv.StepDown):
             self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
+            self._rearm(node)
             return None
         if isinstance(a, sv.Ready):
             self.net.note(f"{node.id} ready for appends in term {a.term}")

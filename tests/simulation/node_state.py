@@ -105,6 +105,7 @@ class Node:
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     exclusive: list = field(default_factory=list)  # supervisor processes waiting for the role lock
+    maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
 
     def __post_init__(self) -> None:
         self.book = RoundBook(self.logic)

@@ -48,6 +48,40 @@ SIM_FAULTS = FaultConfig(
 )
 """Frequent faults that mostly separate or kill members; heals are rarer than breaks."""
 
+LEASE_ELECTION = replace(SIM_ELECTION, heartbeat_interval_ms=300)
+"""The lease mix's timing: heartbeats three times slower than :data:`SIM_ELECTION`, so a
+lease (``heartbeat_timeout / 1.1``: 818 ms, not 272) outlasts what a transferee needs to
+take over, commit its first entry and acknowledge an append (about 100-200 ms here: the
+take-leadership votes, 30-100 ms apart, and the links are not scaled down).  With DLedger's
+defaults (2 s heartbeats, a 1.8 s lease) the lease is longer still."""
+
+LEASE_FAULTS = FaultConfig(
+    mean_interval_ms=3000,
+    weights=(("flaky", 1.0), ("heal", 1.0), ("crash", 0.5), ("restart", 1.0)),
+)
+"""The lease mix's random faults: rarer, and no partitions of their own (the mix parts the
+old leader itself when a late take order lands)."""
+
+LEASE_MIX = dict(
+    election=LEASE_ELECTION,
+    faults=LEASE_FAULTS,
+    slow_followers=False,
+    hangs=False,
+    wake_on_election=True,
+    late_take_orders=1.0,
+    lease_partitions=1.0,
+    client_timeout_ms=150,
+    reader_timeout_ms=200,
+    readers_stay=True,
+)
+"""GroupSim arguments of the lease mix (``test_lease_after_take_order``): every take order
+of an operator transfer is held up past the transfer's time-out, and when it lands the old
+leader is parted from the group (``GroupSim._take_order_lands``); maintainers wake on
+election messages as ``MemberActor._rearm`` does; writers give up on a member after 150 ms
+(and ask another, so they find the new leader soon), readers give up on a read after 200 ms
+and ask the same member again (so they keep asking the old leader while its lease could
+still hold)."""
+
 SIM_STORE = dict(data_segment_size=16 * 1024, index_segment_size=32 * 256)
 """Small segments so entries roll over segment ends (and leave padding) often."""
 
@@ -67,6 +101,8 @@ FAST_PATH_RETRY_MS = (100, 1500)  # fastpath_logic.RETRY_MS, scaled like the ele
 FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
 FAST_PATH_SWITCH_MEAN_MS = 900
 TRANSFER_MEAN_MS = 1500  # how often, on average, an operator asks the leader to transfer
+LEASE_PARTITION_TIMEOUTS = (1.5, 4.0)  # a late take order lands: its old leader is parted
+# from the group for this many heartbeat timeouts (longer than its lease)
 HANG_MEAN_MS = 6000  # how often, on average, a member's checker hangs (SIGSTOP) in a faulty run
 ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
 

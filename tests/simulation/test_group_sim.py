@@ -18,6 +18,7 @@ from .group_sim import (
     sim_config_for,
 )
 from .network import sim_seeds
+from .sim_config import LEASE_MIX
 
 # What this simulation found in the shipped code (reproduce with the seeds given):
 #
@@ -44,6 +45,9 @@ def _quiet_logs():
     logging.disable(logging.WARNING)
     yield
     logging.disable(logging.NOTSET)
+
+
+LEASE_SEEDS = 150
 
 
 def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
@@ -147,6 +151,39 @@ def test_power_loss_without_sync_flush_loses_the_unflushed_tail() -> None:
 def test_fast_path_memory(seed: int) -> None:
     """Every member runs the compiled path (seeded switches and stalls still apply)."""
     _run(3 + 2 * (seed % 2), seed, fast_path=True, test_name="test_fast_path_memory")
+
+
+@pytest.mark.parametrize("seed", sim_seeds(LEASE_SEEDS, offset=70_000))
+def test_lease_after_take_order(seed: int) -> None:
+    """The lease mix (``sim_config.LEASE_MIX``): operator transfers whose take orders land
+    late, the old leader parted from the group as one lands, readers asking it for lease
+    reads while the transferee takes over and acknowledges appends.  Finds issue 20's fix 1
+    (no lease after a take order) reverted: SAFETY.md gives the counts."""
+    _run(3, seed, test_name="test_lease_after_take_order", **LEASE_MIX)
+
+
+def test_no_stale_lease_read_after_late_take_order_seed_70035() -> None:
+    """The first seed of the lease mix that found fix 1 reverted: n0 (term 2) gives up its
+    transfer to n2; the take order lands 200 ms later, n2 takes term 3 with n1 while n0,
+    parted from both, still leads term 2 with the lease of a read round n1 answered; n2
+    acknowledges appends up to index 107 and r1 asks n0 for a lease read: with fix 1
+    reverted n0 answers 104 from its lease (stale).  With the fix n0 holds no lease in the
+    term it sent a take order in: its lease reads wait for a round that never confirms."""
+    name = "test_no_stale_lease_read_after_late_take_order_seed_70035"
+    sim = GroupSim(3, 70035, replication=sim_config_for(70035), test_name=name, **LEASE_MIX)
+    try:
+        sim.run()
+        assert sim.stats["lease_partitions"] >= 1
+        assert sim.stats["lease_reads_to_old_leader"] >= 1  # the reads that could be stale
+    finally:
+        sim.close()
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", sim_seeds(1000, offset=80_000))
+def test_chaos_lease(seed: int) -> None:
+    """The lease mix on 3 and 5 members, more seeds."""
+    _run(3 + 2 * (seed % 2), seed, test_name="test_chaos_lease", **LEASE_MIX)
 
 
 @pytest.mark.chaos
