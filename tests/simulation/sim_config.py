@@ -68,6 +68,8 @@ FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
 FAST_PATH_SWITCH_MEAN_MS = 900
 TRANSFER_MEAN_MS = 1500  # how often, on average, an operator asks the leader to transfer
 HANG_MEAN_MS = 6000  # how often, on average, a member's checker hangs (SIGSTOP) in a faulty run
+DISPATCHER_FAULT_MEAN_MS = 5000  # ... a member's dispatcher hangs or dies (helper_faults.py)
+DISPATCHER_KILL_SHARE = 0.5  # the share of dispatcher faults that kill it (the rest: hangs)
 ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
 
 MAX_ROUNDS = ROUNDBOOK_MAX_ROUNDS  # the shipped RoundBook's: rounds waiting before appends queue
