@@ -1,10 +1,14 @@
 """``EntryDispatcherActor`` (actors/dispatcher.py) in the whole-group simulation: the shipped
 :class:`~rayledger.actors.dispatcher_logic.DispatcherDriver` on a node's loop, its pushes
 carried by the network, its fetches and reports as node-local calls.  Delivery only, plus
-two checks on what it carries (a fetch livelock, a COMMIT the follower cannot explain)."""
+two checks on what it carries (a fetch livelock, a COMMIT the follower cannot explain) --
+and dispatcher processes that die (Ray restarts them at once) or hang (a SIGSTOP: calls
+wait in them, their timers stop, answers to their pushes reach nobody) until their member
+kills them; a fresh one tells its member (``helper_started``), as on Ray."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -19,28 +23,40 @@ from rayledger.actors.fastpath_logic import GraphRound
 from rayledger.replication import PushEntryRequest, PushType
 from rayledger.storage import LedgerError, ResponseCode
 
-from .node_state import Node
-from .node_transport import DIED, SimLoop
+from .node_state import NeedWatch, Node
+from .node_transport import DIED, SimLoop, park
 from .sim_config import FETCH_LIVELOCK_MS, FETCH_LOOP
+
+_pids = itertools.count(2_000_000)  # the pids of restarted dispatcher processes
+
+
+def dkey(peer: str) -> str:
+    """The helper key (``Node.hung``, ``Node.helper_gen``) of the dispatcher to ``peer``."""
+    return f"dispatcher:{peer}"
 
 
 class _SimDispatcherPorts:
-    __slots__ = ("sim", "node", "peer")
+    __slots__ = ("sim", "node", "peer", "gen")
 
     def __init__(self, sim, node: Node, peer: str):
         self.sim, self.node, self.peer = sim, node, peer
+        self.gen = node.helper_gen.get(dkey(peer), 0)  # the process this driver runs in
 
     def push(self, req: PushEntryRequest) -> None:
         batch = req.batch
+        # a copy per call: its answer is delivered to the process that sent it, or to nobody
         if isinstance(batch, CachedBatch):
             req = replace(req, batch=batch.payload.batch)  # always Inline here
+        else:
+            req = replace(req)
+        self.node.sent[id(req)] = (req, self.gen)
         self.sim.rpc.call(self.node.id, self.peer, req, self.sim._late_copy_ms(req))
 
     def fetch(self, f: Fetch) -> None:
-        self.sim._spawn(self.node, self.sim._d_fetch(self.node, self.peer, f))
+        self.sim._spawn(self.node, self.sim._d_fetch(self.node, self.peer, f, self.gen))
 
     def report(self, term: int, wm: int) -> None:
-        self.sim._spawn(self.node, self.sim._d_report(self.node, self.peer, term, wm))
+        self.sim._spawn(self.node, self.sim._d_report(self.node, self.peer, term, wm, self.gen))
 
     def progress(self, term: int, wm: int) -> None:
         sim, node = self.sim, self.node
@@ -52,23 +68,45 @@ class DispatcherActor:
 
     def _dispatcher_driver(self, node: Node, peer: str, logic: DispatcherLogic):
         driver = DispatcherDriver(logic, _SimDispatcherPorts(self, node, peer))
-        driver.attach(SimLoop(self, node))
+        driver.attach(SimLoop(self, node, actor=dkey(peer)))
         return driver
 
-    def _d_activate(self, node: Node, peer: str, info) -> None:
-        node.dispatcher_drivers[peer].activate(info)
+    def _d_hung(self, node: Node, peer: str) -> bool:
+        return dkey(peer) in node.hung
 
-    def _d_deactivate(self, node: Node, peer: str, term: int) -> None:
+    def _d_gone(self, node: Node, peer: str, gen: int) -> bool:
+        """The dispatcher process ``gen`` cannot take an answer: it hangs, or it was killed."""
+        key = dkey(peer)
+        return key in node.hung or node.helper_gen.get(key, 0) != gen
+
+    def _d_pid(self, node: Node, peer: str):
+        if self._d_hung(node, peer):
+            return park(dkey(peer))
+        return node.helper_gen.get(dkey(peer), 0)
+
+    def _d_activate(self, node: Node, peer: str, info):
+        if self._d_hung(node, peer):
+            return park(dkey(peer))
+        node.dispatcher_drivers[peer].activate(info)
+        return None
+
+    def _d_deactivate(self, node: Node, peer: str, term: int):
+        if self._d_hung(node, peer):
+            return park(dkey(peer))
         node.dispatcher_drivers[peer].deactivate(term)
+        return None
 
     def _d_on_announcement(self, node: Node, peer: str, a) -> None:
-        node.dispatcher_drivers[peer].on_announcement(a)
+        if not self._d_hung(node, peer):  # else lost with the process when it is killed
+            node.dispatcher_drivers[peer].on_announcement(a)
 
     def _d_on_committed(self, node: Node, peer: str, term: int, index: int) -> None:
-        node.dispatcher_drivers[peer].on_committed(term, index)
+        if not self._d_hung(node, peer):
+            node.dispatcher_drivers[peer].on_committed(term, index)
 
-    def _d_fetch(self, node: Node, peer: str, f: Fetch):
-        """A batch the cache lacks, or an entry's (term, pos): the member's fenced answer."""
+    def _d_fetch(self, node: Node, peer: str, f: Fetch, gen: int = 0):
+        """A batch the cache lacks, or an entry's (term, pos): the member's fenced answer
+        (lost when the dispatcher hangs or was killed meanwhile)."""
         lg = node.logic
         driver = node.dispatcher_drivers[peer]
         self.stats[f"fetch_{f.kind}"] += 1
@@ -77,6 +115,9 @@ class DispatcherActor:
             (answer,) = yield [lambda: _call(lg.read_for_push, *args)]
         else:
             (answer,) = yield [lambda: _call(lg.entry_meta, f.term, f.index)]
+        if self._d_gone(node, peer, gen):
+            self.stats["dispatcher_answers_lost"] += 1
+            return
         if isinstance(answer, LedgerError):
             driver.fetch_failed()
             return
@@ -89,12 +130,16 @@ class DispatcherActor:
         else:
             driver.fetched_meta(f.term, f.index, answer)
 
-    def _d_report(self, node: Node, peer: str, term: int, wm: int):
+    def _d_report(self, node: Node, peer: str, term: int, wm: int, gen: int = 0):
+        driver = node.dispatcher_drivers[peer]
         (committed,) = yield [lambda: self._c_report(node, term, peer, wm)]
-        if committed is DIED:  # the checker's process was killed while the report waited
-            node.dispatcher_drivers[peer].report_failed()
+        if self._d_gone(node, peer, gen):  # the answer waits in, or died with, the dispatcher
+            self.stats["dispatcher_answers_lost"] += 1
             return
-        node.dispatcher_drivers[peer].reported(term, wm, committed)
+        if committed is DIED:  # the checker's process was killed while the report waited
+            driver.report_failed()
+            return
+        driver.reported(term, wm, committed)
 
     def _note_need(self, node: Node, peer: str, need: tuple) -> None:
         """A dispatcher that fetches the same thing again and again, answered every time,
@@ -137,12 +182,22 @@ class DispatcherActor:
 
     def _d_on_response(self, node: Node, peer: str, req: PushEntryRequest, resp) -> None:
         self._check_commit_answer(node, peer, req, resp)
+        _, gen = node.sent.pop(id(req), (None, None))
+        if gen is None:
+            self.fail(f"{node.id}: an answer from {peer} to a push no dispatcher sent: {req!r}")
+        if self._d_gone(node, peer, gen):  # answered to nobody
+            self.stats["dispatcher_answers_lost"] += 1
+            return
         node.dispatcher_drivers[peer].on_response(req, resp)
 
-    def _d_cg_begin(self, node: Node, peer: str, term: int, gen: int) -> bool:
+    def _d_cg_begin(self, node: Node, peer: str, term: int, gen: int):
+        if self._d_hung(node, peer):
+            return park(dkey(peer))
         return node.dispatcher_drivers[peer].graph_begin(term, gen)
 
     def _d_cg_end(self, node: Node, peer: str, gen: int) -> None:
+        if self._d_hung(node, peer):
+            return
         d = node.dispatchers[peer]
         if d.graph_gen == gen and d.active:
             self.stats["rewinds"] += 1
@@ -162,6 +217,53 @@ class DispatcherActor:
                 self._check_commit_answer(node, peer, req, resp)
         plain = [(key, resp) for key, resp, _ in answers]
         return node.dispatcher_drivers[peer].graph_ack(((gen, term, rounds), plain))
+
+    # -- the faults and the replacement -------------------------------------------------------
+    def hang_dispatcher(self, mid: str, peer: str) -> None:
+        """SIGSTOP ``mid``'s dispatcher to ``peer``: it answers nothing until its member
+        kills it."""
+        node = self.members[mid].node
+        key = dkey(peer)
+        if node is not None and key not in node.hung:
+            node.hung.add(key)
+            node.last_hang_ms = self.clock.now_ms
+            self.stats["dispatcher_hangs"] += 1
+            self.net.note(f"FAULT hang {mid}'s dispatcher to {peer}")
+
+    def kill_dispatcher(self, mid: str, peer: str) -> None:
+        """``mid``'s dispatcher to ``peer`` dies (an OOM, a crash): Ray restarts it at once."""
+        node = self.members[mid].node
+        if node is not None:
+            self.stats["dispatcher_kills"] += 1
+            self.net.note(f"FAULT kill {mid}'s dispatcher to {peer}")
+            self._d_restart(node, peer)
+
+    def _d_kill(self, node: Node, peer: str) -> None:
+        """The member killed its dispatcher's process (supervision's Replace)."""
+        self.stats["dispatcher_replaced"] += 1
+        self.net.note(f"{node.id}'s dispatcher to {peer} killed: Ray starts it again")
+        self._d_restart(node, peer)
+
+    def _d_restart(self, node: Node, peer: str) -> None:
+        """Ray starts a fresh process (empty state) that tells its member; the calls that
+        waited in the old one fail, the answers it waited for reach nobody, and a compiled
+        graph through it fails."""
+        key = dkey(peer)
+        node.hung.discard(key)
+        node.helper_gen[key] = node.helper_gen.get(key, 0) + 1
+        self._release_parked(node, key)
+        logic = DispatcherLogic(self.group, node.id, peer, self.replication, self.cache_bytes)
+        node.dispatchers[peer] = logic
+        node.dispatcher_drivers[peer] = self._dispatcher_driver(node, peer, logic)
+        node.need_watch[peer] = NeedWatch()
+        for n, chain in self._chains:
+            if n is node and chain.peer == peer:
+                chain.edges[0].items.clear()  # to the dead dispatcher: lost
+                chain.edges[2].items.clear()
+        fp = node.fast.logic if node.fast is not None else None
+        if fp is not None and fp.graph is not None and peer in fp.graph:
+            self._hop(node, self._fp_fallback, node, fp.gen, f"dispatcher to {peer} died")
+        self._hop(node, self._m_helper_started, node, "dispatcher", peer, next(_pids))
 
 
 def _call(fn: Callable, *args):

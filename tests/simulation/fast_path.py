@@ -179,6 +179,8 @@ class FastPath:
 
     def _chain_stage(self, node: Node, chain: Chain, k: int, item: Any) -> None:
         peer = chain.peer
+        if k in (0, 2) and self._d_hung(node, peer):
+            return  # a hung dispatcher answers nothing: the execution stalls
         if k == 0:
             ex, g = item
             self._put(chain, 1, (ex, self._d_cg_push(node, peer, g)))

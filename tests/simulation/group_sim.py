@@ -87,6 +87,7 @@ from .disk import SimDisk
 from .dispatcher_actor import DispatcherActor
 from .driver import SimDriver
 from .fast_path import FastPath
+from .helper_faults import HelperFaults
 from .invariants import Invariants
 from .member_actor import MemberActor
 from .member_lifecycle import MemberLifecycle
@@ -187,6 +188,7 @@ class GroupSim(
     CheckerActor,
     DispatcherActor,
     FastPath,
+    HelperFaults,
     Clients,
     Invariants,
     SimDriver,
@@ -225,6 +227,7 @@ class GroupSim(
         power_loss: float | None = None,
         sync_flush: bool = False,
         hangs: bool = True,
+        dispatcher_faults: bool = True,
         readers: int = 2,
         reader_timeout_ms: int = 1500,
         readers_stay: bool = False,
@@ -330,6 +333,7 @@ class GroupSim(
             int(self._hang_rng.expovariate(1 / HANG_MEAN_MS)) + 500 if hangs and faults is not False
             else None
         )  # fmt: skip
+        self._init_helper_faults(seed, dispatcher_faults and faults is not False)
 
     def _init_history(self) -> None:
         """What the checks remember."""
@@ -622,6 +626,7 @@ class GroupSim(
         t = min(until, self._next_tick_ms)
         cands = [
             self._next_hang_ms,
+            self._next_dfault_ms,
             self._next_disk_ms,
             self._next_transfer_ms,
             min((u for u, _, _ in self._link_restores), default=None),
@@ -690,6 +695,7 @@ class GroupSim(
         self._slow_step(now)
         self._switch_step(now)
         self._hang_step(now)
+        self._dispatcher_fault_step(now)
         self._disk_step(now)
         self._transfer_step(now)
         self._restore_links(now)
@@ -703,6 +709,7 @@ class GroupSim(
         self._next_slow_ms = None
         self._next_switch_ms = None
         self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
+        self._stop_helper_faults()
         self._next_transfer_ms = None
         self._heal_disks()
         self._lease_cuts.clear()

@@ -53,8 +53,8 @@ class Invariants:
                 for rid, (rnd, _) in m.node.book.rounds.items():
                     born = m.node.round_born.get(rid, now)
                     limit = stuck_after
-                    if "checker" in m.node.hung or m.node.last_hang_ms >= born:
-                        # a hung checker answers nothing: the leader replaces it and hands
+                    if m.node.hung or m.node.last_hang_ms >= born:
+                        # a hung helper answers nothing: the leader replaces it and hands
                         # the term on (one helper wait, then a transfer), ending the round
                         limit += m.node.supervisor.helper_wait_ms()
                         limit += self.election.leadership_transfer_wait_timeout_ms

@@ -192,7 +192,8 @@ class MemberActor:
                                               for p in peers])  # fmt: skip
             return next((self._failed(r) for r in done if self._failed(r)), None)
         if isinstance(a, sv.Ping):
-            calls = [(lambda k=k: self._c_pid(node) if k == sv.CHECKER else 0) for k in a.keys]
+            calls = [(lambda k=k: self._c_pid(node) if k == sv.CHECKER else self._d_pid(node, k[1]))
+                     for k in a.keys]  # fmt: skip
             done = yield Timed(a.timeout_ms, calls)
             out = {}
             for k, r in zip(a.keys, done, strict=True):
@@ -202,6 +203,8 @@ class MemberActor:
             for k in a.keys:
                 if k == sv.CHECKER:
                     self._hop(node, self._c_kill, node)
+                else:
+                    self._hop(node, self._d_kill, node, k[1])
             return None
         if isinstance(a, sv.HandOver):
             if a.target is None:

@@ -100,10 +100,12 @@ class Node:
     role_again: bool = False
     late: list = field(default_factory=list)  # answers to graph pushes given outside cg_push
     lanes: dict[str, int] = field(default_factory=dict)  # call_soon_threadsafe lanes: in order
-    hung: set[str] = field(default_factory=set)  # helper processes that hang ("checker")
+    # helper processes that hang: "checker", "dispatcher:<peer>" (dispatcher_actor.dkey)
+    hung: set[str] = field(default_factory=set)
     last_hang_ms: int = -1  # when a helper of this node last began to hang
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
+    sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
     exclusive: list = field(default_factory=list)  # supervisor processes waiting for the role lock
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
 

@@ -22,9 +22,27 @@ class _Marker:
         return self.name
 
 
-PARK = _Marker("PARK")
-"""What a call to a hung helper returns: it waits in the hung process until the process is
-killed (then its caller gets :data:`DIED`)."""
+class _Park(_Marker):
+    __slots__ = ("actor",)
+
+    def __init__(self, actor: str):
+        super().__init__(f"PARK({actor})")
+        self.actor = actor
+
+
+_parks: dict[str, _Park] = {}
+
+
+def park(actor: str) -> _Park:
+    """What a call to the hung helper ``actor`` returns: it waits in the hung process until
+    the process is killed (then its caller gets :data:`DIED`)."""
+    p = _parks.get(actor)
+    if p is None:
+        p = _parks[actor] = _Park(actor)
+    return p
+
+
+PARK = park("checker")  # a call waiting in a hung checker
 TIMEOUT = _Marker("TIMEOUT")  # a timed call's answer when its time ran out first
 DIED = _Marker("DIED")  # the helper's process was killed while the call waited in it
 
@@ -155,8 +173,8 @@ class LocalTransport:
 
     def _call_there(self, node: Node, task, fn, i: int, results: list, state: list) -> None:
         r = fn()
-        if r is PARK:  # waits in a hung process until it is killed
-            node.parked.append((task, i, results, state))
+        if isinstance(r, _Park):  # waits in a hung process until it is killed
+            node.parked.append((r.actor, task, i, results, state))
             return
         self._hop(node, self._call_back, node, task, i, r, results, state)
 
@@ -172,10 +190,14 @@ class LocalTransport:
             state[1] = True
             self._resume(node, task, list(results))  # what is still out stays TIMEOUT
 
-    def _release_parked(self, node: Node) -> None:
-        """A hung helper's process was killed: the calls waiting in it fail."""
-        parked, node.parked = node.parked, []
-        for task, i, results, state in parked:
+    def _release_parked(self, node: Node, actor: str = "checker") -> None:
+        """A hung helper's process was killed: the calls waiting in it fail (those waiting
+        in another hung helper of the node wait on)."""
+        parked = [p for p in node.parked if p[0] == actor]
+        if not parked:
+            return
+        node.parked = [p for p in node.parked if p[0] != actor]
+        for _, task, i, results, state in parked:
             self._hop(node, self._call_back, node, task, i, DIED, results, state)
 
     def _run_local(self, now: int) -> bool:

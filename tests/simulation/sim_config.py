@@ -104,6 +104,8 @@ TRANSFER_MEAN_MS = 1500  # how often, on average, an operator asks the leader to
 LEASE_PARTITION_TIMEOUTS = (1.5, 4.0)  # a late take order lands: its old leader is parted
 # from the group for this many heartbeat timeouts (longer than its lease)
 HANG_MEAN_MS = 6000  # how often, on average, a member's checker hangs (SIGSTOP) in a faulty run
+DISPATCHER_FAULT_MEAN_MS = 5000  # ... a member's dispatcher hangs or dies (helper_faults.py)
+DISPATCHER_KILL_SHARE = 0.5  # the share of dispatcher faults that kill it (the rest: hangs)
 ROUND_SLACK_MS = 1000  # how much later than max_wait_ack_time_ms a round may be answered
 
 MAX_ROUNDS = ROUNDBOOK_MAX_ROUNDS  # the shipped RoundBook's: rounds waiting before appends queue

@@ -481,3 +481,81 @@ def test_fast_path_switches_exercise_fallbacks() -> None:
             totals[k] = totals.get(k, 0) + v
     for key in ("fast_compiles", "fast_fallbacks", "rewinds", "re_registered", "graph_rounds"):
         assert totals.get(key, 0) > 0, (key, totals)
+
+
+# ---------------------------------------------------------------- dispatcher faults
+
+
+def _quorum_needs(sim: GroupSim) -> tuple[str, str, int]:
+    """A leader that has committed, and the one follower left (the other crashed): every
+    round now needs that follower's dispatcher."""
+    leader = _leader(sim)
+    sim.run_for(1000)
+    follower, other = [p for p in sim.ids if p != leader]
+    sim.crash(other)
+    sim.run_for(300)
+    return leader, follower, sim.members[leader].state.current_term
+
+
+def test_hung_dispatcher_is_replaced_and_the_term_handed_on() -> None:
+    """A leader's dispatcher hangs (SIGSTOP) while the quorum needs it: the leader's watch
+    finds it silent for a helper wait, kills it (Ray starts it again) and hands the term
+    on; appends are acknowledged again afterwards."""
+    sim = GroupSim(3, 41, faults=False, slow_followers=False)
+    try:
+        leader, follower, term = _quorum_needs(sim)
+        sim.hang_dispatcher(leader, follower)
+        acked = len(sim.acked)
+        wait = sim.members[leader].node.supervisor.helper_wait_ms()
+        assert sim.run_for(2 * wait, lambda: sim.stats["dispatcher_replaced"] == 1)
+        assert len(sim.acked) == acked  # nothing could commit meanwhile
+        assert sim.stats["dispatcher_answers_lost"] > 0  # pushes answered to nobody
+        sim.run_for(4000)
+        assert max(sim.leaders_by_term) > term
+        assert len(sim.acked) > acked
+        sim.restart(next(p for p in sim.ids if not sim.members[p].alive))
+        sim.heal()
+        assert sim.run_for(8000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
+def test_killed_dispatcher_is_set_up_again_for_the_term() -> None:
+    """A leader's dispatcher dies and Ray restarts it at once: the fresh one tells its
+    member (helper_started), which activates it for the term it leads -- no new term."""
+    sim = GroupSim(3, 42, faults=False, slow_followers=False)
+    try:
+        leader, follower, term = _quorum_needs(sim)
+        old = sim.members[leader].dispatchers[follower]
+        sim.kill_dispatcher(leader, follower)
+        acked = len(sim.acked)
+        sim.run_for(1500)
+        d = sim.members[leader].dispatchers[follower]
+        assert d is not old and d.active and d.term == term
+        assert sim.members[leader].state.is_leader
+        assert sim.members[leader].state.current_term == term
+        assert len(sim.acked) > acked
+        sim.restart(next(p for p in sim.ids if not sim.members[p].alive))
+        sim.heal()
+        assert sim.run_for(8000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
+def test_ci_seeds_exercise_dispatcher_faults() -> None:
+    """The seeded dispatcher faults of the CI runs reach the supervision: hangs found and
+    replaced, kills restarted, answers lost with the old process (test_n3_memory's seeds)."""
+    totals: dict[str, int] = {}
+    for seed in (0, 2):
+        sim = GroupSim(3, seed, replication=sim_config_for(seed))
+        try:
+            sim.run()
+        finally:
+            sim.close()
+        for k, v in sim.stats.items():
+            totals[k] = totals.get(k, 0) + v
+    for key in ("dispatcher_hangs", "dispatcher_kills", "dispatcher_replaced",
+                "dispatcher_answers_lost"):  # fmt: skip
+        assert totals.get(key, 0) > 0, (key, totals)
