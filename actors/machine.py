@@ -2,7 +2,9 @@
 
 A group names its machine by import path in ``LedgerConfig(state_machine="pkg.mod:Class")``;
 every member imports it and builds its own instance (never unpickled from disk).  The
-member drives it through :class:`Applier`, which is Ray-free so the simulation can run it:
+member drives it through :class:`Applier`, whose runner core
+(:class:`~.machine_core.MachineCore`) makes every decision around it; both are Ray-free,
+so the simulation runs the same code:
 
 * ``open(ctx)`` once per member lifetime; returns the last index the machine has applied
   and made durable itself (-1 for none).  The member replays committed entries after it,

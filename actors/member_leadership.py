@@ -131,10 +131,14 @@ class LeadershipMixin:
             return None
         if isinstance(a, sv.WaitMachine):
             return await self._machine_runner.wait_ready(lambda: self.logic.leads(a.term))
+        if isinstance(a, sv.Watch):
+            asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
+            return None
         if isinstance(a, sv.Ready):
             if a.fast:
                 self._fast_path().start(a.term)
-            asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
+            if not a.watching:
+                asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
             return None
         raise TypeError(f"unknown supervision action {a!r}")
 

@@ -141,3 +141,44 @@ def test_the_applier_runs_the_machine_and_the_core_records_it():
     assert m.seen == [0, 1, 2, 3] and a.applied == -1  # the core hears it on its own thread
     a.core.batch_done(b.stop - 1)
     assert a.applied == 3 and a.due(9) == (4, 8)
+
+
+def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
+    """A new leader whose machine is not yet ready waits (WaitMachine) with its helpers
+    already watched: a checker that hangs meanwhile would otherwise keep it waiting for good,
+    never ready, while its heartbeats hold the others off (the simulation's seed 305 of
+    tests/simulation/test_group_sim.py::test_machine_leader_wait_watches_helpers)."""
+    from rayledger.actors.config import LedgerConfig
+    from rayledger.actors.logic import MemberLogic
+    from rayledger.actors.rounds import RoundBook
+    from rayledger.actors.supervision import (
+        Install,
+        MachineRole,
+        Ready,
+        Supervisor,
+        WaitMachine,
+        Watch,
+    )
+    from rayledger.election import MemoryTermStore
+    from rayledger.replication import ReplicationConfig
+    from rayledger.storage import MemoryStore, StoreConfig
+
+    cfg = LedgerConfig.fast()
+    peers = ["n0", "n1", "n2"]
+    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
+    logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
+                        MemoryTermStore(term=3))  # fmt: skip
+    sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
+                     cfg.election.heartbeat_timeout_ms, machine=True)  # fmt: skip
+    logic.state.change_to_leader(3)
+    proc = sup.role_changes()
+    actions, action = [], proc.start()
+    while action is not None:
+        actions.append(action)
+        value = True if isinstance(action, WaitMachine) else None
+        action = proc.send(Answer(0, value))
+    kinds = [type(a) for a in actions]
+    assert kinds.index(MachineRole) < kinds.index(Install) < kinds.index(Watch)
+    assert kinds.index(Watch) < kinds.index(WaitMachine) < kinds.index(Ready)
+    assert kinds.count(Watch) == 1
+    assert actions[-1].watching  # Ready starts no second watch

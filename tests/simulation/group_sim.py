@@ -35,7 +35,9 @@ dir; memory members keep a MemoryTermStore's saved state, which like the file's
 is durable once ``save`` returns).  A MemoryStore member's power loss is a
 process crash (the in-memory store stands for an always-synced disk).
 
-Clients append unique bodies through whichever member they believe leads.
+Clients append unique bodies through whichever member they believe leads.  On the seeds
+that run a state machine (``machine="kv"`` or ``"mq"``, :mod:`.machine_actor`) every member
+runs it through the shipped runner core, and the bodies are commands it takes.
 Safety is checked after every step:
 
 * Log Matching: every entry ever written at (index, term), on any member, has
@@ -87,6 +89,7 @@ from .dispatcher_actor import DispatcherActor
 from .driver import SimDriver
 from .fast_path import FastPath
 from .invariants import Invariants
+from .machine_actor import MachineActor
 from .member_actor import MemberActor
 from .member_lifecycle import MemberLifecycle
 from .network import (
@@ -184,6 +187,7 @@ class GroupSim(
     CheckerActor,
     DispatcherActor,
     FastPath,
+    MachineActor,
     Clients,
     Invariants,
     SimDriver,
@@ -223,6 +227,7 @@ class GroupSim(
         hangs: bool = True,
         readers: int = 2,
         transfers: bool = True,
+        machine: str | None = None,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -231,7 +236,8 @@ class GroupSim(
         are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
         and stall its channels (None: when there are faults); ``power_loss``: the share of
         crashes that are power losses (None: half for FileStore members); ``sync_flush``:
-        the stores' ``StoreConfig.sync_flush``."""
+        the stores' ``StoreConfig.sync_flush``; ``machine``: every member runs a state
+        machine ("kv" or "mq", see :mod:`.machine_actor`) and clients append its commands."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -262,6 +268,7 @@ class GroupSim(
         self.steps = 0
         self._init_history()
         self._init_local_transport(dispatcher_cache_bytes)
+        self._init_machines(machine)  # its own streams
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
         self._init_clients(clients, client_interval_ms, max_bodies)
@@ -612,6 +619,8 @@ class GroupSim(
         self._restore_links(now)
         self._flush_step(now)
         self._drain(now)
+        if self.machine_path is not None:
+            self._machines_step()
         self.check_invariants()
 
     def heal(self) -> None:
@@ -638,11 +647,15 @@ class GroupSim(
                 # wedge for good (counted, not failed: the loss voided the guarantee)
                 self.stats["unconverged_after_power_loss"] += 1
                 self.check_invariants()
+                if self.machine_path is not None:
+                    self.check_machines()
                 return self._result(self.clock.now_ms - start)
             self.fail(f"no convergence within {converge_within_ms} ms after healing")
         converge_ms = self.clock.now_ms - start
         self.check_invariants()
         self.final_check()
+        if self.machine_path is not None:
+            self.check_machines()
         return self._result(converge_ms)
 
     def _result(self, converge_ms: int) -> SimResult:

@@ -12,6 +12,7 @@ from rayledger.actors.checker_logic import CheckerDriver
 from rayledger.actors.dispatcher_logic import DispatcherDriver
 from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.machine import Applier
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.rounds import RoundBook
@@ -103,6 +104,10 @@ class Node:
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     exclusive: list = field(default_factory=list)  # supervisor processes waiting for the role lock
+    # the state-machine runner (machine_actor.py), on the seeds that run a machine
+    applier: Applier | None = None
+    machine_free_ms: int = 0  # when the machine's one thread is free again
+    machine_next: int = 0  # the index its next apply call must start at (instrumentation)
 
     def __post_init__(self) -> None:
         self.book = RoundBook(self.logic)
@@ -122,6 +127,8 @@ class SimMember:
     committed_seen: int = -1  # committed entries up to here were checked
     verified_end: int = -1  # entries up to here were checked against the Log Matching map
     fast_enabled: bool = False  # LedgerConfig.fast_path, switched by faults
+    machine_high: int = -1  # the highest index its machine was ever given (across restarts)
+    hooked: LogStore | None = None  # the store its machine's pre_append hook is on
 
     @property
     def alive(self) -> bool:
