@@ -192,14 +192,14 @@ def _run_machine(kind: str, seed: int, name: str, **kw) -> GroupSim:
     return sim
 
 
-@pytest.mark.parametrize("seed", sim_seeds(14, offset=70_000))
+@pytest.mark.parametrize("seed", sim_seeds(30, offset=70_000))
 def test_machine_kv(seed: int) -> None:
     """KV sets and deletes: every member's map equals a replay of its committed log, each
     entry applied once, in order, and each revision is its entry's index."""
     _run_machine("kv", seed, "test_machine_kv")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(14, offset=71_000))
+@pytest.mark.parametrize("seed", sim_seeds(30, offset=71_000))
 def test_machine_mq(seed: int) -> None:
     """RocketMQ messages and consumer offsets: consume queues, key index and offsets equal a
     replay; queue offsets continue across failovers with no gap and no duplicate (a new
