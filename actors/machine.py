@@ -2,7 +2,9 @@
 
 A group names its machine by import path in ``LedgerConfig(state_machine="pkg.mod:Class")``;
 every member imports it and builds its own instance (never unpickled from disk).  The
-member drives it through :class:`Applier`, which is Ray-free so the simulation can run it:
+member drives it through :class:`Applier`, whose runner core
+(:class:`~.machine_core.MachineCore`) makes every decision around it; both are Ray-free,
+so the simulation runs the same code:
 
 * ``open(ctx)`` once per member lifetime; returns the last index the machine has applied
   and made durable itself (-1 for none).  The member replays committed entries after it,
@@ -29,6 +31,8 @@ from typing import Any
 
 from rayledger.election import Role
 from rayledger.storage import Entry, LedgerError, ResponseCode
+
+from .machine_core import MachineCore
 
 
 @dataclass(frozen=True)
@@ -94,35 +98,37 @@ def load_machine(path: str) -> StateMachine:
 
 
 class Applier:
-    """Feeds a machine the committed entries in order, from where it says it stands."""
+    """A machine and its runner core (:class:`~.machine_core.MachineCore`): the calls into
+    the machine, each checked and recorded by the core.  ``run`` and ``ask_*`` only call the
+    machine (the machine's thread); the shell tells the core what came of them on its
+    own thread.  ``apply`` and ``role_changed`` do both, for a caller with one thread."""
 
     def __init__(self, machine: StateMachine, ctx: MachineContext, max_batch: int = 1024):
         self.machine = machine
-        self.applied = int(machine.open(ctx))
-        self.max_batch = max_batch
-        self._role: tuple[Role, int] | None = None
+        self.core = MachineCore(ctx.member, int(machine.open(ctx)), max_batch)
+
+    @property
+    def applied(self) -> int:
+        return self.core.applied
 
     def due(self, committed: int) -> tuple[int, int] | None:
         """The next ``[start, stop)`` to apply, at most ``max_batch`` entries, or None."""
-        if committed <= self.applied:
-            return None
-        start = self.applied + 1
-        return start, min(committed + 1, start + self.max_batch)
+        return self.core.due(committed)
+
+    def run(self, entries: list[Entry]) -> None:
+        """Apply entries that continue exactly where the machine stands (the machine's
+        thread; the core learns of it through ``core.batch_done``)."""
+        if entries:
+            self.core.check_continues(entries[0].index)
+            self.machine.apply(entries)
 
     def apply(self, entries: list[Entry]) -> None:
-        """Apply entries that continue exactly where the machine stands."""
-        if not entries:
-            return
-        if entries[0].index != self.applied + 1:
-            raise LedgerError.of(
-                ResponseCode.INCONSISTENT_STATE,
-                f"apply from {entries[0].index}, but the machine stands at {self.applied}",
-            )
-        self.machine.apply(entries)
-        self.applied = entries[-1].index
+        """``run``, then record where the machine stands."""
+        if entries:
+            self.run(entries)
+            self.core.batch_done(entries[-1].index)
 
     def role_changed(self, role: Role, term: int) -> None:
         """Tell the machine once per distinct (role, term)."""
-        if self._role != (role, term):
-            self._role = (role, term)
+        if self.core.role_news(role, term):
             self.machine.on_role_change(role, term)

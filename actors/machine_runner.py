@@ -1,22 +1,30 @@
 """The Ray member's shell around its state machine (see machine.py): every call into the
 machine (apply, role changes, readiness, queries) runs in order on one thread of its own,
 so slow user code never blocks the member's event loop.  ``pre_append`` is the exception:
-the store calls it inside the leader's write, on the member's loop."""
+the store calls it inside the leader's write, on the member's loop.
+
+Every decision -- what to apply next, when a query is answered or fails, when the machine
+is ready for a new leader's term, what a failure does -- is the core's
+(:class:`~.machine_core.MachineCore`, ``applier.core``); this shell only delivers events to
+it (under the member's lock, on the member's loop) and carries out what it says with the
+pool, futures and timers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rayledger.election import Role
-from rayledger.storage import LedgerError, ResponseCode
+from rayledger.storage import Entry
 
+from . import supervision as sv
+from .futures import set_exception, set_result
 from .machine import Applier, MachineContext, StateMachine, load_machine
-from .reads import CommitWaiters
+from .machine_core import AskReady, Batch, Verdict
+from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 
@@ -29,19 +37,22 @@ class MachineRunner:
             member.group, member.self_id, data_dir, dict(cfg.state_machine_args), member.store
         )
         self.applier = Applier(machine, ctx)
+        self.core = self.applier.core
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
         self.member = member
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"machine-{member.self_id}")
-        self._running = False
-        self._waiters = CommitWaiters()  # queries waiting for the machine to apply an index
-        self.failed: BaseException | None = None
         log.info(
             "[%s] state machine %s applied up to %d",
             member.self_id,
             cfg.state_machine,
-            self.applier.applied,
+            self.core.applied,
         )
+
+    @property
+    def failed(self) -> str | None:
+        """Why the machine failed (it applies no more), or None."""
+        return self.core.failed
 
     def receipt(self, first: int, last: int) -> list | None:
         """The machine's receipts for a committed round (None if it fails: the append still
@@ -55,85 +66,99 @@ class MachineRunner:
     # -- applying committed entries --------------------------------------------------------
     def kick(self) -> None:
         """The committed index may have moved (any thread)."""
-        self.member._loop.call_soon_threadsafe(self._start)
+        self.member._loop.call_soon_threadsafe(self._pump)
 
-    def _start(self) -> None:
-        if not self._running and self.failed is None:
-            self._running = True
-            asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
+    def _pump(self) -> None:
+        """Start the batch the core says is due (none while one is in flight)."""
         m = self.member
+        with m._lock:
+            batch = self.core.next_batch(m.store.committed_index)
+            if batch is None:
+                return
+            try:
+                entries = m.store.get_range(batch.start, batch.stop)
+                self.core.check_batch(batch, entries)
+            except Exception as exc:
+                self._failed(exc)
+                return
+        asyncio.ensure_future(self._apply(batch, entries))
+
+    async def _apply(self, batch: Batch, entries: list[Entry]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while True:
-                with m._lock:
-                    due = self.applier.due(m.store.committed_index)
-                    if due is None:
-                        # no await since the check: a later commit's kick starts a new run
-                        self._running = False
-                        return
-                    entries = m.store.get_range(*due)
-                await loop.run_in_executor(self._pool, self.applier.apply, entries)
-                self._release()
+            await loop.run_in_executor(self._pool, self.applier.run, entries)
         except Exception as exc:
-            log.exception(
-                "[%s] state machine failed at %d; it applies no more",
-                m.self_id,
-                self.applier.applied + 1,
-            )
-            self.failed = exc
-            self._running = False
-            self._release()
+            with self.member._lock:
+                self._failed(exc)
+            return
+        with self.member._lock:
+            released = self.core.batch_done(batch.stop - 1)
+        for fut in released:
+            set_result(fut, None)
+        self._pump()  # whatever committed meanwhile
 
-    def _release(self) -> None:
-        for fut in self._waiters.reached(self.applier.applied):
-            if not fut.done():
-                fut.set_result(None)
-        if self.failed is not None:
-            for fut in self._waiters.reached(1 << 62):
-                if not fut.done():
-                    fut.set_exception(self._broken())
-
-    def _broken(self) -> LedgerError:
-        return LedgerError.of(
-            ResponseCode.INTERNAL_ERROR,
-            f"the state machine of {self.member.self_id} failed: {self.failed!r}",
-        )
+    def _failed(self, exc: BaseException) -> None:
+        """Tell the core (under the member's lock); its waiting queries fail."""
+        for fut, err in self.core.fail(repr(exc)):
+            set_exception(fut, err)
 
     # -- role, readiness, queries ----------------------------------------------------------
     async def role_changed(self, role: Role, term: int) -> None:
+        with self.member._lock:
+            news = self.core.role_news(role, term)
+        if not news:
+            return
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self.applier.role_changed, role, term)
+        try:
+            await loop.run_in_executor(self._pool, self.applier.machine.on_role_change, role, term)
+        except Exception as exc:
+            with self.member._lock:
+                self._failed(exc)
 
     async def wait_ready(self, still_leading: Callable[[], bool]) -> bool:
         """Until the machine says it is ready to lead; False once leadership is gone."""
         loop = asyncio.get_running_loop()
-        while still_leading():
-            if self.failed is None and await loop.run_in_executor(
-                self._pool, self.applier.machine.ready_to_lead
-            ):
-                return True
-            await asyncio.sleep(0.01)
-        return False
+        proc = self.core.wait_ready(still_leading)
+        gen, answer = proc.gen, None
+        while True:
+            try:
+                action = gen.send(answer)
+            except StopIteration as stop:
+                return bool(stop.value)
+            if isinstance(action, AskReady):
+                try:
+                    value = await loop.run_in_executor(
+                        self._pool, self.applier.machine.ready_to_lead
+                    )
+                except Exception as exc:
+                    value = sv.Failed(repr(exc))
+            else:  # sv.Sleep
+                await asyncio.sleep(action.ms / 1000)
+                value = None
+            answer = sv.Answer(now_ms(), value)
 
     async def query(self, request: Any, index: int, timeout_s: float = 30.0) -> Any:
         """The machine's answer once it has applied ``index``."""
-        if self.failed is not None:
-            raise self._broken()
-        if self.applier.applied < index:
-            await self._waiters.wait(
-                index,
-                time.monotonic() + timeout_s,
-                self.kick,
-                lambda: LedgerError.of(
-                    ResponseCode.TIMEOUT,
-                    f"{self.member.self_id} has applied up to {self.applier.applied}, "
-                    f"not yet {index}",
-                ),
-            )
         loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self.member._lock:
+            verdict = self.core.query(index, fut, now_ms(), int(timeout_s * 1000))
+        if verdict == Verdict.WAIT:
+            timer = loop.call_later(timeout_s + 0.002, self._expire)  # past the deadline
+            self.kick()
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                with self.member._lock:
+                    self.core.discard(fut)
         return await loop.run_in_executor(self._pool, self.applier.machine.query, request)
+
+    def _expire(self) -> None:
+        with self.member._lock:
+            late = self.core.expire(now_ms())
+        for fut, err in late:
+            set_exception(fut, err)
 
     def close(self) -> None:
         self._pool.submit(self.applier.machine.close)

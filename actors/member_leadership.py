@@ -136,10 +136,14 @@ class LeadershipPart(Part):
             return None
         if isinstance(a, sv.WaitMachine):
             return await self.ctx.machine.wait_ready(lambda: self.logic.leads(a.term))
+        if isinstance(a, sv.Watch):
+            asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
+            return None
         if isinstance(a, sv.Ready):
             if a.fast:
                 self.appends.fast_start(a.term)
-            asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
+            if not a.watching:
+                asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
             return None
         raise TypeError(f"unknown supervision action {a!r}")
 

@@ -162,17 +162,27 @@ class WaitMachine:
 
 
 @dataclass(frozen=True, slots=True)
+class Watch:
+    """Start watching the term's helpers (:meth:`Supervisor.watch`) before the term is
+    ready (a leader that first waits for its state machine)."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
-    """The term's helpers work: appends are taken; start the compiled path (``fast``) and
-    watch the helpers (:meth:`Supervisor.watch`)."""
+    """The term's helpers work: appends are taken; start the compiled path (``fast``) and,
+    unless ``watching`` already (:class:`Watch`), watch the helpers
+    (:meth:`Supervisor.watch`)."""
 
     term: int
     fast: bool
+    watching: bool = False
 
 
 Action = (
     MachineRole | FailReaders | FastStop | CheckerStepDown | Finish | Deactivate | Flush
-    | Install | Ping | Replace | HandOver | StepDown | Sleep | WaitMachine | Ready
+    | Install | Ping | Replace | HandOver | StepDown | Sleep | Watch | WaitMachine | Ready
 )  # fmt: skip
 
 
@@ -329,11 +339,16 @@ class Supervisor:
                 return
             now = (yield Sleep(delay)).now_ms
             delay = min(delay * 2, RETRY_MS[1])
-        if self.machine and not (yield WaitMachine(term)).value:
-            return
+        if self.machine:
+            # the machine catches up through commits, which need the helpers: watch them
+            # meanwhile, or one that hangs now keeps this leader waiting (never ready, its
+            # heartbeats holding the others off) for good -- the simulation found it
+            yield Watch(term)
+            if not (yield WaitMachine(term)).value:
+                return
         if self.logic.mark_ready(term):
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
-            yield Ready(term, self.fast_path)
+            yield Ready(term, self.fast_path, watching=self.machine)
 
     def _replace(self, term: int, keys: tuple[HelperKey, ...]) -> Replace:
         for kind, peer in keys:

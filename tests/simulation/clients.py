@@ -87,9 +87,13 @@ class Clients:
                 )  # a roaming writer: finds a new leader
             req_id = next(self._req_ids)
             k = self.rng.randint(1, self.max_bodies)
-            bodies = tuple(
-                f"{c.id}:{req_id}:{j}:".encode() + b"x" * self.rng.randint(0, 120) for j in range(k)
-            )
+            if self.machine is not None:  # commands the group's state machine takes
+                bodies = self._machine_bodies(c.id, req_id, k)
+            else:
+                bodies = tuple(
+                    f"{c.id}:{req_id}:{j}:".encode() + b"x" * self.rng.randint(0, 120)
+                    for j in range(k)
+                )
             c.outstanding = (req_id, bodies, now)
             self._inflight_clients[req_id] = c
             self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, bodies))

@@ -35,7 +35,9 @@ dir; memory members keep a MemoryTermStore's saved state, which like the file's
 is durable once ``save`` returns).  A MemoryStore member's power loss is a
 process crash (the in-memory store stands for an always-synced disk).
 
-Clients append unique bodies through whichever member they believe leads.
+Clients append unique bodies through whichever member they believe leads.  On the seeds
+that run a state machine (``machine="kv"`` or ``"mq"``, :mod:`.machine_actor`) every member
+runs it through the shipped runner core, and the bodies are commands it takes.
 Safety is checked after every step:
 
 * Log Matching: every entry ever written at (index, term), on any member, has
@@ -89,6 +91,7 @@ from .driver import SimDriver
 from .fast_path import FastPath
 from .helper_faults import HelperFaults
 from .invariants import Invariants
+from .machine_actor import MachineActor
 from .member_actor import MemberActor
 from .member_lifecycle import MemberLifecycle
 from .network import (
@@ -189,6 +192,7 @@ class GroupSim(
     DispatcherActor,
     FastPath,
     HelperFaults,
+    MachineActor,
     Clients,
     Invariants,
     SimDriver,
@@ -235,6 +239,7 @@ class GroupSim(
         late_take_orders: float = 0.3,
         lease_partitions: float = 0.0,
         wake_on_election: bool = False,
+        machine: str | None = None,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -251,7 +256,9 @@ class GroupSim(
         default so that the seeds of the other tests run as they did).  A writer gives an
         append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
         up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
-        the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all."""
+        the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all.  ``machine``:
+        every member runs a state machine ("kv" or "mq", see :mod:`.machine_actor`) and
+        clients append its commands."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -285,6 +292,7 @@ class GroupSim(
         self.steps = 0
         self._init_history()
         self._init_local_transport(dispatcher_cache_bytes)
+        self._init_machines(machine)  # its own streams
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
         self.client_timeout_ms = client_timeout_ms  # a writer then asks another member
@@ -701,6 +709,8 @@ class GroupSim(
         self._restore_links(now)
         self._flush_step(now)
         self._drain(now)
+        if self.machine_path is not None:
+            self._machines_step()
         self.check_invariants()
 
     def heal(self) -> None:
@@ -730,11 +740,15 @@ class GroupSim(
                 # wedge for good (counted, not failed: the loss voided the guarantee)
                 self.stats["unconverged_after_power_loss"] += 1
                 self.check_invariants()
+                if self.machine_path is not None:
+                    self.check_machines()
                 return self._result(self.clock.now_ms - start)
             self.fail(f"no convergence within {converge_within_ms} ms after healing")
         converge_ms = self.clock.now_ms - start
         self.check_invariants()
         self.final_check()
+        if self.machine_path is not None:
+            self.check_machines()
         return self._result(converge_ms)
 
     def _result(self, converge_ms: int) -> SimResult:

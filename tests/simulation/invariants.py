@@ -169,6 +169,8 @@ class Invariants:
                 return False
         if any(c.outstanding is not None for c in self.clients):
             return False
+        if self.machine_path is not None and not self.machines_converged():
+            return False
         return True
 
     def final_check(self) -> None:
@@ -193,16 +195,16 @@ class Invariants:
                 self.fail(f"logs differ after convergence: {mid} {got[:2]} vs {first[:2]}")
         store = next(iter(self.members.values())).store
         bodies: dict[bytes, int] = {}
+        key = self._body_key  # as the client sent it: without a state machine's stamps
         for e in store.get_range(store.ledger_begin_index, store.committed_index + 1):
             if not e.body:
                 continue
-            if e.body in bodies:
-                self.fail(
-                    f"body {e.body[:24]!r} committed twice, at {bodies[e.body]} and {e.index}"
-                )
-            bodies[e.body] = e.index
+            k = key(e.body)
+            if k in bodies:
+                self.fail(f"body {e.body[:24]!r} committed twice, at {bodies[k]} and {e.index}")
+            bodies[k] = e.index
         for index, body in self.acked.items():
-            if bodies.get(body) != index:
+            if bodies.get(key(body)) != index:
                 if self.durability_void:
                     self.stats["acked_lost_after_power_loss"] += 1
                     continue

@@ -222,14 +222,20 @@ class MemberActor:
             self.net.note(f"{node.id} ready for appends in term {a.term}")
             if self.members[node.id].fast_enabled and len(self.ids) > 1:
                 self._fp_start(node, a.term)
+            if not a.watching:
+                self._spawn(node, self._run_process(node, node.supervisor.watch(a.term)))
+            return None
+        if isinstance(a, sv.Watch):
             self._spawn(node, self._run_process(node, node.supervisor.watch(a.term)))
             return None
         if isinstance(a, sv.FailReaders):
             for token in node.reads.step_down():
                 token.settle(sv.Failed("leadership ended"))
             return None
-        if isinstance(a, sv.MachineRole | sv.WaitMachine):
-            self.fail(f"{node.id}: {a!r} has no transport in the simulation yet")
+        if isinstance(a, sv.MachineRole):
+            return (yield from self._m_role(node))  # machine_actor.py
+        if isinstance(a, sv.WaitMachine):
+            return (yield from self._m_wait_ready(node, a.term))
         raise TypeError(f"unknown supervision action {a!r}")
 
     # -- reads: the shipped read path, its rounds over the network --------------------------

@@ -73,6 +73,7 @@ class MemberLifecycle:
             self.rpc.timeout_ms,
             self.election.heartbeat_timeout_ms,
             sync=self.sync_flush,
+            machine=self.machine_path is not None,
             fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
         )
         rpc = self.rpc.timeout_ms
@@ -85,6 +86,8 @@ class MemberLifecycle:
         m.node.dispatcher_drivers = {
             p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()
         }
+        if self.machine_path is not None:
+            self._m_open(m)
         self._at(m.node, self.clock.now_ms, self._maintain, m.node)
         # a restart may recover a lower committed index (the checkpoint lags); never other entries
         m.committed_seen = min(m.committed_seen, m.store.committed_index)
@@ -124,6 +127,7 @@ class MemberLifecycle:
         if m.alive:
             self._check_member(m)  # what it committed this step counts
             m.node.dead = True
+            self._m_close(m.node)
         m.node = None
         kind = "CRASH"
         if m.data_dir is not None and m.store is not None:

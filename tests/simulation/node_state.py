@@ -12,6 +12,7 @@ from rayledger.actors.checker_logic import CheckerDriver
 from rayledger.actors.dispatcher_logic import DispatcherDriver
 from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.machine import Applier
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
@@ -108,6 +109,10 @@ class Node:
     sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
     exclusive: list = field(default_factory=list)  # supervisor processes waiting for the role lock
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
+    # the state-machine runner (machine_actor.py), on the seeds that run a machine
+    applier: Applier | None = None
+    machine_free_ms: int = 0  # when the machine's one thread is free again
+    machine_next: int = 0  # the index its next apply call must start at (instrumentation)
 
     def __post_init__(self) -> None:
         self.book = RoundBook(self.logic)
@@ -127,6 +132,8 @@ class SimMember:
     committed_seen: int = -1  # committed entries up to here were checked
     verified_end: int = -1  # entries up to here were checked against the Log Matching map
     fast_enabled: bool = False  # LedgerConfig.fast_path, switched by faults
+    machine_high: int = -1  # the highest index its machine was ever given (across restarts)
+    hooked: LogStore | None = None  # the store its machine's pre_append hook is on
 
     @property
     def alive(self) -> bool:

@@ -1,0 +1,215 @@
+"""The state-machine runner's decisions, once (sans-I/O: no Ray, no asyncio, no clock).
+
+The runner around a member's state machine (machine.py) only delivers events to this core
+and does what it answers; the Ray member (:mod:`.machine_runner`) with a one-thread pool
+and futures, the seeded simulation with simulated time.  The core decides:
+
+* **what to apply next**: from where the machine stands, at most ``max_batch`` committed
+  entries, one batch at a time (:meth:`MachineCore.next_batch`), and that each batch
+  continues exactly where the machine stands (:meth:`MachineCore.check_continues`);
+* **when a query may be answered or must fail**: at once once the machine has applied
+  the index the read consistency requires, else it waits until a batch reaches it
+  (:meth:`MachineCore.batch_done`), TIMEOUT at its deadline (:meth:`MachineCore.expire`),
+  INTERNAL_ERROR once the machine failed;
+* **when the machine counts as ready for a new leader's term** (:meth:`MachineCore.wait_ready`):
+  once ``ready_to_lead()`` says so while the term lasts, asked again every
+  ``READY_POLL_MS``; a failed machine is never ready;
+* **what a failure does** (:meth:`MachineCore.fail`): a machine whose ``apply`` or
+  ``on_role_change`` raised applies no more (its state is unknown), and every waiting and
+  later query fails INTERNAL_ERROR;
+* **role news**: the machine hears each distinct (role, term) once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from rayledger.election import Role
+from rayledger.storage import LedgerError, ResponseCode
+
+from .supervision import Answer, Failed, Process, Sleep
+
+log = logging.getLogger("rayledger.actors")
+
+READY_POLL_MS = 10
+"""How often a new leader asks its machine again whether it is ready to lead."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskReady:
+    """Call ``machine.ready_to_lead()`` on the machine's thread; answered with its result,
+    or :class:`~.supervision.Failed` when it raised."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Read committed entries ``[start, stop)`` and apply them on the machine's thread."""
+
+    start: int
+    stop: int
+
+
+class Verdict:
+    """What :meth:`MachineCore.query` decided: answer now, or wait for a batch."""
+
+    ANSWER = "answer"
+    WAIT = "wait"
+
+
+class MachineCore:
+    """One machine's runner state: where it stands, the batch in flight, queries waiting."""
+
+    def __init__(self, member: str, applied: int, max_batch: int = 1024):
+        self.member = member
+        self.applied = int(applied)  # the last index the machine applied (open() says first)
+        self.max_batch = max_batch
+        self.applying: Batch | None = None
+        self.failed: str | None = None  # why the machine failed (it applies no more)
+        self._role: tuple[Role, int] | None = None
+        self._waiting: list[tuple[int, int, Any]] = []  # (index, deadline ms, token)
+
+    # -- what to apply next ------------------------------------------------------------------
+    def due(self, committed: int) -> tuple[int, int] | None:
+        """The next ``[start, stop)`` after where the machine stands, at most ``max_batch``
+        entries, or None when it has applied ``committed``."""
+        if committed <= self.applied:
+            return None
+        start = self.applied + 1
+        return start, min(committed + 1, start + self.max_batch)
+
+    def next_batch(self, committed: int) -> Batch | None:
+        """The batch to apply now, or None: nothing due, one in flight (batches apply one
+        at a time, in order), or the machine failed."""
+        if self.applying is not None or self.failed is not None:
+            return None
+        due = self.due(committed)
+        if due is None:
+            return None
+        self.applying = Batch(*due)
+        return self.applying
+
+    def check_continues(self, first: int) -> None:
+        """Entries from ``first`` must continue exactly where the machine stands: never
+        skip, never apply twice (INCONSISTENT_STATE)."""
+        if first != self.applied + 1:
+            raise LedgerError.of(
+                ResponseCode.INCONSISTENT_STATE,
+                f"apply from {first}, but the machine stands at {self.applied}",
+            )
+
+    def check_batch(self, batch: Batch, entries: list) -> None:
+        """The store gave exactly the batch's entries (INCONSISTENT_STATE otherwise: a
+        machine never gets a gap, nor less than it was promised)."""
+        want = list(range(batch.start, batch.stop))
+        if [e.index for e in entries] != want:
+            got = f"{entries[0].index}..{entries[-1].index}" if entries else "none"
+            raise LedgerError.of(
+                ResponseCode.INCONSISTENT_STATE,
+                f"batch {batch.start}..{batch.stop - 1} read as entries {got}",
+            )
+
+    def batch_done(self, last: int) -> list[Any]:
+        """The machine applied entries up to ``last`` (the batch in flight, or a batch
+        applied by hand); returns the query tokens it may answer now."""
+        if last < self.applied:
+            raise LedgerError.of(
+                ResponseCode.INCONSISTENT_STATE,
+                f"applied up to {last}, but the machine stood at {self.applied} already",
+            )
+        self.applied = last
+        self.applying = None
+        return self._reached()
+
+    def fail(self, why: str) -> list[tuple[Any, LedgerError]]:
+        """The machine raised: it applies no more (its state is unknown) and every waiting
+        query fails; returns ``(token, error)`` for them."""
+        if self.failed is None:
+            self.failed = why
+            log.error("[%s] state machine failed at %d: %s; it applies no more",
+                      self.member, self.applied + 1, why)  # fmt: skip
+        self.applying = None
+        waiting, self._waiting = self._waiting, []
+        return [(token, self.broken()) for _, _, token in waiting]
+
+    def broken(self) -> LedgerError:
+        return LedgerError.of(
+            ResponseCode.INTERNAL_ERROR,
+            f"the state machine of {self.member} failed: {self.failed}",
+        )
+
+    # -- queries -----------------------------------------------------------------------------
+    def query(self, index: int, token: Any, now_ms: int, timeout_ms: int) -> str:
+        """A query needs the machine to have applied ``index``: :attr:`Verdict.ANSWER` (ask
+        the machine now) or :attr:`Verdict.WAIT` (``token`` is listed until a batch reaches
+        ``index``, :meth:`expire` at ``now_ms + timeout_ms``).  Raises INTERNAL_ERROR once
+        the machine failed."""
+        if self.failed is not None:
+            raise self.broken()
+        if self.applied >= index:
+            return Verdict.ANSWER
+        self._waiting.append((index, now_ms + timeout_ms, token))
+        return Verdict.WAIT
+
+    def _reached(self) -> list[Any]:
+        if not self._waiting:
+            return []
+        done = [t for i, _, t in self._waiting if i <= self.applied]
+        if done:
+            self._waiting = [w for w in self._waiting if w[0] > self.applied]
+        return done
+
+    def next_deadline_ms(self) -> int | None:
+        return min((d for _, d, _ in self._waiting), default=None)
+
+    def expire(self, now_ms: int) -> list[tuple[Any, LedgerError]]:
+        """Queries whose deadline passed fail TIMEOUT; returns ``(token, error)``."""
+        late = [(i, t) for i, d, t in self._waiting if d <= now_ms]
+        if not late:
+            return []
+        self._waiting = [w for w in self._waiting if w[1] > now_ms]
+        return [(t, self.too_late(i)) for i, t in late]
+
+    def discard(self, token: Any) -> None:
+        """A waiting query gave up on its own (its caller went away)."""
+        self._waiting = [w for w in self._waiting if w[2] is not token]
+
+    def too_late(self, index: int) -> LedgerError:
+        return LedgerError.of(
+            ResponseCode.TIMEOUT,
+            f"{self.member} has applied up to {self.applied}, not yet {index}",
+        )
+
+    # -- roles and readiness -----------------------------------------------------------------
+    def role_news(self, role: Role, term: int) -> bool:
+        """Whether the machine must hear of ``(role, term)``: once per distinct pair, and
+        never once it failed."""
+        if self.failed is not None or self._role == (role, term):
+            return False
+        self._role = (role, term)
+        return True
+
+    def wait_ready(self, leads: Callable[[], bool]) -> Process:
+        """A new leader's wait for its machine (the supervisor's ``WaitMachine``): returns
+        True once ``ready_to_lead()`` says so, False once ``leads()`` no longer holds (the
+        term ended).  A failed machine is never ready; one whose ``ready_to_lead`` raised
+        is not ready this time and is asked again."""
+        return Process("machine-ready", self._wait_ready(leads), exclusive=False)
+
+    def _wait_ready(self, leads: Callable[[], bool]) -> Generator[Any, Answer, bool]:
+        while leads():
+            if self.failed is None:
+                got = (yield AskReady()).value
+                if isinstance(got, Failed):
+                    log.warning("[%s] ready_to_lead raised: %s", self.member, got.why)
+                elif got:
+                    return True
+                if not leads():
+                    break
+            yield Sleep(READY_POLL_MS)
+        return False
+
+
+__all__ = ["READY_POLL_MS", "AskReady", "Batch", "MachineCore", "Verdict"]

@@ -1,0 +1,184 @@
+"""The state-machine runner's core (actors/machine_core.py), stepped by hand (no Ray): what
+to apply next, when queries are answered or fail, readiness for a term, failures."""
+
+from __future__ import annotations
+
+import pytest
+from rayledger.actors.machine import Applier, MachineContext, StateMachine
+from rayledger.actors.machine_core import READY_POLL_MS, AskReady, Batch, MachineCore, Verdict
+from rayledger.actors.read_path import run_to_end
+from rayledger.actors.supervision import Answer, Failed, Sleep
+from rayledger.election import Role
+from rayledger.storage import Entry, LedgerError, ResponseCode
+
+
+def entries(a: int, b: int) -> list[Entry]:
+    return [Entry(i, 1, i * 10, b"x") for i in range(a, b)]
+
+
+def test_batches_apply_one_at_a_time_from_where_the_machine_stands():
+    c = MachineCore("n0", applied=4, max_batch=3)
+    assert c.next_batch(4) is None  # nothing committed past it
+    b = c.next_batch(10)
+    assert b == Batch(5, 8)
+    assert c.next_batch(10) is None  # one batch in flight at a time
+    c.check_batch(b, entries(5, 8))
+    assert c.batch_done(7) == [] and c.applied == 7
+    assert c.next_batch(10) == Batch(8, 11)
+
+
+def test_a_batch_read_with_a_gap_or_short_is_refused():
+    c = MachineCore("n0", applied=-1)
+    b = c.next_batch(5)
+    for got in (entries(0, 3), entries(1, 6), []):
+        with pytest.raises(LedgerError) as e:
+            c.check_batch(b, got)
+        assert e.value.code == ResponseCode.INCONSISTENT_STATE
+    c.check_batch(b, entries(0, 6))
+    with pytest.raises(LedgerError):
+        c.check_continues(3)  # never skip, never twice
+    c.check_continues(0)
+
+
+def test_a_machine_restarted_ahead_of_the_committed_index_waits_for_it():
+    c = MachineCore("n0", applied=20)  # it saved more than the store recovered as committed
+    assert c.next_batch(15) is None
+    assert c.next_batch(21) == Batch(21, 22)
+
+
+def test_queries_wait_for_the_index_then_are_answered():
+    c = MachineCore("n0", applied=2, max_batch=2)
+    assert c.query(2, "now", 0, 100) == Verdict.ANSWER
+    assert c.query(5, "q5", 0, 100) == Verdict.WAIT
+    assert c.query(3, "q3", 0, 100) == Verdict.WAIT
+    c.next_batch(9)
+    assert c.batch_done(4) == ["q3"]
+    c.next_batch(9)
+    assert c.batch_done(6) == ["q5"]
+    assert c.next_deadline_ms() is None
+
+
+def test_a_waiting_query_times_out_at_its_deadline():
+    c = MachineCore("n0", applied=0)
+    c.query(5, "a", now_ms=0, timeout_ms=100)
+    c.query(5, "b", now_ms=50, timeout_ms=100)
+    assert c.next_deadline_ms() == 100
+    assert c.expire(99) == []
+    ((token, err),) = c.expire(100)
+    assert token == "a" and err.code == ResponseCode.TIMEOUT
+    c.discard("b")
+    assert c.next_deadline_ms() is None
+
+
+def test_a_failed_machine_applies_no_more_and_fails_every_query():
+    c = MachineCore("n0", applied=0)
+    c.query(3, "w", 0, 1000)
+    c.next_batch(5)
+    (failed,) = c.fail("ValueError('bad entry')")
+    assert failed[0] == "w" and failed[1].code == ResponseCode.INTERNAL_ERROR
+    assert c.next_batch(5) is None and c.applying is None
+    with pytest.raises(LedgerError) as e:
+        c.query(0, "late", 0, 1000)  # even an index it applied: its state is unknown
+    assert e.value.code == ResponseCode.INTERNAL_ERROR
+    assert not c.role_news(Role.LEADER, 3)
+
+
+def test_role_news_once_per_distinct_role_and_term():
+    c = MachineCore("n0", applied=-1)
+    assert c.role_news(Role.FOLLOWER, 1)
+    assert not c.role_news(Role.FOLLOWER, 1)
+    assert c.role_news(Role.LEADER, 2)
+    assert c.role_news(Role.FOLLOWER, 2)
+
+
+def _drive(proc, answers):
+    """Run a wait_ready process, answering AskReady from ``answers``; the actions seen and
+    the result."""
+    seen, answer = [], None
+    while True:
+        action, result = run_to_end(proc, answer)
+        if action is None:
+            return seen, result
+        seen.append(action)
+        answer = Answer(0, answers.pop(0) if isinstance(action, AskReady) else None)
+
+
+def test_ready_once_the_machine_says_so_asked_every_poll():
+    c = MachineCore("n0", applied=-1)
+    seen, ready = _drive(c.wait_ready(lambda: True), [False, Failed("boom"), True])
+    assert ready is True
+    assert seen == [AskReady(), Sleep(READY_POLL_MS), AskReady(), Sleep(READY_POLL_MS), AskReady()]
+
+
+def test_not_ready_once_the_term_ended():
+    c = MachineCore("n0", applied=-1)
+    leads = iter([True, False])
+    seen, ready = _drive(c.wait_ready(lambda: next(leads, False)), [False])
+    assert ready is False and seen == [AskReady()]
+
+
+def test_a_failed_machine_is_never_asked_and_never_ready():
+    c = MachineCore("n0", applied=-1)
+    c.fail("boom")
+    polls = iter([True, True, False])
+    seen, ready = _drive(c.wait_ready(lambda: next(polls)), [])
+    assert ready is False and seen == [Sleep(READY_POLL_MS), Sleep(READY_POLL_MS)]
+
+
+class Counter(StateMachine):
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def apply(self, es):
+        self.seen += [e.index for e in es]
+
+
+def test_the_applier_runs_the_machine_and_the_core_records_it():
+    m = Counter()
+    a = Applier(m, MachineContext("g", "n0", None, {}), max_batch=4)
+    b = a.core.next_batch(9)
+    a.run(entries(b.start, b.stop))  # the machine's thread
+    assert m.seen == [0, 1, 2, 3] and a.applied == -1  # the core hears it on its own thread
+    a.core.batch_done(b.stop - 1)
+    assert a.applied == 3 and a.due(9) == (4, 8)
+
+
+def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
+    """A new leader whose machine is not yet ready waits (WaitMachine) with its helpers
+    already watched: a checker that hangs meanwhile would otherwise keep it waiting for good,
+    never ready, while its heartbeats hold the others off (the simulation's seed 305 of
+    tests/simulation/test_group_sim.py::test_machine_leader_wait_watches_helpers)."""
+    from rayledger.actors.config import LedgerConfig
+    from rayledger.actors.logic import MemberLogic
+    from rayledger.actors.rounds import RoundBook
+    from rayledger.actors.supervision import (
+        Install,
+        MachineRole,
+        Ready,
+        Supervisor,
+        WaitMachine,
+        Watch,
+    )
+    from rayledger.election import MemoryTermStore
+    from rayledger.replication import ReplicationConfig
+    from rayledger.storage import MemoryStore, StoreConfig
+
+    cfg = LedgerConfig.fast()
+    peers = ["n0", "n1", "n2"]
+    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
+    logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
+                        MemoryTermStore(term=3))  # fmt: skip
+    sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
+                     cfg.election.heartbeat_timeout_ms, machine=True)  # fmt: skip
+    logic.state.change_to_leader(3)
+    proc = sup.role_changes()
+    actions, action = [], proc.start()
+    while action is not None:
+        actions.append(action)
+        value = True if isinstance(action, WaitMachine) else None
+        action = proc.send(Answer(0, value))
+    kinds = [type(a) for a in actions]
+    assert kinds.index(MachineRole) < kinds.index(Install) < kinds.index(Watch)
+    assert kinds.index(Watch) < kinds.index(WaitMachine) < kinds.index(Ready)
+    assert kinds.count(Watch) == 1
+    assert actions[-1].watching  # Ready starts no second watch

@@ -1,0 +1,477 @@
+"""The state-machine runner (actors/machine_runner.py) in the whole-group simulation.
+
+On the seeds that run one, every member runs a real machine -- the KV example
+(``KvMachine``) or the RocketMQ commit log (``CommitLogMachine``) -- through the shipped
+:class:`~rayledger.actors.machine.Applier` and its core
+(:class:`~rayledger.actors.machine_core.MachineCore`), which decide what to apply next and
+when a new leader's machine is ready.  This mixin is only their transport, as the Ray
+runner is: the machine's one thread is a queue in simulated time (an apply takes a seeded
+while, now and then a long one), the supervisor's ``MachineRole``/``WaitMachine`` are
+performed on it, the leader's store calls the machine's ``pre_append`` in its write, and a
+crash closes the machine; the restarted member reopens it from what it saved in the
+member's data dir (memory members keep nothing and replay the whole log), as on Ray.
+
+Queries (``MachineRunner.query`` with the ``committed`` consistency) go to a random member
+now and then; the core answers them at once, lets them wait for a batch, or times them out.
+
+Checks: each ``apply`` call continues exactly where the machine stands and gives it only
+entries committed at that index in that term (instrumented around the applier's calls,
+the machines unchanged); a reopened machine never claims more than it was given; at the
+end every member's machine state equals a fresh machine's fed the committed log from
+scratch, and the leader's stamps hold (a KV revision is the entry's index; RocketMQ queue
+offsets run 0, 1, 2, ... per queue over the committed log and match the consume queues,
+physical offsets are the entries' positions).  A power loss without ``sync_flush`` may void
+these (a machine kept entries its log lost): then they are counted, not failed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from rayledger.actors import supervision as sv
+from rayledger.actors.machine import Applier, MachineContext, StateMachine, load_machine
+from rayledger.actors.machine_core import AskReady, Verdict
+from rayledger.actors.read_path import run_to_end
+from rayledger.integration.kv import set_command
+from rayledger.integration.rocketmq.commitlog import CommitLogMachine, offset_command
+from rayledger.integration.rocketmq.message import (
+    MAGIC_CODE,
+    PHYS_OFFSET_POS,
+    QUEUE_OFFSET_POS,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    Message,
+    decode,
+    encode,
+)
+from rayledger.storage import LedgerError
+from rayledger.storage.codec import HEADER_SIZE
+
+from .network import SimulationFailure
+from .node_state import Node, SimMember
+
+MACHINES = {
+    "kv": "rayledger.integration.kv:KvMachine",
+    "mq": "rayledger.integration.rocketmq.commitlog:CommitLogMachine",
+}
+MACHINE_CALL_MS = (0, 2)  # a role change or a readiness question on the machine's thread
+MACHINE_APPLY_MS = (0, 5)  # an applied batch, plus a millisecond per 64 entries
+MACHINE_PAUSE = (0.02, (50, 400))  # now and then an apply pauses long (a GC, a slow disk)
+MACHINE_QUERY_EVERY_MS = (10, 80)  # a query to some member's machine this often
+MACHINE_QUERY_TIMEOUT_MS = (50, 400)  # seeded: some run out while an apply pauses
+NEVER_MS = 10**15  # CommitLogMachine checkpoint interval: never (time.monotonic is no input)
+
+_REV = re.compile(rb'"rev": "\d{10}"')
+_STORE_TS_POS = 56
+_MAGIC = struct.pack(">i", MAGIC_CODE)
+
+
+class MachineActor:
+    """Members' state machines and their checks (a mixin of :class:`~.group_sim.GroupSim`)."""
+
+    def _init_machines(self, machine: str | None) -> None:
+        """``machine``: "kv", "mq" or None.  Its own streams, so the other streams of a seed
+        stay as they were."""
+        self.machine = machine
+        self.machine_path = MACHINES[machine] if machine else None
+        self._machine_rng = random.Random(self.seed * 7919 + 71)
+        self._body_rng = random.Random(self.seed * 7919 + 73)
+        self._query_rng = random.Random(self.seed * 7919 + 79)
+        self._next_query_ms: int | None = 0 if machine else None
+        self.machine_args: dict = {}
+        if machine == "mq":  # every batch checkpoints, or none does (replays from the start)
+            self.machine_args = {"checkpoint_interval_ms": self._machine_rng.choice((0, NEVER_MS))}
+
+    # -- the machine's process ---------------------------------------------------------------
+    def _m_open(self, m: SimMember) -> None:
+        """``MachineRunner.__init__``: build the machine and open it in the member's dir."""
+        node = m.node
+        machine = load_machine(self.machine_path)
+        ctx = MachineContext(self.group, m.id, m.data_dir, dict(self.machine_args), m.store)
+        node.applier = Applier(machine, ctx)
+        inner = machine.apply
+
+        def apply(entries: list) -> None:  # instruments the applier's calls, not the machine
+            self._m_check_apply(node, entries)
+            inner(entries)
+
+        machine.apply = apply  # type: ignore[method-assign]
+        opened = node.applier.applied
+        if opened > m.machine_high:
+            self.fail(
+                f"{m.id}'s machine reopened at {opened}, but was given up to {m.machine_high}"
+            )
+        node.machine_next = opened + 1
+        node.machine_free_ms = self.clock.now_ms
+        if m.hooked is not m.store and type(machine).pre_append is not StateMachine.pre_append:
+            m.hooked = m.store  # one hook per store object, to whichever machine runs now
+            m.store.add_append_hook(lambda i, pos, body: self._m_pre_append(m, i, pos, body))
+        self.stats["machine_opens"] += 1
+        self.net.note(f"{m.id} machine opened at {opened}")
+
+    @staticmethod
+    def _m_pre_append(m: SimMember, index: int, pos: int, body: bytearray) -> None:
+        if m.node is not None and m.node.applier is not None:
+            m.node.applier.machine.pre_append(index, pos, body)
+
+    def _m_close(self, node: Node) -> None:
+        """A crash: the machine's process dies.  Its buffered writes reach the files (they
+        may, in a real crash); what it never flushed is cut on its next open anyway."""
+        if node.applier is not None:
+            node.applier.machine.close()
+
+    def _m_thread(self, node: Node, ms: int, fn: Callable, *args) -> int:
+        """Run ``fn`` on the machine's one thread, after what was queued there, ``ms`` from
+        when it starts; returns when it has run."""
+        end = max(self.clock.now_ms, node.machine_free_ms) + ms
+        node.machine_free_ms = end
+        self._at(node, end, fn, *args)
+        return end
+
+    def _machines_step(self) -> None:
+        """``MachineRunner.kick`` after the committed index moved: checked every step."""
+        for m in self.members.values():
+            if m.alive and m.node.applier is not None:
+                self._m_pump(m.node)
+        now = self.clock.now_ms
+        if self._next_query_ms is not None and self.clients_on and now >= self._next_query_ms:
+            rng = self._query_rng
+            self._next_query_ms = now + rng.randint(*MACHINE_QUERY_EVERY_MS)
+            alive = [m for m in self.members.values() if m.alive]
+            if alive:
+                self._m_query(rng.choice(alive).node)
+
+    def _m_pump(self, node: Node) -> None:
+        core = node.applier.core
+        store = node.logic.store
+        batch = core.next_batch(store.committed_index)
+        if batch is None:
+            return
+        try:
+            entries = store.get_range(batch.start, batch.stop)
+            core.check_batch(batch, entries)
+        except Exception as exc:
+            core.fail(repr(exc))
+            self.fail(f"{node.id} could not read {batch} for its machine: {exc!r}")
+        rng = self._machine_rng
+        ms = rng.randint(*MACHINE_APPLY_MS) + len(entries) // 64
+        if rng.random() < MACHINE_PAUSE[0]:
+            ms += rng.randint(*MACHINE_PAUSE[1])
+        self._m_thread(node, ms, self._m_applied, node, batch, entries)
+
+    def _m_applied(self, node: Node, batch, entries: list) -> None:
+        """The batch ran on the machine's thread (it takes effect at the end of its time)."""
+        core = node.applier.core
+        try:
+            node.applier.run(entries)
+        except SimulationFailure:
+            raise  # a check of the instrumented apply
+        except Exception as exc:
+            core.fail(repr(exc))
+            self.fail(f"{node.id}'s machine failed on {batch}: {exc!r}")
+        for token in core.batch_done(batch.stop - 1):
+            self._m_answer(node, token)
+        self.stats["machine_batches"] += 1
+        self._m_pump(node)
+
+    def _m_check_apply(self, node: Node, entries: list) -> None:
+        """Instrumented around the applier's call: in order from where the machine stands,
+        each entry committed at its index in its term."""
+        m = self.members[node.id]
+        for e in entries:
+            if e.index != node.machine_next:
+                self.fail(f"{node.id}'s machine got entry {e.index}, expected {node.machine_next}")
+            node.machine_next += 1
+            got = self.committed.get(e.index)
+            if got is None:  # committed in this very step: the checks have not seen it yet
+                self._check_member(m)
+                got = self.committed.get(e.index)
+            if got is None or got[0] != e.term:
+                if not self.durability_void:
+                    self.fail(
+                        f"{node.id}'s machine applies {e.index} (term {e.term}), committed as {got}"
+                    )
+                self.stats["machine_applied_lost_after_power_loss"] += 1
+        m.machine_high = max(m.machine_high, node.machine_next - 1)
+
+    # -- queries -----------------------------------------------------------------------------
+    def _m_query(self, node: Node) -> None:
+        """``MachineRunner.query`` with the ``committed`` consistency: the machine answers
+        once it applied this member's committed index (the core decides when, or that it
+        times out)."""
+        rng = self._query_rng
+        if self.machine == "kv":
+            request: Any = (
+                {"get": f"k{rng.randint(0, 12)}"} if rng.random() < 0.8 else {"keys": True}
+            )
+        else:
+            request = rng.choice(
+                (
+                    ("topics",),
+                    ("max_offset", f"t{rng.randint(0, 1)}", 0),
+                    ("pull", f"t{rng.randint(0, 1)}", rng.randint(0, 2), 0, 64),
+                )
+            )
+        index = node.logic.store.committed_index
+        token = (index, request)  # compared by identity
+        core = node.applier.core
+        now = self.clock.now_ms
+        timeout = rng.randint(*MACHINE_QUERY_TIMEOUT_MS)
+        verdict = core.query(index, token, now, timeout)  # raises once failed
+        self.stats["machine_queries"] += 1
+        if verdict == Verdict.ANSWER:
+            self._m_answer(node, token)
+        else:
+            self.stats["machine_query_waits"] += 1
+            self._at(node, now + timeout, self._m_expire, node)
+
+    def _m_expire(self, node: Node) -> None:
+        for _token, err in node.applier.core.expire(self.clock.now_ms):
+            self.stats[f"machine_query_{err.code.name.lower()}"] += 1
+
+    def _m_answer(self, node: Node, token: tuple) -> None:
+        """The core released the query: the machine answers on its thread, having applied
+        at least the index it waited for."""
+        index, request = token
+        machine = node.applier.machine
+        if machine.applied < index:  # released before the machine got there
+            self.fail(f"{node.id}'s machine may answer a query at {index} having applied "
+                      f"{machine.applied}")  # fmt: skip
+
+        def ask() -> None:
+            try:
+                answer = machine.query(request)
+            except LedgerError as exc:
+                # a machine that kept entries its log lost (a power loss without sync_flush)
+                # may point past the log: RocketMQ's pull then reads beyond the store's end
+                if not self.durability_void:
+                    self.fail(f"{node.id}'s machine failed query {request}: {exc!r}")
+                self.stats["machine_query_error_after_power_loss"] += 1
+                return
+            if self.machine == "kv" and isinstance(request, dict) and "get" in request and answer:
+                rev = answer[1]
+                if rev > machine.applied:
+                    self.fail(
+                        f"{node.id} answered {request} with revision {rev}, past {machine.applied}"
+                    )
+            self.stats["machine_query_answered"] += 1
+
+        self._m_thread(node, self._query_rng.randint(*MACHINE_CALL_MS), ask)
+
+    # -- the supervisor's actions ------------------------------------------------------------
+    def _m_role(self, node: Node):
+        """``MachineRole``: the role and term as the member holds them now."""
+        st = node.logic.state
+        core = node.applier.core
+        if not core.role_news(st.role, st.current_term):
+            return None
+        role, term, out = st.role, st.current_term, []
+        end = self._m_thread(
+            node,
+            self._machine_rng.randint(*MACHINE_CALL_MS),
+            self._m_call,
+            out,
+            node.applier.machine.on_role_change,
+            role,
+            term,
+        )
+        yield end - self.clock.now_ms
+        if out and isinstance(out[0], sv.Failed):
+            core.fail(out[0].why)
+            self.fail(f"{node.id}'s machine failed on a role change: {out[0].why}")
+        return None
+
+    def _m_wait_ready(self, node: Node, term: int):
+        """``WaitMachine``: the core's process, its questions asked on the machine's thread."""
+        proc = node.applier.core.wait_ready(lambda: node.logic.leads(term))
+        answer = None
+        while True:
+            action, result = run_to_end(proc, answer)
+            if action is None:
+                self.stats["machine_ready" if result else "machine_not_ready"] += 1
+                return bool(result)
+            value = None
+            if isinstance(action, AskReady):
+                out: list = []
+                ms = self._machine_rng.randint(*MACHINE_CALL_MS)
+                end = self._m_thread(
+                    node, ms, self._m_call, out, node.applier.machine.ready_to_lead
+                )
+                yield end - self.clock.now_ms
+                value = out[0] if out else sv.Failed("no answer")
+                self.stats["machine_ready_asks"] += 1
+            else:
+                yield action.ms
+            answer = sv.Answer(self.clock.now_ms, value)
+
+    @staticmethod
+    def _m_call(out: list, fn: Callable, *args) -> None:
+        try:
+            out.append(fn(*args))
+        except Exception as exc:
+            out.append(sv.Failed(repr(exc)))
+
+    # -- what clients append -----------------------------------------------------------------
+    def _machine_bodies(self, client: str, req_id: int, k: int) -> tuple[bytes, ...]:
+        """Bodies the machine takes, each unique: KV sets and deletes; RocketMQ messages
+        (some prepared, committed or rolled back) and consumer offsets; now and then a body
+        it must skip alike everywhere."""
+        rng = self._body_rng
+        out = []
+        for j in range(k):
+            tag = f"{client}:{req_id}:{j}"
+            roll = rng.random()
+            if roll < 0.03:
+                out.append(f"junk {tag}".encode())
+            elif self.machine == "kv":
+                key = f"k{rng.randint(0, 12)}"
+                if roll < 0.25:  # a delete, unique by a field the machine ignores
+                    doc = {"op": "del", "key": key, "rev": "0" * 10, "by": tag}
+                    out.append(json.dumps(doc).encode())
+                else:
+                    out.append(set_command(key, {"by": tag, "pad": "x" * rng.randint(0, 60)}))
+            elif roll < 0.12:
+                out.append(
+                    offset_command(
+                        client, f"t{rng.randint(0, 1)}", rng.randint(0, 2), req_id * 16 + j
+                    )
+                )
+            else:
+                sys_flag = 0
+                if roll > 0.9:
+                    sys_flag = rng.choice(
+                        (
+                            TRANSACTION_PREPARED_TYPE,
+                            TRANSACTION_COMMIT_TYPE,
+                            TRANSACTION_ROLLBACK_TYPE,
+                        )
+                    )
+                props = {"KEYS": f"{client} {tag}"}
+                if rng.random() < 0.5:
+                    props["TAGS"] = rng.choice(("a", "b"))
+                msg = Message(
+                    f"t{rng.randint(0, 1)}",
+                    f"{tag}:".encode() + b"m" * rng.randint(0, 80),
+                    queue_id=rng.randint(0, 2),
+                    properties=props,
+                    sys_flag=sys_flag,
+                )
+                out.append(encode(msg))
+        return tuple(out)
+
+    def _body_key(self, body: bytes) -> bytes:
+        """A body as the client sent it: without what the leader's ``pre_append`` stamps
+        (a KV revision; a record's queue and physical offsets and store time)."""
+        if self.machine == "kv":
+            return _REV.sub(b'"rev": "0000000000"', body)
+        if self.machine == "mq" and len(body) >= 92 and body[4:8] == _MAGIC:
+            b = bytearray(body)
+            b[QUEUE_OFFSET_POS : PHYS_OFFSET_POS + 8] = bytes(16)
+            b[_STORE_TS_POS : _STORE_TS_POS + 8] = bytes(8)
+            return bytes(b)
+        return body
+
+    # -- the checks at the end ---------------------------------------------------------------
+    def machines_converged(self) -> bool:
+        """Every machine applied its member's committed log, nothing in flight."""
+        for m in self.members.values():
+            if m.alive and m.node.applier is not None:
+                core = m.node.applier.core
+                if core.applying is not None or core.applied != m.store.committed_index:
+                    return False
+        return True
+
+    def check_machines(self) -> None:
+        """Each member's machine state equals a fresh machine's fed its committed log from
+        scratch (up to where it applied); the leader's stamps hold."""
+        for m in self.members.values():
+            if not m.alive or m.node.applier is None:
+                continue
+            core = m.node.applier.core
+            if core.failed is not None:
+                self.fail(f"{m.id}'s machine failed: {core.failed}")
+            fresh = load_machine(self.machine_path)
+            store = m.store
+            fresh.open(
+                MachineContext(self.group, m.id, None, {"checkpoint_interval_ms": NEVER_MS}, store)
+            )
+            start = store.ledger_begin_index
+            last = min(core.applied, store.committed_index)
+            while start <= last:
+                batch = store.get_range(start, min(last + 1, start + 1024))
+                fresh.apply(batch)
+                start = batch[-1].index + 1
+            got, want = machine_state(m.node.applier.machine), machine_state(fresh)
+            if core.applied > store.committed_index or got != want:
+                if self.durability_void:  # it kept entries its log lost to a power loss
+                    self.stats["machine_diverged_after_power_loss"] += 1
+                    continue
+                self.fail(
+                    f"{m.id}'s machine (applied {core.applied}, committed "
+                    f"{store.committed_index}) differs from a replay of its log: "
+                    f"{_diff(got, want)}"
+                )
+            self._check_stamps(m, fresh, last)
+            self.stats["machines_checked"] += 1
+
+    def _check_stamps(self, m: SimMember, fresh: StateMachine, last: int) -> None:
+        store = m.store
+        bad = None
+        if self.machine == "kv":
+            for e in store.get_range(store.ledger_begin_index, last + 1):
+                hit = _REV.search(e.body)
+                if hit and e.body.startswith(b'{"op"') and int(hit.group()[-11:-1]) != e.index:
+                    bad = f"entry {e.index} carries revision {hit.group()!r}"
+                    break
+        elif isinstance(fresh, CommitLogMachine):
+            for (topic, qid), q in fresh.queues.items():
+                for k, (phys, _size, _tags, index) in enumerate(q.get(0, q.max_offset)):
+                    e = store.get(index)
+                    msg = decode(e.body, verify=False)
+                    if (
+                        msg.queue_offset != k
+                        or phys != e.pos + HEADER_SIZE
+                        or msg.phys_offset != phys
+                    ):
+                        bad = (
+                            f"queue {topic}/{qid} unit {k} is entry {index} stamped offset "
+                            f"{msg.queue_offset}, phys {msg.phys_offset} (at {e.pos})"
+                        )
+                        break
+        if bad is not None:
+            if self.durability_void:
+                self.stats["machine_stamps_broken_after_power_loss"] += 1
+                return
+            self.fail(f"{m.id}: the leader's stamps do not hold: {bad}")
+
+
+def machine_state(machine: StateMachine) -> Any:
+    """What a machine holds, comparable across instances."""
+    if isinstance(machine, CommitLogMachine):
+        queues = {
+            f"{t}/{q}": cq.get(0, cq.max_offset)
+            for (t, q), cq in machine.queues.items()
+            if cq.max_offset
+        }
+        keys = {h: list(v) for h, v in machine.keys._by_hash.items()}
+        return {
+            "applied": machine.applied,
+            "queues": queues,
+            "keys": keys,
+            "offsets": machine.offsets,
+        }
+    return {"applied": machine.applied, "data": machine.data}
+
+
+def _diff(got: dict, want: dict) -> str:
+    parts = []
+    for k in want:
+        if got.get(k) != want[k]:
+            parts.append(f"{k}: {str(got.get(k))[:200]} vs replay {str(want[k])[:200]}")
+    return "; ".join(parts)
