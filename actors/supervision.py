@@ -420,3 +420,42 @@ class Supervisor:
                     yield self.hand_over(term, f"its {kind} helper could not be restored")
                 return
             yield Sleep(100)
+
+
+class RoleQueue:
+    """The role lock's queue, for a transport that runs the exclusive processes itself
+    (the simulation, the script tests): one at a time; a role change -- coalesced, since
+    one pass of :meth:`Supervisor.role_changes` brings the helpers in line with the latest
+    role -- goes before the helper restores waiting, which run in order."""
+
+    def __init__(self, supervisor: Supervisor):
+        self.supervisor = supervisor
+        self.busy = False
+        self._again = False
+        self._waiting: list[Process] = []
+
+    def role_changed(self) -> bool:
+        """The role may have changed; True when the caller must start running (:meth:`next`)."""
+        self._again = True
+        return self._claim()
+
+    def restore(self, proc: Process) -> bool:
+        """A helper restore waits its turn; True when the caller must start running."""
+        self._waiting.append(proc)
+        return self._claim()
+
+    def _claim(self) -> bool:
+        if self.busy:
+            return False
+        self.busy = True
+        return True
+
+    def next(self) -> Process | None:
+        """The next process to run under the lock, or None (the lock is free again)."""
+        if self._again:
+            self._again = False
+            return self.supervisor.role_changes()
+        if self._waiting:
+            return self._waiting.pop(0)
+        self.busy = False
+        return None

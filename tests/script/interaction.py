@@ -114,10 +114,11 @@ class Node:
     drivers: dict[str, DispatcherDriver] = field(default_factory=dict)
     checker_driver: CheckerDriver | None = None
     dead: bool = False
-    role_busy: bool = False  # the role lock: supervisor processes run one at a time
-    role_again: bool = False
-    exclusive: list[sv.Process] = field(default_factory=list)  # waiting for the role lock
     checker_pid: int = 0
+    role_queue: sv.RoleQueue = field(init=False)  # the role lock's queue
+
+    def __post_init__(self) -> None:
+        self.role_queue = sv.RoleQueue(self.supervisor)
 
 
 class _Timer:
@@ -376,9 +377,8 @@ class Env:
         node.checker_pid += 1
         proc = node.supervisor.helper_started("checker", None, node.checker_pid)
         self.say(f"{mid}'s checker restarted empty")
-        if proc is not None:
-            node.exclusive.append(proc)
-            self._take_role_lock(node)
+        if proc is not None and node.role_queue.restore(proc):
+            self._soon(node, self._role_next, node)
         self._settle()
 
     # -- time ----------------------------------------------------------------------------
@@ -515,24 +515,13 @@ class Env:
                 self.say(text, 1, event=True)
         for s in sends:
             self._send(Msg(node.id, s.to, s.message))
-        if role_changed:
-            node.role_again = True
-            self._take_role_lock(node)
-
-    def _take_role_lock(self, node: Node) -> None:
-        if not node.role_busy:
-            node.role_busy = True
+        if role_changed and node.role_queue.role_changed():
             self._soon(node, self._role_next, node)
 
     def _role_next(self, node: Node) -> None:
-        """The role lock: role changes and helper restores run one at a time, in order."""
-        if node.role_again:
-            node.role_again = False
-            proc = node.supervisor.role_changes()
-        elif node.exclusive:
-            proc = node.exclusive.pop(0)
-        else:
-            node.role_busy = False
+        """The role lock: the shipped queue says what runs next."""
+        proc = node.role_queue.next()
+        if proc is None:
             return
         self._run(node, proc, self._perform, lambda: self._role_next(node))
 

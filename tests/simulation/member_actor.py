@@ -108,32 +108,20 @@ class MemberActor:
 
     def _sync_role(self, node: Node) -> None:
         """``_sync_role``: changes are carried out one at a time, in order (a role lock)."""
-        node.role_again = True
-        if not node.role_busy:
-            node.role_busy = True
+        if node.role_queue.role_changed():
             self._spawn(node, self._role_task(node))
 
     def _role_task(self, node: Node):
-        """The role lock: role changes and helper restores run one at a time, in order."""
-        while True:
-            if node.role_again:
-                node.role_again = False
-                proc = node.supervisor.role_changes()
-            elif node.exclusive:
-                proc = node.exclusive.pop(0)
-            else:
-                break
+        """The role lock: the shipped queue says what runs next."""
+        while (proc := node.role_queue.next()) is not None:
             yield from self._run_process(node, proc)
-        node.role_busy = False
 
     def _m_helper_started(self, node: Node, kind: str, peer: str | None, pid: int) -> None:
         """``MemberActor.helper_started``: a restarted helper is set up again."""
         proc = node.supervisor.helper_started(kind, peer, pid)
         if proc is None:
             return
-        node.exclusive.append(proc)
-        if not node.role_busy:
-            node.role_busy = True
+        if node.role_queue.restore(proc):
             self._spawn(node, self._role_task(node))
 
     def _run_process(self, node: Node, proc: sv.Process):

@@ -13,7 +13,7 @@ from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
-from rayledger.actors.supervision import Supervisor
+from rayledger.actors.supervision import RoleQueue, Supervisor
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
@@ -76,6 +76,7 @@ class MemberLifecycle:
             machine=self.machine_path is not None,
             fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
         )
+        m.node.role_queue = RoleQueue(m.node.supervisor)
         rpc = self.rpc.timeout_ms
         lease = LedgerConfig(election=self.election).lease_ms()
         m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)

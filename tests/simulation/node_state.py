@@ -17,7 +17,7 @@ from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
-from rayledger.actors.supervision import Supervisor
+from rayledger.actors.supervision import RoleQueue, Supervisor
 from rayledger.election import TermStore
 from rayledger.storage import LogStore
 
@@ -97,8 +97,6 @@ class Node:
     book: RoundBook = field(init=False)
     round_path: RoundPath = field(init=False)  # the shipped round path, set by _start
     round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
-    role_busy: bool = False
-    role_again: bool = False
     late: list = field(default_factory=list)  # answers to graph pushes given outside cg_push
     lanes: dict[str, int] = field(default_factory=dict)  # call_soon_threadsafe lanes: in order
     # helper processes that hang: "checker", "dispatcher:<peer>" (dispatcher_actor.dkey)
@@ -107,7 +105,7 @@ class Node:
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
-    exclusive: list = field(default_factory=list)  # supervisor processes waiting for the role lock
+    role_queue: RoleQueue = field(init=False)  # the role lock's queue, set by _start
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
     # the state-machine runner (machine_actor.py), on the seeds that run a machine
     applier: Applier | None = None
