@@ -121,3 +121,17 @@ def test_followers_answer_after_a_flush_only_when_the_store_defers_it(plain, syn
     assert not plain.logic.must_flush([("tok", "resp")])
     assert synced.logic.must_flush([("tok", "resp")])
     assert not synced.logic.must_flush([])
+
+
+def test_the_role_queue_runs_one_at_a_time_a_role_change_first(plain) -> None:
+    """RoleQueue (actors/supervision.py): the simulation's and the script tests' role lock."""
+    book = plain.book
+    q = sv.RoleQueue(sv.Supervisor(plain.logic, book, ["n0", "n1", "n2"], 100, 300))
+    restore = sv.Process("restore", iter(()), exclusive=True)
+    assert q.restore(restore)  # the lock was free: the caller runs the queue
+    assert not q.role_changed() and not q.role_changed()  # busy: both wait, coalesced
+    first = q.next()
+    assert first is not None and first.name != "restore"  # the role change goes first
+    assert q.next() is restore
+    assert q.next() is None and not q.busy  # free again
+    assert q.role_changed()
