@@ -19,7 +19,18 @@ import ray
 from rayledger.storage import LedgerError, ResponseCode
 
 from .aioloop import AsyncioLoop
-from .checker_logic import CheckerDriver, CheckerLogic, Resolution
+from .checker_logic import (
+    AddRound,
+    BecomeLeader,
+    CheckerDriver,
+    CheckerLogic,
+    GraphBegin,
+    GraphEnd,
+    GraphReport,
+    Report,
+    Resolution,
+    StepDown,
+)
 from .config import LedgerConfig
 from .logic import LeaderInfo
 
@@ -63,36 +74,36 @@ class QuorumAckCheckerActor:
 
     async def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list:
         self._attach()
-        return self.driver.become_leader(term, term_start_index, info)
+        return self.driver.deliver(BecomeLeader(term, term_start_index, info))
 
     async def step_down(self, term: int) -> list:
         """Leadership ended: the rounds still waiting are answered to the caller."""
-        return self.driver.step_down(term)
+        return self.driver.deliver(StepDown(term))
 
     @ray.method(enable_task_events=False)
     async def add_round(self, term: int, first: int, last: int, token, leader_mark: int) -> None:
         """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
         counts its own copy (see :meth:`MemberLogic.water_mark`)."""
         self._attach()
-        self.driver.add_round(term, first, last, token, leader_mark)
+        self.driver.deliver(AddRound(term, first, last, token, leader_mark))
 
     @ray.method(enable_task_events=False)
     async def report(self, term: int, peer: str, water_mark: int) -> int | None:
         """A follower stores the leader's log up to ``water_mark``; returns the committed
         index of ``term`` (None when this checker does not serve that term)."""
         self._attach()
-        return self.driver.report(term, peer, water_mark)
+        return self.driver.deliver(Report(term, peer, water_mark))
 
     # -- the compiled path (see fastpath.py); cg_report runs on the graph's thread -----------
     async def cg_begin(self, term: int, gen: int) -> None:
-        if not self.driver.graph_begin(term, gen):
+        if not self.driver.deliver(GraphBegin(term, gen)):
             raise LedgerError.of(
                 ResponseCode.TERM_CHANGED, f"checker serves term {self.logic.term}"
             )
 
     async def cg_end(self, gen: int) -> None:
-        self.driver.graph_end(gen)
+        self.driver.deliver(GraphEnd(gen))
 
     def cg_report(self, ack):
         """A follower's water mark and the rounds of its execution, from the graph."""
-        return self.driver.graph_report(ack)
+        return self.driver.deliver(GraphReport(ack))

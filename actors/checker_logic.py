@@ -9,6 +9,11 @@ what to tell the leader, what to tell the dispatchers and when to run again.
 :class:`CheckerDriver` carries a :class:`~.pump.Loop`'s events into the core and its
 Ready out through :class:`CheckerPorts`; the Ray actor (:mod:`.checker`) and the
 simulation differ only in the loop and the ports they give it.
+
+Like etcd-io/raft's ``RawNode``: one way in, :meth:`CheckerLogic.step` (an event and the
+time; it returns the call's direct answer, as ``Step`` returns its error), and one way out,
+:meth:`CheckerLogic.ready`.  The checker persists nothing, so a Ready is taken as it is
+handed out (``RawNode.Ready`` accepts it at once); there is no separate ``Advance``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Protocol
 from rayledger.replication import QuorumAckChecker, ReplicationConfig, Resolved
 from rayledger.storage import ResponseCode
 
+from .graph_events import GraphBegin, GraphEnd
 from .pump import Driver
 
 COMMIT_NOTICE_MS = 5
@@ -28,6 +34,60 @@ every announcement and report answer carries it; only the last commit before a p
 reaches an idle follower no other way, so it goes out once, not once per round."""
 
 Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
+
+
+# ====================================================================== events in
+
+
+@dataclass(frozen=True, slots=True)
+class BecomeLeader:
+    """Serve ``term`` from the leader's :class:`~.logic.LeaderInfo`; answers the outcomes
+    of what waited for an older term."""
+
+    term: int
+    term_start_index: int
+    info: Any
+
+
+@dataclass(frozen=True, slots=True)
+class StepDown:
+    """Leadership of ``term`` ended; answers the outcomes of everything waiting."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddRound:
+    """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
+    counts its own copy (:meth:`~.logic.MemberLogic.water_mark`)."""
+
+    term: int
+    first: int
+    last: int
+    token: Any
+    leader_mark: int
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A follower stores the leader's log of ``term`` up to ``water_mark``; answers the
+    committed index of ``term`` (None: not served here, the reporter learns nothing)."""
+
+    term: int
+    peer: str
+    water_mark: int
+
+
+@dataclass(frozen=True, slots=True)
+class GraphReport:
+    """A follower's water mark and the rounds of its execution, from the graph: ``(gen,
+    term, peer, water mark, rounds)``; answers ``(term, committed, outcomes)`` (None: not
+    this checker's graph or term)."""
+
+    ack: tuple
+
+
+CheckerEvent = BecomeLeader | StepDown | AddRound | Report | GraphBegin | GraphEnd | GraphReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +122,29 @@ class CheckerLogic:
         self._notice_at = 0
         self.graph_gen: int | None = None
 
-    # -- events --------------------------------------------------------------------------
-    def become_leader(self, term: int, term_start_index: int, info: Any) -> list[Outcome]:
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: CheckerEvent, now_ms: int) -> Any:
+        """Deliver one event; returns the call's direct answer (see each event)."""
+        match ev:
+            case AddRound():
+                return self._add_round(ev.term, ev.first, ev.last, ev.token, now_ms,
+                                       ev.leader_mark)  # fmt: skip
+            case Report():
+                return self._report(ev.term, ev.peer, ev.water_mark)
+            case GraphReport():
+                return self._graph_report(ev.ack, now_ms)
+            case BecomeLeader():
+                return self._become_leader(ev.term, ev.term_start_index, ev.info)
+            case StepDown():
+                return self._step_down(ev.term)
+            case GraphBegin():
+                return self._graph_begin(ev.term, ev.gen)
+            case GraphEnd():
+                return self._graph_end(ev.gen)
+        raise TypeError(f"not a checker event: {ev!r}")
+
+    # -- its cases ---------------------------------------------------------------------------
+    def _become_leader(self, term: int, term_start_index: int, info: Any) -> list[Outcome]:
         """Serve ``term`` (``info``: the leader's LeaderInfo); what waited for an older term
         fails."""
         self.term = term
@@ -72,7 +153,7 @@ class CheckerLogic:
         failed = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
         return _outcomes(failed)
 
-    def step_down(self, term: int) -> list[Outcome]:
+    def _step_down(self, term: int) -> list[Outcome]:
         """Leadership of ``term`` ended: everything waiting is answered to the caller."""
         self.graph_gen = None
         if term < self.term:
@@ -81,7 +162,7 @@ class CheckerLogic:
         self._registered.clear()
         return _outcomes(self.core.step_down(term))
 
-    def add_round(
+    def _add_round(
         self, term: int, first: int, last: int, token: Any, now_ms: int, leader_mark: int
     ) -> None:
         """A round of ``term`` waits for its quorum (registering one twice is harmless);
@@ -97,7 +178,7 @@ class CheckerLogic:
     def is_registered(self, token: Any) -> bool:
         return token in self._registered
 
-    def report(self, term: int, peer: str, water_mark: int) -> bool:
+    def _report(self, term: int, peer: str, water_mark: int) -> bool:
         """A follower stores the leader's log of ``term`` up to ``water_mark``; False when
         this checker does not serve ``term`` (the reporter gets no committed index)."""
         if term != self.term:
@@ -105,24 +186,24 @@ class CheckerLogic:
         self.core.update_water_mark(term, peer, water_mark)
         return True
 
-    def graph_begin(self, term: int, gen: int) -> bool:
+    def _graph_begin(self, term: int, gen: int) -> bool:
         if term != self.term:
             return False
         self.graph_gen = gen
         return True
 
-    def graph_end(self, gen: int) -> None:
+    def _graph_end(self, gen: int) -> None:
         if self.graph_gen == gen:
             self.graph_gen = None
 
-    def graph_report(self, ack: tuple, now_ms: int) -> tuple | None:
+    def _graph_report(self, ack: tuple, now_ms: int) -> tuple | None:
         """A follower's water mark and the rounds of its execution, from the graph
         (None: not this checker's graph or term); answers ``(term, committed, outcomes)``."""
         gen, term, peer, wm, rounds = ack
         if gen != self.graph_gen or term != self.term:
             return None
         for first, last, token in rounds:  # a graph runs only without sync_flush:
-            self.add_round(term, first, last, token, now_ms, last)  # written counts
+            self._add_round(term, first, last, token, now_ms, last)  # written counts
         if wm >= 0:
             self.core.update_water_mark(term, peer, wm)
         committed, outcomes = self._check(now_ms)
@@ -181,46 +262,25 @@ class CheckerPorts(Protocol):
 class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
     """Delivers events to a :class:`CheckerLogic` and carries its Ready out: one message to
     the leader per loop turn with what changed, a timer for the oldest round's deadline or
-    the commit notice, nothing polled.  Graph calls come from another thread (the lock)."""
+    the commit notice, nothing polled.  Graph events come from another thread (the lock)."""
 
-    def become_leader(self, term: int, term_start_index: int, info: Any) -> list[Outcome]:
-        with self.lock:
-            failed = self.logic.become_leader(term, term_start_index, info)
-        self.pump.run()
-        return failed
-
-    def step_down(self, term: int) -> list[Outcome]:
-        with self.lock:
-            return self.logic.step_down(term)
-
-    def add_round(self, term: int, first: int, last: int, token: Any, leader_mark: int) -> None:
-        with self.lock:
-            self.logic.add_round(term, first, last, token, self._now(), leader_mark)
-        self.pump.kick()
-
-    def report(self, term: int, peer: str, water_mark: int) -> int | None:
-        """Answers the committed index of ``term`` (None: not served here)."""
-        with self.lock:
-            if not self.logic.report(term, peer, water_mark):
-                return None
-        self.pump.run()
-        return self.logic.committed_index
-
-    def graph_begin(self, term: int, gen: int) -> bool:
-        with self.lock:
-            return self.logic.graph_begin(term, gen)
-
-    def graph_end(self, gen: int) -> None:
-        with self.lock:
-            self.logic.graph_end(gen)
-
-    def graph_report(self, ack: tuple) -> tuple | None:
-        """On the graph's thread: the answer goes back through the graph; the loop re-arms."""
-        with self.lock:
-            out = self.logic.graph_report(ack, self._now())
-        if out is not None and self.pump.loop is not None:
-            self.pump.loop.call_threadsafe(self.pump.run)
-        return out
+    def _after(self, ev: CheckerEvent, reply: Any) -> Any:
+        match ev:
+            case AddRound():
+                self.pump.kick()  # every round of this loop turn, then one check
+            case BecomeLeader():
+                self.pump.run()
+            case Report():
+                if not reply:
+                    return None  # not this checker's term: no committed index
+                self.pump.run()
+                return self.logic.committed_index  # after the report's check
+            case GraphReport():
+                # on the graph's thread: the answer goes back through the graph, the loop
+                # re-arms its timer
+                if reply is not None and self.pump.loop is not None:
+                    self.pump.loop.call_threadsafe(self.pump.run)
+        return reply
 
     def _run(self, now_ms: int) -> int | None:
         with self.lock:

@@ -24,8 +24,23 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from .aioloop import AsyncioLoop
 from .config import LedgerConfig
-from .dispatcher_logic import DispatcherDriver, DispatcherLogic, Fetch, Inline
+from .dispatcher_logic import (
+    Activate,
+    Announced,
+    Committed,
+    Deactivate,
+    DispatcherDriver,
+    DispatcherLogic,
+    Fetch,
+    Fetched,
+    GraphAck,
+    GraphPush,
+    Inline,
+    PushAnswered,
+    Reported,
+)
 from .faults import LinkDown, LinkFaults
+from .graph_events import GraphBegin, GraphEnd
 from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
 from .naming import NAMESPACE, actor_name
@@ -102,39 +117,39 @@ class EntryDispatcherActor:
     # -- from the member and the checker -------------------------------------------------
     async def activate(self, info: LeaderInfo) -> None:
         self._attach()
-        self.driver.activate(info)
+        self.driver.deliver(Activate(info))
 
     async def deactivate(self, term: int) -> None:
-        self.driver.deactivate(term)
+        self.driver.deliver(Deactivate(term))
 
     @ray.method(enable_task_events=False)
     async def on_announcement(self, a: Announcement) -> None:
         """The leader stored a round: push it now when it is next in line."""
         self._attach()
-        self.driver.on_announcement(a)
+        self.driver.deliver(Announced(a))
 
     @ray.method(enable_task_events=False)
     async def on_committed(self, term: int, index: int) -> None:
         self._attach()
-        self.driver.on_committed(term, index)
+        self.driver.deliver(Committed(term, index))
 
     async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
 
     # -- the compiled path (see fastpath.py); cg_* run on the graph's thread -----------------
     async def cg_begin(self, term: int, gen: int) -> None:
-        if not self.driver.graph_begin(term, gen):
+        if not self.driver.deliver(GraphBegin(term, gen)):
             raise LedgerError.of(
                 ResponseCode.TERM_CHANGED, f"dispatcher serves term {self.logic.term}"
             )
 
     async def cg_end(self, gen: int) -> None:
         """The leader left graph ``gen``: its pushes in flight are lost, push again."""
-        self.driver.graph_end(gen)
+        self.driver.deliver(GraphEnd(gen))
 
     def cg_push(self, g):
         """A round through the graph: the pushes the logic wants now (others go plain)."""
-        carry, wire = self.driver.graph_push(g)
+        carry, wire = self.driver.deliver(GraphPush(g))
         self._metrics.sent_first(wire)
         return carry, wire
 
@@ -142,7 +157,7 @@ class EntryDispatcherActor:
         """The follower's answers: fold them in, hand the water mark to the checker."""
         for key, _ in answered[1]:
             self._metrics.acked(key, self.logic)
-        return self.driver.graph_ack(answered)
+        return self.driver.deliver(GraphAck(answered))
 
     # -- the calls ---------------------------------------------------------------------------
     async def _fetch(self, f: Fetch) -> None:
@@ -151,10 +166,10 @@ class EntryDispatcherActor:
                 answer = await self.member.read_for_push.remote(
                     f.term, f.index, f.max_bytes, f.max_count
                 )
-                self.driver.fetched_batch(f.term, answer)
+                self.driver.deliver(Fetched(f, answer))
             else:
                 answer = await self.member.entry_meta.remote(f.term, f.index)
-                self.driver.fetched_meta(f.term, f.index, answer)
+                self.driver.deliver(Fetched(f, answer))
         except (ray.exceptions.RayError, LedgerError) as exc:
             log.debug(
                 "[%s->%s] term=%d fetch %s@%d failed: %s",
@@ -165,7 +180,7 @@ class EntryDispatcherActor:
                 f.index,
                 exc,
             )
-            self.driver.fetch_failed()
+            self.driver.deliver(Fetched(f, failed=True))
 
     async def _send(self, req: PushEntryRequest) -> None:
         resp, t0 = None, time.perf_counter()
@@ -196,7 +211,7 @@ class EntryDispatcherActor:
             )
             if isinstance(exc, ValueError):
                 self._follower = None
-        self.driver.on_response(req, resp)
+        self.driver.deliver(PushAnswered(req, resp))
         self._metrics.answered(t0, resp, self.logic)
 
     async def _report(self, term: int, wm: int) -> None:
@@ -204,6 +219,6 @@ class EntryDispatcherActor:
             committed = await self.checker.report.remote(term, self.peer_id, wm)
         except ray.exceptions.RayError as exc:
             log.debug("[%s->%s] term=%d report failed: %s", self.self_id, self.peer_id, term, exc)
-            self.driver.report_failed()
+            self.driver.deliver(Reported(term, wm, failed=True))
             return
-        self.driver.reported(term, wm, committed)
+        self.driver.deliver(Reported(term, wm, committed))

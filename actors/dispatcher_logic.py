@@ -6,8 +6,10 @@ of the leader's log, plus everything a dispatcher decides around it -- what to f
 from its member (and when to try again), the single water-mark report in flight to the
 checker (it follows the current term), the throttled progress reports to the member's
 elector (the last one always gets through), and its part of a compiled graph (the keys
-of its pushes, a rewind when the graph is left).  Its way out is
-:meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`.
+of its pushes, a rewind when the graph is left).  Its one way in is
+:meth:`DispatcherLogic.step` (an event and the time; it returns the call's direct
+answer), its one way out :meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`,
+taken as it is handed out (a dispatcher persists nothing, so there is no ``Advance``).
 
 :class:`DispatcherDriver` carries a :class:`~.pump.Loop`'s events in and the Ready out
 through :class:`DispatcherPorts`; the Ray actor (:mod:`.dispatcher`) and the simulation
@@ -31,6 +33,7 @@ from rayledger.replication import (
 )
 from rayledger.storage import EntryBatch
 
+from .graph_events import GraphBegin, GraphEnd
 from .pump import Driver
 
 if TYPE_CHECKING:
@@ -165,6 +168,89 @@ class Fetch:
     max_count: int
 
 
+# ====================================================================== events in
+
+
+@dataclass(frozen=True, slots=True)
+class Activate:
+    """Push for the leader of ``info.term`` (:class:`~.logic.LeaderInfo`), from its log."""
+
+    info: LeaderInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Deactivate:
+    """Stop pushing; ``term`` is the term that ended (a later one may start)."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Announced:
+    """The leader stored a round (:class:`~.logic.Announcement`)."""
+
+    a: Announcement
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The checker of ``term`` committed ``index``."""
+
+    term: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class PushAnswered:
+    """A push's answer (``resp`` None: lost or timed out -- a timeout is an answer too)."""
+
+    req: PushEntryRequest
+    resp: PushEntryResponse | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """The member's fenced answer to a :class:`Fetch` (``answer`` None: it no longer leads
+    ``fetch.term``; ``failed``: it did not answer at all)."""
+
+    fetch: Fetch
+    answer: Any = None
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """The checker's answer to the report ``(term, wm)``: its committed index (None: it does
+    not serve ``term``); ``failed``: it did not answer (its process died or hangs)."""
+
+    term: int
+    wm: int
+    committed: int | None = None
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPush:
+    """A round through the compiled graph (on the graph's thread); answers ``(carry,
+    wire)``."""
+
+    g: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GraphAck:
+    """The follower's answers through the graph; answers the checker's ``(gen, term, peer,
+    water mark, rounds)``."""
+
+    answered: tuple
+
+
+DispatcherEvent = (
+    Activate | Deactivate | Announced | Committed | PushAnswered | Fetched | Reported
+    | GraphBegin | GraphEnd | GraphPush | GraphAck
+)  # fmt: skip
+
+
 @dataclass(slots=True)
 class DispatcherReady:
     pushes: list[PushEntryRequest] = field(default_factory=list)
@@ -217,8 +303,43 @@ class DispatcherLogic:
     def need(self) -> NotCached | None:
         return self.core.need
 
-    # -- from the member and the checker -------------------------------------------------
-    def activate(self, info: LeaderInfo) -> None:
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: DispatcherEvent, now_ms: int) -> Any:  # noqa: C901 -- one case each
+        """Deliver one event; returns the call's direct answer (see each event)."""
+        match ev:
+            case PushAnswered():
+                return self._on_response(ev.req, ev.resp, now_ms)
+            case Announced():
+                return self._on_announcement(ev.a)
+            case Committed():
+                return self._on_committed(ev.term, ev.index)
+            case Fetched():
+                f = ev.fetch
+                if ev.failed:
+                    return self._fetch_failed(now_ms)
+                if f.kind == "batch":
+                    return self._took_batch(f.term, ev.answer)
+                return self._took_meta(f.term, f.index, ev.answer)
+            case Reported():
+                if ev.failed:
+                    return self._report_failed(now_ms)
+                return self._reported_to_checker(ev.term, ev.wm, ev.committed, now_ms)
+            case GraphPush():
+                return self._graph_push(ev.g, now_ms)
+            case GraphAck():
+                return self._graph_ack(ev.answered, now_ms)
+            case Activate():
+                return self._activate(ev.info)
+            case Deactivate():
+                return self._deactivate(ev.term)
+            case GraphBegin():
+                return self._graph_begin(ev.term, ev.gen)
+            case GraphEnd():
+                return self._graph_end(ev.gen)
+        raise TypeError(f"not a dispatcher event: {ev!r}")
+
+    # -- its cases: from the member and the checker ----------------------------------------
+    def _activate(self, info: LeaderInfo) -> None:
         self.term = info.term
         self.view.reset(info)
         self.core.check_and_fresh_state(info.term, self.self_id, True)
@@ -229,7 +350,7 @@ class DispatcherLogic:
         self._report_due = self.core.water_mark >= 0
         self._progress_wm = -1
 
-    def deactivate(self, term: int) -> None:
+    def _deactivate(self, term: int) -> None:
         """Stop pushing; ``term`` is the term that ended (a later one may start)."""
         self.graph_gen = None
         self._graph_sent.clear()
@@ -242,7 +363,7 @@ class DispatcherLogic:
             self.view.batches.clear()
             self.view.cached_bytes = 0
 
-    def on_announcement(self, a: Announcement) -> bool:
+    def _on_announcement(self, a: Announcement) -> bool:
         """The leader stored a round; True when it may be pushed right away."""
         if a.term != self.term or not self.core.active:
             return False
@@ -259,7 +380,7 @@ class DispatcherLogic:
             view.committed_index = a.committed
         return self.core.write_index == a.first
 
-    def on_committed(self, term: int, index: int) -> bool:
+    def _on_committed(self, term: int, index: int) -> bool:
         """The checker of ``term`` committed ``index``; True when a COMMIT may be due."""
         if term == self.term and index > self.view.committed_index:
             self.view.committed_index = index
@@ -267,7 +388,7 @@ class DispatcherLogic:
         return False
 
     # -- answers ---------------------------------------------------------------------------
-    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
+    def _on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
         """Fold in a push's answer (None: lost or timed out); returns the new water mark
         (a report to the checker is then due), or None."""
         wm = self._fold(req, resp, now_ms)
@@ -286,7 +407,7 @@ class DispatcherLogic:
             return wm
         return None
 
-    def took_batch(self, term: int, answer) -> None:
+    def _took_batch(self, term: int, answer) -> None:
         """A fenced :meth:`MemberLogic.read_for_push` answer (None: the member stopped
         leading ``term``)."""
         self.fetching = False
@@ -297,7 +418,7 @@ class DispatcherLogic:
         if batch is not None and batch.count:
             self.view.add(batch)
 
-    def took_meta(self, term: int, index: int, answer) -> None:
+    def _took_meta(self, term: int, index: int, answer) -> None:
         self.fetching = False
         if answer is None or term != self.term:
             return
@@ -305,24 +426,24 @@ class DispatcherLogic:
         self.view.learn(info)
         self.view.meta[index] = (t, pos)
 
-    def fetch_failed(self, now_ms: int) -> None:
+    def _fetch_failed(self, now_ms: int) -> None:
         """The member did not answer: try again after :data:`FETCH_RETRY_MS`."""
         self.fetching = False
         self._fetch_after = now_ms + FETCH_RETRY_MS
 
-    def reported_to_checker(self, term: int, wm: int, committed: int | None, now_ms: int) -> None:
+    def _reported_to_checker(self, term: int, wm: int, committed: int | None, now_ms: int) -> None:
         """The checker took the report ``(term, wm)`` and answered its committed index
         (None: it does not serve ``term``).  Another report is due when the water mark
         rose meanwhile or a new term started (a report of an older term must not swallow
         the new term's first)."""
         self.reporting = False
         if committed is not None:
-            self.on_committed(term, committed)
+            self._on_committed(term, committed)
         self._note_progress(term, wm, now_ms)
         if self.term != term or self.core.water_mark > wm:
             self._report_due = True
 
-    def report_failed(self, now_ms: int) -> None:
+    def _report_failed(self, now_ms: int) -> None:
         """The checker did not answer (its process died or was killed): report again after
         :data:`REPORT_RETRY_MS`.  Waiting for the next rise of the water mark instead would
         leave a restarted checker without this follower's mark for good once the follower
@@ -341,14 +462,14 @@ class DispatcherLogic:
             self._progress_at = max(now_ms, self._last_progress + PROGRESS_MS)
 
     # -- the compiled path (fastpath.py) -----------------------------------------------------
-    def graph_begin(self, term: int, gen: int) -> bool:
+    def _graph_begin(self, term: int, gen: int) -> bool:
         if term != self.term:
             return False
         self.graph_gen = gen
         self._graph_sent.clear()
         return True
 
-    def graph_end(self, gen: int) -> bool:
+    def _graph_end(self, gen: int) -> bool:
         """The leader left graph ``gen``: its pushes in flight are lost, push again, and
         report again (water marks that went into the graph may never have reached the
         checker).  False when ``gen`` is not the graph served."""
@@ -360,7 +481,7 @@ class DispatcherLogic:
         self._report_due = True
         return True
 
-    def graph_push(self, g: Any, now_ms: int) -> tuple[tuple, list, bool]:
+    def _graph_push(self, g: Any, now_ms: int) -> tuple[tuple, list, bool]:
         """A round through the graph: ``(carry, wire, run)`` -- the pushes the core wants
         now that the graph can carry (inline APPEND/COMMIT), keyed by leader, term, graph
         and a counter so that no other leader's answer is ever folded into one; the others
@@ -369,7 +490,7 @@ class DispatcherLogic:
         carry = (g.gen, a.term, g.rounds)
         if g.gen != self.graph_gen:
             return carry, [], False
-        self.on_announcement(a)
+        self._on_announcement(a)
         wire = []
         for req in self.core.next_requests(now_ms, self.view):
             batch = req.batch
@@ -382,7 +503,7 @@ class DispatcherLogic:
                 self._outbox.append(req)
         return carry, wire, bool(self._outbox) or self.need is not None
 
-    def graph_ack(self, answered: tuple, now_ms: int) -> tuple:
+    def _graph_ack(self, answered: tuple, now_ms: int) -> tuple:
         """The follower's answers through the graph; returns ``(gen, term, peer, water
         mark, rounds)`` for the checker (water mark -1: another term is served now)."""
         (gen, term, rounds), answers = answered
@@ -447,11 +568,11 @@ def _earliest(a: int | None, b: int) -> int:
 class DispatcherPorts(Protocol):
     """Where a dispatcher's calls go; each answer comes back through the driver."""
 
-    def push(self, req: PushEntryRequest) -> None: ...  # -> DispatcherDriver.on_response
+    def push(self, req: PushEntryRequest) -> None: ...  # -> PushAnswered
 
-    def fetch(self, f: Fetch) -> None: ...  # -> fetched_batch / fetched_meta / fetch_failed
+    def fetch(self, f: Fetch) -> None: ...  # -> Fetched
 
-    def report(self, term: int, wm: int) -> None: ...  # -> reported / report_failed
+    def report(self, term: int, wm: int) -> None: ...  # -> Reported
 
     def progress(self, term: int, wm: int) -> None: ...  # to the member; no answer
 
@@ -460,91 +581,37 @@ class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
     """Delivers events to a :class:`DispatcherLogic` and carries its Ready out: every push
     at once (pipelined), one fetch and one report in flight, nothing polled -- it runs
     when an announcement, an answer or a fetched batch arrives, and otherwise at the
-    logic's next deadline.  Graph calls come from another thread (the lock)."""
+    logic's next deadline.  Graph events come from another thread (the lock)."""
 
-    # -- events ------------------------------------------------------------------------------
-    def activate(self, info: LeaderInfo) -> None:
-        with self.lock:
-            self.logic.activate(info)
-        self.pump.kick()
+    def _after(self, ev: DispatcherEvent, reply: Any) -> Any:  # noqa: C901 -- one case each
+        pump = self.pump
+        match ev:
+            case Announced():
+                if reply:  # next in line: push it in this turn
+                    pump.run()
+                else:
+                    pump.kick()
+            case Deactivate():
+                pump.cancel()
+            case Committed() | GraphEnd():
+                if reply:
+                    pump.kick()
+            case GraphBegin():
+                pass
+            case GraphPush():
+                # on the graph's thread: the wire pushes go back through the graph, the rest
+                # (or a fetch) from the loop
+                carry, wire, run = reply
+                if run and pump.loop is not None:
+                    pump.loop.call_threadsafe(pump.run)
+                return carry, wire
+            case GraphAck():  # the loop reports progress and pushes
+                if pump.loop is not None:
+                    pump.loop.call_threadsafe(pump.run)
+            case _:
+                pump.kick()
+        return reply
 
-    def deactivate(self, term: int) -> None:
-        with self.lock:
-            self.logic.deactivate(term)
-        self.pump.cancel()
-
-    def on_announcement(self, a: Announcement) -> None:
-        """The leader stored a round: push it now when it is next in line."""
-        with self.lock:
-            now = self.logic.on_announcement(a)
-        if now:
-            self.pump.run()
-        else:
-            self.pump.kick()
-
-    def on_committed(self, term: int, index: int) -> None:
-        with self.lock:
-            due = self.logic.on_committed(term, index)
-        if due:
-            self.pump.kick()
-
-    def on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None) -> None:
-        with self.lock:
-            self.logic.on_response(req, resp, self._now())
-        self.pump.kick()
-
-    def fetched_batch(self, term: int, answer) -> None:
-        with self.lock:
-            self.logic.took_batch(term, answer)
-        self.pump.kick()
-
-    def fetched_meta(self, term: int, index: int, answer) -> None:
-        with self.lock:
-            self.logic.took_meta(term, index, answer)
-        self.pump.kick()
-
-    def fetch_failed(self) -> None:
-        with self.lock:
-            self.logic.fetch_failed(self._now())
-        self.pump.kick()
-
-    def reported(self, term: int, wm: int, committed: int | None) -> None:
-        with self.lock:
-            self.logic.reported_to_checker(term, wm, committed, self._now())
-        self.pump.kick()
-
-    def report_failed(self) -> None:
-        with self.lock:
-            self.logic.report_failed(self._now())
-        self.pump.kick()
-
-    def graph_begin(self, term: int, gen: int) -> bool:
-        with self.lock:
-            return self.logic.graph_begin(term, gen)
-
-    def graph_end(self, gen: int) -> None:
-        with self.lock:
-            left = self.logic.graph_end(gen)
-        if left:
-            self.pump.kick()
-
-    def graph_push(self, g: Any) -> tuple[tuple, list]:
-        """On the graph's thread: the wire pushes; the rest goes out from the loop."""
-        with self.lock:
-            carry, wire, run = self.logic.graph_push(g, self._now())
-        if run and self.pump.loop is not None:
-            self.pump.loop.call_threadsafe(self.pump.run)
-        return carry, wire
-
-    def graph_ack(self, answered: tuple) -> tuple:
-        """On the graph's thread: answers folded in; the loop reports progress and pushes."""
-        with self.lock:
-            out = self.logic.graph_ack(answered, self._now())
-        if self.pump.loop is not None:
-            self.pump.loop.call_threadsafe(self.pump.run)
-        return out
-
-    # -- the way out -------------------------------------------------------------------------
     def _run(self, now_ms: int) -> int | None:
         with self.lock:
             r = self.logic.ready(now_ms)

@@ -82,6 +82,19 @@ class Driver(Generic[L, P]):
     def attach(self, loop: Loop) -> None:
         self.pump.loop = loop
 
+    def deliver(self, ev: Any) -> Any:
+        """The one way in: step the core with ``ev`` under the lock, then let the pump
+        carry out what it made due (:meth:`_after`); returns the call's answer."""
+        with self.lock:
+            reply = self.logic.step(ev, self._now())  # type: ignore[attr-defined]
+        return self._after(ev, reply)
+
+    def _after(self, ev: Any, reply: Any) -> Any:
+        """When the core's Ready is carried out after ``ev``: now (``pump.run``), at the end
+        of this loop turn (``pump.kick``, so a burst of events makes one Ready) or at its
+        next deadline; returns the answer the caller gets."""
+        return reply
+
     def _now(self) -> int:
         loop = self.pump.loop
         return loop.now_ms() if loop is not None else 0

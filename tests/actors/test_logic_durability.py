@@ -110,7 +110,7 @@ def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_cop
     24eedd2 it took the leader's mark from the log end, so the unflushed copy plus one
     follower made a quorum and the append was acknowledged before it was on a quorum's
     disk.  In sync mode the leader's mark is its flushed end, everywhere."""
-    from rayledger.actors.logic import CheckerLogic
+    from rayledger.actors.checker_logic import AddRound, BecomeLeader, CheckerLogic, Report
 
     cfg = StoreConfig(data_dir=str(tmp_path), sync_flush=True, flush_interval_ms=3_600_000)
     store = open_store(cfg)
@@ -126,14 +126,16 @@ def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_cop
         rnd = m.write_round([(None, [b"a", b"b", b"c"])], 3)
         assert store.flushed_index < rnd.first_index  # stored and announced, not yet flushed
         chk = CheckerLogic("g", "n0", peers, ReplicationConfig())
-        chk.become_leader(3, start.term_start_index, m.leader_info())  # the restarted checker
-        chk.report(3, "n1", rnd.last_index)  # one follower flushed and acknowledged
+        chk.step(
+            BecomeLeader(3, start.term_start_index, m.leader_info()), 0
+        )  # the restarted checker
+        chk.step(Report(3, "n1", rnd.last_index), 0)  # one follower flushed and acknowledged
         assert chk.ready(1).committed_index < rnd.first_index
-        chk.add_round(3, rnd.first_index, rnd.last_index, "r", 1, m.water_mark())  # re-sent
+        chk.step(AddRound(3, rnd.first_index, rnd.last_index, "r", m.water_mark()), 1)  # re-sent
         ready = chk.ready(2)
         assert ready.resolution is None and ready.committed_index < rnd.first_index
         store.flush()  # the leader's own flush ends: its registration counts it now
-        chk.add_round(3, rnd.first_index, rnd.last_index, "r", 3, m.water_mark())
+        chk.step(AddRound(3, rnd.first_index, rnd.last_index, "r", m.water_mark()), 3)
         res = chk.ready(4).resolution
         assert res is not None and res.committed == rnd.last_index
         assert res.outcomes == [("r", ResponseCode.SUCCESS)]

@@ -56,6 +56,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rayledger.actors import checker_logic as ck
+from rayledger.actors import dispatcher_logic as dl
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import CheckerDriver, Resolution
@@ -193,7 +195,7 @@ class _CheckerPorts:
 
     def notice(self, term: int, committed: int) -> None:
         for d in self.node.drivers.values():
-            self.env._soon(self.node, d.on_committed, term, committed)
+            self.env._soon(self.node, d.deliver, dl.Committed(term, committed))
 
 
 def describe(p: Any) -> str:
@@ -499,7 +501,7 @@ class Env:
         if isinstance(req, PushEntryRequest):
             d = node.drivers.get(peer)
             if d is not None:
-                d.on_response(req, resp)
+                d.deliver(dl.PushAnswered(req, resp))
         else:
             self._apply(node, node.logic.on_election_response(peer, req, resp, self.now))
 
@@ -554,13 +556,13 @@ class Env:
         if isinstance(a, sv.Sleep | sv.FailReaders | sv.FastStop):
             return None  # no wait, no readers, no compiled path in the script
         if isinstance(a, sv.CheckerStepDown):
-            return node.checker_driver.step_down(a.new_term)
+            return node.checker_driver.deliver(ck.StepDown(a.new_term))
         if isinstance(a, sv.Finish):
             self._finish(node, a.outcomes)
             return None
         if isinstance(a, sv.Deactivate):
             for d in node.drivers.values():
-                d.deactivate(a.term)
+                d.deliver(dl.Deactivate(a.term))
             return 0
         if isinstance(a, sv.Install):
             if a.only is None:
@@ -570,12 +572,12 @@ class Env:
             self.say(text, 1, event=True)
             if a.only in (None, "checker"):
                 # what it fails is ignored, as by both shells: the step-down before failed it
-                node.checker_driver.become_leader(a.term, a.start, a.info)
+                node.checker_driver.deliver(ck.BecomeLeader(a.term, a.start, a.info))
                 for reg in node.round_path.reregister(a.term):  # what a dead checker held
                     self._perform_round(node, reg)
             for p, d in node.drivers.items():
                 if a.only in (None, "checker", p):
-                    d.activate(a.info)
+                    d.deliver(dl.Activate(a.info))
             return None
         if isinstance(a, sv.Ping):
             return {k: "ok" for k in a.keys}
@@ -611,20 +613,17 @@ class Env:
             else:
                 answer = lg.entry_meta(f.term, f.index)
         except LedgerError:
-            self._soon(node, d.fetch_failed)
+            self._soon(node, d.deliver, dl.Fetched(f, failed=True))
             return
-        if f.kind == "batch":
-            if answer is not None:
-                batch, info = answer
-                answer = (CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
-                          info)  # fmt: skip
-            self._soon(node, d.fetched_batch, f.term, answer)
-        else:
-            self._soon(node, d.fetched_meta, f.term, f.index, answer)
+        if f.kind == "batch" and answer is not None:
+            batch, info = answer
+            answer = (CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
+                      info)  # fmt: skip
+        self._soon(node, d.deliver, dl.Fetched(f, answer))
 
     def _report(self, node: Node, peer: str, term: int, wm: int) -> None:
-        committed = node.checker_driver.report(term, peer, wm)
-        self._soon(node, node.drivers[peer].reported, term, wm, committed)
+        committed = node.checker_driver.deliver(ck.Report(term, peer, wm))
+        self._soon(node, node.drivers[peer].deliver, dl.Reported(term, wm, committed))
 
     def _peer_progress(self, node: Node, peer: str, term: int, wm: int) -> None:
         self._apply(node, node.logic.on_peer_progress(peer, term, wm, self.now))
@@ -677,11 +676,11 @@ class Env:
     def _perform_round(self, node: Node, a: rp.RoundAction) -> Any:
         if isinstance(a, rp.Announce):
             for d in node.drivers.values():
-                self._soon(node, d.on_announcement, a.a)
+                self._soon(node, d.deliver, dl.Announced(a.a))
             return None
         if isinstance(a, rp.Register):
             args = (a.term, a.first, a.last, a.rid, a.leader_mark)
-            self._soon(node, lambda: node.checker_driver.add_round(*args))
+            self._soon(node, node.checker_driver.deliver, ck.AddRound(*args))
             return None
         if isinstance(a, sv.Finish):
             self._finish(node, a.outcomes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 from interaction import GROUP, Env
+from rayledger.actors.checker_logic import BecomeLeader, Report
 from rayledger.election import Role
 from rayledger.election.messages import HeartbeatRequest, VoteRequest, VoteResult
 from rayledger.replication.messages import PushEntryRequest, PushType
@@ -215,8 +216,8 @@ def test_5_4_2_entries_of_an_older_term_commit_only_with_one_of_the_current_term
     env.run("run 2000")  # n1 leads term 1 and commits x with its own empty entry
     assert env.disks["n1"][0].committed_index == 2
     # a leader of term 2 whose water marks show a majority on an older entry only
-    checker.become_leader(2, 3, env.nodes["n0"].logic.leader_info())
-    checker.report(2, "n1", 1)
+    checker.step(BecomeLeader(2, 3, env.nodes["n0"].logic.leader_info()), env.now)
+    checker.step(Report(2, "n1", 1), env.now)
     committed = checker.ready(env.now).committed_index
     assert committed < 1 or store.get_term(committed) == 2
 

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import itertools
 
-from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic, Resolution
+from rayledger.actors.checker_logic import (
+    AddRound,
+    BecomeLeader,
+    CheckerDriver,
+    CheckerLogic,
+    GraphBegin,
+    GraphEnd,
+    GraphReport,
+    Report,
+    Resolution,
+    StepDown,
+)
 
 from .node_state import Node
 from .node_transport import PARK, SimLoop
@@ -47,12 +58,12 @@ class CheckerActor:
     def _c_become_leader(self, node: Node, term: int, start: int, info) -> list:
         if self._c_hung(node):
             return PARK
-        return node.checker_driver.become_leader(term, start, info)
+        return node.checker_driver.deliver(BecomeLeader(term, start, info))
 
     def _c_step_down(self, node: Node, term: int) -> list:
         if self._c_hung(node):
             return PARK
-        return node.checker_driver.step_down(term)
+        return node.checker_driver.deliver(StepDown(term))
 
     def _c_pid(self, node: Node) -> int:
         if self._c_hung(node):
@@ -66,27 +77,27 @@ class CheckerActor:
             return  # lost with the process when it is killed
         if term == node.checker.term and node.checker.is_registered(token):
             self.stats["double_registered"] += 1
-        node.checker_driver.add_round(term, first, last, token, leader_mark)
+        node.checker_driver.deliver(AddRound(term, first, last, token, leader_mark))
 
     def _c_report(self, node: Node, term: int, peer: str, wm: int) -> int | None:
         if self._c_hung(node):
             return PARK
-        return node.checker_driver.report(term, peer, wm)
+        return node.checker_driver.deliver(Report(term, peer, wm))
 
     def _c_cg_begin(self, node: Node, term: int, gen: int) -> bool:
         if self._c_hung(node):
             return PARK
-        return node.checker_driver.graph_begin(term, gen)
+        return node.checker_driver.deliver(GraphBegin(term, gen))
 
     def _c_cg_end(self, node: Node, gen: int) -> None:
         if not self._c_hung(node):
-            node.checker_driver.graph_end(gen)
+            node.checker_driver.deliver(GraphEnd(gen))
 
     def _c_cg_report(self, node: Node, ack) -> tuple | None:
         for _, _, token in ack[4]:
             if ack[0] == node.checker.graph_gen and node.checker.is_registered(token):
                 self.stats["double_registered"] += 1
-        return node.checker_driver.graph_report(ack)
+        return node.checker_driver.deliver(GraphReport(ack))
 
     # -- the hang fault and the replacement ---------------------------------------------------
     def hang_checker(self, mid: str) -> None:

@@ -13,13 +13,23 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from rayledger.actors.dispatcher_logic import (
+    Activate,
+    Announced,
     CachedBatch,
+    Committed,
+    Deactivate,
     DispatcherDriver,
     DispatcherLogic,
     Fetch,
+    Fetched,
+    GraphAck,
+    GraphPush,
     Inline,
+    PushAnswered,
+    Reported,
 )
 from rayledger.actors.fastpath_logic import GraphRound
+from rayledger.actors.graph_events import GraphBegin, GraphEnd
 from rayledger.replication import PushEntryRequest, PushType
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -87,22 +97,22 @@ class DispatcherActor:
     def _d_activate(self, node: Node, peer: str, info):
         if self._d_hung(node, peer):
             return park(dkey(peer))
-        node.dispatcher_drivers[peer].activate(info)
+        node.dispatcher_drivers[peer].deliver(Activate(info))
         return None
 
     def _d_deactivate(self, node: Node, peer: str, term: int):
         if self._d_hung(node, peer):
             return park(dkey(peer))
-        node.dispatcher_drivers[peer].deactivate(term)
+        node.dispatcher_drivers[peer].deliver(Deactivate(term))
         return None
 
     def _d_on_announcement(self, node: Node, peer: str, a) -> None:
         if not self._d_hung(node, peer):  # else lost with the process when it is killed
-            node.dispatcher_drivers[peer].on_announcement(a)
+            node.dispatcher_drivers[peer].deliver(Announced(a))
 
     def _d_on_committed(self, node: Node, peer: str, term: int, index: int) -> None:
         if not self._d_hung(node, peer):
-            node.dispatcher_drivers[peer].on_committed(term, index)
+            node.dispatcher_drivers[peer].deliver(Committed(term, index))
 
     def _d_fetch(self, node: Node, peer: str, f: Fetch, gen: int = 0):
         """A batch the cache lacks, or an entry's (term, pos): the member's fenced answer
@@ -119,16 +129,16 @@ class DispatcherActor:
             self.stats["dispatcher_answers_lost"] += 1
             return
         if isinstance(answer, LedgerError):
-            driver.fetch_failed()
+            driver.deliver(Fetched(f, failed=True))
             return
         if answer is None:
             self.stats["fetch_fenced"] += 1
         else:
             self._note_need(node, peer, (f.term, f.kind, f.index))
         if f.kind == "batch":
-            driver.fetched_batch(f.term, _cached(answer))
+            driver.deliver(Fetched(f, _cached(answer)))
         else:
-            driver.fetched_meta(f.term, f.index, answer)
+            driver.deliver(Fetched(f, answer))
 
     def _d_report(self, node: Node, peer: str, term: int, wm: int, gen: int = 0):
         driver = node.dispatcher_drivers[peer]
@@ -137,9 +147,9 @@ class DispatcherActor:
             self.stats["dispatcher_answers_lost"] += 1
             return
         if committed is DIED:  # the checker's process was killed while the report waited
-            driver.report_failed()
+            driver.deliver(Reported(term, wm, failed=True))
             return
-        driver.reported(term, wm, committed)
+        driver.deliver(Reported(term, wm, committed))
 
     def _note_need(self, node: Node, peer: str, need: tuple) -> None:
         """A dispatcher that fetches the same thing again and again, answered every time,
@@ -188,12 +198,12 @@ class DispatcherActor:
         if self._d_gone(node, peer, gen):  # answered to nobody
             self.stats["dispatcher_answers_lost"] += 1
             return
-        node.dispatcher_drivers[peer].on_response(req, resp)
+        node.dispatcher_drivers[peer].deliver(PushAnswered(req, resp))
 
     def _d_cg_begin(self, node: Node, peer: str, term: int, gen: int):
         if self._d_hung(node, peer):
             return park(dkey(peer))
-        return node.dispatcher_drivers[peer].graph_begin(term, gen)
+        return node.dispatcher_drivers[peer].deliver(GraphBegin(term, gen))
 
     def _d_cg_end(self, node: Node, peer: str, gen: int) -> None:
         if self._d_hung(node, peer):
@@ -201,10 +211,10 @@ class DispatcherActor:
         d = node.dispatchers[peer]
         if d.graph_gen == gen and d.active:
             self.stats["rewinds"] += 1
-        node.dispatcher_drivers[peer].graph_end(gen)
+        node.dispatcher_drivers[peer].deliver(GraphEnd(gen))
 
     def _d_cg_push(self, node: Node, peer: str, g: GraphRound) -> tuple:
-        return node.dispatcher_drivers[peer].graph_push(g)
+        return node.dispatcher_drivers[peer].deliver(GraphPush(g))
 
     def _d_cg_ack(self, node: Node, peer: str, answered) -> tuple:
         (gen, term, rounds), answers = answered
@@ -216,7 +226,7 @@ class DispatcherActor:
             if req is not None:
                 self._check_commit_answer(node, peer, req, resp)
         plain = [(key, resp) for key, resp, _ in answers]
-        return node.dispatcher_drivers[peer].graph_ack(((gen, term, rounds), plain))
+        return node.dispatcher_drivers[peer].deliver(GraphAck(((gen, term, rounds), plain)))
 
     # -- the faults and the replacement -------------------------------------------------------
     def hang_dispatcher(self, mid: str, peer: str) -> None:

@@ -29,6 +29,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from rayledger.actors import checker_logic as ck
+from rayledger.actors import dispatcher_logic as dl
 from rayledger.actors.logic import (
     CachedBatch,
     CheckerLogic,
@@ -155,13 +157,15 @@ class FiveMembers:
         """What the member's shell does with ``leadership()``: set up or stop its helpers."""
         for change in self.logic[mid].leadership():
             if isinstance(change, StopLeading):
-                self.chk[mid].step_down(change.new_term)
+                self.chk[mid].step(ck.StepDown(change.new_term), self.now)
                 # the dispatchers' deactivate(term) is left in flight: see stale()
             else:
                 assert isinstance(change, StartLeading)
-                self.chk[mid].become_leader(change.term, change.term_start_index, change.info)
+                self.chk[mid].step(
+                    ck.BecomeLeader(change.term, change.term_start_index, change.info), self.now
+                )
                 for d in self.disp[mid].values():
-                    d.activate(change.info)
+                    d.step(dl.Activate(change.info), self.now)
                 assert self.logic[mid].mark_ready(change.term)
 
     # -- appends and replication -----------------------------------------------------------
@@ -171,10 +175,11 @@ class FiveMembers:
         rnd = lg.write_round([(None, bodies)], term)
         a = lg.announcement(rnd)
         for p, d in self.disp[mid].items():
-            if d.on_announcement(a):
+            if d.step(dl.Announced(a), self.now):
                 self.push(mid, p)
-        self.chk[mid].add_round(
-            term, rnd.first_index, rnd.last_index, next(self.rids), self.now, lg.water_mark()
+        self.chk[mid].step(
+            ck.AddRound(term, rnd.first_index, rnd.last_index, next(self.rids), lg.water_mark()),
+            self.now,
         )
         self.check(mid)
         return rnd
@@ -194,10 +199,11 @@ class FiveMembers:
                     CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
                     info,
                 )
-            d.took_batch(d.term, answer)
         else:
             answer = lg.entry_meta(d.term, need.index)
-            d.took_meta(d.term, need.index, answer)
+        f = dl.Fetch(d.term, need.kind, need.index, CONFIG.max_batch_push_bytes,
+                     need.count or CONFIG.max_batch_push_count)  # fmt: skip
+        d.step(dl.Fetched(f, answer), self.now)
         return need, answer
 
     def push(self, mid: str, peer: str, rounds: int = 50) -> None:
@@ -208,10 +214,10 @@ class FiveMembers:
             r = d.ready(self.now)
             if r.report is not None:  # the checker's answer, as EntryDispatcherActor._report
                 term, wm = r.report
-                served = self.chk[mid].report(term, peer, wm)
+                served = self.chk[mid].step(ck.Report(term, peer, wm), self.now)
                 self.check(mid)
                 committed = self.chk[mid].committed_index if served else None
-                d.reported_to_checker(term, wm, committed, self.now)
+                d.step(dl.Reported(term, wm, committed), self.now)
             if not r.pushes and r.fetch is None and r.report is None:
                 return
             for req in r.pushes:
@@ -234,7 +240,7 @@ class FiveMembers:
             self._answer(mid, peer, d, tok, resp)
 
     def _answer(self, mid: str, peer: str, d: DispatcherLogic, req, resp) -> None:
-        d.on_response(req, resp, self.now)  # a new water mark is reported by push()
+        d.step(dl.PushAnswered(req, resp), self.now)  # a new water mark is reported by push()
 
     def check(self, mid: str) -> None:
         """The checker commits; the member and the dispatchers of its term learn it."""
@@ -243,7 +249,7 @@ class FiveMembers:
         if res is not None and res.committed is not None:
             self.logic[mid].on_committed(res.term, res.committed)
             for d in self.disp[mid].values():
-                d.on_committed(res.term, res.committed)
+                d.step(dl.Committed(res.term, res.committed), self.now)
 
     def time_out_calls(self) -> None:
         """The calls whose answers were lost fail (what a Ray call returns after its timeout)."""
@@ -346,7 +352,7 @@ def test_stale_dispatcher_is_fenced() -> None:
     assert f.store.committed_index == 1
     assert _terms(f.store, 2, 4) == [T, T, T]
     # ... which cuts them and commits n's entries
-    d.deactivate(T)  # the deactivate in flight arrives
+    d.step(dl.Deactivate(T), g.now)  # the deactivate in flight arrives
     g.connect("f", "n")
     for mid in ("x", "y"):
         g.connect("f", mid)
