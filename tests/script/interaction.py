@@ -58,11 +58,13 @@ from typing import Any
 
 from rayledger.actors import checker_logic as ck
 from rayledger.actors import dispatcher_logic as dl
+from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import CheckerDriver, Resolution
 from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherDriver, Fetch, Inline
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.member_core import MemberCore
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
 from rayledger.election import ElectionConfig
@@ -73,7 +75,6 @@ from rayledger.election.messages import (
     LeadershipTransferRequest,
     LeadershipTransferResponse,
     RoleChange,
-    TransferOutcome,
     VoteRequest,
     VoteResponse,
 )
@@ -110,17 +111,23 @@ class Node:
     logic: MemberLogic
     dispatchers: dict[str, DispatcherLogic]
     checker: CheckerLogic
-    book: RoundBook
-    round_path: RoundPath
-    supervisor: sv.Supervisor
+    core: MemberCore
     drivers: dict[str, DispatcherDriver] = field(default_factory=dict)
     checker_driver: CheckerDriver | None = None
     dead: bool = False
     checker_pid: int = 0
-    role_queue: sv.RoleQueue = field(init=False)  # the role lock's queue
 
-    def __post_init__(self) -> None:
-        self.role_queue = sv.RoleQueue(self.supervisor)
+    @property
+    def book(self) -> RoundBook:
+        return self.core.book
+
+    @property
+    def round_path(self) -> RoundPath:
+        return self.core.round_path
+
+    @property
+    def supervisor(self) -> sv.Supervisor:
+        return self.core.supervisor
 
 
 class _Timer:
@@ -343,12 +350,9 @@ class Env:
         peers = [p for p in self.ids if p != mid]
         dispatchers = {p: DispatcherLogic(GROUP, mid, p, self.replication) for p in peers}
         checker = CheckerLogic(GROUP, mid, self.ids, self.replication)
-        book = RoundBook(logic)
-        supervisor = sv.Supervisor(
-            logic, book, self.ids, RPC_MS, self.election.heartbeat_timeout_ms, sync=self.sync
-        )
-        node = Node(mid, logic, dispatchers, checker, book, RoundPath(logic, book, self.sync),
-                    supervisor)  # fmt: skip
+        core = MemberCore(logic, rpc_timeout_ms=RPC_MS, sync=self.sync, tick_ms=STEP_MS)
+        node = Node(mid, logic, dispatchers, checker, core)
+        supervisor = core.supervisor
         supervisor.pids.update({k: 0 for k in supervisor.keys()})  # every helper has started
         for p, d in dispatchers.items():
             node.drivers[p] = DispatcherDriver(d, _DispatcherPorts(self, node, p))
@@ -377,10 +381,8 @@ class Env:
         node = self.nodes[mid]
         self._install_checker(node, CheckerLogic(GROUP, mid, self.ids, self.replication))
         node.checker_pid += 1
-        proc = node.supervisor.helper_started("checker", None, node.checker_pid)
         self.say(f"{mid}'s checker restarted empty")
-        if proc is not None and node.role_queue.restore(proc):
-            self._soon(node, self._role_next, node)
+        self._step(node, mc.HelperStarted("checker", None, node.checker_pid))
         self._settle()
 
     # -- time ----------------------------------------------------------------------------
@@ -433,9 +435,7 @@ class Env:
     def _tick(self, node: Node) -> None:
         """``MemberActor._maintain``: the elector's and the entry handler's tick."""
         self.header = f"t={self.now} {node.id}:"
-        election, answers = node.logic.tick(self.now)
-        self._answer(node, answers)
-        self._apply(node, election)
+        self._step(node, mc.Tick())
         self._settle()
         self.header = None
 
@@ -483,19 +483,11 @@ class Env:
         if m.request is not None:
             self._answered(node, m.src, m.request, m.payload)
         elif isinstance(m.payload, PushEntryRequest):
-            self._answer(node, node.logic.on_push(m.payload, (m.src, m.payload), self.now))
+            self._step(node, mc.Push(m.payload, (m.src, m.payload)))
         else:
-            resp, actions = node.logic.handle_election(m.payload, self.now)
-            self._apply(node, actions)
-            self._send(Msg(m.dst, m.src, resp, m.payload))
-
-    def _answer(self, node: Node, answers: list) -> None:
-        """A follower's push answers go back to the dispatchers that asked, after a flush
-        when the core says so (sync-flush acknowledges only what is on disk)."""
-        if node.logic.must_flush(answers) and self._flush(node) is not None:
-            return  # a failed flush answers none
-        for (leader, req), resp in answers:
-            self._send(Msg(node.id, leader, resp, req))
+            out = node.core.step(mc.ElectionRequest(m.payload), self.now)
+            self._carry(node, out)
+            self._send(Msg(m.dst, m.src, out.reply, m.payload))
 
     def _answered(self, node: Node, peer: str, req: Any, resp: Any) -> None:
         if isinstance(req, PushEntryRequest):
@@ -503,63 +495,82 @@ class Env:
             if d is not None:
                 d.deliver(dl.PushAnswered(req, resp))
         else:
-            self._apply(node, node.logic.on_election_response(peer, req, resp, self.now))
+            self._step(node, mc.ElectionAnswer(peer, req, resp))
 
-    # -- the member: elector actions and role changes ------------------------------------
-    def _apply(self, node: Node, actions: list) -> None:
-        sends, role_changed = MemberLogic.split(actions)
-        for a in actions:
+    # -- the member: its core's events and what they ask for ---------------------------------
+    def _step(self, node: Node, ev: Any) -> mc.MemberOut:
+        out = node.core.step(ev, self.now)
+        self._carry(node, out)
+        return out
+
+    def _carry(self, node: Node, out: mc.MemberOut, pid: int | None = None) -> None:
+        """``MemberActor``'s carrying out of a :class:`MemberOut`.  The next action of the
+        process ``pid`` (just answered) and a round's go on at once; another process
+        starts as a task: after the event that started it."""
+        for fin in out.finished:
+            first, last = fin.round.first_index, fin.round.last_index
+            self.say(f"{node.id} append {first}..{last}: {fin.code.name}", 1, event=True)
+        w = out.written
+        if w is not None and w.error is not None:
+            self.say(f"{node.id} refuses: {w.error.code.name}", self.nest)
+        elif w is not None:
+            rnd = w.round
+            self.say(f"{node.id} stores {rnd.first_index}..{rnd.last_index} in term {rnd.term}",
+                     self.nest)  # fmt: skip
+        if out.answers:  # a follower's, after a flush when the core says so
+            if not out.flush_first or self._flush(node) is None:
+                for (leader, req), resp in out.answers:
+                    self._send(Msg(node.id, leader, resp, req))
+        for a in out.notes:
             if isinstance(a, RoleChange):
                 leader = f" leader={a.leader_id}" if a.leader_id else ""
                 self.say(f"{node.id} is {a.role.value} term={a.term}{leader}", 1, event=True)
-            elif isinstance(a, TransferOutcome):
+            else:
                 text = f"{node.id} transfer of term {a.term} to {a.transferee}: {a.code.name}"
                 self.say(text, 1, event=True)
-        for s in sends:
-            self._send(Msg(node.id, s.to, s.message))
-        if role_changed and node.role_queue.role_changed():
-            self._soon(node, self._role_next, node)
+        for snd in out.sends:
+            self._send(Msg(node.id, snd.to, snd.message))
+        for run in out.run:
+            if run.pid == pid or run.kind in ("round", "fallback"):
+                self._run_action(node, run)
+            else:
+                self._soon(node, self._run_action, node, run)
+        if out.write_due:
+            self._soon(node, self._write_round, node)
 
-    def _role_next(self, node: Node) -> None:
-        """The role lock: the shipped queue says what runs next."""
-        proc = node.role_queue.next()
-        if proc is None:
+    def _run_action(self, node: Node, run: mc.Run) -> None:
+        """An action of the core's processes; a sleep is a timer, a flush runs off the
+        loop (what is queued goes on meanwhile)."""
+        if node.dead:
             return
-        self._run(node, proc, self._perform, lambda: self._role_next(node))
+        a = run.action
+        if isinstance(a, sv.Sleep) and a.ms:
+            self._later(node, a.ms, self._answer_action, node, run.pid, None)
+        elif isinstance(a, sv.Flush):
+            self._soon(node, self._answer_action, node, run.pid, self._flush)
+        else:
+            self._answer_action(node, run.pid, lambda node: self._perform(node, a))
 
-    def _run(self, node: Node, proc: sv.Process, perform: Callable, then=None) -> None:
-        """Resume a shipped process with each action's answer; a sleep is a timer."""
-        self._resume(node, proc, perform, then, proc.start())
-
-    def _resume(self, node: Node, proc: sv.Process, perform: Callable, then, action) -> None:
-        while action is not None:
-            if node.dead:
-                return
-            if isinstance(action, sv.Sleep) and action.ms:
-                self._later(node, action.ms, self._answer_later, node, proc, perform, then, None)
-                return
-            if isinstance(action, sv.Flush):  # off the loop: what is queued goes on meanwhile
-                self._soon(node, self._answer_later, node, proc, perform, then, self._flush)
-                return
-            action = proc.send(sv.Answer(self.now, perform(node, action)))
-        if then is not None:
-            then()
-
-    def _answer_later(self, node: Node, proc: sv.Process, perform: Callable, then,
-                      call: Callable | None) -> None:  # fmt: skip
+    def _answer_action(self, node: Node, pid: int, call: Callable | None) -> None:
         value = call(node) if call is not None else None
-        self._resume(node, proc, perform, then, proc.send(sv.Answer(self.now, value)))
+        if not node.dead:
+            self._carry(node, node.core.step(mc.Answered(pid, value), self.now), pid)
 
-    def _perform(self, node: Node, a: sv.Action) -> Any:  # noqa: C901 -- one branch per action
-        """A supervision action, carried out at once: the helpers are on this node and
-        answer (only ``restart-checker`` takes one away, and Ray brings it back)."""
-        if isinstance(a, sv.Sleep | sv.FailReaders | sv.FastStop):
+    def _perform(self, node: Node, a: Any) -> Any:
+        """An action carried out at once: the helpers are on this node and answer (only
+        ``restart-checker`` takes one away, and Ray brings it back)."""
+        if isinstance(a, rp.Announce):
+            for d in node.drivers.values():
+                self._soon(node, d.deliver, dl.Announced(a.a))
+            return None
+        if isinstance(a, rp.Register):
+            args = (a.term, a.first, a.last, a.rid, a.leader_mark)
+            self._soon(node, node.checker_driver.deliver, ck.AddRound(*args))
+            return None
+        if isinstance(a, sv.Sleep | sv.FailReaders | sv.FastStop | sv.Ready):
             return None  # no wait, no readers, no compiled path in the script
         if isinstance(a, sv.CheckerStepDown):
             return node.checker_driver.deliver(ck.StepDown(a.new_term))
-        if isinstance(a, sv.Finish):
-            self._finish(node, a.outcomes)
-            return None
         if isinstance(a, sv.Deactivate):
             for d in node.drivers.values():
                 d.deliver(dl.Deactivate(a.term))
@@ -574,25 +585,13 @@ class Env:
                 # what it fails is ignored, as by both shells: the step-down before failed it
                 node.checker_driver.deliver(ck.BecomeLeader(a.term, a.start, a.info))
                 for reg in node.round_path.reregister(a.term):  # what a dead checker held
-                    self._perform_round(node, reg)
+                    self._perform(node, reg)
             for p, d in node.drivers.items():
                 if a.only in (None, "checker", p):
                     d.deliver(dl.Activate(a.info))
             return None
         if isinstance(a, sv.Ping):
             return {k: "ok" for k in a.keys}
-        if isinstance(a, sv.HandOver):
-            if a.target is None:
-                self._apply(node, node.logic.elector.step_down(self.now))
-            else:
-                self._apply(node, node.logic.elector.hand_over(a.target, self.now)[1])
-            return None
-        if isinstance(a, sv.StepDown):
-            self._apply(node, node.logic.elector.step_down(self.now))
-            return None
-        if isinstance(a, sv.Ready):  # the watch runs on its own, beside the role lock
-            self._soon(node, self._run, node, node.supervisor.watch(a.term), self._perform)
-            return None
         raise TypeError(f"{a!r} has no transport in the script environment")
 
     def _flush(self, node: Node) -> sv.Failed | None:
@@ -626,24 +625,21 @@ class Env:
         self._soon(node, node.drivers[peer].deliver, dl.Reported(term, wm, committed))
 
     def _peer_progress(self, node: Node, peer: str, term: int, wm: int) -> None:
-        self._apply(node, node.logic.on_peer_progress(peer, term, wm, self.now))
+        self._step(node, mc.PeerProgress(peer, term, wm))
 
     def _on_resolved(self, node: Node, r: Resolution) -> None:
-        for fin in node.book.resolve(r):
-            first, last = fin.round.first_index, fin.round.last_index
-            self.say(f"{node.id} append {first}..{last}: {fin.code.name}", 1, event=True)
-            self._schedule_round(node)
+        self._step(node, mc.Resolved(r))
 
     # -- the member: appends ---------------------------------------------------------------
     def cmd_propose(self, mid: str, *bodies: str) -> None:
         node = self.nodes[mid]
         self.tokens += 1
         try:
-            node.book.admit([b.encode() for b in bodies], GROUP, None, self.tokens)
+            self._step(node, mc.ClientAppend([b.encode() for b in bodies], GROUP, None,
+                                             self.tokens))  # fmt: skip
         except LedgerError as exc:
             self.say(f"{mid} refuses: {exc.code.name}")
             return
-        self._schedule_round(node)
         self.nest = 0
         try:
             self._settle()
@@ -656,48 +652,15 @@ class Env:
         """``n`` generated bodies (e0, e1, ...) in one append."""
         self.cmd_propose(mid, *(f"e{k}" for k in range(int(n))))
 
-    def _schedule_round(self, node: Node) -> None:
-        if node.book.write_due():
-            self._soon(node, self._write_round, node)
-
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one round, sent on by the round path."""
-        w = node.book.write()
-        if w is None:
-            return
-        if w.error is not None:
-            self.say(f"{node.id} refuses: {w.error.code.name}", self.nest)
-            return
-        rnd = w.round
-        self.say(f"{node.id} stores {rnd.first_index}..{rnd.last_index} in term {rnd.term}",
-                 self.nest)  # fmt: skip
-        self._run(node, node.round_path.send(w, fast=False), self._perform_round)
-
-    def _perform_round(self, node: Node, a: rp.RoundAction) -> Any:
-        if isinstance(a, rp.Announce):
-            for d in node.drivers.values():
-                self._soon(node, d.deliver, dl.Announced(a.a))
-            return None
-        if isinstance(a, rp.Register):
-            args = (a.term, a.first, a.last, a.rid, a.leader_mark)
-            self._soon(node, node.checker_driver.deliver, ck.AddRound(*args))
-            return None
-        if isinstance(a, sv.Finish):
-            self._finish(node, a.outcomes)
-            return None
-        if isinstance(a, sv.StepDown):
-            self._apply(node, node.logic.elector.step_down(self.now))
-            return None
-        raise TypeError(f"{a!r} has no transport in the script environment")
-
-    def _finish(self, node: Node, outcomes: list) -> None:
-        self._on_resolved(node, Resolution(-1, None, outcomes))
+        self._step(node, mc.WriteRound())
 
     def cmd_transfer(self, mid: str, target: str) -> None:
         node = self.nodes[mid]
-        resp, actions = node.logic.elector.transfer_leadership(target, self.now)
-        self.say(f"{mid} transfer to {target}: {resp.code.name}")
-        self._apply(node, actions)
+        out = node.core.step(mc.TransferOrder(target), self.now)
+        self.say(f"{mid} transfer to {target}: {out.reply[0].code.name}")
+        self._carry(node, out)
         self._settle()
 
     # -- looking ---------------------------------------------------------------------------

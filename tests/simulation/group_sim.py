@@ -78,6 +78,7 @@ import random
 import tempfile
 from dataclasses import dataclass
 
+from rayledger.actors import member_core as mc
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.election.messages import HeartbeatRequest, LeadershipTransferRequest
 from rayledger.replication import PushEntryRequest, PushType, ReplicationConfig
@@ -478,14 +479,13 @@ class GroupSim(
                 self._part_on_request(src, dst)
             body = payload.body
             if isinstance(body, PushEntryRequest):
-                self._answer_durably(node, node.logic.on_push(body, (src, payload.call_id), now))
+                self._step(node, mc.Push(body, (src, payload.call_id)))
             else:
                 if isinstance(body, LeadershipTransferRequest):
                     self._take_order_lands(src, dst, body)
-                resp, actions = node.logic.handle_election(body, now)
-                self.rpc.reply(dst, src, payload.call_id, resp)
-                self._apply(node, actions)
-                self._rearm(node)
+                out = node.core.step(mc.ElectionRequest(body), now)
+                self.rpc.reply(dst, src, payload.call_id, out.reply)
+                self._carry(node, out)
         elif isinstance(payload, RpcResponse):
             pending = self.rpc.complete(dst, payload.call_id)
             if pending is not None:
@@ -507,11 +507,7 @@ class GroupSim(
         elif isinstance(request, PushEntryRequest):
             self._d_on_response(node, callee, request, response)
         else:
-            self._apply(
-                node,
-                node.logic.on_election_response(callee, request, response, self.clock.now_ms),
-            )
-            self._rearm(node)
+            self._step(node, mc.ElectionAnswer(callee, request, response))
 
     # ================================================================ the loop
 
@@ -540,7 +536,8 @@ class GroupSim(
             return
         node = self.members[rng.choice(leaders)].node
         target = rng.choice([p for p in self.ids if p != node.id])
-        resp, actions = node.logic.elector.transfer_leadership(target, now)
+        out = node.core.step(mc.TransferOrder(target), now)
+        resp = out.reply[0]
         self.stats["transfers_asked"] += 1
         self.net.note(f"OPERATOR {node.id} transfer to {target}: {resp.code.name}")
         if rng.random() < 0.5:  # the old leader will not hear from the transferee for a while
@@ -548,8 +545,7 @@ class GroupSim(
             until = now + rng.randint(800, 2500)
             self._link_restores.append((until, target, node.id))
             self.net.note(f"FAULT one-way cut {target}->{node.id} until {until}")
-        self._apply(node, actions)
-        self._rearm(node)
+        self._carry(node, out)
 
     def _restore_links(self, now: int) -> None:
         keep = []

@@ -3,14 +3,15 @@ client appends written as rounds, and the answers of the helpers and the fast pa
 
 from __future__ import annotations
 
+from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.logic import Announcement, MemberLogic
+from rayledger.actors.logic import Announcement
 from rayledger.actors.read_path import Confirm, WaitCommitted, run_to_end
 from rayledger.actors.reads import Consistency
 from rayledger.actors.rounds import Finished
-from rayledger.election import RoleChange, TransferOutcome
+from rayledger.election import RoleChange
 from rayledger.election.messages import LeadershipTransferRequest
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -34,19 +35,71 @@ class ReadToken:
 
 
 class MemberActor:
-    """The member's actor shell (a mixin of :class:`~.group_sim.GroupSim`)."""
+    """The member's actor shell (a mixin of :class:`~.group_sim.GroupSim`): it steps the
+    shipped :class:`~rayledger.actors.member_core.MemberCore` with the events that reach
+    the node and carries out what the core returns (:meth:`_carry`)."""
+
+    def _step(self, node: Node, ev) -> mc.MemberOut:
+        """One event into the member's core; its Out carried out at once."""
+        out = node.core.step(ev, self.clock.now_ms)
+        self._carry(node, out)
+        return out
+
+    def _carry(self, node: Node, out: mc.MemberOut) -> None:  # noqa: C901 -- one per field
+        """``MemberActor``'s carrying out of a :class:`MemberOut`."""
+        for fin in out.finished:
+            self._answer_round(node, fin)
+        w = out.written
+        if w is not None:
+            if w.error is not None:
+                for client, req_id in w.tokens:
+                    reply = ClientReply(req_id, w.error.code, leader_id=w.error.leader_id)
+                    self._to_client(node.id, client, reply)
+            else:
+                node.round_born[w.rid] = self.clock.now_ms
+        if out.answers:
+            if out.flush_first:
+                self._spawn(node, self._flush_then_answer(node, out.answers))
+            else:
+                self._answer(node, out.answers)
+        for a in out.notes:
+            if isinstance(a, RoleChange):
+                self.net.note(f"{node.id} -> {a.role.value} term={a.term} leader={a.leader_id}")
+            else:
+                self.net.note(f"{node.id} transfer to {a.transferee}: {a.code.name}")
+        for s in out.sends:
+            if isinstance(s.message, LeadershipTransferRequest) and self._late_take_order():
+                # a take order held up on the way: it arrives after the transfer was given up
+                delay = self.election.leadership_transfer_wait_timeout_ms + 200
+                self.stats["late_take_orders"] += 1
+                self._late_orders.add((node.id, s.to, s.message.term))
+                self._at(node, self.clock.now_ms + delay, self.rpc.call, node.id, s.to, s.message)
+                continue
+            self.rpc.call(node.id, s.to, s.message)
+        for run in out.run:
+            if run.kind == "fallback" and isinstance(run.action, rp.Register):
+                self.stats["re_registered"] += 1
+            self._spawn(node, self._run_action(node, run))
+        if out.write_due:
+            self._soon(node, self._write_round, node)
+        if out.elector_moved:
+            self._rearm(node)
+
+    def _run_action(self, node: Node, run: mc.Run):
+        """One action of a core's process, then its answer stepped in (an action that takes
+        no time is answered in this very step)."""
+        value = yield from self._perform(node, run.action)
+        self._step(node, mc.Answered(run.pid, value))
 
     def _maintain(self, node: Node) -> None:
         """``MemberActor._maintain``: tick, then sleep until the elector's next deadline
         (at least the maintain interval, at most a second)."""
         now = self.clock.now_ms
-        actions, answers = node.logic.tick(now)
-        self._answer_durably(node, answers)
-        self._apply(node, actions)
+        self._step(node, mc.Tick())
         if node.dead:
             return
         interval = self.tick_ms
-        delay = node.logic.next_tick_ms(now, interval) - now
+        delay = node.core.next_tick_ms(now) - now
         due = now + min(MAINTAIN_MAX_SLEEP_MS, max(interval, delay))
         node.maintain_at = self._at(node, due, self._maintain, node)
 
@@ -57,40 +110,9 @@ class MemberActor:
         entry = node.maintain_at
         if not self.wake_on_election or node.dead or entry is None or not entry[5]:
             return
-        if node.logic.next_tick_ms(self.clock.now_ms, self.tick_ms) < entry[0]:
+        if node.core.next_tick_ms(self.clock.now_ms) < entry[0]:
             self._cancel(entry)
             node.maintain_at = self._hop(node, self._maintain, node)
-
-    def _apply(self, node: Node, actions: list) -> None:
-        if not actions:
-            return
-        sends, role_changed = MemberLogic.split(actions)
-        for action in actions:
-            if isinstance(action, RoleChange):
-                self.net.note(
-                    f"{node.id} -> {action.role.value} term={action.term} leader={action.leader_id}"
-                )
-            elif isinstance(action, TransferOutcome):
-                self.net.note(f"{node.id} transfer to {action.transferee}: {action.code.name}")
-        for s in sends:
-            if isinstance(s.message, LeadershipTransferRequest) and self._late_take_order():
-                # a take order held up on the way: it arrives after the transfer was given up
-                delay = self.election.leadership_transfer_wait_timeout_ms + 200
-                self.stats["late_take_orders"] += 1
-                self._late_orders.add((node.id, s.to, s.message.term))
-                self._at(node, self.clock.now_ms + delay, self.rpc.call, node.id, s.to, s.message)
-                continue
-            self.rpc.call(node.id, s.to, s.message)
-        if role_changed:
-            self._sync_role(node)
-
-    def _answer_durably(self, node: Node, answers: list) -> None:
-        """Answers of the entry handler, after a flush of the member's disk when the core
-        says so (sync_flush acknowledges only what is on disk); none when it fails."""
-        if node.logic.must_flush(answers):
-            self._spawn(node, self._flush_then_answer(node, answers))
-        else:
-            self._answer(node, answers)
 
     def _flush_then_answer(self, node: Node, answers: list):
         if (yield from self._disk_flush(node)) is None:
@@ -106,30 +128,9 @@ class MemberActor:
                 caller, call_id = tok
                 self.rpc.reply(node.id, caller, call_id, resp)
 
-    def _sync_role(self, node: Node) -> None:
-        """``_sync_role``: changes are carried out one at a time, in order (a role lock)."""
-        if node.role_queue.role_changed():
-            self._spawn(node, self._role_task(node))
-
-    def _role_task(self, node: Node):
-        """The role lock: the shipped queue says what runs next."""
-        while (proc := node.role_queue.next()) is not None:
-            yield from self._run_process(node, proc)
-
     def _m_helper_started(self, node: Node, kind: str, peer: str | None, pid: int) -> None:
         """``MemberActor.helper_started``: a restarted helper is set up again."""
-        proc = node.supervisor.helper_started(kind, peer, pid)
-        if proc is None:
-            return
-        if node.role_queue.restore(proc):
-            self._spawn(node, self._role_task(node))
-
-    def _run_process(self, node: Node, proc: sv.Process):
-        """Resume one of the shipped supervisor's processes with each action's answer."""
-        action = proc.start()
-        while action is not None:
-            value = yield from self._perform(node, action)
-            action = proc.send(sv.Answer(self.clock.now_ms, value))
+        self._step(node, mc.HelperStarted(kind, peer, pid))
 
     @staticmethod
     def _failed(value) -> sv.Failed | None:
@@ -140,7 +141,17 @@ class MemberActor:
         return None
 
     def _perform(self, node: Node, a):  # noqa: C901 -- one branch per action, nothing else
-        """Carry out a supervision action: calls to the helpers with their time-outs."""
+        """Carry out an action of the core's processes: calls to the helpers with their
+        time-outs, the disk, the compiled path."""
+        if isinstance(a, rp.Register):
+            self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
+                      a.leader_mark)  # fmt: skip
+            return None
+        if isinstance(a, rp.Submit):
+            return self._fp_submit(node, a.a, list(a.spans))
+        if isinstance(a, rp.Announce):
+            self._announce_plain(node, a.a)
+            return None
         if isinstance(a, sv.Sleep):
             if a.ms:
                 yield a.ms
@@ -153,9 +164,6 @@ class MemberActor:
             self.net.note(f"{node.id} stops leading (now {a.new_term})")
             (resolved,) = yield Timed(a.timeout_ms, [lambda: self._c_step_down(node, a.new_term)])
             return self._failed(resolved) or resolved
-        if isinstance(a, sv.Finish):
-            self._finish(node, a.outcomes)
-            return None
         if isinstance(a, sv.Deactivate):
             calls = [(lambda p=p: self._d_deactivate(node, p, a.term)) for p in node.dispatchers]
             done = yield Timed(a.timeout_ms, calls)
@@ -174,7 +182,7 @@ class MemberActor:
                 if self._failed(r):
                     return self._failed(r)
                 for reg in node.round_path.reregister(a.term):  # what a dead checker held
-                    self._perform_round(node, reg)
+                    yield from self._perform(node, reg)
             peers = [p for p in node.dispatchers if a.only in (None, "checker", p)]
             done = yield Timed(a.timeout_ms, [(lambda p=p: self._d_activate(node, p, a.info))
                                               for p in peers])  # fmt: skip
@@ -194,27 +202,10 @@ class MemberActor:
                 else:
                     self._hop(node, self._d_kill, node, k[1])
             return None
-        if isinstance(a, sv.HandOver):
-            if a.target is None:
-                self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
-            else:
-                _, actions = node.logic.elector.hand_over(a.target, self.clock.now_ms)
-                self._apply(node, actions)
-            self._rearm(node)
-            return None
-        if isinstance(a, sv.StepDown):
-            self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
-            self._rearm(node)
-            return None
         if isinstance(a, sv.Ready):
             self.net.note(f"{node.id} ready for appends in term {a.term}")
             if self.members[node.id].fast_enabled and len(self.ids) > 1:
                 self._fp_start(node, a.term)
-            if not a.watching:
-                self._spawn(node, self._run_process(node, node.supervisor.watch(a.term)))
-            return None
-        if isinstance(a, sv.Watch):
-            self._spawn(node, self._run_process(node, node.supervisor.watch(a.term)))
             return None
         if isinstance(a, sv.FailReaders):
             for token in node.reads.step_down():
@@ -224,7 +215,7 @@ class MemberActor:
             return (yield from self._m_role(node))  # machine_actor.py
         if isinstance(a, sv.WaitMachine):
             return (yield from self._m_wait_ready(node, a.term))
-        raise TypeError(f"unknown supervision action {a!r}")
+        raise TypeError(f"unknown action {a!r}")
 
     # -- reads: the shipped read path, its rounds over the network --------------------------
     def _read_task(self, node: Node, msg: ClientRead):
@@ -276,63 +267,18 @@ class MemberActor:
 
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
         """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""
+        ev = mc.ClientAppend(list(msg.bodies), self.group, msg.target, (msg.client, msg.req_id))
         try:
-            node.book.admit(list(msg.bodies), self.group, msg.target, (msg.client, msg.req_id))
+            self._step(node, ev)
         except LedgerError as exc:
             self._to_client(
                 node.id, msg.client, ClientReply(msg.req_id, exc.code, leader_id=exc.leader_id)
             )
-            return
-        self._schedule_round(node)
-
-    def _schedule_round(self, node: Node) -> None:
-        if node.book.write_due():
-            self._soon(node, self._write_round, node)
 
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one store batch and one round, sent on
         by the shipped round path (:class:`~rayledger.actors.round_path.RoundPath`)."""
-        w = node.book.write()
-        if w is None:
-            return
-        if w.error is not None:
-            for client, req_id in w.tokens:
-                self._to_client(
-                    node.id, client, ClientReply(req_id, w.error.code, leader_id=w.error.leader_id)
-                )
-            return
-        node.round_born[w.rid] = self.clock.now_ms
-        fast = node.fast is not None and node.fast.logic.active
-        self._spawn(node, self._run_round(node, node.round_path.send(w, fast)))
-
-    def _run_round(self, node: Node, proc: sv.Process):
-        """A round's process, its actions performed in this step (a flush takes the disk's
-        time)."""
-        action = proc.start()
-        while action is not None:
-            if isinstance(action, sv.Flush):
-                value = yield from self._disk_flush(node)
-            else:
-                value = self._perform_round(node, action)
-            action = proc.send(sv.Answer(self.clock.now_ms, value))
-
-    def _perform_round(self, node: Node, a):
-        if isinstance(a, rp.Register):
-            self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
-                      a.leader_mark)  # fmt: skip
-            return None
-        if isinstance(a, rp.Submit):
-            return self._fp_submit(node, a.a, list(a.spans))
-        if isinstance(a, rp.Announce):
-            self._announce_plain(node, a.a)
-            return None
-        if isinstance(a, sv.Finish):
-            self._finish(node, a.outcomes)
-            return None
-        if isinstance(a, sv.StepDown):
-            self._apply(node, node.logic.elector.step_down(self.clock.now_ms))
-            return None
-        raise TypeError(f"unknown round action {a!r}")
+        self._step(node, mc.WriteRound(node.fast is not None and node.fast.logic.active))
 
     def _announce_plain(self, node: Node, a: Announcement) -> None:
         for p in node.dispatchers:
@@ -340,14 +286,7 @@ class MemberActor:
 
     def _m_on_resolved(self, node: Node, r: Resolution) -> None:
         """``MemberActor.on_resolved``: from the checker, or the compiled graph's output."""
-        finished = node.book.resolve(r)
-        for fin in finished:
-            self._answer_round(node, fin)
-        if finished:
-            self._schedule_round(node)
-
-    def _finish(self, node: Node, outcomes: list) -> None:
-        self._m_on_resolved(node, Resolution(-1, None, outcomes))
+        self._step(node, mc.Resolved(r))
 
     def _answer_round(self, node: Node, fin: Finished) -> None:
         node.round_born.pop(fin.rid, None)
@@ -362,18 +301,18 @@ class MemberActor:
             self._to_client(node.id, client, ClientReply(req_id, fin.code, leader_id=leader))
 
     def _m_on_peer_progress(self, node: Node, peer: str, term: int, wm: int) -> None:
-        self._apply(node, node.logic.on_peer_progress(peer, term, wm, self.clock.now_ms))
+        self._step(node, mc.PeerProgress(peer, term, wm))
 
     def _m_cg_push(self, node: Node, pushed) -> tuple:
         """``MemberActor.cg_push``: a follower takes the pushes of a graph execution."""
         carry, wire = pushed
-        now = self.clock.now_ms
-        done = [
-            tr
-            for key, req in wire
-            for tr in node.logic.on_push(req, CgToken(key, (req.leader_id, req.term)), now)
-        ]
-        if node.logic.must_flush(done) and self._disk_flush_now(node) is not None:
+        done, flush = [], False
+        for key, req in wire:
+            out = node.core.step(mc.Push(req, CgToken(key, (req.leader_id, req.term))),
+                                 self.clock.now_ms)  # fmt: skip
+            done += out.answers
+            flush = flush or out.flush_first
+        if flush and self._disk_flush_now(node) is not None:
             done = []  # the graph's thread waits for the disk; a failed flush answers none
         answers = []
         for tok, resp in done:
@@ -389,7 +328,4 @@ class MemberActor:
 
     def _m_on_graph_fallback(self, node: Node, items: list) -> None:
         """Rounds queued or in flight in an abandoned graph travel again as plain calls."""
-        for action in node.round_path.fallback(items):
-            if isinstance(action, rp.Register):
-                self.stats["re_registered"] += 1
-            self._perform_round(node, action)
+        self._step(node, mc.GraphFallback(items))

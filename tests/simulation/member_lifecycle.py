@@ -10,10 +10,9 @@ import shutil
 
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.member_core import MemberCore
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
-from rayledger.actors.round_path import RoundPath
-from rayledger.actors.supervision import RoleQueue, Supervisor
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
@@ -66,21 +65,17 @@ class MemberLifecycle:
         m.incarnation += 1
         m.node = Node(mid, m.incarnation, logic, dispatchers, checker)
         m.node.checker_driver = self._checker_driver(m.node, checker)
-        m.node.supervisor = Supervisor(
+        m.node.core = MemberCore(
             logic,
-            m.node.book,
-            self.ids,
-            self.rpc.timeout_ms,
-            self.election.heartbeat_timeout_ms,
+            rpc_timeout_ms=self.rpc.timeout_ms,
             sync=self.sync_flush,
             machine=self.machine_path is not None,
             fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
+            tick_ms=self.tick_ms,
         )
-        m.node.role_queue = RoleQueue(m.node.supervisor)
         rpc = self.rpc.timeout_ms
         lease = LedgerConfig(election=self.election).lease_ms()
         m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)
-        m.node.round_path = RoundPath(logic, m.node.book, sync=self.sync_flush)
         m.node.reads = ReadIndexLogic(mid, self.ids, lease, rpc)
         m.node.read_path = ReadPath(logic, m.node.reads, rpc)
         m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})

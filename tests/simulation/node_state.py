@@ -13,11 +13,12 @@ from rayledger.actors.dispatcher_logic import DispatcherDriver
 from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.machine import Applier
+from rayledger.actors.member_core import MemberCore
 from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
-from rayledger.actors.supervision import RoleQueue, Supervisor
+from rayledger.actors.supervision import Supervisor
 from rayledger.election import TermStore
 from rayledger.storage import LogStore
 
@@ -89,13 +90,10 @@ class Node:
     dispatcher_drivers: dict[str, DispatcherDriver] = field(default_factory=dict)  # by _start
     need_watch: dict[str, NeedWatch] = field(init=False)  # per dispatcher: a fetch livelock
     checker_driver: CheckerDriver = field(init=False)  # the shipped driver, set by _start
-    supervisor: Supervisor = field(init=False)  # the shipped supervisor, set by _start
+    core: MemberCore = field(init=False)  # the shipped member core, set by _start
     reads: ReadIndexLogic = field(init=False)  # the shipped read-index rounds, set by _start
     read_path: ReadPath = field(init=False)
     fast: FastPathDriver | None = None  # the shipped compiled-path driver, once leading
-    # MemberActor: queued appends and rounds (the shipped RoundBook), role changes
-    book: RoundBook = field(init=False)
-    round_path: RoundPath = field(init=False)  # the shipped round path, set by _start
     round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
     late: list = field(default_factory=list)  # answers to graph pushes given outside cg_push
     lanes: dict[str, int] = field(default_factory=dict)  # call_soon_threadsafe lanes: in order
@@ -105,7 +103,6 @@ class Node:
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
-    role_queue: RoleQueue = field(init=False)  # the role lock's queue, set by _start
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
     # the state-machine runner (machine_actor.py), on the seeds that run a machine
     applier: Applier | None = None
@@ -113,8 +110,20 @@ class Node:
     machine_next: int = 0  # the index its next apply call must start at (instrumentation)
 
     def __post_init__(self) -> None:
-        self.book = RoundBook(self.logic)
         self.need_watch = {p: NeedWatch() for p in self.dispatchers}
+
+    # the member core's parts, for the invariants and the transport's questions
+    @property
+    def book(self) -> RoundBook:
+        return self.core.book
+
+    @property
+    def round_path(self) -> RoundPath:
+        return self.core.round_path
+
+    @property
+    def supervisor(self) -> Supervisor:
+        return self.core.supervisor
 
 
 @dataclass

@@ -1,0 +1,385 @@
+"""The member's core: one way in, one way out (sans-I/O: no Ray, no asyncio, no clock).
+
+Like etcd-io/raft's ``RawNode``, a member is stepped with events and answers with what to
+do.  :meth:`MemberCore.step` takes one event and the time and returns a
+:class:`MemberOut`: the call's direct answer (``reply``, as ``Step`` returns its error),
+the messages to send, the push answers (after a flush when ``flush_first``), the actions
+of its processes to carry out, the rounds that ended, and when to tick next.  The Ray
+member (:mod:`.member`), the whole-group simulation and the script tests deliver events
+and carry outs out; nothing else.
+
+Inside, the member's decisions live in the pieces it is built from:
+:class:`~.logic.MemberLogic` (the elector, the entry handler, leadership, admission),
+:class:`~.rounds.RoundBook` (group commit), :class:`~.round_path.RoundPath` (a round from
+the store to its quorum) and :class:`~.supervision.Supervisor` (taking and leaving office,
+the helpers' supervision).  What used to be glue in each transport is decided here once:
+
+* which process runs next under the role lock (:class:`~.supervision.RoleQueue`: a
+  coalesced role change before the helper restores waiting) -- the election events find
+  the role changes themselves;
+* the actions a process needs no transport for: a step-down or a hand-over (the elector),
+  the rounds a process finishes (the round book), the helper watch a new term starts;
+* when the queued appends are due as a round, and when the answers to pushes wait for the
+  disk (sync_flush).
+
+A process's action goes out as a :class:`Run` (its id, its kind, the action); the
+transport carries it out and steps :class:`Answered` with the value (a timeout is an
+answer too, :class:`~.supervision.Failed`).  A process has one action out at a time.
+The Out of a step is taken as it is handed out; what the member persists (its store) is
+written by the core, and a flush the transport does is reported back as an answer, the
+``persisted up to`` of a sans-I/O store -- so there is no separate ``advance``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayledger.election import RoleChange, Send, TransferOutcome
+from rayledger.replication import PushEntryRequest
+
+from . import round_path as rp
+from . import supervision as sv
+from .checker_logic import Resolution
+from .logic import MemberLogic
+from .rounds import Finished, RoundBook, Written
+
+log = logging.getLogger("rayledger.actors")
+
+
+# ====================================================================== events in
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The elector's clock (DLedger's ``maintainState``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionRequest:
+    """A vote, pre-vote, heartbeat or take-leadership order from a peer; answers its
+    response."""
+
+    req: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionAnswer:
+    """A peer's answer to this member's election message (None: none in time)."""
+
+    peer: str
+    req: Any
+    resp: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProgress:
+    """How far a follower matches this leader's log of ``term`` (from its dispatcher)."""
+
+    peer: str
+    term: int
+    match_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransferOrder:
+    """An operator asks this leader to hand leadership to ``target``; answers the
+    elector's response (``transferring``: whether a transfer now runs)."""
+
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A push from a leader's dispatcher; ``token`` names the call its answer goes to."""
+
+    req: PushEntryRequest
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAppend:
+    """A client's append on this member: DLedger's checks (the step raises the coded
+    :class:`~rayledger.storage.LedgerError`, nothing queued), then it waits for the next round."""
+
+    bodies: Sequence[bytes]
+    group: str
+    target: str | None
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRound:
+    """The turn in which appends were queued ends: write them as one round (``fast``: the
+    compiled path is active now)."""
+
+    fast: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """From the checker or the compiled graph: the committed index moved, rounds ended."""
+
+    resolution: Resolution
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The answer to process ``pid``'s action (``value``: its result, or ``Failed``)."""
+
+    pid: int
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class HelperStarted:
+    """A helper's process started (a second one for the same helper: Ray restarted it)."""
+
+    kind: str
+    peer: str | None
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class GraphFallback:
+    """Rounds of an abandoned compiled graph: those still waiting travel as plain calls."""
+
+    items: Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class StepDown:
+    """Stop leading at once (``why`` is logged): a failed flush, an operator."""
+
+    why: str
+
+
+MemberEvent = (
+    Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
+    | ClientAppend | WriteRound | Resolved | Answered | HelperStarted | GraphFallback | StepDown
+)  # fmt: skip
+
+
+# ===================================================================== actions out
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Carry out ``action`` of process ``pid`` (a ``kind`` of process: role, restore,
+    watch, round, fallback) and step :class:`Answered` with its result."""
+
+    pid: int
+    kind: str
+    action: Any
+
+
+@dataclass(slots=True)
+class MemberOut:
+    reply: Any = None
+    sends: list[Send] = field(default_factory=list)  # election messages to peers
+    notes: list[Any] = field(default_factory=list)  # RoleChange, TransferOutcome
+    answers: list[tuple[Any, Any]] = field(default_factory=list)  # (push token, response)
+    flush_first: bool = False  # the answers go out only once the store is flushed
+    run: list[Run] = field(default_factory=list)
+    written: Written | None = None  # the round written by this step
+    finished: list[Finished] = field(default_factory=list)  # rounds that ended
+    write_due: bool = False  # step WriteRound at the end of this turn
+    commits_moved: bool = False  # the committed index may have moved: wake what waits
+    elector_moved: bool = False  # the elector's next deadline may have moved: re-arm
+
+
+class MemberCore:
+    """One member's decisions, stepped by its transport."""
+
+    def __init__(
+        self,
+        logic: MemberLogic,
+        *,
+        rpc_timeout_ms: int,
+        sync: bool = False,
+        machine: bool = False,
+        fast_path: bool = False,
+        tick_ms: int = 10,
+    ):
+        self.logic = logic
+        self.book = RoundBook(logic)
+        self.round_path = rp.RoundPath(logic, self.book, sync)
+        self.supervisor = sv.Supervisor(
+            logic,
+            self.book,
+            logic.peers,
+            rpc_timeout_ms,
+            logic.elector.config.heartbeat_timeout_ms,
+            sync=sync,
+            machine=machine,
+            fast_path=fast_path,
+        )
+        self.role_queue = sv.RoleQueue(self.supervisor)
+        self.tick_ms = tick_ms
+        self._procs: dict[int, sv.Process] = {}
+        self._out: dict[int, Any] = {}  # the action each process waits on
+        self._pids = itertools.count(1)
+
+    # -- the way in --------------------------------------------------------------------------
+    def step(self, ev: MemberEvent, now_ms: int) -> MemberOut:  # noqa: C901 -- one case each
+        out = MemberOut()
+        lg = self.logic
+        match ev:
+            case Push():
+                self._answers(lg.on_push(ev.req, ev.token, now_ms), out)
+                out.commits_moved = True
+            case ClientAppend():
+                self.book.admit(ev.bodies, ev.group, ev.target, ev.token)
+                out.write_due = self.book.write_due()
+            case WriteRound():
+                self._write(ev.fast, now_ms, out)
+            case Resolved():
+                self._resolve(ev.resolution, out)
+                out.commits_moved = True
+            case Answered():
+                self._resume(ev.pid, ev.value, now_ms, out)
+            case Tick():
+                actions, answers = lg.tick(now_ms)
+                self._answers(answers, out)
+                self._elector(actions, now_ms, out, rearm=False)  # it is the clock
+            case ElectionRequest():
+                out.reply, actions = lg.handle_election(ev.req, now_ms)
+                self._elector(actions, now_ms, out)
+            case ElectionAnswer():
+                self._elector(
+                    lg.on_election_response(ev.peer, ev.req, ev.resp, now_ms), now_ms, out
+                )
+            case PeerProgress():
+                actions = lg.on_peer_progress(ev.peer, ev.term, ev.match_index, now_ms)
+                self._elector(actions, now_ms, out, rearm=False)
+            case TransferOrder():
+                resp, actions = lg.elector.transfer_leadership(ev.target, now_ms)
+                out.reply = (resp, lg.elector.transferring)
+                self._elector(actions, now_ms, out)
+            case HelperStarted():
+                proc = self.supervisor.helper_started(ev.kind, ev.peer, ev.pid)
+                if proc is not None and self.role_queue.restore(proc):
+                    self._next_exclusive(now_ms, out)
+            case GraphFallback():
+                actions = self.round_path.fallback(ev.items)
+                if actions:
+                    self._start(sv.Process("fallback", _each(actions), exclusive=False),
+                                now_ms, out)  # fmt: skip
+            case StepDown():
+                self._step_down(ev.why, now_ms, out)
+            case _:
+                raise TypeError(f"not a member event: {ev!r}")
+        return out
+
+    def next_tick_ms(self, now_ms: int) -> int:
+        """When :class:`Tick` is due next (the elector's next deadline; queued out-of-order
+        pushes need the handler's periodic check)."""
+        return self.logic.next_tick_ms(now_ms, self.tick_ms)
+
+    # -- its cases ---------------------------------------------------------------------------
+    def _answers(self, answers: list, out: MemberOut) -> None:
+        if answers:
+            out.answers += answers
+            out.flush_first = out.flush_first or self.logic.must_flush(answers)
+
+    def _elector(self, actions: list, now_ms: int, out: MemberOut, rearm: bool = True) -> None:
+        """The elector's actions: messages out, role changes carried out under the role
+        lock (one pass brings the helpers in line with the latest role)."""
+        out.elector_moved = out.elector_moved or rearm
+        if not actions:
+            return
+        sends, role_changed = MemberLogic.split(actions)
+        out.sends += sends
+        out.notes += [a for a in actions if isinstance(a, RoleChange | TransferOutcome)]
+        if role_changed and self.role_queue.role_changed():
+            self._next_exclusive(now_ms, out)
+
+    def _write(self, fast: bool, now_ms: int, out: MemberOut) -> None:
+        """Group commit: the queued appends become one store batch and one round."""
+        w = self.book.write()
+        if w is None:
+            return
+        out.written = w
+        if w.error is None:
+            self._start(self.round_path.send(w, fast), now_ms, out)
+
+    def _resolve(self, r: Resolution, out: MemberOut) -> None:
+        finished = self.book.resolve(r)
+        if finished:
+            out.finished += finished
+            out.write_due = out.write_due or self.book.write_due()
+
+    def _step_down(self, why: str, now_ms: int, out: MemberOut) -> None:
+        term = self.logic.state.current_term
+        actions = self.logic.elector.step_down(now_ms)
+        if actions:
+            log.error("[%s] term=%d: steps down: %s", self.logic.self_id, term, why)
+        self._elector(actions, now_ms, out)
+
+    def _hand_over(self, a: sv.HandOver, now_ms: int, out: MemberOut) -> None:
+        """Leave leadership of ``a.term`` to ``a.target``; the elector steps down when the
+        transfer cannot start or is given up, so the term ends either way."""
+        if a.target is None:
+            self._step_down(a.why, now_ms, out)
+            return
+        log.error("[%s] term=%d: hands leadership to %s: %s", self.logic.self_id, a.term,
+                  a.target, a.why)  # fmt: skip
+        _, actions = self.logic.elector.hand_over(a.target, now_ms)
+        self._elector(actions, now_ms, out)
+
+    # -- processes ---------------------------------------------------------------------------
+    def _start(self, proc: sv.Process, now_ms: int, out: MemberOut) -> None:
+        pid = next(self._pids)
+        self._procs[pid] = proc
+        self._advance(pid, proc, proc.start(), now_ms, out)
+
+    def _resume(self, pid: int, value: Any, now_ms: int, out: MemberOut) -> None:
+        proc = self._procs.get(pid)
+        if proc is None:
+            return  # ended meanwhile (the member closed)
+        prev = self._out.pop(pid, None)
+        if isinstance(prev, sv.Ready) and not prev.watching:  # appends are taken: watch
+            self._start(self.supervisor.watch(prev.term), now_ms, out)  # the helpers
+        self._advance(pid, proc, proc.send(sv.Answer(now_ms, value)), now_ms, out)
+
+    def _advance(self, pid: int, proc: sv.Process, action, now_ms: int,
+                 out: MemberOut) -> None:  # fmt: skip
+        """Carry out the actions that need no transport, hand out the first that does."""
+        while action is not None:
+            value = None
+            match action:
+                case sv.Finish():
+                    self._resolve(Resolution(-1, None, list(action.outcomes)), out)
+                case sv.StepDown():
+                    self._step_down(action.why, now_ms, out)
+                case sv.HandOver():
+                    self._hand_over(action, now_ms, out)
+                case sv.Watch():
+                    self._start(self.supervisor.watch(action.term), now_ms, out)
+                case _:
+                    self._out[pid] = action
+                    out.run.append(Run(pid, proc.name, action))
+                    return
+            action = proc.send(sv.Answer(now_ms, value))
+        del self._procs[pid]
+        if proc.exclusive:
+            self._next_exclusive(now_ms, out)
+
+    def _next_exclusive(self, now_ms: int, out: MemberOut) -> None:
+        proc = self.role_queue.next()
+        if proc is not None:
+            self._start(proc, now_ms, out)
+
+    def close(self) -> None:
+        """The member closes: its processes end where they are."""
+        self._procs.clear()
+        self._out.clear()
+
+
+def _each(actions: list) -> Generator[Any, Any, None]:
+    """A process of one-way actions (their answers are sent in, so not ``yield from``)."""
+    for a in actions:  # noqa: UP028
+        yield a
