@@ -29,9 +29,12 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from rayledger.election import TransferOutcome
 from rayledger.replication import PushEntryRequest
 from rayledger.storage import open_store
 
+from . import round_path as rp
+from . import supervision as sv
 from .checker import QuorumAckCheckerActor
 from .checker_logic import Resolution
 from .config import LedgerConfig
@@ -43,6 +46,15 @@ from .logic import MemberLogic
 from .machine_runner import MachineRunner
 from .member_appends import AppendPart, to_wire
 from .member_context import MemberContext
+from .member_core import (
+    Answered,
+    HelperStarted,
+    MemberCore,
+    MemberOut,
+    PeerProgress,
+    Push,
+    Run,
+)
 from .member_election import ElectionPart
 from .member_leadership import LeadershipPart
 from .member_reads import ReadPart
@@ -86,18 +98,24 @@ class MemberActor:
         sync = bool(getattr(self.config.store, "sync_flush", False))
         store.defer_sync = sync
         self._metrics = MemberMetrics(group, self_id, store, data_dir)
+        cfg = self.config
+        core = MemberCore(
+            self.logic,
+            rpc_timeout_ms=cfg.rpc_timeout_ms,
+            sync=sync,
+            machine=cfg.state_machine is not None,
+            fast_path=cfg.fast_path,
+            tick_ms=cfg.maintain_interval_ms,
+        )
         ctx = self.ctx = MemberContext(
             group, self_id, self.peers, self.config, self.logic, self._lock, self._metrics, sync,
+            core, self._carry,
             faults=load_faults(group, self_id),  # faults follow a member across restarts
         )  # fmt: skip
-        self.election = ElectionPart(
-            ctx, lambda: self.leadership.sync_role(), self._answered, lambda: self.appends.book.outstanding
-        )  # fmt: skip
+        self.election = ElectionPart(ctx)
         self.reads = ReadPart(ctx, self.election.ask_peer)
-        self.appends = AppendPart(
-            ctx, self.reads.commits_moved, lambda why: self.leadership.step_down(why)
-        )
-        self.leadership = LeadershipPart(ctx, self.election, self.appends, self.reads)
+        self.appends = AppendPart(ctx)
+        self.leadership = LeadershipPart(ctx, self.appends, self.reads)
         if self.config.state_machine is not None:
             ctx.machine = MachineRunner(self, data_dir)
         if self.config.fast_path:  # the group's leaders compile graphs this member runs in
@@ -163,10 +181,85 @@ class MemberActor:
             elif not fut.done():
                 fut.get_loop().call_soon_threadsafe(set_result, fut, resp)
 
-    def _answered(self, answers) -> None:
-        """Push answers are out; the committed index may have moved."""
+    async def _flush_then_answer(self, answers) -> None:
+        """sync_flush: a follower acknowledges only what is on disk (a failed flush answers
+        none: the leader's pushes time out)."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
+        except Exception as exc:
+            log.error("[%s] flush failed, %d answers dropped: %r", self.self_id, len(answers), exc)
+            return
         self._resolve(answers)
         self.reads.commits_moved()
+
+    # -- carrying out what the core returns -------------------------------------------------
+    def _carry(self, out: MemberOut, follow: int | None = None) -> Run | None:
+        """Carry out a :class:`MemberOut` of the member's core, on whichever loop or thread
+        stepped it: answers and messages at once, the actions of its processes on the main
+        loop.  Returns the next action of process ``follow`` (its caller goes on with it)."""
+        ctx = self.ctx
+        for fin in out.finished:
+            self.appends.answer(fin)
+        if out.written is not None:
+            self.appends.written(out.written)
+        if out.answers:
+            if out.flush_first:
+                asyncio.ensure_future(self._flush_then_answer(out.answers))
+            else:
+                self._resolve(out.answers)
+        for note in out.notes:
+            if isinstance(note, TransferOutcome):
+                self.election.transfer_done(note)
+        for snd in out.sends:
+            self.election.send(snd.to, snd.message)
+        nxt = None
+        if out.run:
+            if asyncio.get_running_loop() is ctx.loop:
+                nxt = self._start_runs(out.run, follow)
+            else:
+                ctx.loop.call_soon_threadsafe(self._start_runs, out.run, None)
+        if out.write_due:
+            if asyncio.get_running_loop() is ctx.loop:
+                ctx.loop.call_soon(self.appends.write_round)
+            else:
+                ctx.loop.call_soon_threadsafe(self.appends.write_round)
+        if out.commits_moved or out.finished:
+            self.reads.commits_moved()
+        if out.elector_moved:
+            self.election.rearm()
+        return nxt
+
+    def _start_runs(self, runs: list[Run], follow: int | None) -> Run | None:
+        """On the main loop: a round's actions go on in this turn (a flush off the loop),
+        another process's as a task; the action of ``follow`` is handed back."""
+        nxt = None
+        for run in runs:
+            if run.pid == follow:
+                nxt = run
+            elif run.kind in ("round", "fallback") and not isinstance(run.action, sv.Flush):
+                self._drive(run)
+            else:
+                asyncio.ensure_future(self._run_task(run))
+        return nxt
+
+    def _drive(self, run: Run | None) -> None:
+        """A round's process, its actions performed in this loop turn (a flush runs off it)."""
+        while run is not None and not self.ctx.closed:
+            if isinstance(run.action, sv.Flush):
+                asyncio.ensure_future(self._run_task(run))
+                return
+            value = self.appends.perform(run.action)
+            run = self._carry(self.ctx.step(Answered(run.pid, value)), run.pid)
+
+    async def _run_task(self, run: Run | None) -> None:
+        """A process of the core as an asyncio task: each action performed, its answer
+        stepped in, until the process ends (or the member closes)."""
+        while run is not None and not self.ctx.closed:
+            if isinstance(run.action, rp.Register | rp.Announce | rp.Submit):
+                value = self.appends.perform(run.action)
+            else:
+                value = await self.leadership.perform(run.action)
+            run = self._carry(self.ctx.step(Answered(run.pid, value)), run.pid)
 
     # -- the parts' Ray methods ------------------------------------------------------------------
     @ray.method(concurrency_group="election", enable_task_events=False)
@@ -188,7 +281,7 @@ class MemberActor:
     async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
         """Every helper says so when its process starts (see
         :meth:`~.supervision.Supervisor.helper_started`)."""
-        await self.leadership.helper_started(kind, peer, pid)
+        self._carry(self.ctx.step(HelperStarted(kind, peer, pid)))
 
     @ray.method(enable_task_events=False)
     async def append(
@@ -256,7 +349,7 @@ class MemberActor:
         """Counters of this member's transport (for benchmarks and operators)."""
         f = self.appends.fast
         with self._lock:
-            leading, waiting = self.logic.leading_term, len(self.appends.book.rounds)
+            leading, waiting = self.logic.leading_term, len(self.ctx.core.book.rounds)
         return {
             "leading_term": leading,
             "fast_path_active": bool(f and f.active),
@@ -307,12 +400,10 @@ class MemberActor:
         if batch is not None:
             req = replace(req, batch=batch)
         fut = self._loop.create_future()
-        with self._lock:
-            answers = self.logic.on_push(req, fut, now_ms())
-            flush = self.logic.must_flush(answers)
-        if flush:  # acknowledge only what is on disk
+        out = self.ctx.step(Push(req, fut))
+        if out.flush_first:  # acknowledge only what is on disk
             await self._loop.run_in_executor(None, self.store.flush)
-        for f, resp in answers:
+        for f, resp in out.answers:
             if f is fut:
                 set_result(fut, resp)
             else:
@@ -325,9 +416,12 @@ class MemberActor:
         carry, wire = pushed
         answers = []
         now = now_ms()
+        done, flush = [], False
         with self._lock:
-            done = [tr for key, req in wire for tr in self.logic.on_push(req, ("cg", key), now)]
-            flush = self.logic.must_flush(done)
+            for key, req in wire:
+                out = self.ctx.core.step(Push(req, ("cg", key)), now)
+                done += out.answers
+                flush = flush or out.flush_first
             if self._late:
                 answers += self._late
                 self._late = []
@@ -351,9 +445,7 @@ class MemberActor:
     # -- answers to this member's helpers (fenced by term) ------------------------------------
     @ray.method(enable_task_events=False)
     async def on_peer_progress(self, peer: str, term: int, match_index: int) -> None:
-        with self._lock:
-            actions = self.logic.on_peer_progress(peer, term, match_index, now_ms())
-        await self.election.apply(actions)
+        self._carry(self.ctx.step(PeerProgress(peer, term, match_index)))
 
     async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
         """For a dispatcher of ``term`` that missed a batch: entries from ``start``."""
@@ -383,6 +475,8 @@ class MemberActor:
     async def close(self) -> None:
         self.ctx.closed = True
         self.election.stop()
+        with self._lock:
+            self.ctx.core.close()
         if self.ctx.machine is not None:
             self.ctx.machine.close()
         with self._lock:

@@ -9,7 +9,9 @@ talking to the others through a few named calls:
 * :class:`~.member_appends.AppendPart` -- the leader's appends, rounds and the compiled path;
 * :class:`~.member_reads.ReadPart` -- read index rounds, leases and the read RPCs.
 
-They share only this context.  Concurrency (one model per member, see docs/ARCHITECTURE.md):
+They share only this context, and step the member's sans-I/O core
+(:class:`~.member_core.MemberCore`) through it: an event in (:meth:`MemberContext.step`),
+its :class:`~.member_core.MemberOut` carried out by the shell (``carry``).  Concurrency (one model per member, see docs/ARCHITECTURE.md):
 ``logic`` -- the member's sans-I/O core, and the store under it -- is touched only while
 holding ``lock`` and never across an ``await``; the lock is an RLock because the store's
 append hooks (a state machine's ``pre_append``) call back in.  Three kinds of threads take
@@ -23,14 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import LedgerConfig
 from .faults import LinkFaults
 from .logic import MemberLogic
+from .member_core import MemberCore, MemberEvent, MemberOut
 from .metrics import MemberMetrics
-from .naming import member_handle
+from .naming import member_handle, now_ms
 
 if TYPE_CHECKING:
     from rayledger.storage import LogStore
@@ -48,6 +52,8 @@ class MemberContext:
     lock: threading.RLock
     metrics: MemberMetrics
     sync: bool  # sync_flush: the store defers its fsync to the member (never under the lock)
+    core: MemberCore  # the member's one way in (its parts' decisions all go through it)
+    carry: Callable[[MemberOut], None] = lambda out: None  # set by the shell: carries an Out
     faults: LinkFaults = field(default_factory=LinkFaults)
     loop: asyncio.AbstractEventLoop | None = None  # the main loop, set at boot
     machine: MachineRunner | None = None
@@ -55,6 +61,11 @@ class MemberContext:
     dispatchers: dict[str, Any] = field(default_factory=dict)  # peer -> EntryDispatcherActor
     closed: bool = False
     _handles: dict[str, Any] = field(default_factory=dict)
+
+    def step(self, ev: MemberEvent) -> MemberOut:
+        """Step the member's core with ``ev`` now, under the lock (any thread)."""
+        with self.lock:
+            return self.core.step(ev, now_ms())
 
     @property
     def store(self) -> LogStore:
@@ -73,6 +84,7 @@ class Part:
 
     def __init__(self, ctx: MemberContext):
         self.ctx = ctx
+        self.core = ctx.core
         self.logic, self.store, self.config = ctx.logic, ctx.logic.store, ctx.config
         self.group, self.self_id, self.peers = ctx.group, ctx.self_id, ctx.peers
         self._lock, self._metrics = ctx.lock, ctx.metrics

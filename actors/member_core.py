@@ -284,6 +284,7 @@ class MemberCore:
         if answers:
             out.answers += answers
             out.flush_first = out.flush_first or self.logic.must_flush(answers)
+            out.commits_moved = True  # an answer may carry the leader's committed index
 
     def _elector(self, actions: list, now_ms: int, out: MemberOut, rearm: bool = True) -> None:
         """The elector's actions: messages out, role changes carried out under the role

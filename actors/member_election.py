@@ -3,8 +3,8 @@
 A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  The elector is ticked every
 ``maintain_interval_ms`` (DLedger's ``maintainState``) on the election concurrency group's
 loop, beside the vote and heartbeat handlers, so a main loop busy with appends and pushes
-never delays a heartbeat; role changes are carried out on the main loop
-(:meth:`~.member_leadership.LeadershipPart.sync_role`).
+never delays a heartbeat.  Every event goes into the member's core; the role changes it
+starts are carried out on the main loop (``MemberActor._start_runs``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 import ray
 from rayledger.election.messages import TransferOutcome
 from rayledger.storage import LedgerError, ResponseCode
 
+from . import member_core as mc
 from .faults import LinkDown
 from .futures import set_result
-from .logic import MemberLogic
 from .member_context import MemberContext, Part
 from .naming import now_ms
 
@@ -30,22 +29,13 @@ MAINTAINER_STALL_S = 10.0  # a maintainer that has not ticked for this long is r
 
 
 class ElectionPart(Part):
-    """Runs the elector of ``ctx.logic``: its clock, its messages, transfers' outcomes.
-    Role changes go to ``sync_role`` (the leadership part) on the main loop; the push
-    answers a tick releases go to ``answered``; ``outstanding`` counts pending appends
-    (a gauge)."""
+    """Runs the elector's clock and carries its messages: ticks, election requests and
+    answers, and transfers stepped into the member's core, whose Out the shell carries
+    out (``ctx.carry``: messages sent by :meth:`send` from the running loop, role changes
+    performed on the main loop)."""
 
-    def __init__(
-        self,
-        ctx: MemberContext,
-        sync_role: Callable[[], Awaitable[None]],
-        answered: Callable[[list], None],
-        outstanding: Callable[[], int],
-    ):
+    def __init__(self, ctx: MemberContext):
         super().__init__(ctx)
-        self._sync_role = sync_role
-        self._answered = answered
-        self._outstanding = outstanding
         self._maintainer: asyncio.Task | None = None
         self._last_tick = time.monotonic()
         self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
@@ -90,17 +80,11 @@ class ElectionPart(Part):
             delay = interval
             self._last_tick = time.monotonic()
             try:
-                now = now_ms()
+                self.ctx.carry(self.ctx.step(mc.Tick()))
                 with self._lock:
-                    actions, answers = self.logic.tick(now)
-                    flush = self.logic.must_flush(answers)
-                if flush:
-                    await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
-                self._answered(answers)
-                await self.apply(actions)
-                with self._lock:
-                    self._metrics.tick(self.logic.state, self.store, self._outstanding())
-                    delay = self.logic.next_tick_ms(now_ms(), interval) - now_ms()
+                    outstanding = self.core.book.outstanding
+                    self._metrics.tick(self.logic.state, self.store, outstanding)
+                    delay = self.core.next_tick_ms(now_ms()) - now_ms()
             except Exception:
                 log.exception("[%s] maintain loop error", self.self_id)
             delay = min(1000, max(interval, delay))
@@ -116,27 +100,9 @@ class ElectionPart(Part):
         """Wake the maintainer when the elector's next deadline moved before its wake-up
         (a leadership-transfer request, a new role); callable from any thread."""
         with self._lock:
-            due = self.logic.next_tick_ms(now_ms(), self.config.maintain_interval_ms)
+            due = self.core.next_tick_ms(now_ms())
         if due < self._sleep_until and self._tick_loop is not None:
             self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
-
-    async def apply(self, actions: list) -> None:
-        """Send the messages from the running loop (the election loop for the elector's
-        own, so they never wait behind the data path); a role change is carried out on
-        the main loop, where the append path lives."""
-        if not actions:
-            return
-        sends, role_changed = MemberLogic.split(actions)
-        for a in actions:
-            if isinstance(a, TransferOutcome):
-                self._transfer_done(a)
-        for s in sends:
-            asyncio.ensure_future(self._send(s.to, s.message))
-        if role_changed:
-            if asyncio.get_running_loop() is self.ctx.loop:
-                await self._sync_role()
-            else:
-                asyncio.run_coroutine_threadsafe(self._sync_role(), self.ctx.loop)
 
     async def ask_peer(self, to: str, msg, timeout_s: float):
         """``msg`` to ``to``'s election handler, through this member's link faults; its
@@ -145,6 +111,11 @@ class ElectionPart(Part):
             await self.ctx.faults.before_send(to)
         ref = self.ctx.peer(to).handle_election.remote(msg)
         return await asyncio.wait_for(ref, timeout_s)
+
+    def send(self, to: str, msg) -> None:
+        """An election message to a peer, from the running loop (the election loop for the
+        elector's own, so they never wait behind the data path)."""
+        asyncio.ensure_future(self._send(to, msg))
 
     async def _send(self, to: str, msg) -> None:
         resp = None
@@ -155,25 +126,15 @@ class ElectionPart(Part):
             resp = None
             if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
                 self.ctx.forget_peer(to)
-        with self._lock:
-            actions = self.logic.on_election_response(to, msg, resp, now_ms())
-        await self.apply(actions)
-        self.rearm()
+        self.ctx.carry(self.ctx.step(mc.ElectionAnswer(to, msg, resp)))
 
     # -- election RPCs (own concurrency group) ----------------------------------------------
     def handle(self, req):
         """A vote, pre-vote, heartbeat or leadership-transfer request from a peer."""
         self.ensure_maintainer()
-        with self._lock:
-            resp, actions = self.logic.handle_election(req, now_ms())
-        self._apply_threadsafe(actions)
-        self.rearm()
-        return resp
-
-    def _apply_threadsafe(self, actions: list) -> None:
-        """Carry out an election handler's actions on its own loop (see :meth:`apply`)."""
-        if actions:
-            asyncio.ensure_future(self.apply(actions))
+        out = self.ctx.step(mc.ElectionRequest(req))
+        self.ctx.carry(out)
+        return out.reply
 
     async def transfer(self, target: str):
         """Ask this member (the leader) to hand leadership to ``target``."""
@@ -183,14 +144,13 @@ class ElectionPart(Part):
             )
         with self._lock:
             term = self.logic.state.current_term
-            resp, actions = self.logic.elector.transfer_leadership(target, now_ms())
-            running = self.logic.elector.transferring
+            out = self.core.step(mc.TransferOrder(target), now_ms())
+        resp, running = out.reply
         done = None
         if resp.code == ResponseCode.SUCCESS and running:
             done = asyncio.get_running_loop().create_future()
             self._transfers[(term, target)] = done
-        self._apply_threadsafe(actions)
-        self.rearm()
+        self.ctx.carry(out)
         if resp.code != ResponseCode.SUCCESS:
             raise LedgerError.of(
                 resp.code,
@@ -216,7 +176,7 @@ class ElectionPart(Part):
                 )
         return resp
 
-    def _transfer_done(self, outcome: TransferOutcome) -> None:
+    def transfer_done(self, outcome: TransferOutcome) -> None:
         """A transfer ended (from any loop): its caller learns how."""
         fut = self._transfers.get((outcome.term, outcome.transferee))
         if fut is not None and not fut.done():

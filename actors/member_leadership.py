@@ -2,10 +2,10 @@
 :class:`~.supervision.Supervisor`.
 
 A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  The supervisor
-decides what a role change does, how long every helper call may take, when a helper is hung
-and replaced, and when the leader hands leadership on; this part runs its processes as asyncio tasks (those that
-change the helpers' setup under ``_role_lock``, one at a time) and performs their actions
-with actor calls, an executor for the flush and signals for a hung helper's process.
+(inside the member's core) decides what a role change does, how long every helper call may
+take, when a helper is hung and replaced, and when the leader hands leadership on; it also
+keeps the role lock's queue.  This part only performs its processes' actions, with actor
+calls, an executor for the flush and signals for a hung helper's process.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import signal
-from contextlib import nullcontext
 
 import ray
 from rayledger.storage import LedgerError
@@ -22,61 +21,28 @@ from rayledger.storage import LedgerError
 from . import supervision as sv
 from .member_appends import AppendPart
 from .member_context import MemberContext, Part
-from .member_election import ElectionPart
 from .member_reads import ReadPart
-from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 
 
 class LeadershipPart(Part):
-    """Role changes of ``ctx.logic`` and the helpers' supervision.  It tells the other
-    parts what a role change means for them: the elector (``election``: step-downs and
-    hand-overs), the append path (``appends``: rounds of an ended term, the compiled path)
-    and the readers (``reads``)."""
+    """The actions of the member core's role changes and helper supervision
+    (:class:`~.supervision.Supervisor`, run inside :class:`~.member_core.MemberCore`):
+    helper calls with their time-outs, the flush of a new term's first entry, signals to a
+    hung helper, the compiled path, and the other parts' share of a role change -- the
+    append path (``appends``) and the readers (``reads``)."""
 
-    def __init__(
-        self, ctx: MemberContext, election: ElectionPart, appends: AppendPart, reads: ReadPart
-    ):
+    def __init__(self, ctx: MemberContext, appends: AppendPart, reads: ReadPart):
         super().__init__(ctx)
-        self.election, self.appends, self.reads = election, appends, reads
-        cfg = self.config
-        self.supervisor = sv.Supervisor(
-            self.logic,
-            appends.book,
-            self.peers,
-            cfg.rpc_timeout_ms,
-            cfg.election.heartbeat_timeout_ms,
-            sync=ctx.sync,
-            machine=cfg.state_machine is not None,
-            fast_path=cfg.fast_path,
-        )
-        self._role_lock = asyncio.Lock()  # role changes and helper restores, one at a time
+        self.appends, self.reads = appends, reads
 
-    async def sync_role(self) -> None:
-        """Start or stop leading; changes are carried out one at a time, in order."""
-        await self._run_process(self.supervisor.role_changes())
+    @property
+    def supervisor(self) -> sv.Supervisor:
+        return self.core.supervisor
 
-    async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
-        """Every helper says so when its process starts (see
-        :meth:`~.supervision.Supervisor.helper_started`)."""
-        with self._lock:
-            proc = self.supervisor.helper_started(kind, peer, pid)
-        if proc is not None:
-            await self._run_process(proc)
-
-    async def _run_process(self, proc: sv.Process) -> None:
-        """Resume ``proc`` with each action's answer until it ends (under the role lock
-        when it changes the helpers' setup; under the member's lock while it decides)."""
-        async with self._role_lock if proc.exclusive else nullcontext():
-            with self._lock:
-                action = proc.start()
-            while action is not None and not self.ctx.closed:
-                value = await self._perform(action)
-                with self._lock:
-                    action = proc.send(sv.Answer(now_ms(), value))
-
-    async def _perform(self, a):  # noqa: C901 -- one branch per action, nothing else
+    async def perform(self, a):  # noqa: C901 -- one branch per action, nothing else
+        """Carry out one action of the core's supervision processes; returns its answer."""
         rpc_s = lambda ms: ms / 1000  # noqa: E731
         if isinstance(a, sv.Sleep):
             if a.ms:
@@ -95,9 +61,6 @@ class LeadershipPart(Part):
                 )
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
                 return sv.Failed(repr(exc), isinstance(exc, asyncio.TimeoutError))
-        if isinstance(a, sv.Finish):
-            self.appends.finish(a.outcomes)
-            return None
         if isinstance(a, sv.Deactivate):
             calls = [asyncio.ensure_future(d.deactivate.remote(a.term))
                      for d in self.ctx.dispatchers.values()]  # fmt: skip
@@ -124,26 +87,15 @@ class LeadershipPart(Part):
         if isinstance(a, sv.Replace):
             self._replace(a)
             return None
-        if isinstance(a, sv.HandOver):
-            self._hand_over(a)
-            return None
-        if isinstance(a, sv.StepDown):
-            self.step_down(a.why)
-            return None
         if isinstance(a, sv.MachineRole):
             st = self.logic.state
             await self.ctx.machine.role_changed(st.role, st.current_term)
             return None
         if isinstance(a, sv.WaitMachine):
             return await self.ctx.machine.wait_ready(lambda: self.logic.leads(a.term))
-        if isinstance(a, sv.Watch):
-            asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
-            return None
-        if isinstance(a, sv.Ready):
+        if isinstance(a, sv.Ready):  # the core watches the helpers from now on
             if a.fast:
                 self.appends.fast_start(a.term)
-            if not a.watching:
-                asyncio.ensure_future(self._run_process(self.supervisor.watch(a.term)))
             return None
         raise TypeError(f"unknown supervision action {a!r}")
 
@@ -190,7 +142,7 @@ class LeadershipPart(Part):
                 self.ctx.checker.become_leader.remote(term, a.start, a.info), timeout
             )
             with self._lock:
-                again = self.appends.round_path.reregister(term)  # what a dead checker held
+                again = self.core.round_path.reregister(term)  # what a dead checker held
             for r in again:
                 self.ctx.checker.add_round.remote(r.term, r.first, r.last, r.rid, r.leader_mark)
         dispatchers = [d for p, d in self.ctx.dispatchers.items() if only in (None, "checker", p)]
@@ -202,28 +154,3 @@ class LeadershipPart(Part):
             ),
             timeout,
         )
-
-    def _hand_over(self, a: sv.HandOver) -> None:
-        """Leave leadership of ``a.term`` to ``a.target``; the elector steps down when the
-        transfer cannot start or is given up (:meth:`Elector.hand_over`), so the term ends
-        either way -- even when the transferee cannot catch up because the helpers that
-        would bring it the term's entries never started."""
-        if a.target is None:
-            self.step_down(a.why)
-            return
-        log.error("[%s] term=%d: hands leadership to %s: %s", self.self_id, a.term, a.target,
-                  a.why)  # fmt: skip
-        with self._lock:
-            _, actions = self.logic.elector.hand_over(a.target, now_ms())
-        asyncio.ensure_future(self.election.apply(actions))
-        self.election.rearm()
-
-    def step_down(self, why: str) -> None:
-        """Stop leading at once (see :meth:`Elector.step_down`)."""
-        with self._lock:
-            term = self.logic.state.current_term
-            actions = self.logic.elector.step_down(now_ms())
-        if actions:
-            log.error("[%s] term=%d: steps down: %s", self.self_id, term, why)
-            asyncio.ensure_future(self.election.apply(actions))
-            self.election.rearm()
