@@ -61,6 +61,7 @@ from .member_reads import ReadPart
 from .metrics import MemberMetrics
 from .naming import now_ms
 from .ray_compat import install_loop_registry, reset_loops
+from .read_path import AskLeader, WaitCommitted
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -106,6 +107,7 @@ class MemberActor:
             machine=cfg.state_machine is not None,
             fast_path=cfg.fast_path,
             tick_ms=cfg.maintain_interval_ms,
+            lease_ms=cfg.lease_ms(),
         )
         ctx = self.ctx = MemberContext(
             group, self_id, self.peers, self.config, self.logic, self._lock, self._metrics, sync,
@@ -223,6 +225,8 @@ class MemberActor:
                 ctx.loop.call_soon(self.appends.write_round)
             else:
                 ctx.loop.call_soon_threadsafe(self.appends.write_round)
+        if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
+            self.reads.carry(out)
         if out.commits_moved or out.finished:
             self.reads.commits_moved()
         if out.elector_moved:
@@ -257,6 +261,8 @@ class MemberActor:
         while run is not None and not self.ctx.closed:
             if isinstance(run.action, rp.Register | rp.Announce | rp.Submit):
                 value = self.appends.perform(run.action)
+            elif isinstance(run.action, WaitCommitted | AskLeader):
+                value = await self.reads.perform(run.action)
             else:
                 value = await self.leadership.perform(run.action)
             run = self._carry(self.ctx.step(Answered(run.pid, value)), run.pid)

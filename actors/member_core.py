@@ -39,12 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayledger.election import RoleChange, Send, TransferOutcome
+from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest
+from rayledger.storage import LedgerError
 
 from . import round_path as rp
 from . import supervision as sv
 from .checker_logic import Resolution
 from .logic import MemberLogic
+from .read_path import Confirm, ReadPath, WaitCommitted
+from .reads import Consistency, ReadIndexLogic
 from .rounds import Finished, RoundBook, Written
 
 log = logging.getLogger("rayledger.actors")
@@ -157,9 +161,42 @@ class StepDown:
     why: str
 
 
+@dataclass(frozen=True, slots=True)
+class ReadIndex:
+    """A reader wants an index it may read at with ``consistency``: on the leader its read
+    index, on a follower the leader's, once this member committed that far
+    (``leader_only``: this member must lead).  Answered in :attr:`MemberOut.reads_done`."""
+
+    consistency: Consistency
+    token: Any
+    leader_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRoundAnswer:
+    """A peer's answer (None: none in time) to a confirmation round's heartbeat ``req``."""
+
+    peer: str
+    req: HeartbeatRequest
+    resp: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireReads:
+    """The time a confirmation round sent earlier may take has passed (``expire_at_ms``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """Process ``pid``'s wait asked for in :attr:`MemberOut.deadlines` ran out."""
+
+    pid: int
+
+
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
     | ClientAppend | WriteRound | Resolved | Answered | HelperStarted | GraphFallback | StepDown
+    | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline
 )  # fmt: skip
 
 
@@ -189,6 +226,10 @@ class MemberOut:
     write_due: bool = False  # step WriteRound at the end of this turn
     commits_moved: bool = False  # the committed index may have moved: wake what waits
     elector_moved: bool = False  # the elector's next deadline may have moved: re-arm
+    reads_done: list[tuple[Any, Any]] = field(default_factory=list)  # (token, index | error)
+    read_pings: list[tuple[str, HeartbeatRequest]] = field(default_factory=list)  # to peers
+    expire_at_ms: int | None = None  # step ExpireReads then
+    deadlines: list[tuple[int, int]] = field(default_factory=list)  # (pid, at): step Deadline
 
 
 class MemberCore:
@@ -203,6 +244,7 @@ class MemberCore:
         machine: bool = False,
         fast_path: bool = False,
         tick_ms: int = 10,
+        lease_ms: int = 0,
     ):
         self.logic = logic
         self.book = RoundBook(logic)
@@ -218,6 +260,10 @@ class MemberCore:
             fast_path=fast_path,
         )
         self.role_queue = sv.RoleQueue(self.supervisor)
+        self.reads = ReadIndexLogic(logic.self_id, logic.peers, lease_ms, rpc_timeout_ms)
+        self.read_path = ReadPath(logic, self.reads, rpc_timeout_ms)
+        self._readers: dict[int, Any] = {}  # a read process's pid -> its reader's token
+        self._wake: list[tuple[int, Any]] = []  # processes to resume before the step ends
         self.tick_ms = tick_ms
         self._procs: dict[int, sv.Process] = {}
         self._out: dict[int, Any] = {}  # the action each process waits on
@@ -270,8 +316,28 @@ class MemberCore:
                                 now_ms, out)  # fmt: skip
             case StepDown():
                 self._step_down(ev.why, now_ms, out)
+            case ReadIndex():
+                self._read(ev, now_ms, out)
+            case ReadRoundAnswer():
+                r = ev.req
+                sends, confirmed = self.reads.on_heartbeat_answer(-r.round_id, ev.peer, r.term,
+                                                                  ev.resp, now_ms)  # fmt: skip
+                self._wake += confirmed
+                self._read_rounds(sends, now_ms, out)
+            case ExpireReads():
+                sends, expired = self.reads.expire(now_ms)
+                self._wake += [(pid, sv.Failed("no quorum in time", timeout=True))
+                               for pid in expired]  # fmt: skip
+                self._read_rounds(sends, now_ms, out)
+            case Deadline():
+                if isinstance(self._out.get(ev.pid), Confirm):
+                    self._wake.append((ev.pid, sv.Failed("no quorum in time", timeout=True)))
             case _:
                 raise TypeError(f"not a member event: {ev!r}")
+        while self._wake:  # confirmations, expiries, readers failed on a step-down
+            pid, value = self._wake.pop(0)
+            if isinstance(self._out.get(pid), Confirm):
+                self._resume(pid, value, now_ms, out)
         return out
 
     def next_tick_ms(self, now_ms: int) -> int:
@@ -331,6 +397,41 @@ class MemberCore:
         _, actions = self.logic.elector.hand_over(a.target, now_ms)
         self._elector(actions, now_ms, out)
 
+    # -- reads -------------------------------------------------------------------------------
+    def _read(self, ev: ReadIndex, now_ms: int, out: MemberOut) -> None:
+        """A read process: the leader's read index, or a follower asks its leader."""
+        path = self.read_path
+        if ev.leader_only or self.logic.state.is_leader:
+            proc = path.leader_read(ev.consistency, now_ms)
+        else:
+            proc = path.follower_read(ev.consistency, now_ms)
+        pid = next(self._pids)
+        self._readers[pid] = ev.token
+        self._procs[pid] = proc
+        self._advance(pid, proc, self._send(pid, proc, None, out), now_ms, out)
+
+    def _read_rounds(self, sends: list, now_ms: int, out: MemberOut) -> None:
+        """Confirmation rounds to send: one heartbeat to every peer, expired after the
+        round's time-out."""
+        reads = self.reads
+        for rnd in sends:
+            out.read_pings += [(p, reads.heartbeat(self.logic.group, rnd, p)) for p in reads.others]
+            at = now_ms + reads.round_timeout_ms + 1
+            out.expire_at_ms = at if out.expire_at_ms is None else min(out.expire_at_ms, at)
+
+    def _send(self, pid: int, proc: sv.Process, answer: sv.Answer | None, out: MemberOut):
+        """Resume ``proc``; a read's result (or error) goes to its reader when it ends."""
+        if pid not in self._readers:
+            return proc.send(answer)
+        try:
+            return proc.gen.send(answer)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            result = stop.value
+        except LedgerError as exc:
+            result = exc
+        out.reads_done.append((self._readers.pop(pid), result))
+        return None
+
     # -- processes ---------------------------------------------------------------------------
     def _start(self, proc: sv.Process, now_ms: int, out: MemberOut) -> None:
         pid = next(self._pids)
@@ -344,7 +445,7 @@ class MemberCore:
         prev = self._out.pop(pid, None)
         if isinstance(prev, sv.Ready) and not prev.watching:  # appends are taken: watch
             self._start(self.supervisor.watch(prev.term), now_ms, out)  # the helpers
-        self._advance(pid, proc, proc.send(sv.Answer(now_ms, value)), now_ms, out)
+        self._advance(pid, proc, self._send(pid, proc, sv.Answer(now_ms, value), out), now_ms, out)
 
     def _advance(self, pid: int, proc: sv.Process, action, now_ms: int,
                  out: MemberOut) -> None:  # fmt: skip
@@ -360,11 +461,24 @@ class MemberCore:
                     self._hand_over(action, now_ms, out)
                 case sv.Watch():
                     self._start(self.supervisor.watch(action.term), now_ms, out)
+                case sv.FailReaders():  # leadership ended: readers waiting on it fail
+                    self._wake += [
+                        (p, sv.Failed("leadership ended")) for p in self.reads.step_down()
+                    ]
+                case WaitCommitted() if self.logic.store.committed_index >= action.index:
+                    value = True  # already there: no wait
+                case Confirm():  # join the next confirmation round (or the one that ends now)
+                    sends, confirmed = self.reads.request(action.term, action.index, pid, now_ms)
+                    self._out[pid] = action
+                    self._wake += confirmed
+                    self._read_rounds(sends, now_ms, out)
+                    out.deadlines.append((pid, action.deadline_ms))
+                    return
                 case _:
                     self._out[pid] = action
                     out.run.append(Run(pid, proc.name, action))
                     return
-            action = proc.send(sv.Answer(now_ms, value))
+            action = self._send(pid, proc, sv.Answer(now_ms, value), out)
         del self._procs[pid]
         if proc.exclusive:
             self._next_exclusive(now_ms, out)
@@ -378,6 +492,7 @@ class MemberCore:
         """The member closes: its processes end where they are."""
         self._procs.clear()
         self._out.clear()
+        self._readers.clear()
 
 
 def _each(actions: list) -> Generator[Any, Any, None]:

@@ -48,9 +48,6 @@ class LeadershipPart(Part):
             if a.ms:
                 await asyncio.sleep(a.ms / 1000)
             return None
-        if isinstance(a, sv.FailReaders):
-            self.reads.fail_readers()
-            return None
         if isinstance(a, sv.FastStop):
             self.appends.fast_stop()
             return None

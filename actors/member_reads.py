@@ -15,49 +15,62 @@ import ray
 from rayledger.replication.admission import not_leader
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
+from . import member_core as mc
 from .faults import LinkDown
 from .futures import set_exception, set_result
 from .member_context import MemberContext, Part
 from .naming import now_ms
-from .read_path import AskLeader, Confirm, ReadPath, WaitCommitted, run_to_end
-from .reads import CommitWaiters, Consistency, ReadIndexLogic
-from .supervision import Answer, Failed
+from .read_path import AskLeader, WaitCommitted
+from .reads import CommitWaiters, Consistency
+from .supervision import Failed
 
 
 class ReadPart(Part):
-    """The read path.  ``ask_peer`` sends an election message (a confirmation round's
-    heartbeat) through this member's link faults."""
+    """The read path on Ray: reads stepped into the member's core (which decides what a
+    read waits for, when a lease answers alone, which error a reader gets), and the
+    actions it hands out -- waiting for a commit, asking the leader, the confirmation
+    rounds' heartbeats.  ``ask_peer`` sends an election message through this member's
+    link faults."""
 
     def __init__(self, ctx: MemberContext, ask_peer: Callable[..., Awaitable]):
         super().__init__(ctx)
         self._ask_peer = ask_peer
-        self.reads = ReadIndexLogic(
-            self.self_id, self.peers, self.config.lease_ms(), self.config.rpc_timeout_ms
-        )
         self._commit_waiters = CommitWaiters()
-        self.read_path = ReadPath(self.logic, self.reads, self.config.rpc_timeout_ms)
 
     # -- reads (see reads.py for what each consistency promises) -------------------------
     async def read_index(self, consistency: str = "linearizable") -> int:
         """On the leader: an index every read that starts now may be served at (a follower
         serving a linearizable read asks this, then waits until it has committed that far)."""
-        return await self._leader_read_index(Consistency.of(consistency))
+        return await self._read(Consistency.of(consistency), leader_only=True)
 
-    async def _leader_read_index(self, c: Consistency) -> int:
-        return await self._run_read(self.read_path.leader_read(c, now_ms()))
+    async def _read(self, c: Consistency, leader_only: bool = False) -> int:
+        """The core's read (:mod:`.read_path`): its index, or the caller's LedgerError."""
+        fut = self.ctx.loop.create_future()
+        self.ctx.carry(self.ctx.step(mc.ReadIndex(c, fut, leader_only)))
+        return await fut
 
-    async def _run_read(self, proc) -> int:
-        """Resume a read (:mod:`.read_path`) with each action's answer until it returns its
-        index or raises the caller's LedgerError."""
-        with self._lock:
-            action, index = run_to_end(proc, None)
-        while action is not None:
-            value = await self._perform_read(action)
-            with self._lock:
-                action, index = run_to_end(proc, Answer(now_ms(), value))
-        return index
+    def carry(self, out: mc.MemberOut) -> None:
+        """The read part of a :class:`~.member_core.MemberOut`: readers answered,
+        confirmation rounds sent, their expiry and the readers' deadlines as timers."""
+        for fut, result in out.reads_done:
+            if isinstance(result, BaseException):
+                fut.get_loop().call_soon_threadsafe(set_exception, fut, result)
+            else:
+                fut.get_loop().call_soon_threadsafe(set_result, fut, result)
+        loop = self.ctx.loop
+        for peer, req in out.read_pings:
+            asyncio.ensure_future(self._read_ping(peer, req))
+        if out.expire_at_ms is not None:
+            loop.call_later(max(0, out.expire_at_ms - now_ms()) / 1000, self._step_later,
+                            mc.ExpireReads())  # fmt: skip
+        for pid, at in out.deadlines:
+            loop.call_later(max(0, at - now_ms()) / 1000, self._step_later, mc.Deadline(pid))
 
-    async def _perform_read(self, a):
+    def _step_later(self, ev) -> None:
+        self.ctx.carry(self.ctx.step(ev))
+
+    async def perform(self, a):
+        """An action of a read process: wait for a commit, or ask the leader."""
         left_s = max(0.001, (a.deadline_ms - now_ms()) / 1000)
         if isinstance(a, WaitCommitted):
             if self.store.committed_index >= a.index:
@@ -70,17 +83,6 @@ class ReadPart(Part):
             except LedgerError:
                 return Failed("not committed in time", timeout=True)
             return True
-        if isinstance(a, Confirm):
-            fut = self.ctx.loop.create_future()
-            with self._lock:
-                sends, confirmed = self.reads.request(a.term, a.index, fut, now_ms())
-            self._reads_out(sends, confirmed)
-            try:
-                return await asyncio.wait_for(fut, left_s)
-            except asyncio.TimeoutError:
-                return Failed("no quorum in time", timeout=True)
-            except LedgerError as exc:  # leadership ended (FailReaders)
-                return Failed(exc.message)
         if isinstance(a, AskLeader):
             try:
                 if self.ctx.faults.active:
@@ -95,49 +97,15 @@ class ReadPart(Part):
                 return Failed(type(exc).__name__, isinstance(exc, asyncio.TimeoutError))
         raise TypeError(f"unknown read action {a!r}")
 
-    def _reads_out(self, sends: list, confirmed: list) -> None:
-        for token, index in confirmed:
-            if not token.done():
-                token.get_loop().call_soon_threadsafe(set_result, token, index)
-        for rnd in sends:
-            for peer in self.reads.others:
-                asyncio.ensure_future(self._read_ping(peer, rnd))
-            self.ctx.loop.call_later(self.reads.round_timeout_ms / 1000 + 0.001, self._expire_reads)
-
-    async def _read_ping(self, peer: str, rnd) -> None:
+    async def _read_ping(self, peer: str, req) -> None:
         """One heartbeat of a confirmation round; it counts if ``peer`` follows us in the
         round's term."""
-        req = self.reads.heartbeat(self.group, rnd, peer)
         resp = None
         try:
-            resp = await self._ask_peer(peer, req, self.reads.round_timeout_ms / 1000)
+            resp = await self._ask_peer(peer, req, self.core.reads.round_timeout_ms / 1000)
         except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError):
             pass
-        with self._lock:
-            sends, confirmed = self.reads.on_heartbeat_answer(
-                rnd.round_id, peer, rnd.term, resp, now_ms()
-            )
-        self._reads_out(sends, confirmed)
-
-    def _expire_reads(self) -> None:
-        with self._lock:
-            sends, expired = self.reads.expire(now_ms())
-        for token in expired:
-            if not token.done():
-                set_exception(token, asyncio.TimeoutError())
-        self._reads_out(sends, [])
-
-    def fail_readers(self) -> None:
-        """Leadership ended: readers waiting on this leader fail NOT_LEADER."""
-        with self._lock:
-            readers = self.reads.step_down()
-            err = not_leader(self.logic.state, f"{self.self_id} no longer leads {self.group!r}")
-        for token in readers:
-            if not token.done():
-                set_exception(token, LedgerError(err.code, err.message, leader_id=err.leader_id))
-
-    async def _follower_read_index(self, c: Consistency) -> int:
-        return await self._run_read(self.read_path.follower_read(c, now_ms()))
+        self.ctx.carry(self.ctx.step(mc.ReadRoundAnswer(peer, req, resp)))
 
     def commits_moved(self) -> None:
         """Release the readers waiting for the committed index, and let the state machine
@@ -154,9 +122,7 @@ class ReadPart(Part):
         """The highest index a read with ``consistency`` may return from this member."""
         c = Consistency.of(consistency)
         if c is not Consistency.COMMITTED:
-            with self._lock:
-                leads = self.logic.state.is_leader
-            await (self._leader_read_index(c) if leads else self._follower_read_index(c))
+            await self._read(c)  # the core picks the leader's read index or the follower's
         with self._lock:
             return self.store.committed_index
 

@@ -567,7 +567,7 @@ class Env:
             args = (a.term, a.first, a.last, a.rid, a.leader_mark)
             self._soon(node, node.checker_driver.deliver, ck.AddRound(*args))
             return None
-        if isinstance(a, sv.Sleep | sv.FailReaders | sv.FastStop | sv.Ready):
+        if isinstance(a, sv.Sleep | sv.FastStop | sv.Ready):
             return None  # no wait, no readers, no compiled path in the script
         if isinstance(a, sv.CheckerStepDown):
             return node.checker_driver.deliver(ck.StepDown(a.new_term))

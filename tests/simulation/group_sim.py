@@ -493,17 +493,14 @@ class GroupSim(
         elif isinstance(payload, ClientAppend):
             self._client_append(node, payload)
         elif isinstance(payload, ClientRead):
-            self._spawn(node, self._read_task(node, payload))
+            self._read_task(node, payload)
         else:
             self.fail(f"unknown payload {payload!r}")
 
     def _on_answer(self, node: Node, callee: str, request: object, response: object) -> None:
         """The answer to a call (None: it failed or timed out)."""
         if isinstance(request, HeartbeatRequest) and request.round_id < 0:  # a read round
-            sends, confirmed = node.reads.on_heartbeat_answer(
-                -request.round_id, callee, request.term, response, self.clock.now_ms
-            )
-            self._reads_out(node, sends, confirmed)
+            self._step(node, mc.ReadRoundAnswer(callee, request, response))
         elif isinstance(request, PushEntryRequest):
             self._d_on_response(node, callee, request, response)
         else:

@@ -8,7 +8,7 @@ from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import Resolution
 from rayledger.actors.logic import Announcement
-from rayledger.actors.read_path import Confirm, WaitCommitted, run_to_end
+from rayledger.actors.read_path import WaitCommitted
 from rayledger.actors.reads import Consistency
 from rayledger.actors.rounds import Finished
 from rayledger.election import RoleChange
@@ -19,19 +19,6 @@ from .clients import ClientAppend, ClientRead, ClientReadReply, ClientReply
 from .node_state import CgToken, Node
 from .node_transport import DIED, TIMEOUT, Timed
 from .sim_config import MAINTAIN_MAX_SLEEP_MS
-
-
-class ReadToken:
-    """A reader waiting for its confirmation round: the index, or ``Failed``."""
-
-    __slots__ = ("done", "value")
-
-    def __init__(self) -> None:
-        self.done, self.value = False, None
-
-    def settle(self, value) -> None:
-        if not self.done:
-            self.done, self.value = True, value
 
 
 class MemberActor:
@@ -82,6 +69,8 @@ class MemberActor:
             self._spawn(node, self._run_action(node, run))
         if out.write_due:
             self._soon(node, self._write_round, node)
+        if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
+            self._reads_out(node, out)
         if out.elector_moved:
             self._rearm(node)
 
@@ -207,10 +196,12 @@ class MemberActor:
             if self.members[node.id].fast_enabled and len(self.ids) > 1:
                 self._fp_start(node, a.term)
             return None
-        if isinstance(a, sv.FailReaders):
-            for token in node.reads.step_down():
-                token.settle(sv.Failed("leadership ended"))
-            return None
+        if isinstance(a, WaitCommitted):
+            while node.logic.store.committed_index < a.index:
+                if self.clock.now_ms >= a.deadline_ms:
+                    return sv.Failed("not committed in time", timeout=True)
+                yield 5
+            return True
         if isinstance(a, sv.MachineRole):
             return (yield from self._m_role(node))  # machine_actor.py
         if isinstance(a, sv.WaitMachine):
@@ -218,52 +209,24 @@ class MemberActor:
         raise TypeError(f"unknown action {a!r}")
 
     # -- reads: the shipped read path, its rounds over the network --------------------------
-    def _read_task(self, node: Node, msg: ClientRead):
+    def _read_task(self, node: Node, msg: ClientRead) -> None:
         """``MemberActor.read_index`` on the member a reader believes leads."""
-        proc = node.read_path.leader_read(Consistency(msg.consistency), self.clock.now_ms)
-        try:
-            action, index = run_to_end(proc, None)
-            while action is not None:
-                value = yield from self._perform_read(node, action)
-                action, index = run_to_end(proc, sv.Answer(self.clock.now_ms, value))
-        except LedgerError as exc:
-            reply = ClientReadReply(msg.req_id, exc.code, leader_id=exc.leader_id)
-        else:
-            reply = ClientReadReply(msg.req_id, ResponseCode.SUCCESS, index, node.id)
-        self._send_held(node.id, msg.client, reply, self._read_rng.randint(1, 15))
+        self._step(node, mc.ReadIndex(Consistency(msg.consistency), msg, leader_only=True))
 
-    def _perform_read(self, node: Node, a):
-        if isinstance(a, WaitCommitted):
-            while node.logic.store.committed_index < a.index:
-                if self.clock.now_ms >= a.deadline_ms:
-                    return sv.Failed("not committed in time", timeout=True)
-                yield 5
-            return True
-        if isinstance(a, Confirm):
-            token = ReadToken()
-            sends, confirmed = node.reads.request(a.term, a.index, token, self.clock.now_ms)
-            self._reads_out(node, sends, confirmed)
-            while not token.done:
-                if self.clock.now_ms >= a.deadline_ms:
-                    return sv.Failed("no quorum in time", timeout=True)
-                yield 2
-            return token.value
-        self.fail(f"{node.id}: {a!r} has no transport in the simulation yet")
-
-    def _reads_out(self, node: Node, sends: list, confirmed: list) -> None:
-        for token, index in confirmed:
-            token.settle(index)
-        for rnd in sends:
-            for peer in node.reads.others:
-                self.rpc.call(node.id, peer, node.reads.heartbeat(self.group, rnd, peer))
-            due = self.clock.now_ms + node.reads.round_timeout_ms + 1
-            self._at(node, due, self._m_expire_reads, node)
-
-    def _m_expire_reads(self, node: Node) -> None:
-        sends, expired = node.reads.expire(self.clock.now_ms)
-        for token in expired:
-            token.settle(sv.Failed("no quorum in time", timeout=True))
-        self._reads_out(node, sends, [])
+    def _reads_out(self, node: Node, out: mc.MemberOut) -> None:
+        """Readers answered, confirmation rounds' heartbeats over the network, timers."""
+        for msg, result in out.reads_done:
+            if isinstance(result, LedgerError):
+                reply = ClientReadReply(msg.req_id, result.code, leader_id=result.leader_id)
+            else:
+                reply = ClientReadReply(msg.req_id, ResponseCode.SUCCESS, result, node.id)
+            self._send_held(node.id, msg.client, reply, self._read_rng.randint(1, 15))
+        for peer, req in out.read_pings:
+            self.rpc.call(node.id, peer, req)
+        if out.expire_at_ms is not None:
+            self._at(node, out.expire_at_ms, self._step, node, mc.ExpireReads())
+        for pid, at in out.deadlines:
+            self._at(node, at, self._step, node, mc.Deadline(pid))
 
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
         """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""

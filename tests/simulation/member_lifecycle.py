@@ -11,8 +11,6 @@ import shutil
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.member_core import MemberCore
-from rayledger.actors.read_path import ReadPath
-from rayledger.actors.reads import ReadIndexLogic
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
@@ -72,12 +70,9 @@ class MemberLifecycle:
             machine=self.machine_path is not None,
             fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
             tick_ms=self.tick_ms,
+            lease_ms=LedgerConfig(election=self.election).lease_ms(),
         )
-        rpc = self.rpc.timeout_ms
-        lease = LedgerConfig(election=self.election).lease_ms()
         m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)
-        m.node.reads = ReadIndexLogic(mid, self.ids, lease, rpc)
-        m.node.read_path = ReadPath(logic, m.node.reads, rpc)
         m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})
         m.node.dispatcher_drivers = {
             p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()

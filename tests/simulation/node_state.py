@@ -14,7 +14,6 @@ from rayledger.actors.fastpath_logic import FastPathDriver
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.machine import Applier
 from rayledger.actors.member_core import MemberCore
-from rayledger.actors.read_path import ReadPath
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
@@ -91,8 +90,6 @@ class Node:
     need_watch: dict[str, NeedWatch] = field(init=False)  # per dispatcher: a fetch livelock
     checker_driver: CheckerDriver = field(init=False)  # the shipped driver, set by _start
     core: MemberCore = field(init=False)  # the shipped member core, set by _start
-    reads: ReadIndexLogic = field(init=False)  # the shipped read-index rounds, set by _start
-    read_path: ReadPath = field(init=False)
     fast: FastPathDriver | None = None  # the shipped compiled-path driver, once leading
     round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
     late: list = field(default_factory=list)  # answers to graph pushes given outside cg_push
@@ -124,6 +121,10 @@ class Node:
     @property
     def supervisor(self) -> Supervisor:
         return self.core.supervisor
+
+    @property
+    def reads(self) -> ReadIndexLogic:
+        return self.core.reads
 
 
 @dataclass
