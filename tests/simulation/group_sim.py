@@ -36,7 +36,7 @@ is durable once ``save`` returns).  A MemoryStore member's power loss is a
 process crash (the in-memory store stands for an always-synced disk).
 
 Clients append unique bodies through whichever member they believe leads.  On the seeds
-that run a state machine (``machine="kv"`` or ``"mq"``, :mod:`.machine_actor`) every member
+that run a state machine (``machine="kv"`` or ``"mq"``, :mod:`.machine_delivery`) every member
 runs it through the shipped runner core, and the bodies are commands it takes.
 Safety is checked after every step:
 
@@ -84,16 +84,16 @@ from rayledger.election.messages import HeartbeatRequest, LeadershipTransferRequ
 from rayledger.replication import PushEntryRequest, PushType, ReplicationConfig
 from rayledger.storage import ResponseCode
 
-from .checker_actor import CheckerActor
+from .checker_delivery import CheckerDelivery
 from .clients import Client, ClientAppend, ClientRead, ClientReadReply, ClientReply, Clients, Reader
 from .disk import SimDisk
-from .dispatcher_actor import DispatcherActor
+from .dispatcher_delivery import DispatcherDelivery
 from .driver import SimDriver
-from .fast_path import FastPath
+from .fastpath_delivery import FastPathDelivery
 from .helper_faults import HelperFaults
 from .invariants import Invariants
-from .machine_actor import MachineActor
-from .member_actor import MemberActor
+from .machine_delivery import MachineDelivery
+from .member_delivery import MemberDelivery
 from .member_lifecycle import MemberLifecycle
 from .network import (
     FaultConfig,
@@ -188,12 +188,12 @@ class GroupSim(
     MemberLifecycle,
     SimDisk,
     LocalTransport,
-    MemberActor,
-    CheckerActor,
-    DispatcherActor,
-    FastPath,
+    MemberDelivery,
+    CheckerDelivery,
+    DispatcherDelivery,
+    FastPathDelivery,
     HelperFaults,
-    MachineActor,
+    MachineDelivery,
     Clients,
     Invariants,
     SimDriver,
@@ -202,8 +202,8 @@ class GroupSim(
 
     The members' actors and the transport between them are the mixins: their processes
     and stores (:mod:`.member_lifecycle`), the node-local calls (:mod:`.node_transport`),
-    the member, checker and dispatcher shells (:mod:`.member_actor`, :mod:`.checker_actor`,
-    :mod:`.dispatcher_actor`), the compiled path (:mod:`.fast_path`), the clients
+    the member, checker and dispatcher shells (:mod:`.member_delivery`, :mod:`.checker_delivery`,
+    :mod:`.dispatcher_delivery`), the compiled path (:mod:`.fastpath_delivery`), the clients
     (:mod:`.clients`) and the checks (:mod:`.invariants`); this class seeds and drives them.
     """
 
@@ -253,12 +253,12 @@ class GroupSim(
         ``late_take_orders`` of their take orders are held up past the transfer's time-out,
         and ``lease_partitions`` of those part the old leader from the group as they land
         (:meth:`_take_order_lands`).  ``wake_on_election``: an election event that brings a
-        member's next deadline forward wakes its maintainer (``MemberActor._rearm``; off by
+        member's next deadline forward wakes its maintainer (``MemberDelivery._rearm``; off by
         default so that the seeds of the other tests run as they did).  A writer gives an
         append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
         up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
         the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all.  ``machine``:
-        every member runs a state machine ("kv" or "mq", see :mod:`.machine_actor`) and
+        every member runs a state machine ("kv" or "mq", see :mod:`.machine_delivery`) and
         clients append its commands."""
         self.seed = seed
         self.n = n

@@ -1,6 +1,6 @@
 """Seeded faults of a member's dispatcher processes in the whole-group simulation: one
 hangs (a SIGSTOP, until its member's supervision kills it) or dies outright (Ray restarts
-it at once).  What a fault does is the dispatcher shell's (:mod:`.dispatcher_actor`);
+it at once).  What a fault does is the dispatcher shell's (:mod:`.dispatcher_delivery`);
 this only decides when and which, on its own random stream (a seed's other streams stay
 as they were)."""
 

@@ -94,14 +94,14 @@ class Node:
     round_born: dict[int, int] = field(default_factory=dict)  # when each round was written
     late: list = field(default_factory=list)  # answers to graph pushes given outside cg_push
     lanes: dict[str, int] = field(default_factory=dict)  # call_soon_threadsafe lanes: in order
-    # helper processes that hang: "checker", "dispatcher:<peer>" (dispatcher_actor.dkey)
+    # helper processes that hang: "checker", "dispatcher:<peer>" (dispatcher_delivery.dkey)
     hung: set[str] = field(default_factory=set)
     last_hang_ms: int = -1  # when a helper of this node last began to hang
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
-    # the state-machine runner (machine_actor.py), on the seeds that run a machine
+    # the state-machine runner (machine_delivery.py), on the seeds that run a machine
     applier: Applier | None = None
     machine_free_ms: int = 0  # when the machine's one thread is free again
     machine_next: int = 0  # the index its next apply call must start at (instrumentation)

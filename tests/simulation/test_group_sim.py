@@ -212,7 +212,7 @@ def test_chaos_memory_long(seed: int) -> None:
 
 
 def _run_machine(kind: str, seed: int, name: str, **kw) -> GroupSim:
-    """Every member runs ``kind``'s machine ("kv" or "mq", see machine_actor.py); three or
+    """Every member runs ``kind``'s machine ("kv" or "mq", see machine_delivery.py); three or
     five members; memory stores, file stores (half the crashes are power losses), or file
     stores with sync_flush where every crash is a power loss."""
     variant = seed % 3

@@ -72,7 +72,7 @@ _STORE_TS_POS = 56
 _MAGIC = struct.pack(">i", MAGIC_CODE)
 
 
-class MachineActor:
+class MachineDelivery:
     """Members' state machines and their checks (a mixin of :class:`~.group_sim.GroupSim`)."""
 
     def _init_machines(self, machine: str | None) -> None:

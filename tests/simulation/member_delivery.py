@@ -21,7 +21,7 @@ from .node_transport import DIED, TIMEOUT, Timed
 from .sim_config import MAINTAIN_MAX_SLEEP_MS
 
 
-class MemberActor:
+class MemberDelivery:
     """The member's actor shell (a mixin of :class:`~.group_sim.GroupSim`): it steps the
     shipped :class:`~rayledger.actors.member_core.MemberCore` with the events that reach
     the node and carries out what the core returns (:meth:`_carry`)."""
@@ -203,7 +203,7 @@ class MemberActor:
                 yield 5
             return True
         if isinstance(a, sv.MachineRole):
-            return (yield from self._m_role(node))  # machine_actor.py
+            return (yield from self._m_role(node))  # machine_delivery.py
         if isinstance(a, sv.WaitMachine):
             return (yield from self._m_wait_ready(node, a.term))
         raise TypeError(f"unknown action {a!r}")

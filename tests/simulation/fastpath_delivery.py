@@ -71,7 +71,7 @@ class _SimFastPorts:
                 self.sim.stats["late_channels"] += 1
 
 
-class FastPath:
+class FastPathDelivery:
     """The compiled steady-state path (a mixin of :class:`~.group_sim.GroupSim`)."""
 
     def _fp(self, node: Node) -> FastPathDriver:

@@ -73,7 +73,7 @@ class _SimDispatcherPorts:
         sim._hop(node, sim._m_on_peer_progress, node, self.peer, term, wm)
 
 
-class DispatcherActor:
+class DispatcherDelivery:
     """Calls to a node's dispatchers (a mixin of :class:`~.group_sim.GroupSim`)."""
 
     def _dispatcher_driver(self, node: Node, peer: str, logic: DispatcherLogic):

@@ -44,7 +44,7 @@ class _SimCheckerPorts:
             sim._hop(node, sim._d_on_committed, node, p, term, committed)
 
 
-class CheckerActor:
+class CheckerDelivery:
     """Calls to a node's checker (a mixin of :class:`~.group_sim.GroupSim`)."""
 
     def _checker_driver(self, node: Node, logic: CheckerLogic) -> CheckerDriver:
