@@ -31,7 +31,17 @@ class ClientReply:
 class ClientRead:
     client: str
     req_id: int
-    consistency: str  # "linearizable" | "lease"
+    consistency: str  # "linearizable" | "lease" | "committed"
+    anywhere: bool = False  # a follower may serve it (its own path), not only the leader
+
+
+@dataclass(frozen=True)
+class LeaderReadIndex:
+    """A follower asks the leader for a read index (``MemberActor.read_index``); answered
+    with the index or the leader's LedgerError (None: no answer in time)."""
+
+    consistency: str
+    slot: list  # where the answer lands (the asking member's wait polls it)
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,8 @@ class Reader:
     id: str
     believed: str
     next_at: int = 0
-    outstanding: tuple[int, int, int] | None = None  # (req id, acked floor, sent at)
+    # (req id, acked floor, sent at, consistency)
+    outstanding: tuple[int, int, int, str] | None = None
 
 
 @dataclass
@@ -112,23 +123,36 @@ class Clients:
                 continue
             req_id = next(self._req_ids)
             consistency = rng.choice(("linearizable", "lease", "lease"))
-            if consistency == "lease" and self._leads_below(r.believed, self._acked_term()):
+            to, anywhere = r.believed, rng.random() < self.follower_reads
+            if anywhere:  # any member serves it: the follower's path, or the committed index
+                to = rng.choice(self.ids)
+                consistency = rng.choice(("linearizable", "committed"))
+                self.stats[f"reads_anywhere_{consistency}"] += 1
+            elif consistency == "lease" and self._leads_below(to, self._acked_term()):
                 self.stats["lease_reads_to_old_leader"] += 1
-            r.outstanding = (req_id, self.max_acked, now)
+            r.outstanding = (req_id, self.max_acked, now, consistency)
             self._inflight_reads[req_id] = r
-            self._send_held(r.id, r.believed, ClientRead(r.id, req_id, consistency),
+            self._send_held(r.id, to, ClientRead(r.id, req_id, consistency, anywhere),
                             rng.randint(1, 15))  # fmt: skip
 
     def _reader_reply(self, r: Reader, reply: ClientReadReply) -> None:
         if r.outstanding is None or r.outstanding[0] != reply.req_id:
             return
-        _, floor, _ = r.outstanding
+        _, floor, _, consistency = r.outstanding
         r.outstanding = None
         self._inflight_reads.pop(reply.req_id, None)
         rng = self._read_rng
         r.next_at = self.clock.now_ms + rng.randint(5, 60)
         self.read_codes[reply.code] += 1
         if reply.code == ResponseCode.SUCCESS:
+            if consistency == "committed":  # may lag the group, never run ahead of it
+                if reply.index > self.max_committed:
+                    self.fail(
+                        f"phantom read: {r.id}'s committed read {reply.req_id} got index "
+                        f"{reply.index} from {reply.leader_id}, but the group committed only "
+                        f"up to {self.max_committed}"
+                    )
+                return
             if reply.index < floor and not self.durability_void:
                 self.fail(
                     f"stale read: {r.id}'s read {reply.req_id} got read index {reply.index} "

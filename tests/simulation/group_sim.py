@@ -79,13 +79,23 @@ import tempfile
 from dataclasses import dataclass
 
 from rayledger.actors import member_core as mc
+from rayledger.actors.reads import Consistency
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.election.messages import HeartbeatRequest, LeadershipTransferRequest
 from rayledger.replication import PushEntryRequest, PushType, ReplicationConfig
 from rayledger.storage import ResponseCode
 
 from .checker_delivery import CheckerDelivery
-from .clients import Client, ClientAppend, ClientRead, ClientReadReply, ClientReply, Clients, Reader
+from .clients import (
+    Client,
+    ClientAppend,
+    ClientRead,
+    ClientReadReply,
+    ClientReply,
+    Clients,
+    LeaderReadIndex,
+    Reader,
+)
 from .disk import SimDisk
 from .dispatcher_delivery import DispatcherDelivery
 from .driver import SimDriver
@@ -236,6 +246,7 @@ class GroupSim(
         readers: int = 2,
         reader_timeout_ms: int = 1500,
         readers_stay: bool = False,
+        follower_reads: float = 0.25,
         transfers: bool = True,
         late_take_orders: float = 0.3,
         lease_partitions: float = 0.0,
@@ -318,6 +329,7 @@ class GroupSim(
         self._inflight_reads: dict[int, Reader] = {}
         self.reader_timeout_ms = reader_timeout_ms  # a reader then asks another member...
         self.readers_stay = readers_stay  # ... or the same one again
+        self.follower_reads = follower_reads  # reads any member may serve (its own path)
         self.read_codes: collections.Counter[ResponseCode] = collections.Counter()
         # operator transfers (some given up, some late): their own stream too
         self._transfer_rng = random.Random(seed * 7919 + 59)
@@ -478,7 +490,10 @@ class GroupSim(
             if src in self._lease_cuts:
                 self._part_on_request(src, dst)
             body = payload.body
-            if isinstance(body, PushEntryRequest):
+            if isinstance(body, LeaderReadIndex):  # MemberActor.read_index, from a follower
+                ev = mc.ReadIndex(Consistency(body.consistency), (src, payload.call_id), True)
+                self._step(node, ev)
+            elif isinstance(body, PushEntryRequest):
                 self._step(node, mc.Push(body, (src, payload.call_id)))
             else:
                 if isinstance(body, LeadershipTransferRequest):
@@ -499,7 +514,9 @@ class GroupSim(
 
     def _on_answer(self, node: Node, callee: str, request: object, response: object) -> None:
         """The answer to a call (None: it failed or timed out)."""
-        if isinstance(request, HeartbeatRequest) and request.round_id < 0:  # a read round
+        if isinstance(request, LeaderReadIndex):
+            request.slot.append(response)
+        elif isinstance(request, HeartbeatRequest) and request.round_id < 0:  # a read round
             self._step(node, mc.ReadRoundAnswer(callee, request, response))
         elif isinstance(request, PushEntryRequest):
             self._d_on_response(node, callee, request, response)

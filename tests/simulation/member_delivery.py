@@ -8,14 +8,14 @@ from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import Resolution
 from rayledger.actors.logic import Announcement
-from rayledger.actors.read_path import WaitCommitted
+from rayledger.actors.read_path import AskLeader, WaitCommitted
 from rayledger.actors.reads import Consistency
 from rayledger.actors.rounds import Finished
 from rayledger.election import RoleChange
 from rayledger.election.messages import LeadershipTransferRequest
 from rayledger.storage import LedgerError, ResponseCode
 
-from .clients import ClientAppend, ClientRead, ClientReadReply, ClientReply
+from .clients import ClientAppend, ClientRead, ClientReadReply, ClientReply, LeaderReadIndex
 from .node_state import CgToken, Node
 from .node_transport import DIED, TIMEOUT, Timed
 from .sim_config import MAINTAIN_MAX_SLEEP_MS
@@ -202,6 +202,15 @@ class MemberDelivery:
                     return sv.Failed("not committed in time", timeout=True)
                 yield 5
             return True
+        if isinstance(a, AskLeader):  # the leader's read index, over the network
+            slot: list = []
+            self.rpc.call(node.id, a.leader, LeaderReadIndex(a.consistency.value, slot))
+            while not slot:
+                if self.clock.now_ms >= a.deadline_ms:
+                    return sv.Failed("no read index in time", timeout=True)
+                yield 5
+            got = slot[0]
+            return sv.Failed("no answer", timeout=True) if got is None else got
         if isinstance(a, sv.MachineRole):
             return (yield from self._m_role(node))  # machine_delivery.py
         if isinstance(a, sv.WaitMachine):
@@ -210,15 +219,29 @@ class MemberDelivery:
 
     # -- reads: the shipped read path, its rounds over the network --------------------------
     def _read_task(self, node: Node, msg: ClientRead) -> None:
-        """``MemberActor.read_index`` on the member a reader believes leads."""
-        self._step(node, mc.ReadIndex(Consistency(msg.consistency), msg, leader_only=True))
+        """``MemberActor.read_index`` on the member a reader believes leads, or a read any
+        member serves (``committed``: its own committed index, as ``ReadPart._read_limit``)."""
+        if msg.consistency == "committed":
+            self.stats["reads_served_committed"] += 1
+            index = node.logic.store.committed_index
+            reply = ClientReadReply(msg.req_id, ResponseCode.SUCCESS, index, node.id)
+            self._send_held(node.id, msg.client, reply, self._read_rng.randint(1, 15))
+            return
+        ev = mc.ReadIndex(Consistency(msg.consistency), msg, leader_only=not msg.anywhere)
+        self._step(node, ev)
 
     def _reads_out(self, node: Node, out: mc.MemberOut) -> None:
         """Readers answered, confirmation rounds' heartbeats over the network, timers."""
         for msg, result in out.reads_done:
+            if isinstance(msg, tuple):  # a follower's LeaderReadIndex call
+                caller, call_id = msg
+                self.rpc.reply(node.id, caller, call_id, result)
+                continue
             if isinstance(result, LedgerError):
                 reply = ClientReadReply(msg.req_id, result.code, leader_id=result.leader_id)
             else:
+                by = "leader" if node.logic.state.is_leader else "follower"
+                self.stats[f"reads_served_{msg.consistency}_{by}"] += 1
                 reply = ClientReadReply(msg.req_id, ResponseCode.SUCCESS, result, node.id)
             self._send_held(node.id, msg.client, reply, self._read_rng.randint(1, 15))
         for peer, req in out.read_pings:

@@ -73,6 +73,7 @@ LEASE_MIX = dict(
     client_timeout_ms=150,
     reader_timeout_ms=200,
     readers_stay=True,
+    follower_reads=0.0,  # every read at the member a reader believes leads
 )
 """GroupSim arguments of the lease mix (``test_lease_after_take_order``): every take order
 of an operator transfer is held up past the transfer's time-out, and when it lands the old

@@ -6,6 +6,7 @@ Every failure prints its seed; ``RAYLEDGER_SIM_SEED=k`` reruns just that seed an
 
 from __future__ import annotations
 
+import collections
 import logging
 
 import pytest
@@ -606,6 +607,22 @@ def test_killed_dispatcher_is_set_up_again_for_the_term() -> None:
         sim.final_check()
     finally:
         sim.close()
+
+
+def test_reads_at_every_consistency_are_served_and_checked() -> None:
+    """Readers ask the leader (linearizable, lease) and any member (linearizable through
+    the follower's path: the leader's read index, then its own commit; committed: its own
+    committed index); every answer is checked against the history (stale, phantom)."""
+    served: collections.Counter = collections.Counter()
+    for seed in range(6):
+        sim = GroupSim(3, seed, faults=False, slow_followers=False)
+        try:
+            sim.run(chaos_ms=6000)  # checks the history and the logs at the end
+            served.update({k: v for k, v in sim.stats.items() if k.startswith("reads_served")})
+        finally:
+            sim.close()
+    for kind in ("linearizable_leader", "lease_leader", "linearizable_follower", "committed"):
+        assert served[f"reads_served_{kind}"] > 0, (kind, served)
 
 
 def test_ci_seeds_exercise_dispatcher_faults() -> None:
