@@ -57,14 +57,20 @@ class ReadPart(Part):
                 fut.get_loop().call_soon_threadsafe(set_exception, fut, result)
             else:
                 fut.get_loop().call_soon_threadsafe(set_result, fut, result)
-        loop = self.ctx.loop
         for peer, req in out.read_pings:
             asyncio.ensure_future(self._read_ping(peer, req))
+        timers = [(at, mc.Deadline(pid)) for pid, at in out.deadlines]
         if out.expire_at_ms is not None:
-            loop.call_later(max(0, out.expire_at_ms - now_ms()) / 1000, self._step_later,
-                            mc.ExpireReads())  # fmt: skip
-        for pid, at in out.deadlines:
-            loop.call_later(max(0, at - now_ms()) / 1000, self._step_later, mc.Deadline(pid))
+            timers.append((out.expire_at_ms, mc.ExpireReads()))
+        loop = self.ctx.loop
+        for at, ev in timers:  # on the main loop, whichever thread stepped the core
+            if asyncio.get_running_loop() is loop:
+                self._at(at, ev)
+            else:
+                loop.call_soon_threadsafe(self._at, at, ev)
+
+    def _at(self, at_ms: int, ev) -> None:
+        self.ctx.loop.call_later(max(0, at_ms - now_ms()) / 1000, self._step_later, ev)
 
     def _step_later(self, ev) -> None:
         self.ctx.carry(self.ctx.step(ev))
