@@ -200,10 +200,12 @@ class MemberActor:
         stepped it: answers and messages at once, the actions of its processes on the main
         loop.  Returns the next action of process ``follow`` (its caller goes on with it)."""
         ctx = self.ctx
-        for fin in out.finished:
-            self.appends.answer(fin)
-        if out.written is not None:
-            self.appends.written(out.written)
+        on_main = asyncio.get_running_loop() is ctx.loop
+        if out.finished or out.written is not None:  # the append calls' futures: main loop
+            if on_main:
+                self._rounds_out(out)
+            else:
+                ctx.loop.call_soon_threadsafe(self._rounds_out, out)
         if out.answers:
             if out.flush_first:
                 asyncio.ensure_future(self._flush_then_answer(out.answers))
@@ -216,12 +218,12 @@ class MemberActor:
             self.election.send(snd.to, snd.message)
         nxt = None
         if out.run:
-            if asyncio.get_running_loop() is ctx.loop:
+            if on_main:
                 nxt = self._start_runs(out.run, follow)
             else:
                 ctx.loop.call_soon_threadsafe(self._start_runs, out.run, None)
         if out.write_due:
-            if asyncio.get_running_loop() is ctx.loop:
+            if on_main:
                 ctx.loop.call_soon(self.appends.write_round)
             else:
                 ctx.loop.call_soon_threadsafe(self.appends.write_round)
@@ -232,6 +234,12 @@ class MemberActor:
         if out.elector_moved:
             self.election.rearm()
         return nxt
+
+    def _rounds_out(self, out: MemberOut) -> None:
+        for fin in out.finished:
+            self.appends.answer(fin)
+        if out.written is not None:
+            self.appends.written(out.written)
 
     def _start_runs(self, runs: list[Run], follow: int | None) -> Run | None:
         """On the main loop: a round's actions go on in this turn (a flush off the loop),
