@@ -38,7 +38,17 @@ import ray
 
 from .aioloop import AsyncioLoop
 from .checker_logic import Resolution
-from .fastpath_logic import RETRY_MS, Execution, FastPathDriver, FastPathLogic, GraphRound
+from .fastpath_logic import (
+    RETRY_MS,
+    Began,
+    Built,
+    Collected,
+    Execution,
+    FastPathDriver,
+    FastPathLogic,
+    GraphFailed,
+    GraphRound,
+)
 from .ray_compat import compile_options
 
 log = logging.getLogger("rayledger.actors")
@@ -127,9 +137,9 @@ class FastPath:
             graph = self._compile()  # blocks this thread's loop only
         except Exception as exc:
             log.info("[%s] term=%d: compiled path not built: %s", self.self_id, term, exc)
-            self.driver.built(build_id, term, None, repr(exc))
+            self.driver.deliver(Built(build_id, term, None, repr(exc)))
             return
-        self.driver.built(build_id, term, graph, None)
+        self.driver.deliver(Built(build_id, term, graph, None))
 
     def _compile(self):
         from ray.dag import InputNode, MultiOutputNode
@@ -160,7 +170,7 @@ class FastPath:
         except ray.exceptions.RayError as exc:
             log.info("[%s] term=%d: helpers refused the compiled path: %s", self.self_id, term, exc)
             ok = False
-        self.driver.began(term, gen, ok)
+        self.driver.deliver(Began(term, gen, ok))
         if ok and self.logic.active and self.logic.gen == gen:
             log.info("[%s] term=%d: compiled path on (generation %d)", self.self_id, term, gen)
 
@@ -180,7 +190,7 @@ class FastPath:
                 try:
                     futs = await graph.execute_async(ex.item)
                 except Exception as exc:
-                    self.driver.failed(ex.gen, f"submit failed: {exc!r}")
+                    self.driver.deliver(GraphFailed(ex.gen, f"submit failed: {exc!r}"))
                     continue
                 for f in futs:
                     asyncio.ensure_future(self._collect(ex, f))
@@ -191,9 +201,11 @@ class FastPath:
         try:
             out = await fut
         except Exception as exc:
-            self.driver.failed(ex.gen, f"a participant failed: {type(exc).__name__}: {exc}")
+            self.driver.deliver(
+                GraphFailed(ex.gen, f"a participant failed: {type(exc).__name__}: {exc}")
+            )
             return
-        self.driver.collected(ex, out)
+        self.driver.deliver(Collected(ex, out))
 
     def end(self, gen: int) -> None:
         log.warning(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,6 +64,88 @@ class FastPathReady:
     wake_at_ms: int | None = None
 
 
+# ====================================================================== events in
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Lead ``term``: build its graph (plain calls meanwhile)."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The term ended: leave the graph; the member fails the rounds of the term."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The member's side of a stop, on its own thread: no round goes to the graph now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admits:
+    """Whether a round may go through the graph (answered True) or as plain calls."""
+
+    announcement: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """A round the member sent to the graph (it looked active then)."""
+
+    announcement: Any
+    rounds: Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SetEnabled:
+    """Switch the compiled path on or off while leading."""
+
+    enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A build ended: ``graph`` compiled for ``term``, or ``error``."""
+
+    build_id: int
+    term: int
+    graph: Any
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Began:
+    """The helpers answered ``cg_begin`` for (``term``, ``gen``): all of them (``ok``)."""
+
+    term: int
+    gen: int
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """One chain of ``ex`` answered (``out``: its checker's answer, or None)."""
+
+    ex: Execution
+    out: tuple | None
+
+
+@dataclass(frozen=True, slots=True)
+class GraphFailed:
+    """A participant of graph ``gen`` failed, or a submit did."""
+
+    gen: int
+    why: str
+
+
+FastPathEvent = (
+    Start | Stop | Leave | Admits | Enqueue | SetEnabled | Built | Began | Collected | GraphFailed
+)
+
+
 class FastPathLogic:
     """A leader's compiled graph over ``followers`` followers: its life and its rounds."""
 
@@ -104,40 +187,63 @@ class FastPathLogic:
             f"compiles={self.compiles} fallbacks={self.fallbacks})"
         )
 
-    # -- from the member's thread ------------------------------------------------------------
-    def admits(self, announcement: Any) -> bool:
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: FastPathEvent, now_ms: int) -> Any:  # noqa: C901 -- one case each
+        """Deliver one event; returns the call's direct answer (``Admits``), else None."""
+        match ev:
+            case Admits():
+                return self._admits(ev.announcement)
+            case Enqueue():
+                self._enqueue(ev.announcement, ev.rounds)
+            case Collected():
+                self._collected(ev.ex, ev.out)
+            case Leave():
+                self.active = False
+            case Start():
+                self._start(ev.term, now_ms)
+            case Stop():
+                self._stop()
+            case SetEnabled():
+                self._set_enabled(ev.enabled, now_ms)
+            case Built():
+                self._on_built(ev.build_id, ev.term, ev.graph, ev.error, now_ms)
+            case Began():
+                self._on_began(ev.term, ev.gen, ev.ok, now_ms)
+            case GraphFailed():
+                if ev.gen == self.gen:
+                    self._fallback(ev.why, now_ms)
+            case _:
+                raise TypeError(f"not a fast-path event: {ev!r}")
+        return None
+
+    # -- its cases -----------------------------------------------------------------------------
+    def _admits(self, announcement: Any) -> bool:
         """Whether a round may go through the graph (else: plain calls)."""
         return self.active and announcement.nbytes <= self.max_round_bytes
 
-    def leave(self) -> None:
-        """The member's side of a stop: no round goes to the graph from now on."""
-        self.active = False
-
-    # -- events on the fast path's loop ----------------------------------------------------
-    def start(self, term: int, now_ms: int) -> None:
-        """Lead ``term``: build its graph (plain calls meanwhile)."""
-        self.stop()
+    def _start(self, term: int, now_ms: int) -> None:
+        self._stop()
         self.term = term
         self._backoff = self.retry_ms[0]
         self._build_at = now_ms
 
-    def stop(self) -> None:
-        """The term ended: leave the graph; the member fails the rounds of the term."""
+    def _stop(self) -> None:
         self._build_at = None
         self.building = None
         self._abandon()
         self.term = -1
 
-    def set_enabled(self, enabled: bool, now_ms: int) -> None:
-        """Switch the compiled path on or off while leading (off: fall back, build none)."""
+    def _set_enabled(self, enabled: bool, now_ms: int) -> None:
+        """Off: fall back, build none; on: build when leading."""
         self.enabled = enabled
         if not enabled:
-            self.fallback("switched off", now_ms)
+            self._fallback("switched off", now_ms)
         elif self.term >= 0 and not self.active and self.building is None:
             self._build_at = now_ms
 
-    def built(self, build_id: int, term: int, graph: Any, error: str | None, now_ms: int) -> None:
-        """A build ended: ``graph`` compiled for ``term``, or ``error``."""
+    def _on_built(
+        self, build_id: int, term: int, graph: Any, error: str | None, now_ms: int
+    ) -> None:
         if build_id != self.building:
             if graph is not None:
                 self._out.teardown.append(graph)  # stopped or restarted meanwhile
@@ -153,9 +259,7 @@ class FastPathLogic:
         self._built = (term, self.gen, graph)
         self._out.begin = (term, self.gen)
 
-    def began(self, term: int, gen: int, ok: bool, now_ms: int) -> None:
-        """The helpers answered ``cg_begin`` for (``term``, ``gen``): all of them (``ok``),
-        or one refused or failed."""
+    def _on_began(self, term: int, gen: int, ok: bool, now_ms: int) -> None:
         built, self._built = self._built, None
         if built is None or built[:2] != (term, gen):
             return
@@ -174,8 +278,7 @@ class FastPathLogic:
         self.active = True
         self.compiles += 1
 
-    def enqueue(self, announcement: Any, rounds: list) -> None:
-        """A round the member sent to the graph (it looked active then)."""
+    def _enqueue(self, announcement: Any, rounds: Sequence) -> None:
         if not self.active:  # left the graph since the member looked: plain calls
             self._out.fallback.append((announcement, tuple(rounds)))
             return
@@ -187,9 +290,8 @@ class FastPathLogic:
             rounds = list(prev.rounds) + list(rounds)
         q.append(GraphRound(self.gen, announcement, tuple(rounds)))
 
-    def collected(self, ex: Execution, out: tuple | None) -> None:
-        """One chain of ``ex`` answered; ``out`` is its checker's (term, committed,
-        outcomes), None when the checker did not serve it."""
+    def _collected(self, ex: Execution, out: tuple | None) -> None:
+        """``out`` is the checker's (term, committed, outcomes)."""
         if out is not None:
             # also from an abandoned generation: the checker serves it until its cg_end
             # arrives and may resolve there a round the fallback registered again
@@ -201,12 +303,7 @@ class FastPathLogic:
             while self.inflight and self.inflight[0].waiting == 0:
                 self.inflight.popleft()
 
-    def failed(self, gen: int, why: str, now_ms: int) -> None:
-        """A participant of graph ``gen`` failed, or a submit did."""
-        if gen == self.gen:
-            self.fallback(why, now_ms)
-
-    def fallback(self, why: str, now_ms: int) -> None:
+    def _fallback(self, why: str, now_ms: int) -> None:
         """Leave the graph: plain calls carry everything until a new graph is built."""
         if not self.active:
             return
@@ -238,7 +335,7 @@ class FastPathLogic:
     # -- the way out ---------------------------------------------------------------------------
     def ready(self, now_ms: int) -> FastPathReady:
         if self.inflight and now_ms - self.inflight[0].started >= self.stall_ms:
-            self.fallback(f"an execution waited more than {self.stall_ms} ms", now_ms)
+            self._fallback(f"an execution waited more than {self.stall_ms} ms", now_ms)
         out, self._out = self._out, FastPathReady()
         wake = None
         if self._build_at is not None:
@@ -263,11 +360,11 @@ class FastPathLogic:
 class FastPathPorts(Protocol):
     """What the fast path's Ready turns into; answers come back through the driver."""
 
-    def build(self, build_id: int, term: int) -> None: ...  # -> FastPathDriver.built
+    def build(self, build_id: int, term: int) -> None: ...  # -> Built
 
-    def begin(self, term: int, gen: int) -> None: ...  # -> FastPathDriver.began
+    def begin(self, term: int, gen: int) -> None: ...  # -> Began
 
-    def execute(self, graph: Any, ex: Execution) -> None: ...  # -> collected / failed
+    def execute(self, graph: Any, ex: Execution) -> None: ...  # -> Collected / GraphFailed
 
     def end(self, gen: int) -> None: ...  # cg_end to the dispatchers and the checker
 
@@ -281,71 +378,34 @@ class FastPathPorts(Protocol):
 class FastPathDriver(Driver[FastPathLogic, FastPathPorts]):
     """Delivers events to a :class:`FastPathLogic` on the fast path's loop and carries its
     Ready out.  The member's thread calls :meth:`start`, :meth:`stop` and :meth:`submit`;
-    they hop onto the fast path's loop in order."""
+    their events hop onto the fast path's loop in order (``Leave`` and ``Admits`` are
+    answered on the member's thread, under the lock)."""
 
     # -- from the member's thread --------------------------------------------------------------
     def start(self, term: int) -> None:
-        self._hop(self._start, term)
+        self._hop(Start(term))
 
     def stop(self) -> None:
-        with self.lock:
-            self.logic.leave()
-        self._hop(self._stop)
+        self.deliver(Leave())
+        self._hop(Stop())
 
     def submit(self, announcement: Any, rounds: list) -> bool:
         """Send a round through the graph; False when it must go as plain calls."""
-        with self.lock:
-            if not self.logic.admits(announcement):
-                return False
-        self._hop(self._enqueue, announcement, rounds)
+        if not self.deliver(Admits(announcement)):
+            return False
+        self._hop(Enqueue(announcement, rounds))
         return True
 
     def set_enabled(self, enabled: bool) -> None:
-        self._hop(self._set_enabled, enabled)
+        self._hop(SetEnabled(enabled))
 
-    def _hop(self, fn, *args) -> None:
-        self.pump.loop.call_threadsafe(fn, *args)
+    def _hop(self, ev: FastPathEvent) -> None:
+        self.pump.loop.call_threadsafe(self.deliver, ev)
 
-    # -- on the fast path's loop -------------------------------------------------------------
-    def _start(self, term: int) -> None:
-        with self.lock:
-            self.logic.start(term, self._now())
-        self.pump.run()
-
-    def _stop(self) -> None:
-        with self.lock:
-            self.logic.stop()
-        self.pump.run()
-
-    def _set_enabled(self, enabled: bool) -> None:
-        with self.lock:
-            self.logic.set_enabled(enabled, self._now())
-        self.pump.run()
-
-    def _enqueue(self, announcement: Any, rounds: list) -> None:
-        with self.lock:
-            self.logic.enqueue(announcement, rounds)
-        self.pump.run()
-
-    def built(self, build_id: int, term: int, graph: Any, error: str | None) -> None:
-        with self.lock:
-            self.logic.built(build_id, term, graph, error, self._now())
-        self.pump.run()
-
-    def began(self, term: int, gen: int, ok: bool) -> None:
-        with self.lock:
-            self.logic.began(term, gen, ok, self._now())
-        self.pump.run()
-
-    def collected(self, ex: Execution, out: tuple | None) -> None:
-        with self.lock:
-            self.logic.collected(ex, out)
-        self.pump.run()
-
-    def failed(self, gen: int, why: str) -> None:
-        with self.lock:
-            self.logic.failed(gen, why, self._now())
-        self.pump.run()
+    def _after(self, ev: FastPathEvent, reply: Any) -> Any:
+        if not isinstance(ev, Leave | Admits):  # on the fast path's loop: carry the Ready out
+            self.pump.run()
+        return reply
 
     def _run(self, now_ms: int) -> int | None:
         with self.lock:

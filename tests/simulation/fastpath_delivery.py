@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.fastpath_logic import Execution, FastPathDriver, FastPathLogic
+from rayledger.actors.fastpath_logic import (
+    Began,
+    Built,
+    Collected,
+    Execution,
+    FastPathDriver,
+    FastPathLogic,
+    GraphFailed,
+)
 
 from .node_state import Chain, Channel, Node
 from .node_transport import SimLoop
@@ -105,10 +113,10 @@ class FastPathDelivery:
         peers = list(node.dispatchers)
         if not all(self._reachable(node.id, p) for p in peers):
             self.net.note(f"{node.id} term={term}: compiled path not built (a follower is away)")
-            node.fast.built(build_id, term, None, "a follower is away")
+            node.fast.deliver(Built(build_id, term, None, "a follower is away"))
             return
         graph = {p: Chain(node.id, p, self.members[p].incarnation) for p in peers}
-        node.fast.built(build_id, term, graph, None)
+        node.fast.deliver(Built(build_id, term, graph, None))
 
     def _fp_begin(self, node: Node, term: int, gen: int):
         """The helpers are told the generation they serve."""
@@ -117,7 +125,7 @@ class FastPathDelivery:
         answers = yield calls
         fp = node.fast.logic
         raced = fp.raced
-        node.fast.began(term, gen, all(a is True for a in answers))  # DIED: killed
+        node.fast.deliver(Began(term, gen, all(a is True for a in answers)))  # DIED: killed
         if fp.raced > raced:
             self.stats["fast_build_raced"] += 1
         if fp.active and fp.gen == gen:
@@ -129,7 +137,7 @@ class FastPathDelivery:
 
     def _fp_fallback(self, node: Node, gen: int, why: str) -> None:
         if node.fast is not None:
-            node.fast.failed(gen, why)
+            node.fast.deliver(GraphFailed(gen, why))
 
     # -- the graph's channels ----------------------------------------------------------------
 
@@ -201,7 +209,7 @@ class FastPathDelivery:
             self._put(chain, 4, (ex, self._c_cg_report(node, ack)))
         else:
             ex, out = item
-            node.fast.collected(ex, out)
+            node.fast.deliver(Collected(ex, out))
 
     def _next_chain_ms(self) -> int | None:
         best = None
