@@ -399,7 +399,11 @@ class MemberCore:
 
     # -- reads -------------------------------------------------------------------------------
     def _read(self, ev: ReadIndex, now_ms: int, out: MemberOut) -> None:
-        """A read process: the leader's read index, or a follower asks its leader."""
+        """A read process: the leader's read index, or a follower asks its leader; a
+        ``committed`` read on any member is served at its own committed index."""
+        if ev.consistency is Consistency.COMMITTED and not ev.leader_only:
+            out.reads_done.append((ev.token, self.logic.store.committed_index))
+            return
         path = self.read_path
         if ev.leader_only or self.logic.state.is_leader:
             proc = path.leader_read(ev.consistency, now_ms)

@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 import ray
-from rayledger.replication.admission import not_leader
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
 from . import member_core as mc
@@ -20,7 +19,7 @@ from .faults import LinkDown
 from .futures import set_exception, set_result
 from .member_context import MemberContext, Part
 from .naming import now_ms
-from .read_path import AskLeader, WaitCommitted
+from .read_path import AskLeader, WaitCommitted, not_committed_here
 from .reads import CommitWaiters, Consistency
 from .supervision import Failed
 
@@ -44,10 +43,19 @@ class ReadPart(Part):
         return await self._read(Consistency.of(consistency), leader_only=True)
 
     async def _read(self, c: Consistency, leader_only: bool = False) -> int:
-        """The core's read (:mod:`.read_path`): its index, or the caller's LedgerError."""
+        """The core's read (:mod:`.read_path`): its index, or the caller's LedgerError
+        (answered in the very step when nothing is to wait for: a lease, committed)."""
         fut = self.ctx.loop.create_future()
-        self.ctx.carry(self.ctx.step(mc.ReadIndex(c, fut, leader_only)))
-        return await fut
+        out = self.ctx.step(mc.ReadIndex(c, fut, leader_only))
+        mine = [r for t, r in out.reads_done if t is fut]
+        if mine:
+            out.reads_done = [(t, r) for t, r in out.reads_done if t is not fut]
+        self.ctx.carry(out)
+        if not mine:
+            return await fut
+        if isinstance(mine[0], BaseException):
+            raise mine[0]
+        return mine[0]
 
     def carry(self, out: mc.MemberOut) -> None:
         """The read part of a :class:`~.member_core.MemberOut`: readers answered,
@@ -126,29 +134,13 @@ class ReadPart(Part):
 
     async def _read_limit(self, consistency: str) -> int:
         """The highest index a read with ``consistency`` may return from this member."""
-        c = Consistency.of(consistency)
-        if c is not Consistency.COMMITTED:
-            await self._read(c)  # the core picks the leader's read index or the follower's
+        await self._read(Consistency.of(consistency))  # the core decides what it waits for
         with self._lock:
             return self.store.committed_index
 
     def _not_committed_here(self, index: int, c: Consistency) -> LedgerError:
-        """An index past the read's limit.  Past a leader's committed index or a read index
-        the entry is not committed in the group (INDEX_OUT_OF_BOUNDS); a follower's own
-        committed index may lag, so a ``committed`` read there is pointed at the leader
-        (NOT_LEADER, with its id when known) and never refused as out of bounds."""
-        committed = self.store.committed_index
-        st = self.logic.state
-        if c is Consistency.COMMITTED and not st.is_leader:
-            return not_leader(
-                st,
-                f"entry {index} is not committed on {self.self_id} (committed index "
-                f"{committed}); ask the leader",
-            )
-        return LedgerError.of(
-            ResponseCode.INDEX_OUT_OF_BOUNDS,
-            f"entry {index} is not committed (committed index {committed})",
-        )
+        with self._lock:
+            return not_committed_here(self.logic, index, c)
 
     async def get(
         self, index: int, committed_only: bool = True, consistency: str = "committed"

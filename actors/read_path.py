@@ -126,6 +126,27 @@ class ReadPath:
         return not_leader(lg.state, f"{lg.self_id} no longer leads {lg.group!r}")
 
 
+def not_committed_here(lg: MemberLogic, index: int, c: Consistency) -> LedgerError:
+    """The error of a read of ``index`` past the read's limit.  Past a leader's committed
+    index or a read index the entry is not committed in the group (INDEX_OUT_OF_BOUNDS); a
+    follower's own committed index may lag, so a ``committed`` read there is pointed at the
+    leader (NOT_LEADER, with its id when known) and never refused as out of bounds."""
+    from rayledger.replication.admission import not_leader
+
+    committed = lg.store.committed_index
+    st = lg.state
+    if c is Consistency.COMMITTED and not st.is_leader:
+        return not_leader(
+            st,
+            f"entry {index} is not committed on {lg.self_id} (committed index "
+            f"{committed}); ask the leader",
+        )
+    return LedgerError.of(
+        ResponseCode.INDEX_OUT_OF_BOUNDS,
+        f"entry {index} is not committed (committed index {committed})",
+    )
+
+
 def run_to_end(proc: Process, answer) -> tuple[object | None, object]:
     """Resume ``proc`` with ``answer``: ``(next action, None)``, or ``(None, result)`` when
     it returned (a raised LedgerError propagates)."""
@@ -135,4 +156,12 @@ def run_to_end(proc: Process, answer) -> tuple[object | None, object]:
         return None, stop.value
 
 
-__all__ = ["Answer", "AskLeader", "Confirm", "ReadPath", "WaitCommitted", "run_to_end"]
+__all__ = [
+    "Answer",
+    "AskLeader",
+    "Confirm",
+    "ReadPath",
+    "WaitCommitted",
+    "not_committed_here",
+    "run_to_end",
+]

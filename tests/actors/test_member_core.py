@@ -175,3 +175,13 @@ def test_a_read_past_its_deadline_times_out_and_readers_fail_on_a_step_down() ->
     out = h.step(mc.StepDown("test"))  # the stop of the term fails it: the core's action
     assert [(t, e.code) for t, e in out.reads_done] == [("waiting", C.NOT_LEADER)]
     assert out.run[0].kind == "role" and isinstance(out.run[0].action, sv.FastStop)
+
+
+def test_a_committed_read_is_answered_at_once_with_the_members_own_committed_index() -> None:
+    h = Host(["n0", "n1", "n2"])  # a follower: no leader known, nothing to ask
+    h.carry = lambda out: h.outs.append(out)
+    out = h.step(mc.ReadIndex(Consistency.COMMITTED, "c"))
+    assert out.reads_done == [("c", h.logic.store.committed_index)] and not out.run
+    out = h.step(mc.ReadIndex(Consistency.LINEARIZABLE, "l"))  # it must ask a leader
+    ((token, err),) = out.reads_done
+    assert token == "l" and err.code == C.NOT_LEADER

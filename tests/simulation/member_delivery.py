@@ -220,13 +220,7 @@ class MemberDelivery:
     # -- reads: the shipped read path, its rounds over the network --------------------------
     def _read_task(self, node: Node, msg: ClientRead) -> None:
         """``MemberActor.read_index`` on the member a reader believes leads, or a read any
-        member serves (``committed``: its own committed index, as ``ReadPart._read_limit``)."""
-        if msg.consistency == "committed":
-            self.stats["reads_served_committed"] += 1
-            index = node.logic.store.committed_index
-            reply = ClientReadReply(msg.req_id, ResponseCode.SUCCESS, index, node.id)
-            self._send_held(node.id, msg.client, reply, self._read_rng.randint(1, 15))
-            return
+        member serves (``ReadPart._read_limit``)."""
         ev = mc.ReadIndex(Consistency(msg.consistency), msg, leader_only=not msg.anywhere)
         self._step(node, ev)
 

@@ -621,7 +621,8 @@ def test_reads_at_every_consistency_are_served_and_checked() -> None:
             served.update({k: v for k, v in sim.stats.items() if k.startswith("reads_served")})
         finally:
             sim.close()
-    for kind in ("linearizable_leader", "lease_leader", "linearizable_follower", "committed"):
+    for kind in ("linearizable_leader", "lease_leader", "linearizable_follower",
+                 "committed_follower"):  # fmt: skip
         assert served[f"reads_served_{kind}"] > 0, (kind, served)
 
 
