@@ -36,6 +36,11 @@ def test_bench_replication():
     assert bench("replication")["entries_per_s"] > 0
 
 
+def test_bench_core():
+    r = bench("core")
+    assert r["cycles"] > 0 and r["append_cycle_us"] > 0, r
+
+
 def test_bench_divergent():
     r = bench("divergent")
     assert r["seconds"] > 0 and r["round_trips"] >= 1, r

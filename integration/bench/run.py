@@ -45,6 +45,10 @@ def run(which: str, args) -> dict:
         from .mq import run as run_mq
 
         return run_mq(quick=quick, clients=getattr(args, "clients", 4))
+    if which == "core":
+        from .core import run_core_bench
+
+        return run_core_bench(cycles=10_000 if quick else 50_000)
     if which == "divergent":
         from .divergent import divergent_tail
 

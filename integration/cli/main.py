@@ -170,7 +170,8 @@ def _add_bench(sub, common) -> None:
         "bench", parents=[common], help="benchmarks (figures go to docs/BENCHMARKS.md)"
     )
     be.add_argument(
-        "which", choices=["store", "replication", "group", "peer", "spark", "mq", "divergent"]
+        "which",
+        choices=["store", "replication", "core", "group", "peer", "spark", "mq", "divergent"],
     )
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")
     be.add_argument("--quick", action="store_true", help="a smaller run")
