@@ -1,0 +1,157 @@
+"""A member's state-machine snapshots on disk (issue 23): written whole or not at all,
+checked by checksum when read.
+
+Layout under the member's ``snapshots/`` directory::
+
+    00000000000000001234-3/      one snapshot: the machine's state after entry 1234 (term 3)
+        meta.json                index, term, each file's size and SHA-256, written last
+        <the machine's files>
+    .tmp-<index>-<term>/         one being written (removed at the next open)
+
+A snapshot is written into a ``.tmp-`` directory by the machine (any files it likes), then
+:meth:`SnapshotStore.commit` hashes the files, writes ``meta.json``, fsyncs them and renames
+the directory into place: a crash leaves the old snapshots and a temp directory, never a
+half-written snapshot under a final name.  :meth:`SnapshotStore.verify` re-hashes a
+snapshot before it is loaded; a damaged one is skipped (logged) in favour of an older one.
+Which snapshots to keep and when to take one is decided elsewhere
+(:class:`~rayledger.actors.snapshot_policy.SnapshotPolicy`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import LedgerError, ResponseCode
+from .metafile import atomic_write_json, fsync_dir, read_json
+
+log = logging.getLogger("rayledger.storage")
+
+META = "meta.json"
+_TMP = ".tmp-"
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """One committed snapshot: the state after entry ``index`` of ``term``."""
+
+    index: int
+    term: int
+    files: tuple[tuple[str, int, str], ...]  # (relative path, size, sha256 hex)
+    path: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(size for _, size, _ in self.files)
+
+
+def _name(index: int, term: int) -> str:
+    return f"{index:020d}-{term}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _disk_error(what: str, exc: OSError) -> LedgerError:
+    code = ResponseCode.DISK_FULL if exc.errno == 28 else ResponseCode.DISK_ERROR
+    return LedgerError.of(code, f"{what}: {exc}")
+
+
+class SnapshotStore:
+    """The ``snapshots/`` directory of one member."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for p in self.dir.iterdir():  # a crash in the middle of a snapshot left it
+                if p.name.startswith(_TMP):
+                    shutil.rmtree(p, ignore_errors=True)
+        except OSError as exc:
+            raise _disk_error(f"cannot open snapshots in {self.dir}", exc) from exc
+
+    def begin(self, index: int, term: int) -> str:
+        """A fresh empty directory the machine writes snapshot ``index`` into."""
+        tmp = self.dir / f"{_TMP}{_name(index, term)}"
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as exc:
+            raise _disk_error(f"cannot start snapshot {index}", exc) from exc
+        return str(tmp)
+
+    def commit(self, tmp: str, index: int, term: int) -> SnapshotMeta:
+        """Seal what the machine wrote in ``tmp`` as snapshot ``index``: checksums, fsync,
+        ``meta.json`` last, then the rename that makes it visible."""
+        src = Path(tmp)
+        final = self.dir / _name(index, term)
+        try:
+            files = []
+            for p in sorted(src.rglob("*")):
+                if p.is_file() and p.name != META:
+                    fd = os.open(p, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    files.append((str(p.relative_to(src)), p.stat().st_size, _sha256(p)))
+            atomic_write_json(src / META, {"index": index, "term": term,
+                                           "files": [list(f) for f in files]})  # fmt: skip
+            if final.exists():  # the same snapshot again (a retry): the new one wins
+                shutil.rmtree(final)
+            os.replace(src, final)
+            fsync_dir(self.dir)
+        except OSError as exc:
+            shutil.rmtree(src, ignore_errors=True)
+            raise _disk_error(f"cannot write snapshot {index}", exc) from exc
+        return SnapshotMeta(index, term, tuple(files), str(final))
+
+    def abort(self, tmp: str) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def list(self) -> list[SnapshotMeta]:
+        """The committed snapshots, oldest first (a directory without a readable
+        ``meta.json`` is no snapshot: it is logged and left out)."""
+        out = []
+        for p in sorted(self.dir.iterdir()):
+            if p.name.startswith(_TMP) or not p.is_dir():
+                continue
+            try:
+                m = read_json(p / META)
+            except LedgerError as exc:
+                log.warning("snapshot %s has an unreadable meta.json, skipped: %s", p, exc)
+                continue
+            if m is None:
+                log.warning("snapshot %s has no meta.json, skipped", p)
+                continue
+            files = tuple((str(f), int(s), str(h)) for f, s, h in m["files"])
+            out.append(SnapshotMeta(int(m["index"]), int(m["term"]), files, str(p)))
+        out.sort(key=lambda m: m.index)
+        return out
+
+    def verify(self, meta: SnapshotMeta) -> str | None:
+        """Why snapshot ``meta`` is damaged (a file missing, of another size or checksum),
+        or None when it is whole."""
+        base = Path(meta.path)
+        for name, size, digest in meta.files:
+            p = base / name
+            try:
+                if p.stat().st_size != size:
+                    return f"{name} has {p.stat().st_size} bytes, not {size}"
+                if _sha256(p) != digest:
+                    return f"{name} fails its checksum"
+            except OSError as exc:
+                return f"{name}: {exc}"
+        return None
+
+    def delete(self, meta: SnapshotMeta) -> None:
+        shutil.rmtree(meta.path, ignore_errors=True)
