@@ -9,6 +9,8 @@ from rayledger.election import ElectionConfig
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import LedgerError, ResponseCode, StoreConfig
 
+from .snapshot_policy import SnapshotConfig
+
 
 @dataclass
 class LedgerConfig:
@@ -35,6 +37,16 @@ class LedgerConfig:
     # a state machine every member runs, "package.module:Class" (see machine.py)
     state_machine: str | None = None
     state_machine_args: dict = field(default_factory=dict)
+    # a machine's snapshots (issue 23): every N applied entries (0: off) or bytes (0: off),
+    # the newest K kept; the log may be compacted up to the newest
+    snapshot_every_entries: int = 100_000
+    snapshot_every_bytes: int = 0
+    snapshot_keep: int = 2
+
+    def snapshots(self) -> SnapshotConfig:
+        return SnapshotConfig(
+            self.snapshot_every_entries, self.snapshot_every_bytes, self.snapshot_keep
+        )
 
     def lease_ms(self) -> int:
         """How long a confirmed read-index round lets the leader serve lease reads: the time
@@ -58,6 +70,7 @@ class LedgerConfig:
             )
         if not isinstance(self.state_machine_args, dict):
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "state_machine_args: a dict")
+        self.snapshots()  # UNEXPECTED_ARGUMENT for bad snapshot settings
         if not 0 <= self.max_clock_drift < 1:
             raise LedgerError.of(
                 ResponseCode.UNEXPECTED_ARGUMENT,

@@ -18,6 +18,15 @@ so the simulation runs the same code:
   LEADER_NOT_READY until it says True (RocketMQ waits until dispatch caught up).
 * ``query(request)`` answers ``client.query(request, consistency=...)`` once the member has
   applied everything the read consistency requires.
+* ``snapshot()`` (issue 23) at a consistent cut: on the machine's thread, right after a
+  whole batch, every ``snapshot_every_entries`` (or ``snapshot_every_bytes``); returns a
+  function that writes that state into an empty directory, run on another thread while
+  the machine applies on (so it must capture an immutable copy), or None (no snapshots).
+  The member seals the directory (checksums, atomic rename), keeps the newest
+  ``snapshot_keep`` and lets its log be compacted up to the newest.
+* ``load_snapshot(path, index)``: at the start, before any ``apply``, when the newest
+  snapshot that verifies is newer than what ``open`` returned: the machine's state becomes
+  the state after entry ``index``, and the member replays what came after.
 * ``close()`` when the member stops.
 
 Only ``apply`` is required; :class:`StateMachine` supplies the rest.
@@ -26,13 +35,17 @@ Only ``apply`` is required; :class:`StateMachine` supplies the rest.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rayledger.election import Role
 from rayledger.storage import Entry, LedgerError, ResponseCode
+from rayledger.storage.snapshots import SnapshotStore
 
 from .machine_core import MachineCore
+from .snapshot_policy import SnapshotConfig, SnapshotPolicy
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,12 @@ class StateMachine:
     def query(self, request: Any) -> Any:
         raise LedgerError.of(ResponseCode.UNSUPPORTED, f"{type(self).__name__} answers no queries")
 
+    def snapshot(self) -> Callable[[str], None] | None:
+        return None
+
+    def load_snapshot(self, path: str, index: int) -> None:
+        raise LedgerError.of(ResponseCode.UNSUPPORTED, f"{type(self).__name__} takes no snapshots")
+
     def close(self) -> None:
         pass
 
@@ -103,9 +122,27 @@ class Applier:
     machine (the machine's thread); the shell tells the core what came of them on its
     own thread.  ``apply`` and ``role_changed`` do both, for a caller with one thread."""
 
-    def __init__(self, machine: StateMachine, ctx: MachineContext, max_batch: int = 1024):
+    def __init__(
+        self,
+        machine: StateMachine,
+        ctx: MachineContext,
+        max_batch: int = 1024,
+        snapshots: SnapshotConfig | None = None,
+    ):
         self.machine = machine
-        self.core = MachineCore(ctx.member, int(machine.open(ctx)), max_batch)
+        self.saved = start = int(machine.open(ctx))  # what the machine keeps itself
+        self.snapshots: SnapshotStore | None = None
+        last = -1
+        if ctx.data_dir is not None and type(machine).snapshot is not StateMachine.snapshot:
+            self.snapshots = SnapshotStore(Path(ctx.data_dir) / "snapshots")
+            pick = SnapshotPolicy.start_from(self.snapshots.list(), self.snapshots.verify)
+            if pick is not None:
+                last = pick.index
+                if pick.index > start:
+                    machine.load_snapshot(pick.path, pick.index)
+                    start = pick.index
+        policy = SnapshotPolicy(snapshots or SnapshotConfig(), last) if self.snapshots else None
+        self.core = MachineCore(ctx.member, start, max_batch, policy)
 
     @property
     def applied(self) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
 
+from .snapshot_policy import SnapshotPolicy
 from .supervision import Answer, Failed, Process, Sleep
 
 log = logging.getLogger("rayledger.actors")
@@ -62,8 +63,15 @@ class Verdict:
 class MachineCore:
     """One machine's runner state: where it stands, the batch in flight, queries waiting."""
 
-    def __init__(self, member: str, applied: int, max_batch: int = 1024):
+    def __init__(
+        self,
+        member: str,
+        applied: int,
+        max_batch: int = 1024,
+        snapshots: SnapshotPolicy | None = None,
+    ):
         self.member = member
+        self.snapshots = snapshots  # None: the machine takes no snapshots
         self.applied = int(applied)  # the last index the machine applied (open() says first)
         self.max_batch = max_batch
         self.applying: Batch | None = None
@@ -139,6 +147,26 @@ class MachineCore:
             ResponseCode.INTERNAL_ERROR,
             f"the state machine of {self.member} failed: {self.failed}",
         )
+
+    # -- snapshots (issue 23) -------------------------------------------------------------------
+    def snapshot_due(self, applied_bytes: int) -> int | None:
+        """After a batch of ``applied_bytes`` body bytes: the index to snapshot the machine
+        at now (its consistent cut: where it stands), or None."""
+        p = self.snapshots
+        if p is None or self.failed is not None:
+            return None
+        p.applied(applied_bytes)
+        if not p.due(self.applied):
+            return None
+        p.begin(self.applied)
+        return self.applied
+
+    def keep_from(self, saved: int) -> int | None:
+        """The first index the member's log must keep for this machine (None: no floor,
+        the machine needs no log to come back -- it keeps no state)."""
+        if self.snapshots is None:
+            return saved + 1 if saved >= 0 else 0
+        return self.snapshots.compaction_floor(saved)
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, index: int, token: Any, now_ms: int, timeout_ms: int) -> str:

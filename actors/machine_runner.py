@@ -36,8 +36,9 @@ class MachineRunner:
         ctx = MachineContext(
             member.group, member.self_id, data_dir, dict(cfg.state_machine_args), member.store
         )
-        self.applier = Applier(machine, ctx)
+        self.applier = Applier(machine, ctx, snapshots=cfg.snapshots())
         self.core = self.applier.core
+        member.store.keep_from = self.core.keep_from(self.applier.saved)
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
         self.member = member
@@ -91,11 +92,43 @@ class MachineRunner:
             with self.member._lock:
                 self._failed(exc)
             return
-        with self.member._lock:
+        m = self.member
+        with m._lock:
             released = self.core.batch_done(batch.stop - 1)
+            index = self.core.snapshot_due(sum(len(e.body) for e in entries))
+            term = m.store.get_term(index) if index is not None else -1
         for fut in released:
             set_result(fut, None)
+        if index is not None:  # the cut: on the machine's thread before the next batch
+            cut = loop.run_in_executor(self._pool, self.applier.machine.snapshot)
+            asyncio.ensure_future(self._snapshot(cut, index, term))
         self._pump()  # whatever committed meanwhile
+
+    async def _snapshot(self, cut, index: int, term: int) -> None:
+        """Write the machine's state at ``index`` off the machine's thread, seal it, keep
+        the newest, and let the log go up to it (see SnapshotPolicy)."""
+        m, snaps = self.member, self.applier.snapshots
+        loop = asyncio.get_running_loop()
+        tmp = None
+        try:
+            writer = await cut
+            if writer is None:
+                raise RuntimeError("the machine's snapshot() returned no writer")
+            tmp = snaps.begin(index, term)
+            await loop.run_in_executor(None, writer, tmp)
+            await loop.run_in_executor(None, snaps.commit, tmp, index, term)
+            with m._lock:
+                gone = self.core.snapshots.taken(index, snaps.list())
+                m.store.keep_from = self.core.keep_from(self.applier.saved)
+            for old in gone:
+                snaps.delete(old)
+            log.info("[%s] state machine snapshot at %d (term %d)", m.self_id, index, term)
+        except Exception as exc:
+            if tmp is not None:
+                snaps.abort(tmp)
+            with m._lock:
+                self.core.snapshots.failed()
+            log.error("[%s] snapshot at %d failed: %r", m.self_id, index, exc)
 
     def _failed(self, exc: BaseException) -> None:
         """Tell the core (under the member's lock); its waiting queries fail."""

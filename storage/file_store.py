@@ -654,6 +654,8 @@ class FileStore(LogStore):
                 next_begin = self._first_index_in(nxt)
                 if next_begin is None or next_begin - 1 > self.committed_index:
                     break
+                if self.keep_from is not None and next_begin > self.keep_from:
+                    break  # its entries are still needed by this member's state machine
                 expired = now - first.mtime > cfg.file_reserved_hours * 3600
                 force = ratio > cfg.disk_space_ratio_to_force_clean
                 if not ((expired and time_ok) or force):

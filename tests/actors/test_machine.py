@@ -133,3 +133,35 @@ def test_a_group_without_a_machine_answers_no_queries(make_group):
     with pytest.raises(LedgerError) as e:
         g.client(timeout_s=10).query({"get": "x"})
     assert e.value.code == ResponseCode.UNSUPPORTED
+
+
+@pytest.mark.ray
+def test_every_member_snapshots_its_machine_and_keeps_the_newest(make_group):
+    """Issue 23, first part: every ``snapshot_every_entries`` applied entries each member
+    writes a checksummed snapshot of its KV machine off the machine's thread and keeps
+    the newest ``snapshot_keep``."""
+    from rayledger.actors.snapshot_policy import SnapshotPolicy
+    from rayledger.storage.snapshots import SnapshotStore
+
+    config = dataclasses.replace(
+        TEST_CONFIG, state_machine=KV, snapshot_every_entries=20, snapshot_keep=2
+    )
+    g = make_group(members=3, config=config)
+    g.wait_for_leader()
+    c = g.client(timeout_s=30)
+    for k in range(10):
+        c.append_batch([set_command(f"k{k}-{j}", j) for j in range(10)])
+    last = c.append(set_command("last", True))
+    deadline = time.monotonic() + 60
+    for m in g.members:
+        snaps = SnapshotStore(f"{ray.get(g.handle(m).store_dir.remote())}/snapshots")
+        while True:
+            have = snaps.list()
+            if have and have[-1].index >= last.index - 20 and len(have) <= 2:
+                break
+            assert time.monotonic() < deadline, (m, [s.index for s in have])
+            time.sleep(0.2)
+        newest = SnapshotPolicy.start_from(have, snaps.verify)
+        assert newest is have[-1]  # whole
+        state = json.loads(open(f"{newest.path}/kv.json").read())
+        assert state["applied"] == newest.index and "k0-0" in state["data"]

@@ -162,3 +162,17 @@ def test_enospc_rolls_back(make_file_store, monkeypatch, fail_on_call, partial):
         assert a.positions[2] == a.positions[1] + HEADER_SIZE + 3000
     finally:
         s2.close()
+
+
+def test_clean_stops_at_what_the_state_machine_still_needs(make_file_store):
+    """Issue 23: a segment goes only when the member's machine can come back without its
+    entries (``keep_from``: after its newest snapshot or what it saved), even when forced."""
+    s = filled(make_file_store)  # entries 4k..4k+3 in segment k
+    s.update_committed_index(39)
+    age(data_files(s.dir), 100)
+    s.keep_from = 9  # the machine needs entries from 9 on: segments 0 and 1 may go
+    s.disk_ratio = lambda: 0.99  # past the force-clean ratio
+    assert s.clean(now=at_hour(s.config.delete_when)) == 2 and s.ledger_begin_index == 8
+    s.keep_from = 24  # a snapshot at 23 now
+    assert s.clean(now=at_hour(s.config.delete_when)) == 4 and s.ledger_begin_index == 24
+    s.close()
