@@ -161,6 +161,17 @@ class MachineCore:
         p.begin(self.applied)
         return self.applied
 
+    def snapshot_done(self, index: int, have: list, saved: int) -> tuple[list, int | None]:
+        """Snapshot ``index`` is sealed on disk (``have``: every snapshot now): returns the
+        snapshots to delete (beyond the newest ``keep``) and the log's new compaction floor
+        (``saved``: what the machine's ``open`` returned)."""
+        gone = self.snapshots.taken(index, have)
+        return gone, self.keep_from(saved)
+
+    def snapshot_failed(self, index: int, why: str) -> None:
+        log.error("[%s] snapshot at %d failed: %s", self.member, index, why)
+        self.snapshots.failed()
+
     def keep_from(self, saved: int) -> int | None:
         """The first index the member's log must keep for this machine (None: no floor,
         the machine needs no log to come back -- it keeps no state)."""

@@ -118,8 +118,9 @@ class MachineRunner:
             await loop.run_in_executor(None, writer, tmp)
             await loop.run_in_executor(None, snaps.commit, tmp, index, term)
             with m._lock:
-                gone = self.core.snapshots.taken(index, snaps.list())
-                m.store.keep_from = self.core.keep_from(self.applier.saved)
+                gone, m.store.keep_from = self.core.snapshot_done(
+                    index, snaps.list(), self.applier.saved
+                )
             for old in gone:
                 snaps.delete(old)
             log.info("[%s] state machine snapshot at %d (term %d)", m.self_id, index, term)
@@ -127,8 +128,7 @@ class MachineRunner:
             if tmp is not None:
                 snaps.abort(tmp)
             with m._lock:
-                self.core.snapshots.failed()
-            log.error("[%s] snapshot at %d failed: %r", m.self_id, index, exc)
+                self.core.snapshot_failed(index, repr(exc))
 
     def _failed(self, exc: BaseException) -> None:
         """Tell the core (under the member's lock); its waiting queries fail."""

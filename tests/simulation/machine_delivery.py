@@ -209,9 +209,9 @@ class MachineDelivery:
         tmp = snaps.begin(index, term)
         writer(tmp)
         snaps.commit(tmp, index, term)
-        for old in a.core.snapshots.taken(index, snaps.list()):
+        gone, store.keep_from = a.core.snapshot_done(index, snaps.list(), a.saved)
+        for old in gone:
             snaps.delete(old)
-        store.keep_from = a.core.keep_from(a.saved)
         self.stats["machine_snapshots"] += 1
 
     def _m_check_apply(self, node: Node, entries: list) -> None:
