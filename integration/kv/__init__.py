@@ -1,5 +1,22 @@
-"""A replicated key-value map on the ledger: the small example of the state-machine API."""
+"""A replicated key-value store on the ledger: the state machine (:class:`KvMachine`) and
+its client (:class:`KVClient`)."""
 
-from .machine import KvMachine, delete_command, set_command
+from .client import KVClient
+from .machine import (
+    KvMachine,
+    cas_command,
+    delete_command,
+    put_command,
+    set_command,
+    value_bytes,
+)
 
-__all__ = ["KvMachine", "delete_command", "set_command"]
+__all__ = [
+    "KVClient",
+    "KvMachine",
+    "cas_command",
+    "delete_command",
+    "put_command",
+    "set_command",
+    "value_bytes",
+]

@@ -26,6 +26,7 @@ these (a machine kept entries its log lost): then they are counted, not failed.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -368,6 +369,14 @@ class MachineDelivery:
                 if roll < 0.25:  # a delete, unique by a field the machine ignores
                     doc = {"op": "del", "key": key, "rev": "0" * 10, "by": tag}
                     out.append(json.dumps(doc).encode())
+                elif roll < 0.45:  # KVClient's put and compare-and-set, of a few values
+                    key = f"p{rng.randint(0, 3)}"  # keys only these take, so some swap
+                    doc = {"op": "put", "key": key, "b64": _b64(b"v%d" % rng.randint(0, 3)),
+                           "rev": "0" * 10, "by": tag}  # fmt: skip
+                    if roll >= 0.35:
+                        exp = rng.choice((None, b"v0", b"v1", b"v2", b"v3"))
+                        doc.update(op="cas", exp=None if exp is None else _b64(exp))
+                    out.append(json.dumps(doc).encode())
                 else:
                     out.append(set_command(key, {"by": tag, "pad": "x" * rng.randint(0, 60)}))
             elif roll < 0.12:
@@ -485,6 +494,10 @@ class MachineDelivery:
             self.fail(f"{m.id}: the leader's stamps do not hold: {bad}")
 
 
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
 def machine_state(machine: StateMachine) -> Any:
     """What a machine holds, comparable across instances."""
     if isinstance(machine, CommitLogMachine):
@@ -500,7 +513,7 @@ def machine_state(machine: StateMachine) -> Any:
             "keys": keys,
             "offsets": machine.offsets,
         }
-    return {"applied": machine.applied, "data": machine.data}
+    return {"applied": machine.applied, "data": machine.data, "cas": machine.cas_results}
 
 
 def _diff(got: dict, want: dict) -> str:
