@@ -1,7 +1,7 @@
 """A replicated key-value store on the ledger: the state machine (:class:`KvMachine`) and
 its client (:class:`KVClient`)."""
 
-from .client import KVClient
+from .client import KVChange, KVClient
 from .machine import (
     KvMachine,
     cas_command,
@@ -12,6 +12,7 @@ from .machine import (
 )
 
 __all__ = [
+    "KVChange",
     "KVClient",
     "KvMachine",
     "cas_command",

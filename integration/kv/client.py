@@ -1,6 +1,6 @@
 """KVClient: an etcd-style key-value store on a group running :class:`~.machine.KvMachine`
-(issue 23, first part: put, get, delete, compare-and-set and prefix scans; watch and the
-CLI are still being built).
+(issue 23, first part: put, get, delete, compare-and-set, prefix scans and watches; the CLI
+is still being built).
 
 Keys are non-empty strings, values bytes.  Writes are appends (with ``LedgerClient``'s
 error model: a coded :class:`~rayledger.storage.LedgerError`, ``OutcomeUnknownError`` when
@@ -11,7 +11,10 @@ machine queries at ``consistency`` (``linearizable`` by default, ``lease`` or
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.group import LedgerGroup
@@ -20,6 +23,18 @@ from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 from .machine import cas_command, delete_command, put_command, value_bytes
 
 MACHINE = "rayledger.integration.kv:KvMachine"
+WATCH_READ = 1024  # entries a watch reads per call
+
+
+@dataclass(frozen=True, slots=True)
+class KVChange:
+    """One change a watch sees: ``op`` is ``"put"`` (``value`` set) or ``"delete"``;
+    ``revision`` is the index of its entry."""
+
+    revision: int
+    op: str
+    key: str
+    value: bytes | None
 
 
 def _key(key: object) -> str:
@@ -100,6 +115,63 @@ class KVClient:
             )
         rows = self.client.query({"scan": prefix}, consistency=consistency, member=member)
         return [(k, value_bytes(v)) for k, v, _rev in rows]
+
+    def watch(
+        self, prefix: str = "", from_index: int = 0, poll_s: float = 0.05
+    ) -> Iterator[KVChange]:
+        """The changes of keys starting with ``prefix``, from entry ``from_index`` on, in
+        commit order, forever (break out of it); it polls the committed index every
+        ``poll_s`` once it has caught up.  A compare-and-set is a change only when it
+        swapped.  INDEX_OUT_OF_BOUNDS when ``from_index`` is below what the group still
+        keeps (compacted: scan, then watch from the scan's revision)."""
+        if not isinstance(prefix, str):
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"a prefix is a str, not {prefix!r}"
+            )
+        if type(from_index) is not int or from_index < 0:
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT, f"from_index: an int >= 0, not {from_index!r}"
+            )
+        nxt = from_index
+        while True:
+            committed = self.client.committed_index()
+            if committed < nxt:
+                time.sleep(poll_s)
+                continue
+            stop = min(committed + 1, nxt + WATCH_READ)
+            for e in self.client.read(nxt, stop, consistency="committed"):
+                change = self._change(e.index, e.body, prefix)
+                if change is not None:
+                    yield change
+            nxt = stop
+
+    def _change(self, index: int, body: bytes, prefix: str) -> KVChange | None:
+        try:
+            cmd = json.loads(body)
+            op, key = cmd["op"], cmd["key"]
+        except (ValueError, KeyError, TypeError):
+            return None  # a term's empty entry, or not a command
+        if not isinstance(key, str) or not key.startswith(prefix):
+            return None
+        if op == "del":
+            return KVChange(index, "delete", key, None)
+        if op == "set":
+            return KVChange(index, "put", key, value_bytes(cmd.get("value")))
+        if op == "put":
+            return KVChange(index, "put", key, value_bytes({"b64": cmd.get("b64")}))
+        if op == "cas":
+            swapped = self.client.query({"cas": index}, consistency="linearizable")
+            if swapped is None:
+                raise OutcomeUnknownError(
+                    ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                    f"whether the compare-and-set at {index} swapped is no longer kept",
+                )
+            return (
+                KVChange(index, "put", key, value_bytes({"b64": cmd.get("b64")}))
+                if swapped
+                else None
+            )
+        return None
 
     def close(self) -> None:
         self.client.close()

@@ -3,8 +3,11 @@ and KVClient on a real group."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from rayledger.integration.kv import (
+    KVChange,
     KVClient,
     KvMachine,
     cas_command,
@@ -59,6 +62,15 @@ def test_a_kv_client_puts_gets_swaps_and_scans(ray_session, group_name, tmp_path
         again = KVClient.connect(group_name)
         assert again.scan("") == [("cfg/a", b"10"), ("lock", b"me")]
         again.close()
+        # every change of cfg/ in commit order: the swap that failed is no change
+        seen = list(itertools.islice(kv.watch("cfg/", from_index=0), 4))
+        assert [(c.op, c.key, c.value) for c in seen] == [
+            ("put", "cfg/a", b"1"), ("put", "cfg/b", b"2"), ("put", "cfg/a", b"10"),
+            ("delete", "cfg/b", None)]  # fmt: skip
+        assert seen[0].revision == r1 and seen[1].revision == r2
+        later = kv.watch("cfg/", from_index=seen[-1].revision + 1)
+        rev = kv.put("cfg/c", b"3")
+        assert next(later) == KVChange(rev, "put", "cfg/c", b"3")
         for bad in (lambda: kv.put("", b"x"), lambda: kv.put("k", "str"),
                     lambda: kv.scan(3)):  # fmt: skip
             with pytest.raises(LedgerError) as e:
