@@ -597,7 +597,7 @@ class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
                 if reply:
                     pump.kick()
             case GraphBegin():
-                pass
+                pass  # nothing to send yet: the graph's pushes come through GraphPush
             case GraphPush():
                 # on the graph's thread: the wire pushes go back through the graph, the rest
                 # (or a fetch) from the loop

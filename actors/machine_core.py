@@ -149,13 +149,14 @@ class MachineCore:
         )
 
     # -- snapshots (issue 23) -------------------------------------------------------------------
-    def snapshot_due(self, applied_bytes: int) -> int | None:
-        """After a batch of ``applied_bytes`` body bytes: the index to snapshot the machine
-        at now (its consistent cut: where it stands), or None."""
+    def snapshot_due(self, entries: list) -> int | None:
+        """After a batch of ``entries`` applied: the index to snapshot the machine at now
+        (its consistent cut: where it stands), or None."""
         p = self.snapshots
         if p is None or self.failed is not None:
             return None
-        p.applied(applied_bytes)
+        if p.config.every_bytes:
+            p.applied(sum(len(e.body) for e in entries))
         if not p.due(self.applied):
             return None
         p.begin(self.applied)

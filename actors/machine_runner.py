@@ -95,7 +95,7 @@ class MachineRunner:
         m = self.member
         with m._lock:
             released = self.core.batch_done(batch.stop - 1)
-            index = self.core.snapshot_due(sum(len(e.body) for e in entries))
+            index = self.core.snapshot_due(entries)
             term = m.store.get_term(index) if index is not None else -1
         for fut in released:
             set_result(fut, None)

@@ -117,7 +117,7 @@ class MemberActor:
         self.election = ElectionPart(ctx)
         self.reads = ReadPart(ctx, self.election.ask_peer)
         self.appends = AppendPart(ctx)
-        self.leadership = LeadershipPart(ctx, self.appends, self.reads)
+        self.leadership = LeadershipPart(ctx, self.appends)
         if self.config.state_machine is not None:
             ctx.machine = MachineRunner(self, data_dir)
         if self.config.fast_path:  # the group's leaders compile graphs this member runs in
@@ -229,7 +229,7 @@ class MemberActor:
                 ctx.loop.call_soon_threadsafe(self.appends.write_round)
         if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
             self.reads.carry(out)
-        if out.commits_moved or out.finished:
+        if out.commits_moved:
             self.reads.commits_moved()
         if out.elector_moved:
             self.election.rearm()

@@ -284,7 +284,6 @@ class MemberCore:
                 self._write(ev.fast, now_ms, out)
             case Resolved():
                 self._resolve(ev.resolution, out)
-                out.commits_moved = True
             case Answered():
                 self._resume(ev.pid, ev.value, now_ms, out)
             case Tick():
@@ -374,6 +373,7 @@ class MemberCore:
             self._start(self.round_path.send(w, fast), now_ms, out)
 
     def _resolve(self, r: Resolution, out: MemberOut) -> None:
+        out.commits_moved = True  # a SUCCESS moves this member's committed index
         finished = self.book.resolve(r)
         if finished:
             out.finished += finished

@@ -21,7 +21,6 @@ from rayledger.storage import LedgerError
 from . import supervision as sv
 from .member_appends import AppendPart
 from .member_context import MemberContext, Part
-from .member_reads import ReadPart
 
 log = logging.getLogger("rayledger.actors")
 
@@ -30,16 +29,12 @@ class LeadershipPart(Part):
     """The actions of the member core's role changes and helper supervision
     (:class:`~.supervision.Supervisor`, run inside :class:`~.member_core.MemberCore`):
     helper calls with their time-outs, the flush of a new term's first entry, signals to a
-    hung helper, the compiled path, and the other parts' share of a role change -- the
-    append path (``appends``) and the readers (``reads``)."""
+    hung helper, and the append path's share of a role change (``appends``: the compiled
+    path)."""
 
-    def __init__(self, ctx: MemberContext, appends: AppendPart, reads: ReadPart):
+    def __init__(self, ctx: MemberContext, appends: AppendPart):
         super().__init__(ctx)
-        self.appends, self.reads = appends, reads
-
-    @property
-    def supervisor(self) -> sv.Supervisor:
-        return self.core.supervisor
+        self.appends = appends
 
     async def perform(self, a):  # noqa: C901 -- one branch per action, nothing else
         """Carry out one action of the core's supervision processes; returns its answer."""

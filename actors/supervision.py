@@ -423,8 +423,8 @@ class Supervisor:
 
 
 class RoleQueue:
-    """The role lock's queue, for a transport that runs the exclusive processes itself
-    (the simulation, the script tests): one at a time; a role change -- coalesced, since
+    """The role lock's queue (kept by :class:`~.member_core.MemberCore`): the exclusive
+    processes run one at a time; a role change -- coalesced, since
     one pass of :meth:`Supervisor.role_changes` brings the helpers in line with the latest
     role -- goes before the helper restores waiting, which run in order."""
 

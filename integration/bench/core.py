@@ -12,6 +12,7 @@ import random
 import time
 
 from rayledger.actors import member_core as mc
+from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import Resolution
 from rayledger.actors.logic import MemberLogic
 from rayledger.election import ElectionConfig, MemoryTermStore
@@ -32,7 +33,7 @@ def _leader() -> mc.MemberCore:
         while runs:  # the helpers answer at once (a one-member group has only a checker)
             run = runs.pop(0)
             if run.kind != "watch":
-                value = {} if type(run.action).__name__ == "Ping" else None
+                value = {} if isinstance(run.action, sv.Ping) else None
                 runs += core.step(mc.Answered(run.pid, value), now).run
         if now > 60_000:
             raise RuntimeError("the one-member group did not take office")

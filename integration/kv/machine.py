@@ -125,7 +125,7 @@ class KvMachine(StateMachine):
                 self.data[key] = [{"b64": cmd.get("b64")}, rev]
             self.cas_results[e.index] = swapped
             if len(self.cas_results) > CAS_RESULTS:
-                del self.cas_results[min(self.cas_results)]
+                del self.cas_results[next(iter(self.cas_results))]  # the oldest (in order)
 
     def _save(self) -> None:
         if self.path is None:

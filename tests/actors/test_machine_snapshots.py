@@ -38,8 +38,9 @@ def test_snapshots_are_due_every_n_entries_and_the_newest_k_stay(tmp_path) -> No
     a = Applier(KvMachine(), _ctx(tmp_path), snapshots=SnapshotConfig(every_entries=10, keep=2))
     taken = []
     for first in range(0, 50, 5):
-        a.apply(_entries(first, 5))
-        index = a.core.snapshot_due(100)
+        batch = _entries(first, 5)
+        a.apply(batch)
+        index = a.core.snapshot_due(batch)
         if index is not None:
             _take(a, index)
             taken.append(index)
@@ -68,6 +69,19 @@ def test_a_machine_that_lost_its_own_state_starts_from_its_newest_valid_snapshot
     assert b.machine.query({"get": "k0"}) == [0, 0]
     assert b.machine.query({"get": "k15"}) is None
     shutil.rmtree(newest)
+
+
+def test_the_byte_trigger_counts_the_applied_bodies(tmp_path) -> None:
+    cfg = SnapshotConfig(every_entries=0, every_bytes=3 * len(_entries(0, 1)[0].body))
+    a = Applier(KvMachine(), _ctx(tmp_path), snapshots=cfg)
+    due = []
+    for first in range(6):
+        batch = _entries(first, 1)
+        a.apply(batch)
+        due.append(a.core.snapshot_due(batch))
+        if due[-1] is not None:
+            _take(a, due[-1])
+    assert due == [None, None, 2, None, None, 5]
 
 
 def test_a_machine_without_snapshots_keeps_the_log_from_what_it_saved(tmp_path) -> None:

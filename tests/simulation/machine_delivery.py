@@ -193,7 +193,7 @@ class MachineDelivery:
             self.fail(f"{node.id}'s machine failed on {batch}: {exc!r}")
         for token in core.batch_done(batch.stop - 1):
             self._m_answer(node, token)
-        index = core.snapshot_due(sum(len(e.body) for e in entries))
+        index = core.snapshot_due(entries)
         if index is not None:
             self._m_snapshot(node, index)
         self.stats["machine_batches"] += 1
