@@ -167,6 +167,9 @@ class EntryDispatcherActor:
                     f.term, f.index, f.max_bytes, f.max_count
                 )
                 self.driver.deliver(Fetched(f, answer))
+            elif f.kind == "snapshot":
+                answer = await self.member.snapshot_for_push.remote(f.term)
+                self.driver.deliver(Fetched(f, answer))
             else:
                 answer = await self.member.entry_meta.remote(f.term, f.index)
                 self.driver.deliver(Fetched(f, answer))
@@ -192,7 +195,13 @@ class EntryDispatcherActor:
                     actor_name(self.group, self.peer_id), namespace=NAMESPACE
                 )
             batch = req.batch
-            if batch is None:
+            if req.snapshot is not None:  # the chunk goes from the leader to the follower
+                c = req.snapshot
+                data = self.member.read_snapshot.remote(
+                    req.term, c.index, c.term, c.offset, c.length
+                )
+                ref = self._follower.push.remote(req, data)
+            elif batch is None:
                 ref = self._follower.push.remote(req, None)
             elif isinstance(batch.payload, Inline):
                 ref = self._follower.push.remote(replace(req, batch=batch.payload.batch), None)

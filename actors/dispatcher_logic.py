@@ -31,7 +31,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
-from rayledger.storage import EntryBatch
+from rayledger.storage import EntryBatch, LedgerError, ResponseCode
 
 from .graph_events import GraphBegin, GraphEnd
 from .pump import Driver
@@ -48,6 +48,9 @@ FETCH_RETRY_MS = 50
 
 REPORT_RETRY_MS = 50
 """After a failed report to the checker, the next try waits this long."""
+
+
+_UNKNOWN = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +100,12 @@ class LeaderView:
         self.ledger_begin_index = 0
         self.ledger_end_index = -1
         self.committed_index = -1
+        self.snapshot: Any = _UNKNOWN  # the leader's newest snapshot, fetched per install
 
     def reset(self, info: LeaderInfo) -> None:
         self.batches.clear()
         self.meta.clear()
+        self.snapshot = _UNKNOWN
         self.cached_bytes = 0
         self.ledger_begin_index = info.begin
         self.ledger_end_index = info.end
@@ -135,21 +140,42 @@ class LeaderView:
             self.meta = {k: v for k, v in self.meta.items() if k > water_mark}
 
     # -- the LeaderLog protocol -------------------------------------------------------------
+    def _below_begin(self, index: int) -> None:
+        """A read below the leader's begin (its log was compacted past it) fails as the
+        store's would, so the core compares again instead of fetching it for ever."""
+        if index < self.ledger_begin_index:
+            raise LedgerError.of(
+                ResponseCode.INDEX_OUT_OF_BOUNDS,
+                f"entry {index} is below the leader's begin {self.ledger_begin_index}",
+            )
+
     def get_term(self, index: int) -> int:
         m = self.meta.get(index)
         if m is None:
+            self._below_begin(index)
             raise NotCached("meta", index)
         return m[0]
 
     def get_pos(self, index: int) -> int:
         m = self.meta.get(index)
         if m is None:
+            self._below_begin(index)
             raise NotCached("meta", index)
         return m[1]
+
+    def peek_snapshot(self) -> Any:
+        if self.snapshot is _UNKNOWN:
+            raise NotCached("snapshot", -1)
+        return self.snapshot
+
+    def take_snapshot(self) -> Any:
+        snap, self.snapshot = self.snapshot, _UNKNOWN
+        return None if snap is _UNKNOWN else snap
 
     def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62):
         b = self.batches.get(start)
         if b is None or b.count > max_count:
+            self._below_begin(start)
             # a resend wants exactly its original range: fetch no more than that, or a
             # larger cached batch would be fetched (and refused) again and again
             raise NotCached("batch", start, max_count if max_count < (1 << 40) else None)
@@ -158,11 +184,11 @@ class LeaderView:
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
-    """Ask the member (fenced by ``term``) for a batch from ``index`` or an entry's
-    (term, pos): what the :class:`LeaderView` lacks."""
+    """Ask the member (fenced by ``term``) for a batch from ``index``, an entry's
+    (term, pos), or its newest snapshot: what the :class:`LeaderView` lacks."""
 
     term: int
-    kind: str  # "batch" | "meta"
+    kind: str  # "batch" | "meta" | "snapshot"
     index: int
     max_bytes: int
     max_count: int
@@ -319,6 +345,8 @@ class DispatcherLogic:
                     return self._fetch_failed(now_ms)
                 if f.kind == "batch":
                     return self._took_batch(f.term, ev.answer)
+                if f.kind == "snapshot":
+                    return self._took_snapshot(f.term, ev.answer)
                 return self._took_meta(f.term, f.index, ev.answer)
             case Reported():
                 if ev.failed:
@@ -422,9 +450,20 @@ class DispatcherLogic:
         self.fetching = False
         if answer is None or term != self.term:
             return
-        (t, pos), info = answer
+        meta, info = answer
         self.view.learn(info)
-        self.view.meta[index] = (t, pos)
+        if meta is not None:  # None: compacted away (the view now knows the begin)
+            self.view.meta[index] = meta
+
+    def _took_snapshot(self, term: int, answer) -> None:
+        """A fenced :meth:`MemberLogic.snapshot_for_push` answer: ``(snapshot or None,
+        info)``, or None when the member stopped leading ``term``."""
+        self.fetching = False
+        if answer is None or term != self.term:
+            return
+        snap, info = answer
+        self.view.learn(info)
+        self.view.snapshot = snap
 
     def _fetch_failed(self, now_ms: int) -> None:
         """The member did not answer: try again after :data:`FETCH_RETRY_MS`."""

@@ -19,7 +19,7 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rayledger.election import (
     ElectionConfig,
@@ -36,6 +36,7 @@ from rayledger.replication import (
     check_append,
 )
 from rayledger.replication.admission import not_leader
+from rayledger.replication.install import InstallReceiver
 from rayledger.storage import (
     Appended,
     EntryBatch,
@@ -150,6 +151,18 @@ class Announcement:
 # ======================================================================== member
 
 
+class SnapshotSource(Protocol):
+    """A member's machine snapshots (:class:`~.machine.Applier`): the newest that verifies,
+    one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
+    (:class:`~rayledger.storage.snapshots.SnapshotStore`) that reads and installs them."""
+
+    store: Any
+
+    def newest(self) -> Any: ...
+
+    def find(self, index: int, term: int) -> Any: ...
+
+
 class MemberLogic:
     """A member: its store, MemberState, elector and entry handler, and when it leads,
     admission, coalescing of concurrent appends into rounds, and fenced answers to its
@@ -180,6 +193,14 @@ class MemberLogic:
         self.leading_term = -1  # the term whose helpers were told to start
         self.ready_term = -1  # the term whose helpers confirmed they started
         self.term_start_index = -1  # the index of the leading term's empty entry
+        # the machine's snapshots (issue 23): offered to followers below our begin, and
+        # where a follower's INSTALL chunks go; None when the member takes no snapshots
+        self.snapshots: SnapshotSource | None = None
+
+    def take_snapshots(self, source: SnapshotSource) -> None:
+        """The member's machine takes snapshots: offer them, and take them from leaders."""
+        self.snapshots = source
+        self.handler.installs = InstallReceiver(self.self_id, source.store)
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:
@@ -380,10 +401,35 @@ class MemberLogic:
         leads ``term`` (a helper of another term gets nothing it can act on)."""
         if not self.leads(term):
             return None
+        if start < self.store.ledger_begin_index:  # compacted: the dispatcher learns our begin
+            return None, self.leader_info()
         return self.store.read_batch(start, max_bytes, max_count), self.leader_info()
 
-    def entry_meta(self, term: int, index: int):
-        """(term, pos) of entry ``index`` for a dispatcher of ``term``; None when fenced."""
+    def snapshot_for_push(self, term: int):
+        """``(newest valid snapshot or None, leader info)`` for a dispatcher of ``term``
+        about to reset a follower below our begin; None when fenced."""
         if not self.leads(term):
             return None
+        snap = self.snapshots.newest() if self.snapshots is not None else None
+        return snap, self.leader_info()
+
+    def snapshot_chunk(self, term: int, index: int, snap_term: int, offset: int, n: int):
+        """Where a chunk of snapshot ``index`` is for a dispatcher of ``term`` (the bytes
+        are read outside the member's lock by :meth:`SnapshotSource.read`): the snapshot,
+        or a coded error -- fenced (TERM_CHANGED), or it is gone (CORRUPT_SNAPSHOT)."""
+        if not self.leads(term):
+            raise LedgerError.of(
+                ResponseCode.TERM_CHANGED, f"{self.self_id} no longer leads {term}"
+            )
+        if self.snapshots is None:
+            raise LedgerError.of(ResponseCode.UNSUPPORTED, f"{self.self_id} takes no snapshots")
+        return self.snapshots.find(index, snap_term)
+
+    def entry_meta(self, term: int, index: int):
+        """((term, pos) of entry ``index``, leader info) for a dispatcher of ``term``; None
+        when fenced; (None, info) when the entry was compacted away."""
+        if not self.leads(term):
+            return None
+        if index < self.store.ledger_begin_index:  # compacted: the dispatcher learns our begin
+            return None, self.leader_info()
         return (self.store.get_term(index), self.store.get_pos(index)), self.leader_info()

@@ -25,8 +25,10 @@ so the simulation runs the same code:
   The member seals the directory (checksums, atomic rename), keeps the newest
   ``snapshot_keep`` and lets its log be compacted up to the newest.
 * ``load_snapshot(path, index)``: at the start, before any ``apply``, when the newest
-  snapshot that verifies is newer than what ``open`` returned: the machine's state becomes
-  the state after entry ``index``, and the member replays what came after.
+  snapshot that verifies is newer than what ``open`` returned -- and later, between two
+  batches, when a snapshot installed from the leader is ahead of the machine (its log was
+  reset past where it stands): the machine's state becomes the state after entry
+  ``index`` (whatever it held before is replaced), and the member applies what comes after.
 * ``close()`` when the member stops.
 
 Only ``apply`` is required; :class:`StateMachine` supplies the rest.
@@ -116,6 +118,36 @@ def load_machine(path: str) -> StateMachine:
     return machine
 
 
+class SnapshotShelf:
+    """A member's sealed snapshots as it offers them to followers below its begin (see
+    :class:`~.logic.SnapshotSource`): the newest that verifies -- each checked once, by
+    checksum -- and one by (index, term)."""
+
+    def __init__(self, store: SnapshotStore):
+        self.store = store
+        self._checked: dict[str, str | None] = {}  # path -> why damaged (None: whole)
+
+    def newest(self):
+        have = self.store.list()
+        paths = {m.path for m in have}
+        self._checked = {p: v for p, v in self._checked.items() if p in paths}
+        return SnapshotPolicy.start_from(have, self._damaged)
+
+    def _damaged(self, meta) -> str | None:
+        if meta.path not in self._checked:
+            self._checked[meta.path] = self.store.verify(meta)
+        return self._checked[meta.path]
+
+    def find(self, index: int, term: int):
+        for meta in self.store.list():
+            if meta.index == index and meta.term == term:
+                return meta
+        raise LedgerError.of(
+            ResponseCode.CORRUPT_SNAPSHOT,
+            f"snapshot {index} (term {term}) is gone: a newer one replaced it",
+        )
+
+
 class Applier:
     """A machine and its runner core (:class:`~.machine_core.MachineCore`): the calls into
     the machine, each checked and recorded by the core.  ``run`` and ``ask_*`` only call the
@@ -132,9 +164,11 @@ class Applier:
         self.machine = machine
         self.saved = start = int(machine.open(ctx))  # what the machine keeps itself
         self.snapshots: SnapshotStore | None = None
+        self.shelf: SnapshotShelf | None = None  # what the member offers to followers
         last = -1
         if ctx.data_dir is not None and type(machine).snapshot is not StateMachine.snapshot:
             self.snapshots = SnapshotStore(Path(ctx.data_dir) / "snapshots")
+            self.shelf = SnapshotShelf(self.snapshots)
             pick = SnapshotPolicy.start_from(self.snapshots.list(), self.snapshots.verify)
             if pick is not None:
                 last = pick.index

@@ -17,7 +17,12 @@ and futures, the seeded simulation with simulated time.  The core decides:
 * **what a failure does** (:meth:`MachineCore.fail`): a machine whose ``apply`` or
   ``on_role_change`` raised applies no more (its state is unknown), and every waiting and
   later query fails INTERNAL_ERROR;
-* **role news**: the machine hears each distinct (role, term) once.
+* **role news**: the machine hears each distinct (role, term) once;
+* **installs** (issue 23): a snapshot sealed from the leader (:meth:`MachineCore.offer`) is
+  loaded next, between batches, only when it is ahead of where the machine stands (never
+  applied twice, never skipped: the machine then stands exactly at its index); a machine
+  that stands below its log's begin (the log was reset to the leader's after a long
+  absence) applies nothing and waits for one, instead of failing.
 """
 
 from __future__ import annotations
@@ -53,6 +58,15 @@ class Batch:
     stop: int
 
 
+@dataclass(frozen=True, slots=True)
+class Install:
+    """Load the sealed snapshot at ``index`` (in ``path``) on the machine's thread: its
+    state becomes the state after entry ``index``."""
+
+    index: int
+    path: str
+
+
 class Verdict:
     """What :meth:`MachineCore.query` decided: answer now, or wait for a batch."""
 
@@ -74,7 +88,9 @@ class MachineCore:
         self.snapshots = snapshots  # None: the machine takes no snapshots
         self.applied = int(applied)  # the last index the machine applied (open() says first)
         self.max_batch = max_batch
-        self.applying: Batch | None = None
+        self.applying: Batch | Install | None = None
+        self.offered: Install | None = None  # a snapshot from the leader, loaded next
+        self.stranded = False  # it stands below its log's begin: waits for a snapshot
         self.failed: str | None = None  # why the machine failed (it applies no more)
         self._role: tuple[Role, int] | None = None
         self._waiting: list[tuple[int, int, Any]] = []  # (index, deadline ms, token)
@@ -88,16 +104,52 @@ class MachineCore:
         start = self.applied + 1
         return start, min(committed + 1, start + self.max_batch)
 
-    def next_batch(self, committed: int) -> Batch | None:
-        """The batch to apply now, or None: nothing due, one in flight (batches apply one
-        at a time, in order), or the machine failed."""
+    def next_batch(self, committed: int, begin: int = 0) -> Batch | Install | None:
+        """The machine's next job: a snapshot offered by the leader, else the batch to
+        apply now; None when nothing is due, a job is in flight (one at a time, in order),
+        the machine failed, or it stands below its log's ``begin`` (it waits for a
+        snapshot: the entries it needs are gone)."""
         if self.applying is not None or self.failed is not None:
             return None
+        if self.offered is not None:
+            self.applying, self.offered = self.offered, None
+            return self.applying
         due = self.due(committed)
         if due is None:
             return None
+        if due[0] < begin:
+            if not self.stranded:
+                self.stranded = True
+                log.warning("[%s] state machine stands at %d, below its log's begin %d: "
+                            "it waits for a snapshot from the leader", self.member,
+                            self.applied, begin)  # fmt: skip
+            return None
         self.applying = Batch(*due)
         return self.applying
+
+    def offer(self, index: int, path: str) -> bool:
+        """A snapshot at ``index`` was sealed from the leader: True when the machine will
+        load it (it is ahead of where it stands and of any snapshot offered before)."""
+        ahead = max(self.applied, self.offered.index if self.offered else -1)
+        if isinstance(self.applying, Install):
+            ahead = max(ahead, self.applying.index)
+        if self.failed is not None or index <= ahead:
+            log.info("[%s] snapshot %d from the leader not loaded: the machine stands at %d",
+                     self.member, index, ahead)  # fmt: skip
+            return False
+        self.offered = Install(index, path)
+        return True
+
+    def installed(self, index: int, have: list, saved: int) -> tuple[list, list, int | None]:
+        """The machine loaded the snapshot at ``index`` (``have``: every snapshot now):
+        returns the queries it may answer now, the snapshots to delete and the log's new
+        compaction floor."""
+        self.applied = index
+        self.applying = None
+        self.stranded = False
+        log.info("[%s] state machine loaded the leader's snapshot at %d", self.member, index)
+        gone = self.snapshots.installed(index, have) if self.snapshots is not None else []
+        return self._reached(), gone, self.keep_from(saved)
 
     def check_continues(self, first: int) -> None:
         """Entries from ``first`` must continue exactly where the machine stands: never
@@ -252,4 +304,4 @@ class MachineCore:
         return False
 
 
-__all__ = ["READY_POLL_MS", "AskReady", "Batch", "MachineCore", "Verdict"]
+__all__ = ["READY_POLL_MS", "AskReady", "Batch", "Install", "MachineCore", "Verdict"]

@@ -23,7 +23,7 @@ from rayledger.storage import Entry
 from . import supervision as sv
 from .futures import set_exception, set_result
 from .machine import Applier, MachineContext, StateMachine, load_machine
-from .machine_core import AskReady, Batch, Verdict
+from .machine_core import AskReady, Batch, Install, Verdict
 from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
@@ -39,6 +39,8 @@ class MachineRunner:
         self.applier = Applier(machine, ctx, snapshots=cfg.snapshots())
         self.core = self.applier.core
         member.store.keep_from = self.core.keep_from(self.applier.saved)
+        if self.applier.shelf is not None:
+            member.logic.take_snapshots(self.applier.shelf)
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
         self.member = member
@@ -70,11 +72,14 @@ class MachineRunner:
         self.member._loop.call_soon_threadsafe(self._pump)
 
     def _pump(self) -> None:
-        """Start the batch the core says is due (none while one is in flight)."""
+        """Start the job the core says is due (none while one is in flight)."""
         m = self.member
         with m._lock:
-            batch = self.core.next_batch(m.store.committed_index)
+            batch = self.core.next_batch(m.store.committed_index, m.store.ledger_begin_index)
             if batch is None:
+                return
+            if isinstance(batch, Install):
+                asyncio.ensure_future(self._install(batch))
                 return
             try:
                 entries = m.store.get_range(batch.start, batch.stop)
@@ -129,6 +134,34 @@ class MachineRunner:
                 snaps.abort(tmp)
             with m._lock:
                 self.core.snapshot_failed(index, repr(exc))
+
+    # -- snapshots installed from the leader ----------------------------------------------
+    def offer(self, sealed: list) -> None:
+        """Snapshots the member sealed from its leader (under the member's lock): the core
+        says whether the machine loads one."""
+        if any([self.core.offer(meta.index, meta.path) for meta in sealed]):
+            self.kick()
+
+    async def _install(self, job: Install) -> None:
+        loop = asyncio.get_running_loop()
+        m, snaps = self.member, self.applier.snapshots
+        try:
+            await loop.run_in_executor(
+                self._pool, self.applier.machine.load_snapshot, job.path, job.index
+            )
+        except Exception as exc:
+            with m._lock:
+                self._failed(exc)
+            return
+        with m._lock:
+            released, gone, m.store.keep_from = self.core.installed(
+                job.index, snaps.list(), self.applier.saved
+            )
+        for old in gone:
+            snaps.delete(old)
+        for fut in released:
+            set_result(fut, None)
+        self._pump()
 
     def _failed(self, exc: BaseException) -> None:
         """Tell the core (under the member's lock); its waiting queries fail."""

@@ -229,6 +229,9 @@ class MemberActor:
                 ctx.loop.call_soon_threadsafe(self.appends.write_round)
         if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
             self.reads.carry(out)
+        if out.installed and ctx.machine is not None:
+            with ctx.lock:
+                ctx.machine.offer(out.installed)
         if out.commits_moved:
             self.reads.commits_moved()
         if out.elector_moved:
@@ -468,9 +471,25 @@ class MemberActor:
         if answer is None:
             return None
         batch, info = answer
+        if batch is None:  # compacted away: the dispatcher learns our begin
+            return None, info
         return CachedBatch(
             batch.first_index, batch.count, to_wire(Inline(batch)), len(batch.data)
         ), info
+
+    async def snapshot_for_push(self, term: int):
+        """For a dispatcher of ``term`` about to reset a follower: our newest snapshot."""
+        with self._lock:
+            return self.logic.snapshot_for_push(term)
+
+    async def read_snapshot(self, term: int, index: int, snap_term: int, offset: int, n: int):
+        """A chunk of snapshot ``index`` for a dispatcher of ``term`` (fenced under the
+        lock, read off the loop); it reaches the follower through the object store."""
+        with self._lock:
+            meta = self.logic.snapshot_chunk(term, index, snap_term, offset, n)
+        return await self._loop.run_in_executor(
+            None, self.logic.snapshots.store.read, meta, offset, n
+        )
 
     async def entry_meta(self, term: int, index: int):
         with self._lock:

@@ -230,6 +230,7 @@ class MemberOut:
     read_pings: list[tuple[str, HeartbeatRequest]] = field(default_factory=list)  # to peers
     expire_at_ms: int | None = None  # step ExpireReads then
     deadlines: list[tuple[int, int]] = field(default_factory=list)  # (pid, at): step Deadline
+    installed: list[Any] = field(default_factory=list)  # snapshots sealed from the leader
 
 
 class MemberCore:
@@ -350,6 +351,9 @@ class MemberCore:
             out.answers += answers
             out.flush_first = out.flush_first or self.logic.must_flush(answers)
             out.commits_moved = True  # an answer may carry the leader's committed index
+            installs = self.logic.handler.installs
+            if installs is not None and installs.sealed:  # the machine hears of it next
+                out.installed += installs.take_sealed()
 
     def _elector(self, actions: list, now_ms: int, out: MemberOut, rearm: bool = True) -> None:
         """The elector's actions: messages out, role changes carried out under the role

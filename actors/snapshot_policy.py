@@ -80,6 +80,14 @@ class SnapshotPolicy:
         ordered = sorted(have, key=lambda s: s.index)
         return ordered[: max(0, len(ordered) - self.config.keep)]
 
+    def installed(self, index: int, have: Sequence[Snapshot]) -> list[Snapshot]:
+        """A snapshot from the leader at ``index`` is on disk and loaded (one of our own
+        may still be being written): returns those to delete, as :meth:`taken`."""
+        taking = self.taking
+        gone = self.taken(index, have)
+        self.taking = taking if taking is not None and taking > index else None
+        return gone
+
     def failed(self) -> None:
         """Writing the snapshot failed (logged by the caller): try again when next due."""
         self.taking = None

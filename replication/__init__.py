@@ -13,7 +13,7 @@ from .config import ReplicationConfig
 from .dispatcher import DispatcherState, EntryDispatcher
 from .handler import EntryHandler
 from .leaderlog import LeaderLog, NotCached
-from .messages import PushEntryRequest, PushEntryResponse, PushType
+from .messages import PushEntryRequest, PushEntryResponse, PushType, SnapshotChunk
 
 __all__ = [
     "DispatcherState",
@@ -27,5 +27,6 @@ __all__ = [
     "QuorumAckChecker",
     "ReplicationConfig",
     "Resolved",
+    "SnapshotChunk",
     "check_append",
 ]

@@ -33,6 +33,7 @@ class ReplicationConfig:
     push_wait_timeout_ms: int = (
         1000  # follower: a queued out-of-order push older than this is a gap
     )
+    install_chunk_bytes: int = 8 * 1024 * 1024  # a snapshot goes to a follower in chunks this big
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -14,6 +14,12 @@ States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
   index) skips a whole term at a time, as etcd's ``findConflictByTerm`` does.
 * TRUNCATE -- cut the follower's log at the matching index (or reset it to the
   leader's begin when the logs do not overlap), then APPEND.
+* INSTALL -- before such a reset, when the leader has a snapshot at or past the entry
+  before its begin (its state machine's, issue 23): send it in chunks, one in flight,
+  resuming at the offset the follower holds; then the reset.  Without it a follower whose
+  machine stands below the leader's begin could never apply again.  A failed or lost chunk
+  goes back to TRUNCATE, which fetches the newest snapshot again (a lost chunk of the same
+  snapshot resumes where the follower stands).
 * APPEND -- push batches from ``write_index``, many in flight (pipelining),
   remembering when each was sent; resend the oldest after ``max_push_timeout_ms``;
   an INCONSISTENT_STATE answer sends the dispatcher back to COMPARE.  When no
@@ -33,7 +39,7 @@ from rayledger.storage.errors import LedgerError, ResponseCode
 from .config import ReplicationConfig
 from .inflights import Inflights
 from .leaderlog import LeaderLog, NotCached, batch_bytes
-from .messages import PushEntryRequest, PushEntryResponse, PushType
+from .messages import PushEntryRequest, PushEntryResponse, PushType, SnapshotChunk
 
 log = logging.getLogger("rayledger.replication")
 
@@ -44,6 +50,20 @@ class DispatcherState(str, Enum):
     COMPARE = "COMPARE"
     TRUNCATE = "TRUNCATE"
     APPEND = "APPEND"
+    INSTALL = "INSTALL"
+
+
+def _peek_snapshot(log_: LeaderLog) -> Any:
+    """The leader's newest snapshot as the log offers it (None: it has none, or the log
+    offers no snapshots at all); may raise NotCached."""
+    peek = getattr(log_, "peek_snapshot", None)
+    return None if peek is None else peek()
+
+
+def _snapshot_of(log_: LeaderLog) -> Any:
+    """Take the snapshot :func:`_peek_snapshot` saw (a cache fetches the next one afresh)."""
+    take = getattr(log_, "take_snapshot", None)
+    return None if take is None else take()
 
 
 def _span(resp: PushEntryResponse) -> str:
@@ -80,8 +100,12 @@ class EntryDispatcher:
         # the follower's conflict hint (its term, that term's first index) still to apply to
         # _compare_index; applied when the next COMPARE is built, where reads may be retried
         self._hint: tuple[int, int] | None = None
+        self._install: Any = None  # the snapshot being sent (index, term, files)
+        self._install_offset = 0
+        self._installed = -1  # the follower sealed our snapshot at this index (this term)
         self.pushes_sent = 0
         self.resends = 0
+        self.installs = 0
         self.need: NotCached | None = None  # what the last next_requests lacked
 
     # -- observers ----------------------------------------------------------------------
@@ -139,6 +163,7 @@ class EntryDispatcher:
             self._backoff_until = _NEVER
             self._quota_window_ms = _NEVER
             self._quota_bytes = 0
+            self._install, self._installed = None, -1
             self._change_state(DispatcherState.COMPARE, -1, force=True)
 
     def _change_state(self, target: DispatcherState, index: int, force: bool = False) -> None:
@@ -204,6 +229,11 @@ class EntryDispatcher:
         self._leader_begin = begin
         if self._hint is not None:
             self._apply_hint(log_, begin)
+        if self._state is DispatcherState.TRUNCATE and self._needs_install(log_):
+            self._install, self._install_offset = _snapshot_of(log_), 0
+            self._change_state(DispatcherState.INSTALL, self._install.index)
+        if self._state is DispatcherState.INSTALL:
+            return [self._install_request(now_ms, log_)]
         if self._state is DispatcherState.TRUNCATE:
             index, kind = self._truncate_index, PushType.TRUNCATE
         else:
@@ -220,6 +250,30 @@ class EntryDispatcher:
         self._last_push_ms = now_ms
         self._event(DEBUG, "send", index, push=req.type.value, entry_term=req.entry_term)
         return [req]
+
+    def _needs_install(self, log_: LeaderLog) -> bool:
+        """A reset is due and the follower has not sealed a snapshot that bridges the gap
+        below our begin: is there one?  (Reads the snapshot the log offers -- a fetch
+        when the leader's view lacks it -- and keeps it for :meth:`_control_request`.)"""
+        if not self._truncate_reset or self._installed >= self._truncate_index - 1:
+            return False
+        snap = _peek_snapshot(log_)
+        if snap is None or snap.index < self._truncate_index - 1:
+            _snapshot_of(log_)  # forget it: the next reset asks afresh
+            self._installed = self._truncate_index - 1  # nothing bridges it: reset plainly
+            return False
+        return True
+
+    def _install_request(self, now_ms: int, log_: LeaderLog) -> PushEntryRequest:
+        snap, offset = self._install, self._install_offset
+        total = sum(f[1] for f in snap.files)
+        chunk = SnapshotChunk(snap.index, snap.term, tuple(snap.files), offset,
+                              min(self.config.install_chunk_bytes, total - offset))  # fmt: skip
+        req = self._base(PushType.INSTALL, log_, first_index=snap.index, entry_term=snap.term,
+                         snapshot=chunk)  # fmt: skip
+        self._ctrl, self._ctrl_sent_ms, self._last_push_ms = req, now_ms, now_ms
+        self._event(DEBUG, "send", snap.index, push="INSTALL", offset=offset, total=total)
+        return req
 
     def _apply_hint(self, log_: LeaderLog, begin: int) -> None:
         """Move ``_compare_index`` down past every index the hint proves cannot match.
@@ -396,15 +450,22 @@ class EntryDispatcher:
             return
         if req.type is PushType.APPEND:
             self._on_append_response(req, resp, now_ms)
-        elif req.type is PushType.COMPARE or req.type is PushType.TRUNCATE:
+        elif req.type in (PushType.COMPARE, PushType.TRUNCATE, PushType.INSTALL):
             ctrl = self._ctrl
-            if ctrl is None or ctrl.type is not req.type or ctrl.first_index != req.first_index:
-                return  # an answer to a COMPARE/TRUNCATE we no longer wait for
+            if (
+                ctrl is None
+                or ctrl.type is not req.type
+                or ctrl.first_index != req.first_index
+                or ctrl.snapshot != req.snapshot
+            ):
+                return  # an answer to a control push we no longer wait for
             self._ctrl = None
             if req.type is PushType.COMPARE:
                 self._on_compare_response(req, resp, now_ms)
-            else:
+            elif req.type is PushType.TRUNCATE:
                 self._on_truncate_response(req, resp, now_ms)
+            else:
+                self._on_install_response(req, resp, now_ms)
         elif (
             resp is not None
             and resp.code == ResponseCode.INCONSISTENT_STATE
@@ -486,6 +547,30 @@ class EntryDispatcher:
             return
         index = min(resp.end_index, req.first_index)
         self._change_state(DispatcherState.APPEND, index)
+
+    def _on_install_response(
+        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
+    ) -> None:
+        """The follower holds ``resp.index`` bytes of the snapshot: send from there, or,
+        all of it sealed, reset its log to our begin.  A follower that takes no snapshots
+        (UNSUPPORTED: it runs no machine) gets the plain reset; any other failure goes back
+        to TRUNCATE after a pause, which fetches the newest snapshot again."""
+        chunk = req.snapshot
+        if resp is not None and resp.code == ResponseCode.SUCCESS:
+            if resp.index >= chunk.total:
+                self._installed = chunk.index
+                self.installs += 1
+                self._event(INFO, "install.done", chunk.index, bytes=chunk.total)
+                self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
+            else:
+                self._install_offset = max(0, resp.index)
+            return
+        if resp is not None and resp.code == ResponseCode.UNSUPPORTED:
+            self._installed = self._truncate_index - 1
+        else:
+            self._backoff(req, resp, now_ms)
+        self._install = None
+        self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
 
     def _backoff(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
         code = "no answer" if resp is None else ResponseCode(resp.code).name

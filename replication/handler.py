@@ -29,6 +29,7 @@ from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
+from .install import InstallReceiver
 from .messages import PushEntryRequest, PushEntryResponse, PushType
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class EntryHandler:
         self._matched_term = -1
         self.matched_index = -1
         self._last_abnormal_check = _NEVER
+        self.installs: InstallReceiver | None = None  # set when the member takes snapshots
 
     @property
     def queued(self) -> int:
@@ -193,7 +195,7 @@ class EntryHandler:
         elif kind is PushType.COMMIT:
             self._ctrl.append((req, token))
             self._work(out)
-        elif kind is PushType.COMPARE or kind is PushType.TRUNCATE:
+        elif kind is PushType.COMPARE or kind is PushType.TRUNCATE or kind is PushType.INSTALL:
             if self._writes:
                 # DLedger clears the write queue: those pushes belong to an APPEND round
                 # the leader has abandoned; UNKNOWN tells it nothing it must act on
@@ -255,6 +257,8 @@ class EntryHandler:
                 out.append((tok, self._compare(req)))
             elif req.type is PushType.TRUNCATE:
                 out.append((tok, self._truncate(req)))
+            elif req.type is PushType.INSTALL:
+                out.append((tok, self._install(req)))
             else:
                 out.append((tok, self._commit(req)))
         if self._writes:
@@ -406,13 +410,28 @@ class EntryHandler:
         self._event(INFO, "truncate", req, reset=req.reset)
         return self._resp(req, ResponseCode.SUCCESS)
 
+    def _install(self, req: PushEntryRequest) -> PushEntryResponse:
+        """A chunk of the leader's snapshot (see :class:`~.install.InstallReceiver`); the
+        answer's ``index`` is the stream offset held.  It touches no log entry: the leader
+        resets our log with a TRUNCATE once the snapshot is sealed."""
+        if self.installs is None or req.snapshot is None:
+            self._event(WARNING, "install.unsupported", req)
+            return self._resp(req, ResponseCode.UNSUPPORTED, 0)
+        code, held = self.installs.take(req)
+        self._event(DEBUG, "install", req, code=code.name, held=held)
+        return self._resp(req, code, held)
+
     def _commit(self, req: PushEntryRequest) -> PushEntryResponse:
         """Follow the leader's committed index; a COMMIT that names an entry (``first_index``)
         also proves we match the leader up to it (or, when we do not hold it, that we must
         be compared again)."""
         index = req.first_index
         if index >= 0:
-            if not self._entry_matches(index, req.entry_term, req.entry_pos):
+            if index < self.store.ledger_begin_index:
+                # compacted away (after a snapshot) or below a reset: only committed entries
+                # leave a log that way, and the leader names a committed entry -- the same
+                pass
+            elif not self._entry_matches(index, req.entry_term, req.entry_pos):
                 self._event(WARNING, "commit.unheld", req, held_term=self._term_at(index))
                 return self._resp(req, ResponseCode.INCONSISTENT_STATE, index)
             if index > self.matched_index:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 class NotCached(Exception):
     """A :class:`LeaderLog` lacks what the core asked for (a dispatcher's cached view of its
-    leader's log): ``kind`` is ``"batch"`` or ``"meta"`` at ``index``.  The core stops,
+    leader's log): ``kind`` is ``"batch"`` or ``"meta"`` at ``index``, or ``"snapshot"``.  The core stops,
     keeps what it built, records the need in :attr:`EntryDispatcher.need`, and the shell
     fetches it and asks again -- the core itself never blocks."""
 
@@ -24,6 +24,11 @@ class LeaderLog(Protocol):
     """What a dispatcher reads from its leader's log; :class:`~rayledger.storage.LogStore` fits.
 
     A cache of the leader's log may raise :class:`NotCached` from any read.
+
+    A log may also offer the leader's newest snapshot (issue 23), for followers below its
+    begin: ``peek_snapshot()`` returns it (index, term, files) or None, and
+    ``take_snapshot()`` returns it and forgets it, so that the next install asks afresh.
+    A log without these offers none.
     """
 
     ledger_begin_index: int

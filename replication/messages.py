@@ -20,6 +20,27 @@ class PushType(str, Enum):
     COMMIT = "COMMIT"
     COMPARE = "COMPARE"
     TRUNCATE = "TRUNCATE"
+    INSTALL = "INSTALL"
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """Bytes ``[offset, offset + length)`` of the leader's snapshot at ``index`` (of
+    ``term``): its ``files`` (name, size, sha256) as one stream of ``total`` bytes."""
+
+    index: int
+    term: int
+    files: tuple
+    offset: int
+    length: int
+
+    @property
+    def total(self) -> int:
+        return sum(f[1] for f in self.files)
+
+    @property
+    def last(self) -> bool:
+        return self.offset + self.length >= self.total
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,10 @@ class PushEntryRequest:
       ``entry_pos``.
     * COMMIT: ``commit_index``; when ``first_index`` >= 0 also an entry (``entry_term``,
       ``entry_pos``) the follower is known to hold, which it checks before following.
+    * INSTALL: one chunk of the leader's snapshot (``snapshot``; ``first_index`` is its
+      index); ``batch`` holds the chunk's bytes, which the transport reads from the
+      leader's snapshot (the core never holds them).  The follower answers with the
+      stream offset it has received up to in ``index`` (all of it once sealed).
 
     Every type carries the leader's ``commit_index``.
     """
@@ -57,6 +82,7 @@ class PushEntryRequest:
     commit_index: int = -1
     batch_bytes: int = 0
     reset: bool = False
+    snapshot: SnapshotChunk | None = None
 
     @property
     def last_index(self) -> int:
@@ -67,6 +93,9 @@ class PushEntryRequest:
             what = f"APPEND[{self.first_index}..{self.last_index}]"
         elif self.type is PushType.COMMIT:
             what = "COMMIT"
+        elif self.type is PushType.INSTALL and self.snapshot is not None:
+            c = self.snapshot
+            what = f"INSTALL@{c.index}(term {c.term}) {c.offset}+{c.length}/{c.total}"
         else:
             what = f"{self.type.value}@{self.first_index}(term {self.entry_term})"
             if self.reset:

@@ -2,7 +2,7 @@
 
 The codes are DLedger's ``DLedgerResponseCode`` (same names, same numbers) plus
 the few rayledger needs on top (``ENTRY_TOO_LARGE``, ``CORRUPT_LOG``,
-``APPEND_OUTCOME_UNKNOWN``).  They live in the lowest layer so that the store,
+``APPEND_OUTCOME_UNKNOWN``, ``CORRUPT_SNAPSHOT``).  They live in the lowest layer so that the store,
 the protocol cores, the actors and the client all speak one vocabulary.
 """
 
@@ -45,6 +45,7 @@ class ResponseCode(IntEnum):
     ENTRY_TOO_LARGE = 425
     CORRUPT_LOG = 426
     APPEND_OUTCOME_UNKNOWN = 427
+    CORRUPT_SNAPSHOT = 428
     TERM_CHANGED = 501
     INTERNAL_ERROR = 500
     TAKE_LEADERSHIP_FAILED = 502
@@ -120,7 +121,14 @@ class NotLeaderError(LedgerError):
 class StorageError(LedgerError):
     """The disk refused or the log on it is damaged."""
 
-    codes = frozenset({ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR, ResponseCode.CORRUPT_LOG})
+    codes = frozenset(
+        {
+            ResponseCode.DISK_FULL,
+            ResponseCode.DISK_ERROR,
+            ResponseCode.CORRUPT_LOG,
+            ResponseCode.CORRUPT_SNAPSHOT,
+        }
+    )
 
 
 class LedgerTimeoutError(LedgerError):

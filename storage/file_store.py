@@ -628,14 +628,17 @@ class FileStore(LogStore):
                     f"{self.config.disk_full_ratio:.0%}; appends are refused until space is freed",
                 )
 
-    def clean(self, now: float | None = None) -> int:
+    def clean(self, now: float | None = None, compact: bool = False) -> int:
         """Delete old data segments (DLedger's CleanSpaceService); returns how many.
 
         A segment goes when every entry in it is committed and either it is older
         than ``file_reserved_hours`` (at the ``delete_when`` hour or when the disk
         is past ``disk_space_ratio_to_check_expired``) or the disk is past
-        ``disk_space_ratio_to_force_clean``.  The last segment always stays, and
-        index segments wholly below the new begin go along.
+        ``disk_space_ratio_to_force_clean`` -- or at once, whatever its age, with
+        ``compact`` (an operator's compaction after a snapshot).  The last segment
+        always stays, no segment holding an entry at or after ``keep_from`` (what this
+        member's state machine still needs) goes, and index segments wholly below the
+        new begin go along.
         """
         now = time.time() if now is None else now
         cfg = self.config
@@ -658,7 +661,7 @@ class FileStore(LogStore):
                     break  # its entries are still needed by this member's state machine
                 expired = now - first.mtime > cfg.file_reserved_hours * 3600
                 force = ratio > cfg.disk_space_ratio_to_force_clean
-                if not ((expired and time_ok) or force):
+                if not ((expired and time_ok) or force or compact):
                     break
                 self._data.delete_segment_front()
                 self.ledger_begin_index = next_begin

@@ -7,6 +7,7 @@ Layout under the member's ``snapshots/`` directory::
         meta.json                index, term, each file's size and SHA-256, written last
         <the machine's files>
     .tmp-<index>-<term>/         one being written (removed at the next open)
+    .tmp-in-<index>-<term>/      one being installed from the leader (likewise)
 
 A snapshot is written into a ``.tmp-`` directory by the machine (any files it likes), then
 :meth:`SnapshotStore.commit` hashes the files, writes ``meta.json``, fsyncs them and renames
@@ -15,6 +16,12 @@ half-written snapshot under a final name.  :meth:`SnapshotStore.verify` re-hashe
 snapshot before it is loaded; a damaged one is skipped (logged) in favour of an older one.
 Which snapshots to keep and when to take one is decided elsewhere
 (:class:`~rayledger.actors.snapshot_policy.SnapshotPolicy`).
+
+A snapshot travels to a lagging follower as one byte stream: its files in ``meta.json``
+order, cut into chunks at any offset.  The leader reads a chunk with :meth:`read`; the
+follower writes it with :meth:`write_at` into the directory :meth:`begin_install` made
+and seals it with :meth:`commit` against the leader's sizes and checksums, so a damaged
+transfer is refused (CORRUPT_SNAPSHOT) and never becomes a snapshot.
 """
 
 from __future__ import annotations
@@ -61,6 +68,20 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _spans(files, offset: int, n: int):
+    """``(name, offset in file, bytes)`` for stream bytes ``[offset, offset + n)``."""
+    start = 0
+    for name, size, _ in files:
+        end = start + size
+        if offset < end and n > 0:
+            at = offset - start
+            take = min(n, size - at)
+            yield name, at, take
+            offset += take
+            n -= take
+        start = end
+
+
 def _disk_error(what: str, exc: OSError) -> LedgerError:
     code = ResponseCode.DISK_FULL if exc.errno == 28 else ResponseCode.DISK_ERROR
     return LedgerError.of(code, f"{what}: {exc}")
@@ -89,9 +110,11 @@ class SnapshotStore:
             raise _disk_error(f"cannot start snapshot {index}", exc) from exc
         return str(tmp)
 
-    def commit(self, tmp: str, index: int, term: int) -> SnapshotMeta:
+    def commit(self, tmp: str, index: int, term: int, expect: tuple | None = None) -> SnapshotMeta:
         """Seal what the machine wrote in ``tmp`` as snapshot ``index``: checksums, fsync,
-        ``meta.json`` last, then the rename that makes it visible."""
+        ``meta.json`` last, then the rename that makes it visible.  ``expect``: the files
+        (name, size, sha256) an installed snapshot must hold exactly; anything else is
+        CORRUPT_SNAPSHOT and ``tmp`` is removed."""
         src = Path(tmp)
         final = self.dir / _name(index, term)
         try:
@@ -104,6 +127,13 @@ class SnapshotStore:
                     finally:
                         os.close(fd)
                     files.append((str(p.relative_to(src)), p.stat().st_size, _sha256(p)))
+            if expect is not None and sorted(map(tuple, expect)) != files:
+                shutil.rmtree(src, ignore_errors=True)
+                raise LedgerError.of(
+                    ResponseCode.CORRUPT_SNAPSHOT,
+                    f"snapshot {index} (term {term}) arrived damaged: its files or checksums "
+                    "differ from the leader's",
+                )
             atomic_write_json(src / META, {"index": index, "term": term,
                                            "files": [list(f) for f in files]})  # fmt: skip
             if final.exists():  # the same snapshot again (a retry): the new one wins
@@ -114,6 +144,59 @@ class SnapshotStore:
             shutil.rmtree(src, ignore_errors=True)
             raise _disk_error(f"cannot write snapshot {index}", exc) from exc
         return SnapshotMeta(index, term, tuple(files), str(final))
+
+    # -- moving a snapshot to another member ---------------------------------------------------
+    def read(self, meta: SnapshotMeta, offset: int, n: int) -> bytes:
+        """Bytes ``[offset, offset + n)`` of snapshot ``meta`` as one stream (its files in
+        order); CORRUPT_SNAPSHOT when it is gone (a newer one replaced it) or shorter."""
+        out = bytearray()
+        base = Path(meta.path)
+        try:
+            for name, at, take in _spans(meta.files, offset, n):
+                with open(base / name, "rb") as f:
+                    f.seek(at)
+                    got = f.read(take)
+                if len(got) != take:
+                    raise OSError(f"{name} is shorter than its {take} bytes at {at}")
+                out += got
+        except OSError as exc:
+            raise LedgerError.of(
+                ResponseCode.CORRUPT_SNAPSHOT, f"cannot read snapshot {meta.index}: {exc}"
+            ) from exc
+        return bytes(out)
+
+    def begin_install(self, index: int, term: int, files) -> str:
+        """An empty directory for snapshot ``index`` arriving from the leader, with its
+        ``files`` created empty (a file of 0 bytes gets no chunk)."""
+        tmp = self.dir / f"{_TMP}in-{_name(index, term)}"
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            for name, _, _ in files:
+                p = tmp / name
+                if tmp.resolve() not in p.resolve().parents:
+                    raise LedgerError.of(
+                        ResponseCode.CORRUPT_SNAPSHOT,
+                        f"snapshot file {name!r} leaves its directory",
+                    )
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.touch()
+        except OSError as exc:
+            raise _disk_error(f"cannot start installing snapshot {index}", exc) from exc
+        return str(tmp)
+
+    def write_at(self, tmp: str, files, offset: int, data: bytes) -> None:
+        """Write stream bytes ``data`` at ``offset`` into the installing directory."""
+        base = Path(tmp)
+        view = memoryview(data)
+        try:
+            for name, at, take in _spans(files, offset, len(data)):
+                with open(base / name, "r+b") as f:
+                    f.seek(at)
+                    f.write(view[:take])
+                view = view[take:]
+        except OSError as exc:
+            raise _disk_error(f"cannot write snapshot chunk at {offset}", exc) from exc
 
     def abort(self, tmp: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)

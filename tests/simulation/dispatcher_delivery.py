@@ -55,6 +55,15 @@ class _SimDispatcherPorts:
     def push(self, req: PushEntryRequest) -> None:
         batch = req.batch
         # a copy per call: its answer is delivered to the process that sent it, or to nobody
+        if req.snapshot is not None:  # the chunk, read from the leader's snapshot
+            data = self.sim._d_snapshot_chunk(self.node, req)
+            req = replace(req, batch=data)
+            self.node.sent[id(req)] = (req, self.gen)
+            if data is None:  # the read failed: the call fails (Ray: the argument raised)
+                self.sim._hop(self.node, self.sim._d_on_response, self.node, self.peer, req, None)
+            else:
+                self.sim.rpc.call(self.node.id, self.peer, req)
+            return
         if isinstance(batch, CachedBatch):
             req = replace(req, batch=batch.payload.batch)  # always Inline here
         else:
@@ -123,6 +132,8 @@ class DispatcherDelivery:
         if f.kind == "batch":
             args = (f.term, f.index, f.max_bytes, f.max_count)
             (answer,) = yield [lambda: _call(lg.read_for_push, *args)]
+        elif f.kind == "snapshot":
+            (answer,) = yield [lambda: _call(lg.snapshot_for_push, f.term)]
         else:
             (answer,) = yield [lambda: _call(lg.entry_meta, f.term, f.index)]
         if self._d_gone(node, peer, gen):
@@ -139,6 +150,22 @@ class DispatcherDelivery:
             driver.deliver(Fetched(f, _cached(answer)))
         else:
             driver.deliver(Fetched(f, answer))
+
+    def _d_snapshot_chunk(self, node: Node, req: PushEntryRequest) -> bytes | None:
+        """``MemberActor.read_snapshot``: the chunk's bytes (None: fenced, or the snapshot
+        is gone -- a newer one replaced it)."""
+        c = req.snapshot
+        lg = node.logic
+        meta = _call(lg.snapshot_chunk, req.term, c.index, c.term, c.offset, c.length)
+        if isinstance(meta, LedgerError):
+            self.stats[f"install_read_{meta.code.name.lower()}"] += 1
+            return None
+        data = _call(lg.snapshots.store.read, meta, c.offset, c.length)
+        if isinstance(data, LedgerError):
+            self.stats["install_read_gone"] += 1
+            return None
+        self.stats["install_chunks"] += 1
+        return data
 
     def _d_report(self, node: Node, peer: str, term: int, wm: int, gen: int = 0):
         driver = node.dispatcher_drivers[peer]
@@ -289,4 +316,6 @@ def _cached(answer: tuple | None) -> tuple | None:
     if answer is None:
         return None
     batch, info = answer
+    if batch is None:  # compacted away: the dispatcher learns the leader's begin
+        return None, info
     return CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)), info

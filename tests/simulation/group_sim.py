@@ -362,6 +362,7 @@ class GroupSim(
             tuple[int, int], tuple[int, int]
         ] = {}  # (index, term) -> (chain, body crc)
         self.committed: dict[int, tuple[int, int, int]] = {}  # index -> (term, chain, body crc)
+        self.committed_entries: dict[int, object] = {}  # index -> Entry, when machines run
         self.max_committed = -1
         # lowest term of a member seen holding an index committed: it was committed in
         # that term or an earlier one (a member only learns commits of its own term)

@@ -37,7 +37,7 @@ from typing import Any
 
 from rayledger.actors import supervision as sv
 from rayledger.actors.machine import Applier, MachineContext, StateMachine, load_machine
-from rayledger.actors.machine_core import AskReady, Verdict
+from rayledger.actors.machine_core import AskReady, Install, Verdict
 from rayledger.actors.read_path import run_to_end
 from rayledger.actors.snapshot_policy import SnapshotConfig
 from rayledger.integration.kv import set_command
@@ -108,6 +108,10 @@ class MachineDelivery:
                 self.net.note(f"FAULT {m.id}'s machine state file lost")
         ctx = MachineContext(self.group, m.id, m.data_dir, dict(self.machine_args), m.store)
         node.applier = Applier(machine, ctx, snapshots=self.snapshots)
+        if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
+            node.logic.take_snapshots(node.applier.shelf)
+        store = m.store
+        store.keep_from = node.applier.core.keep_from(node.applier.saved)
         inner = machine.apply
 
         def apply(entries: list) -> None:  # instruments the applier's calls, not the machine
@@ -166,8 +170,14 @@ class MachineDelivery:
     def _m_pump(self, node: Node) -> None:
         core = node.applier.core
         store = node.logic.store
-        batch = core.next_batch(store.committed_index)
+        batch = core.next_batch(store.committed_index, store.ledger_begin_index)
         if batch is None:
+            if core.stranded:
+                self.stats["machine_stranded_steps"] += 1
+            return
+        if isinstance(batch, Install):
+            ms = self._machine_rng.randint(*MACHINE_APPLY_MS)
+            self._m_thread(node, ms, self._m_installed, node, batch)
             return
         try:
             entries = store.get_range(batch.start, batch.stop)
@@ -199,6 +209,44 @@ class MachineDelivery:
         self.stats["machine_batches"] += 1
         self._m_pump(node)
 
+    def _m_offer(self, node: Node, sealed: list) -> None:
+        """``MachineRunner.offer``: snapshots sealed from the leader; the core decides."""
+        if node.applier is None:
+            return
+        for meta in sealed:
+            self.stats["installs_sealed"] += 1
+            if node.applier.core.offer(meta.index, meta.path):
+                self.stats["installs_offered"] += 1
+        self._m_pump(node)
+
+    def _m_installed(self, node: Node, job: Install) -> None:
+        """``MachineRunner._install`` on the machine's thread: the snapshot replaces the
+        machine's state; checked to hold exactly the committed log up to its index."""
+        m = self.members[node.id]
+        a, store = node.applier, node.logic.store
+        try:
+            a.machine.load_snapshot(job.path, job.index)
+        except Exception as exc:
+            a.core.fail(repr(exc))
+            self.fail(f"{node.id}'s machine failed to load snapshot {job.index}: {exc!r}")
+        ref = self._replayed_to(job.index, store)
+        if ref is None or machine_state(a.machine) != machine_state(ref):
+            if ref is None and not self.durability_void:
+                self.fail(f"{node.id} loads a snapshot at {job.index}, not all committed")
+            if ref is not None and not self.durability_void:
+                self.fail(f"{node.id}'s snapshot at {job.index} differs from the committed log "
+                          f"replayed: {_diff(machine_state(a.machine), machine_state(ref))}")  # fmt: skip
+        node.machine_next = job.index + 1
+        m.machine_high = max(m.machine_high, job.index)
+        released, gone, store.keep_from = a.core.installed(job.index, a.snapshots.list(), a.saved)
+        for old in gone:
+            a.snapshots.delete(old)
+        for token in released:
+            self._m_answer(node, token)
+        self.stats["machine_installs"] += 1
+        self.net.note(f"{node.id} machine loads the leader's snapshot at {job.index}")
+        self._m_pump(node)
+
     def _m_snapshot(self, node: Node, index: int) -> None:
         """``MachineRunner._snapshot``: the cut on the machine's thread (now, right after
         the batch), written, sealed and the oldest dropped (at once: the writer's thread
@@ -214,6 +262,12 @@ class MachineDelivery:
         for old in gone:
             snaps.delete(old)
         self.stats["machine_snapshots"] += 1
+        if self.store_kind == "file" and self._snapshot_rng.random() < 0.5:
+            # an operator's compaction: the log up to the snapshot may go, and a member
+            # that was away longer than that gets the leader's snapshot
+            if store.clean(compact=True):
+                self.stats["log_compactions"] += 1
+                self.net.note(f"{node.id} compacts its log to {store.ledger_begin_index}")
 
     def _m_check_apply(self, node: Node, entries: list) -> None:
         """Instrumented around the applier's call: in order from where the machine stands,
@@ -439,17 +493,12 @@ class MachineDelivery:
             core = m.node.applier.core
             if core.failed is not None:
                 self.fail(f"{m.id}'s machine failed: {core.failed}")
-            fresh = load_machine(self.machine_path)
             store = m.store
-            fresh.open(
-                MachineContext(self.group, m.id, None, {"checkpoint_interval_ms": NEVER_MS}, store)
-            )
-            start = store.ledger_begin_index
             last = min(core.applied, store.committed_index)
-            while start <= last:
-                batch = store.get_range(start, min(last + 1, start + 1024))
-                fresh.apply(batch)
-                start = batch[-1].index + 1
+            fresh = self._replayed_to(last, store)
+            if fresh is None:
+                self.stats["machine_replay_unknown"] += 1
+                continue
             got, want = machine_state(m.node.applier.machine), machine_state(fresh)
             if core.applied > store.committed_index or got != want:
                 if self.durability_void:  # it kept entries its log lost to a power loss
@@ -462,6 +511,28 @@ class MachineDelivery:
                 )
             self._check_stamps(m, fresh, last)
             self.stats["machines_checked"] += 1
+
+    def _replayed_to(self, last: int, store: Any = None) -> StateMachine | None:
+        """A fresh machine fed the group's committed log from its first entry up to
+        ``last`` (None when the simulation did not see all of it: a power loss voided
+        it).  ``store``: the member's log, whose entries the machine reads (RocketMQ's
+        pulls)."""
+        fresh = load_machine(self.machine_path)
+        ctx = MachineContext(self.group, "replay", None, {"checkpoint_interval_ms": NEVER_MS},
+                             store)  # fmt: skip
+        fresh.open(ctx)
+        batch: list = []
+        for i in range(last + 1):
+            e = self.committed_entries.get(i)
+            if e is None:
+                return None
+            batch.append(e)
+            if len(batch) == 1024:
+                fresh.apply(batch)
+                batch = []
+        if batch:
+            fresh.apply(batch)
+        return fresh
 
     def _check_stamps(self, m: SimMember, fresh: StateMachine, last: int) -> None:
         store = m.store

@@ -69,6 +69,8 @@ class MemberDelivery:
             self._spawn(node, self._run_action(node, run))
         if out.write_due:
             self._soon(node, self._write_round, node)
+        if out.installed:
+            self._m_offer(node, out.installed)
         if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
             self._reads_out(node, out)
         if out.elector_moved:

@@ -128,7 +128,8 @@ PARKED_MS = 1 << 40  # flush/checkpoint intervals of the store's own thread: nev
 
 
 def sim_config_for(seed: int) -> ReplicationConfig:
-    """Vary the replication settings by seed: tiny pushes, small windows, a throttled follower."""
+    """Vary the replication settings by seed: tiny pushes, small windows, a throttled follower,
+    snapshot chunks of a few hundred bytes."""
     rng = random.Random(seed * 7919 + 1)
     cfg = SIM_REPLICATION
     return replace(
@@ -137,4 +138,6 @@ def sim_config_for(seed: int) -> ReplicationConfig:
         max_pending_pushes=rng.choice((1, 4, 8, 64)),
         peer_push_throttle_point=rng.choice((cfg.peer_push_throttle_point, 2048)),
         peer_push_quota=rng.choice((cfg.peer_push_quota, 40 * 1024)),
+        # snapshots to lagging followers in many small chunks, or in one (its own stream)
+        install_chunk_bytes=random.Random(seed * 7919 + 3).choice((300, 2048, 1 << 20)),
     )
