@@ -155,6 +155,15 @@ class LedgerGroup:
             )
         return self._handles[member]
 
+    def compact(self, member: str | None = None, timeout_s: float = 60.0) -> dict[str, int]:
+        """Compact the logs of ``member`` (default: every member) up to what each one's
+        state machine can come back from -- its newest snapshot, or what it saved itself --
+        whatever the segments' age; returns each member's log begin index after it.  A
+        member that comes back below a leader's new begin gets the leader's snapshot."""
+        targets = [member] if member is not None else list(self.members)
+        refs = {m: self.handle(m).compact.remote() for m in targets}
+        return {m: ray.get(ref, timeout=timeout_s) for m, ref in refs.items()}
+
     # -- watching ---------------------------------------------------------------------------
     def status(self, timeout_s: float = 2.0) -> dict[str, MemberStatus]:
         refs = {m: h.status.remote() for m, h in self._handles.items()}

@@ -31,7 +31,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.election import TransferOutcome
 from rayledger.replication import PushEntryRequest
-from rayledger.storage import open_store
+from rayledger.storage import LedgerError, ResponseCode, open_store
 
 from . import round_path as rp
 from . import supervision as sv
@@ -229,14 +229,19 @@ class MemberActor:
                 ctx.loop.call_soon_threadsafe(self.appends.write_round)
         if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
             self.reads.carry(out)
-        if out.installed and ctx.machine is not None:
-            with ctx.lock:
-                ctx.machine.offer(out.installed)
+        if out.installed:
+            self._offer(out.installed)
         if out.commits_moved:
             self.reads.commits_moved()
         if out.elector_moved:
             self.election.rearm()
         return nxt
+
+    def _offer(self, sealed: list) -> None:
+        """Snapshots sealed from the leader: the machine's core decides whether to load."""
+        if self.ctx.machine is not None:
+            with self.ctx.lock:
+                self.ctx.machine.offer(sealed)
 
     def _rounds_out(self, out: MemberOut) -> None:
         for fin in out.finished:
@@ -425,6 +430,8 @@ class MemberActor:
                 set_result(fut, resp)
             else:
                 self._resolve([(f, resp)])
+        if out.installed:
+            self._offer(out.installed)
         self.reads.commits_moved()
         return await fut
 
@@ -503,6 +510,18 @@ class MemberActor:
 
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
+
+    async def compact(self) -> int:
+        """Drop the committed log segments this member's machine no longer needs (up to its
+        newest snapshot, whatever their age); returns the log's begin index after it.  A
+        memory store keeps its log (UNSUPPORTED)."""
+        clean = getattr(self.store, "clean", None)
+        if clean is None:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED, f"{self.self_id} keeps its log in memory"
+            )
+        await self._loop.run_in_executor(None, lambda: clean(compact=True))
+        return self.store.ledger_begin_index
 
     @ray.method(concurrency_group="election")
     async def close(self) -> None:

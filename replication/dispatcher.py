@@ -259,6 +259,8 @@ class EntryDispatcher:
             return False
         snap = _peek_snapshot(log_)
         if snap is None or snap.index < self._truncate_index - 1:
+            self._event(INFO, "install.none", self._truncate_index,
+                        snapshot=None if snap is None else snap.index)  # fmt: skip
             _snapshot_of(log_)  # forget it: the next reset asks afresh
             self._installed = self._truncate_index - 1  # nothing bridges it: reset plainly
             return False
@@ -566,6 +568,7 @@ class EntryDispatcher:
                 self._install_offset = max(0, resp.index)
             return
         if resp is not None and resp.code == ResponseCode.UNSUPPORTED:
+            self._event(WARNING, "install.unsupported", chunk.index)
             self._installed = self._truncate_index - 1
         else:
             self._backoff(req, resp, now_ms)

@@ -224,6 +224,9 @@ class MachineDelivery:
         machine's state; checked to hold exactly the committed log up to its index."""
         m = self.members[node.id]
         a, store = node.applier, node.logic.store
+        if job.index < node.machine_next:  # it would apply those entries a second time
+            self.fail(f"{node.id}'s machine loads a snapshot at {job.index}, standing at "
+                      f"{node.machine_next - 1}")  # fmt: skip
         try:
             a.machine.load_snapshot(job.path, job.index)
         except Exception as exc:
