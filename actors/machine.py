@@ -175,7 +175,10 @@ class Applier:
                 if pick.index > start:
                     machine.load_snapshot(pick.path, pick.index)
                     start = pick.index
-        policy = SnapshotPolicy(snapshots or SnapshotConfig(), last) if self.snapshots else None
+        policy = None
+        if self.snapshots is not None:
+            kept = [m.index for m in self.snapshots.list()]
+            policy = SnapshotPolicy(snapshots or SnapshotConfig(), last, kept)
         self.core = MachineCore(ctx.member, start, max_batch, policy)
 
     @property

@@ -112,8 +112,10 @@ class MachineCore:
         if self.applying is not None or self.failed is not None:
             return None
         if self.offered is not None:
-            self.applying, self.offered = self.offered, None
-            return self.applying
+            job, self.offered = self.offered, None
+            if job.index > self.applied:  # a batch that ran meanwhile may have passed it
+                self.applying = job
+                return job
         due = self.due(committed)
         if due is None:
             return None
@@ -133,6 +135,8 @@ class MachineCore:
         ahead = max(self.applied, self.offered.index if self.offered else -1)
         if isinstance(self.applying, Install):
             ahead = max(ahead, self.applying.index)
+        elif isinstance(self.applying, Batch):
+            ahead = max(ahead, self.applying.stop - 1)
         if self.failed is not None or index <= ahead:
             log.info("[%s] snapshot %d from the leader not loaded: the machine stands at %d",
                      self.member, index, ahead)  # fmt: skip

@@ -9,7 +9,8 @@ Issue 23's decisions, once, for the Ray member and the simulation alike:
 * **start from**: the newest snapshot that verifies (a damaged one is logged and skipped in
   favour of an older one, or of the log alone);
 * **compaction floor**: the log must keep every entry after what the member's machine can
-  come back from on its own -- the newest snapshot, or without one the index the machine
+  come back from on its own -- the oldest snapshot it keeps, so that a damaged newest one
+  still leaves an older one and the log after it, or without one the index the machine
   says it saved (``open``) -- so the cleaner never strands its own machine.
 """
 
@@ -48,9 +49,10 @@ class SnapshotConfig:
 class SnapshotPolicy:
     """One member's snapshot decisions; ``last`` is the index of its newest snapshot."""
 
-    def __init__(self, config: SnapshotConfig, last: int = -1):
+    def __init__(self, config: SnapshotConfig, last: int = -1, kept: Sequence[int] = ()):
         self.config = config
         self.last = last
+        self.kept = sorted(kept) or ([last] if last >= 0 else [])  # indexes on disk
         self._bytes_since = 0
         self.taking: int | None = None  # the index of the snapshot being written
 
@@ -78,7 +80,9 @@ class SnapshotPolicy:
         self.last = max(self.last, index)
         self._bytes_since = 0
         ordered = sorted(have, key=lambda s: s.index)
-        return ordered[: max(0, len(ordered) - self.config.keep)]
+        cut = max(0, len(ordered) - self.config.keep)
+        self.kept = [s.index for s in ordered[cut:]]
+        return ordered[:cut]
 
     def installed(self, index: int, have: Sequence[Snapshot]) -> list[Snapshot]:
         """A snapshot from the leader at ``index`` is on disk and loaded (one of our own
@@ -105,6 +109,6 @@ class SnapshotPolicy:
         return None
 
     def compaction_floor(self, saved: int) -> int:
-        """The first index the log must keep: after the newest snapshot, or after what
-        the machine saved itself (``saved``, -1: nothing) when it has none."""
-        return max(self.last, saved) + 1
+        """The first index the log must keep: after the oldest snapshot kept, or after
+        what the machine saved itself (``saved``, -1: nothing) when that is later."""
+        return max(self.kept[0] if self.kept else -1, saved) + 1

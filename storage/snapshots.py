@@ -120,14 +120,14 @@ class SnapshotStore:
         try:
             files = []
             for p in sorted(src.rglob("*")):
-                if p.is_file() and p.name != META:
+                if p.is_file() and p != src / META:
                     fd = os.open(p, os.O_RDONLY)
                     try:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
                     files.append((str(p.relative_to(src)), p.stat().st_size, _sha256(p)))
-            if expect is not None and sorted(map(tuple, expect)) != files:
+            if expect is not None and sorted(map(tuple, expect)) != sorted(files):
                 shutil.rmtree(src, ignore_errors=True)
                 raise LedgerError.of(
                     ResponseCode.CORRUPT_SNAPSHOT,

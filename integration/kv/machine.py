@@ -3,16 +3,17 @@
 Commands are JSON entry bodies: ``{"op": "set", "key": k, "value": v, "rev": "0000000000"}``
 or ``{"op": "del", ...}``.  The leader stamps each command's ``rev`` with the entry's index
 before the write (``pre_append``, same length), so every member stores the same revision and
-a reader learns which entry last changed a key.  The map and the applied index are saved
-atomically after every applied batch, which makes the machine restart-safe: ``open``
-returns the saved index and the member replays what came after.
+a reader learns which entry last changed a key.  The machine keeps no file of its own: its
+snapshots (a sorted Arrow file, ``kv.arrow``) are its state on disk, and a restarted member
+loads the newest and replays the log after it.
 
 Queries: ``{"get": key}`` -> ``[value, rev]`` or None; ``{"keys": True}`` -> sorted keys;
-``{"scan": prefix}`` -> ``[[key, value, rev], ...]`` in key order; ``{"cas": index}`` ->
+``{"scan": prefix, "limit": n}`` -> ``[[key, value, rev], ...]`` in key order (``limit``
+optional); ``{"cas": index}`` ->
 whether the compare-and-set at ``index`` swapped (None: not a recent one).
 
 Commands of :class:`~.client.KVClient` (issue 23): ``put`` (a bytes value, base64 in the
-body, stored as ``{"b64": ...}``), ``del``, and ``cas`` (put only when the key holds
+body, held as bytes), ``del``, and ``cas`` (put only when the key holds
 ``expected`` -- None: absent; every member decides alike, and keeps the last
 ``CAS_RESULTS`` outcomes by index for the appender to ask).
 """
@@ -25,8 +26,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.feather as feather
 from rayledger.actors.machine import MachineContext, StateMachine
 from rayledger.storage import Entry, LedgerError, ResponseCode
+from sortedcontainers import SortedDict
 
 _REV_FIELD = b'"rev": "0000000000"'
 _REV_DIGITS = 10
@@ -67,28 +71,22 @@ def value_bytes(value: Any) -> Any:
 
 
 CAS_RESULTS = 10_000  # compare-and-set outcomes kept for their appenders (the newest)
-
-
-def _cas(saved: dict) -> dict[int, bool]:
-    return {int(k): bool(v) for k, v in saved.get("cas", {}).items()}
+SNAPSHOT_FILE = "kv.arrow"  # the map sorted by key, one row per key (Arrow IPC, uncompressed)
 
 
 class KvMachine(StateMachine):
+    """The map lives in memory, sorted by key (``SortedDict``: a prefix scan costs the keys
+    it returns, not the whole map); applying a batch costs its entries only.  Its state on
+    disk is the member's snapshots: ``open`` keeps nothing of its own, so the member starts
+    from the newest snapshot that verifies and replays the log after it (the whole log when
+    the group takes no snapshots)."""
+
     def __init__(self) -> None:
-        self.data: dict[str, list] = {}  # key -> [value, revision]
+        self.data: SortedDict = SortedDict()  # key -> (value, revision); bytes for put/cas
         self.applied = -1
         self.cas_results: dict[int, bool] = {}  # index of a cas -> whether it swapped
-        self.path: str | None = None
 
     def open(self, ctx: MachineContext) -> int:
-        if ctx.data_dir is not None:
-            os.makedirs(ctx.data_dir, exist_ok=True)
-            self.path = os.path.join(ctx.data_dir, "kv.json")
-            if os.path.exists(self.path):
-                with open(self.path) as f:
-                    saved = json.load(f)
-                self.data, self.applied = saved["data"], saved["applied"]
-                self.cas_results = _cas(saved)
         return self.applied
 
     def pre_append(self, index: int, pos: int, body: bytearray) -> None:
@@ -102,7 +100,6 @@ class KvMachine(StateMachine):
             if e.body:  # a term's first entry is empty
                 self._apply_one(e)
             self.applied = e.index
-        self._save()
 
     def _apply_one(self, e: Entry) -> None:
         try:
@@ -110,64 +107,51 @@ class KvMachine(StateMachine):
             op, key, rev = cmd["op"], cmd["key"], int(cmd["rev"])
         except (ValueError, KeyError, TypeError):
             return  # not a command: entries of other writers are skipped alike everywhere
+        if not isinstance(key, str):
+            return
         if op == "set":
-            self.data[key] = [cmd.get("value"), rev]
+            self.data[key] = (cmd.get("value"), rev)
         elif op == "put":
-            self.data[key] = [{"b64": cmd.get("b64")}, rev]
+            self.data[key] = (_unb64(cmd.get("b64")), rev)
         elif op == "del":
             self.data.pop(key, None)
         elif op == "cas":
             held = self.data.get(key)
             now = None if held is None else held[0]
-            want = None if cmd.get("exp") is None else {"b64": cmd["exp"]}
-            swapped = now == want
+            swapped = now == _unb64(cmd.get("exp"))
             if swapped:
-                self.data[key] = [{"b64": cmd.get("b64")}, rev]
+                self.data[key] = (_unb64(cmd.get("b64")), rev)
             self.cas_results[e.index] = swapped
             if len(self.cas_results) > CAS_RESULTS:
                 del self.cas_results[next(iter(self.cas_results))]  # the oldest (in order)
 
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"data": self.data, "applied": self.applied, "cas": self.cas_results}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-
     def snapshot(self) -> Callable[[str], None]:
-        """The map as it stands (a shallow copy: applying replaces a key's pair, never
-        changes it), written sorted by key into ``kv.json`` of the snapshot directory."""
-        data, applied, cas = dict(self.data), self.applied, dict(self.cas_results)
+        """The map as it stands (a shallow copy of its items: a key's pair is a tuple that
+        applying replaces, never changes), written sorted by key into ``kv.arrow``."""
+        items, applied, cas = list(self.data.items()), self.applied, dict(self.cas_results)
 
         def write(directory: str) -> None:
-            with open(os.path.join(directory, "kv.json"), "w") as f:
-                json.dump({"data": data, "applied": applied, "cas": cas}, f, sort_keys=True)
+            write_snapshot(os.path.join(directory, SNAPSHOT_FILE), items, applied, cas)
 
         return write
 
     def load_snapshot(self, path: str, index: int) -> None:
-        with open(os.path.join(path, "kv.json")) as f:
-            saved = json.load(f)
-        if saved["applied"] != index:
+        data, applied, cas = read_snapshot(os.path.join(path, SNAPSHOT_FILE))
+        if applied != index:
             raise LedgerError.of(
                 ResponseCode.INCONSISTENT_STATE,
-                f"snapshot {path} holds the state at {saved['applied']}, not {index}",
+                f"snapshot {path} holds the state at {applied}, not {index}",
             )
-        self.data, self.applied = saved["data"], index
-        self.cas_results = _cas(saved)
-        self._save()
+        self.data, self.applied, self.cas_results = data, index, cas
 
     def query(self, request: Any) -> Any:
         if isinstance(request, dict) and "get" in request:
-            return self.data.get(request["get"])
+            got = self.data.get(request["get"])
+            return None if got is None else list(got)
         if isinstance(request, dict) and request.get("keys"):
-            return sorted(self.data)
+            return list(self.data.keys())
         if isinstance(request, dict) and isinstance(request.get("scan"), str):
-            p = request["scan"]
-            return [[k, *self.data[k]] for k in sorted(self.data) if k.startswith(p)]
+            return [[k, *v] for k, v in self.scan(request["scan"], request.get("limit"))]
         if isinstance(request, dict) and isinstance(request.get("cas"), int):
             return self.cas_results.get(request["cas"])
         raise LedgerError.of(
@@ -175,3 +159,57 @@ class KvMachine(StateMachine):
             "KvMachine answers {'get': key}, {'keys': True}, {'scan': prefix} or "
             f"{{'cas': index}}, not {request!r}",
         )
+
+    def scan(self, prefix: str, limit: int | None = None) -> list[tuple[str, tuple]]:
+        """``(key, (value, revision))`` of the keys starting with ``prefix``, in key order
+        (at most ``limit``)."""
+        out = []
+        for k in self.data.irange(minimum=prefix):
+            if not k.startswith(prefix) or (limit is not None and len(out) >= limit):
+                break
+            out.append((k, self.data[k]))
+        return out
+
+
+def _unb64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+def write_snapshot(path: str, items: list, applied: int, cas: dict[int, bool]) -> None:
+    """The map's ``(key, (value, revision))`` items, sorted by key, as an Arrow IPC file:
+    columns key, revision, raw (a put's bytes, or a set's JSON) and whether raw is JSON;
+    the applied index and the compare-and-set outcomes in the schema's metadata."""
+    keys, revs, raws, is_json = [], [], [], []
+    for k, (value, rev) in items:
+        keys.append(k)
+        revs.append(rev)
+        if isinstance(value, bytes):
+            raws.append(value)
+            is_json.append(False)
+        else:
+            raws.append(json.dumps(value).encode())
+            is_json.append(True)
+    meta = {"applied": str(applied), "cas": json.dumps({str(i): v for i, v in cas.items()})}
+    table = pa.table(
+        {
+            "key": pa.array(keys, pa.string()),
+            "revision": pa.array(revs, pa.int64()),
+            "raw": pa.array(raws, pa.binary()),
+            "json": pa.array(is_json, pa.bool_()),
+        }
+    ).replace_schema_metadata(meta)
+    feather.write_feather(table, path, compression="uncompressed")
+
+
+def read_snapshot(path: str) -> tuple[SortedDict, int, dict[int, bool]]:
+    """What :func:`write_snapshot` wrote: (map, applied index, compare-and-set outcomes)."""
+    table = feather.read_table(path, memory_map=False)
+    meta = table.schema.metadata or {}
+    applied = int(meta[b"applied"])
+    cas = {int(i): bool(v) for i, v in json.loads(meta[b"cas"]).items()}
+    raws, flags = table["raw"].to_pylist(), table["json"].to_pylist()
+    values = [
+        (json.loads(r) if j else r, rev)
+        for r, j, rev in zip(raws, flags, table["revision"].to_pylist(), strict=True)
+    ]
+    return SortedDict(zip(table["key"].to_pylist(), values, strict=True)), applied, cas

@@ -108,17 +108,29 @@ def test_installed_moves_applied_and_releases_the_queries_it_reaches() -> None:
 
 
 def test_installed_with_a_policy_returns_the_floor_after_the_snapshot() -> None:
-    policy = SnapshotPolicy(SnapshotConfig(every_entries=100, keep=2), last=3)
+    policy = SnapshotPolicy(SnapshotConfig(every_entries=100, keep=1), last=3)
     c = MachineCore("n0", applied=4, snapshots=policy)
     c.offer(50, "/50")
     assert c.next_batch(60) == Install(50, "/50")
-    have = [Snap(1, 1), Snap(3, 1), Snap(50, 2)]
+    have = [Snap(3, 1), Snap(50, 2)]
     ready, gone, floor = c.installed(50, have, saved=7)
     assert ready == []
-    assert gone == [Snap(1, 1)]  # beyond the newest two
+    assert gone == [Snap(3, 1)]  # the installed one is the one kept
     assert floor == 51 and policy.last == 50
     assert c.keep_from(7) == 51
     assert policy.due(60) is False and policy.due(150) is True  # counted from the install
+
+
+def test_installed_with_a_policy_deletes_the_oldest_beyond_keep() -> None:
+    policy = SnapshotPolicy(SnapshotConfig(every_entries=100, keep=2), last=3)
+    c = MachineCore("n0", applied=4, snapshots=policy)
+    c.offer(50, "/50")
+    c.next_batch(60)
+    _, gone, floor = c.installed(50, [Snap(1, 1), Snap(3, 1), Snap(50, 2)], saved=-1)
+    assert gone == [Snap(1, 1)]  # beyond the newest two
+    # after the oldest snapshot kept (3 -> 4): a damaged newest one leaves the older one
+    # and the log after it
+    assert floor == 4
 
 
 def test_installed_keeps_a_snapshot_of_ours_being_written_past_it() -> None:
@@ -161,6 +173,15 @@ def test_a_stranded_machine_with_nothing_committed_is_not_flagged() -> None:
     c = MachineCore("n0", applied=4)
     assert c.next_batch(4, begin=10) is None
     assert c.stranded is False
+
+
+def test_an_offer_overtaken_by_the_batch_in_flight_is_not_loaded() -> None:
+    c = MachineCore("n0", applied=4, max_batch=10)
+    assert c.next_batch(30) == Batch(5, 15)
+    c.offer(8, "/8")  # ahead of applied (4), but inside the batch being applied
+    c.batch_done(14)
+    job = c.next_batch(30)
+    assert job == Batch(15, 25)  # not Install(8, "/8"): the machine stands at 14
 
 
 # ================================================================ LeaderView

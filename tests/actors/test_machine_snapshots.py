@@ -3,11 +3,10 @@ from its newest snapshot that verifies and the runner core says when one is due.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from rayledger.actors.machine import Applier, MachineContext
+from rayledger.actors.machine import Applier, MachineContext, StateMachine
 from rayledger.actors.snapshot_policy import SnapshotConfig
 from rayledger.integration.kv.machine import KvMachine, set_command
 from rayledger.storage import Entry
@@ -50,20 +49,24 @@ def test_snapshots_are_due_every_n_entries_and_the_newest_k_stay(tmp_path) -> No
     for m in gone:
         a.snapshots.delete(m)
     assert [m.index for m in a.snapshots.list()] == [39, 49]
-    assert a.core.keep_from(a.saved) == 50  # the log may go up to the newest snapshot
+    # the log may go up to the oldest snapshot kept: a damaged newest one leaves the
+    # older one and the log after it
+    assert a.core.keep_from(a.saved) == 40
 
 
-def test_a_machine_that_lost_its_own_state_starts_from_its_newest_valid_snapshot(tmp_path):
+def test_a_restarted_machine_starts_from_its_newest_valid_snapshot(tmp_path):
+    """The KV machine keeps no file of its own: a restart loads the newest snapshot that
+    verifies -- here the newest is damaged, so the older one -- and the log replays after."""
     a = Applier(KvMachine(), _ctx(tmp_path), snapshots=SnapshotConfig(every_entries=10))
     a.apply(_entries(0, 10))
     _take(a, 9)
     a.apply(_entries(10, 10))
     _take(a, 19)
-    (Path(tmp_path) / "kv.json").unlink()  # the machine's own file is gone
+    assert Applier(KvMachine(), _ctx(tmp_path)).applied == 19  # the newest, when whole
     newest = sorted((Path(tmp_path) / "snapshots").iterdir())[-1]
-    data = json.loads((newest / "kv.json").read_text())
-    data["data"]["k0"] = ["tampered", 0]
-    (newest / "kv.json").write_text(json.dumps(data))  # and the newest snapshot is damaged
+    raw = bytearray((newest / "kv.arrow").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (newest / "kv.arrow").write_bytes(bytes(raw))  # the newest snapshot is damaged
     b = Applier(KvMachine(), _ctx(tmp_path), snapshots=SnapshotConfig(every_entries=10))
     assert b.applied == 9  # the older, whole snapshot; the log replays from 10
     assert b.machine.query({"get": "k0"}) == [0, 0]
@@ -84,8 +87,33 @@ def test_the_byte_trigger_counts_the_applied_bodies(tmp_path) -> None:
     assert due == [None, None, 2, None, None, 5]
 
 
+class _SavingMachine(StateMachine):
+    """A machine that saves where it stands itself and takes no snapshots."""
+
+    def open(self, ctx: MachineContext) -> int:
+        self.path = Path(ctx.data_dir) / "applied"
+        return int(self.path.read_text()) if self.path.exists() else -1
+
+    def apply(self, entries: list[Entry]) -> None:
+        self.path.write_text(str(entries[-1].index))
+
+
 def test_a_machine_without_snapshots_keeps_the_log_from_what_it_saved(tmp_path) -> None:
-    a = Applier(KvMachine(), _ctx(tmp_path))
+    a = Applier(_SavingMachine(), _ctx(tmp_path))
     a.apply(_entries(0, 5))
-    b = Applier(KvMachine(), _ctx(tmp_path))  # reopened: it saved up to 4 itself
+    assert a.snapshots is None and a.shelf is None
+    b = Applier(_SavingMachine(), _ctx(tmp_path))  # reopened: it saved up to 4 itself
     assert b.applied == 4 and b.core.keep_from(b.saved) == 5
+
+
+def test_the_kv_snapshot_is_sorted_and_holds_values_of_every_kind(tmp_path) -> None:
+    from rayledger.integration.kv.machine import put_command, read_snapshot
+
+    m = KvMachine()
+    bodies = [set_command("b", {"n": [1, None]}), put_command("a", b"\x00\xff"),
+              set_command("c", "s"), put_command("d", b"")]  # fmt: skip
+    m.apply([Entry(index=i, term=1, pos=0, body=b) for i, b in enumerate(bodies)])
+    m.snapshot()(str(tmp_path))
+    data, applied, cas = read_snapshot(str(tmp_path / "kv.arrow"))
+    assert list(data) == ["a", "b", "c", "d"] and applied == 3 and cas == {}
+    assert data == m.data and data["a"] == (b"\x00\xff", 0) and data["b"] == ({"n": [1, None]}, 0)

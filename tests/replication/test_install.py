@@ -456,6 +456,17 @@ def test_a_chunk_size_larger_than_the_snapshot_sends_one_chunk() -> None:
     assert (c.snapshot.offset, c.snapshot.length, c.snapshot.total) == (0, 25, 25)
 
 
+def test_a_zero_byte_snapshot_is_one_empty_chunk() -> None:
+    d, log = dispatcher(), compacted_log(Snap(9, 1, (("a", 0, "h"), ("b", 0, "h"))))
+    below_begin(d, log)
+    (c,) = d.next_requests(0, log)
+    assert (c.snapshot.offset, c.snapshot.length, c.snapshot.total) == (0, 0, 0)
+    d.on_response(c, held(0), 0)
+    assert d.installs == 1
+    (tr,) = d.next_requests(0, log)
+    assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
+
+
 @pytest.mark.parametrize("snap", [None, Snap(8, 1, (("a", 5, "h"),))])
 def test_no_snapshot_that_bridges_the_gap_means_the_plain_reset(snap) -> None:
     d, log = dispatcher(), compacted_log(snap)

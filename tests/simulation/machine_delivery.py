@@ -101,11 +101,7 @@ class MachineDelivery:
         node = m.node
         machine = load_machine(self.machine_path)
         if m.incarnation > 1 and m.data_dir is not None and self._snapshot_rng.random() < 0.3:
-            own = os.path.join(m.data_dir, "kv.json")
-            if os.path.exists(own):  # the machine's own state is lost: back from a snapshot
-                os.unlink(own)
-                self.stats["machine_state_lost"] += 1
-                self.net.note(f"FAULT {m.id}'s machine state file lost")
+            self._damage_newest_snapshot(m)
         ctx = MachineContext(self.group, m.id, m.data_dir, dict(self.machine_args), m.store)
         node.applier = Applier(machine, ctx, snapshots=self.snapshots)
         if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
@@ -134,6 +130,24 @@ class MachineDelivery:
             m.store.add_append_hook(lambda i, pos, body: self._m_pre_append(m, i, pos, body))
         self.stats["machine_opens"] += 1
         self.net.note(f"{m.id} machine opened at {opened}")
+
+    def _damage_newest_snapshot(self, m: SimMember) -> None:
+        """A restart finds its newest snapshot damaged (a flipped byte): it starts from an
+        older one (the log keeps what comes after the oldest kept), or waits for the
+        leader's."""
+        snaps = os.path.join(m.data_dir, "snapshots")
+        names = sorted(n for n in os.listdir(snaps) if not n.startswith(".")) if os.path.isdir(
+            snaps) else []  # fmt: skip
+        target = os.path.join(snaps, names[-1], "kv.arrow") if names else None
+        if target is None or not os.path.exists(target) or not os.path.getsize(target):
+            return
+        with open(target, "r+b") as f:
+            f.seek(self._snapshot_rng.randrange(os.path.getsize(target)))
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0xFF]))
+        self.stats["snapshot_damaged"] += 1
+        self.net.note(f"FAULT {m.id}'s newest snapshot {names[-1]} damaged")
 
     @staticmethod
     def _m_pre_append(m: SimMember, index: int, pos: int, body: bytearray) -> None:

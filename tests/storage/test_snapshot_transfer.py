@@ -199,3 +199,25 @@ def test_an_install_dir_left_by_a_crash_is_removed_on_open(tmp_path, leader) -> 
     assert Path(tmp).is_dir()
     again = SnapshotStore(tmp_path / "follower")
     assert not Path(tmp).exists() and again.list() == []
+
+
+# ---------------------------------------------------------------- found while writing these
+# Both failed before the fix: commit compared the leader's files sorted as strings with its
+# own in path order, and skipped every file named meta.json, not only its own.
+
+
+def test_a_directory_and_a_file_sharing_a_prefix_install_intact(tmp_path) -> None:
+    s = SnapshotStore(tmp_path / "leader")
+    meta = _write(s, 5, 1, {"state/part": b"1", "state.json": b"22"})
+    assert [name for name, _, _ in meta.files] == ["state/part", "state.json"]  # Path order
+    f = SnapshotStore(tmp_path / "follower")
+    tmp = f.begin_install(meta.index, meta.term, meta.files)
+    f.write_at(tmp, meta.files, 0, s.read(meta, 0, meta.nbytes))
+    got = f.commit(tmp, meta.index, meta.term, expect=meta.files)
+    assert f.verify(got) is None and _stream(got) == _stream(meta)
+
+
+def test_a_machine_file_named_meta_json_in_a_subdirectory_is_part_of_the_snapshot(tmp_path):
+    s = SnapshotStore(tmp_path / "leader")
+    meta = _write(s, 5, 1, {"sub/meta.json": b"machine data", "x": b"y"})
+    assert sorted(name for name, _, _ in meta.files) == ["sub/meta.json", "x"]
