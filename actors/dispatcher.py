@@ -112,6 +112,8 @@ class EntryDispatcherActor:
                 "fetching": lg.fetching,
                 "reporting": lg.reporting,
                 "graph": lg.graph_gen,
+                "installs": core.installs,
+                "last_install": core.last_install,  # (index, bytes, ms from first chunk)
             }
 
     # -- from the member and the checker -------------------------------------------------

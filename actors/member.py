@@ -511,6 +511,12 @@ class MemberActor:
     async def store_dir(self) -> str | None:
         return self.config.store.data_dir
 
+    async def last_install(self):
+        """The last snapshot installed here from a leader (InstallDone), or None."""
+        with self._lock:
+            installs = self.logic.handler.installs
+            return None if installs is None else installs.last
+
     async def compact(self) -> int:
         """Drop the committed log segments this member's machine no longer needs (up to its
         newest snapshot, whatever their age); returns the log's begin index after it.  A

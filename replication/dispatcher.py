@@ -103,6 +103,8 @@ class EntryDispatcher:
         self._install: Any = None  # the snapshot being sent (index, term, files)
         self._install_offset = 0
         self._installed = -1  # the follower sealed our snapshot at this index (this term)
+        self._install_started_ms = 0
+        self.last_install: tuple[int, int, int] | None = None  # (index, bytes, ms) sent
         self.pushes_sent = 0
         self.resends = 0
         self.installs = 0
@@ -231,6 +233,7 @@ class EntryDispatcher:
             self._apply_hint(log_, begin)
         if self._state is DispatcherState.TRUNCATE and self._needs_install(log_):
             self._install, self._install_offset = _snapshot_of(log_), 0
+            self._install_started_ms = now_ms
             self._change_state(DispatcherState.INSTALL, self._install.index)
         if self._state is DispatcherState.INSTALL:
             return [self._install_request(now_ms, log_)]
@@ -562,6 +565,7 @@ class EntryDispatcher:
             if resp.index >= chunk.total:
                 self._installed = chunk.index
                 self.installs += 1
+                self.last_install = (chunk.index, chunk.total, now_ms - self._install_started_ms)
                 self._event(INFO, "install.done", chunk.index, bytes=chunk.total)
                 self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
             else:

@@ -80,6 +80,7 @@ class EntryHandler:
         self.matched_index = -1
         self._last_abnormal_check = _NEVER
         self.installs: InstallReceiver | None = None  # set when the member takes snapshots
+        self._now_ms = 0  # the time of the push or tick being handled
 
     @property
     def queued(self) -> int:
@@ -167,6 +168,7 @@ class EntryHandler:
     # -- entry points -------------------------------------------------------------------
     def handle_push(self, req: PushEntryRequest, token: Any, now_ms: int) -> list[Answer]:
         """Take one push; returns every answer ready now (an out-of-order APPEND waits)."""
+        self._now_ms = now_ms
         if (
             self._leader_key[0] != self.state.current_term
             or self._leader_key[1] != self.state.leader_id
@@ -210,6 +212,7 @@ class EntryHandler:
 
     def tick(self, now_ms: int) -> list[Answer]:
         """Periodic work: the abnormal-push check (DLedger checkAbnormalFuture)."""
+        self._now_ms = now_ms
         out: list[Answer] = []
         if (
             self._leader_key[0] != self.state.current_term
@@ -417,7 +420,7 @@ class EntryHandler:
         if self.installs is None or req.snapshot is None:
             self._event(WARNING, "install.unsupported", req)
             return self._resp(req, ResponseCode.UNSUPPORTED, 0)
-        code, held = self.installs.take(req)
+        code, held = self.installs.take(req, self._now_ms)
         self._event(DEBUG, "install", req, code=code.name, held=held)
         return self._resp(req, code, held)
 

@@ -23,6 +23,7 @@ member's snapshot directory.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rayledger.storage.errors import LedgerError, ResponseCode
@@ -42,6 +43,17 @@ class SnapshotSink(Protocol):
     def abort(self, tmp: str) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class InstallDone:
+    """A snapshot installed: its index and term, its bytes, and the milliseconds from its
+    first chunk to its seal."""
+
+    index: int
+    term: int
+    nbytes: int
+    ms: int
+
+
 class InstallReceiver:
     """One follower's snapshot transfer in progress (at most one at a time)."""
 
@@ -53,10 +65,12 @@ class InstallReceiver:
         self.received = 0
         self._done: tuple[int, int, int] | None = None  # the last transfer sealed
         self.sealed: list[Any] = []  # SnapshotMeta sealed and not yet taken by the member
+        self._started_ms = 0
+        self.last: InstallDone | None = None  # the last transfer sealed, for operators
 
-    def take(self, req: PushEntryRequest) -> tuple[ResponseCode, int]:
-        """One INSTALL chunk (fenced already); returns the answer's code and the stream
-        offset held now."""
+    def take(self, req: PushEntryRequest, now_ms: int = 0) -> tuple[ResponseCode, int]:
+        """One INSTALL chunk (fenced already) at ``now_ms``; returns the answer's code and
+        the stream offset held now."""
         c = req.snapshot
         key = (req.term, c.index, c.term)
         if key == self._done:
@@ -69,7 +83,7 @@ class InstallReceiver:
                 self._tmp = self.sink.begin_install(c.index, c.term, c.files)
             except LedgerError as exc:
                 return exc.code, 0
-            self._key, self.received = key, 0
+            self._key, self.received, self._started_ms = key, 0, now_ms
             log.info("[%s] term=%d index=%d installing snapshot (term %d, %d bytes) from %s",
                      self.member, req.term, c.index, c.term, c.total, req.leader_id)  # fmt: skip
         if c.offset != self.received or c.offset + c.length > c.total:
@@ -91,6 +105,7 @@ class InstallReceiver:
             return exc.code, 0
         self._tmp, self._key, self._done = None, None, key
         self.sealed.append(meta)
+        self.last = InstallDone(c.index, c.term, c.total, now_ms - self._started_ms)
         log.info("[%s] term=%d index=%d snapshot installed (%d bytes)",
                  self.member, req.term, c.index, c.total)  # fmt: skip
         return ResponseCode.SUCCESS, c.total

@@ -45,6 +45,11 @@ def run(which: str, args) -> dict:
         from .mq import run as run_mq
 
         return run_mq(quick=quick, clients=getattr(args, "clients", 4))
+    if which == "kv":
+        from .kv import run as run_kv
+
+        return run_kv(quick=quick, clients=getattr(args, "clients", 4),
+                      batch=getattr(args, "batch", 1000), keys=getattr(args, "keys", None))  # fmt: skip
     if which == "core":
         from .core import run_core_bench
 

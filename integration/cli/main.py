@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
-from . import mq, ops, output
+from . import kv, mq, ops, output
 from .options import Parser, add_start_options, common_options, group_command_adder
 from .output import say
 
@@ -171,7 +171,7 @@ def _add_bench(sub, common) -> None:
     )
     be.add_argument(
         "which",
-        choices=["store", "replication", "core", "group", "peer", "spark", "mq", "divergent"],
+        choices=["store", "replication", "core", "group", "peer", "spark", "mq", "kv", "divergent"],
     )
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")
     be.add_argument("--quick", action="store_true", help="a smaller run")
@@ -183,6 +183,9 @@ def _add_bench(sub, common) -> None:
         "--sync-flush", action="store_true", help="group: ack only after fdatasync on a quorum"
     )
     be.add_argument("--gib", type=float, default=1.0, help="store: size of the recovery log")
+    be.add_argument(
+        "--keys", type=int, default=None, help="kv: keys the store holds (default 1M, quick 100k)"
+    )
     be.add_argument(
         "--load-seconds",
         type=float,
@@ -203,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_group_commands(sub, common)
     _add_bench(sub, common)
     mq.add_commands(sub, common)
+    kv.add_commands(sub, common)
     return p
 
 
