@@ -29,6 +29,14 @@ so the simulation runs the same code:
   batches, when a snapshot installed from the leader is ahead of the machine (its log was
   reset past where it stands): the machine's state becomes the state after entry
   ``index`` (whatever it held before is replaced), and the member applies what comes after.
+* ``saved_index()``: the last index whose effects the machine has made durable on its own
+  (a checkpoint), asked after every batch; the member's log may be compacted up to it.
+  Default: what ``open`` returned.
+* ``rebase(index)``: for a machine that takes no snapshots, when its member's log was reset
+  past where it stands (it was away while the group compacted): the entries up to
+  ``index`` are gone for good; continue after it, keeping what can be rebuilt from the log
+  (the RocketMQ commit log starts its consume queues over at the first message it sees).
+  Default: UNSUPPORTED (the machine then fails: its state is unknown).
 * ``close()`` when the member stops.
 
 Only ``apply`` is required; :class:`StateMachine` supplies the rest.
@@ -93,6 +101,16 @@ class StateMachine:
 
     def load_snapshot(self, path: str, index: int) -> None:
         raise LedgerError.of(ResponseCode.UNSUPPORTED, f"{type(self).__name__} takes no snapshots")
+
+    def saved_index(self) -> int:
+        return -1
+
+    def rebase(self, index: int) -> None:
+        raise LedgerError.of(
+            ResponseCode.UNSUPPORTED,
+            f"{type(self).__name__} cannot continue after {index}: the entries before are "
+            "gone from the log and it takes no snapshots",
+        )
 
     def close(self) -> None:
         pass
@@ -195,6 +213,12 @@ class Applier:
         if entries:
             self.core.check_continues(entries[0].index)
             self.machine.apply(entries)
+
+    def saved_now(self) -> int:
+        """What the machine has made durable itself (its thread): the larger of what
+        ``open`` returned and ``saved_index()``."""
+        self.saved = max(self.saved, int(self.machine.saved_index()))
+        return self.saved
 
     def apply(self, entries: list[Entry]) -> None:
         """``run``, then record where the machine stands."""

@@ -22,7 +22,10 @@ and futures, the seeded simulation with simulated time.  The core decides:
   loaded next, between batches, only when it is ahead of where the machine stands (never
   applied twice, never skipped: the machine then stands exactly at its index); a machine
   that stands below its log's begin (the log was reset to the leader's after a long
-  absence) applies nothing and waits for one, instead of failing.
+  absence) applies nothing and waits for one, instead of failing; one that takes no
+  snapshots rebases to the log's begin (it keeps what it can rebuild from the log);
+* **how far the log may be compacted** (:meth:`MachineCore.keep_from`): past the oldest
+  snapshot kept, or past what the machine says it made durable itself.
 """
 
 from __future__ import annotations
@@ -59,6 +62,15 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
+class Rebase:
+    """The machine's next entry is gone from its log (reset to the leader's begin) and it
+    takes no snapshots: on its thread, it continues after ``index`` with what it can
+    rebuild from the log (``StateMachine.rebase``)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
 class Install:
     """Load the sealed snapshot at ``index`` (in ``path``) on the machine's thread: its
     state becomes the state after entry ``index``."""
@@ -88,7 +100,7 @@ class MachineCore:
         self.snapshots = snapshots  # None: the machine takes no snapshots
         self.applied = int(applied)  # the last index the machine applied (open() says first)
         self.max_batch = max_batch
-        self.applying: Batch | Install | None = None
+        self.applying: Batch | Install | Rebase | None = None
         self.offered: Install | None = None  # a snapshot from the leader, loaded next
         self.stranded = False  # it stands below its log's begin: waits for a snapshot
         self.failed: str | None = None  # why the machine failed (it applies no more)
@@ -104,11 +116,12 @@ class MachineCore:
         start = self.applied + 1
         return start, min(committed + 1, start + self.max_batch)
 
-    def next_batch(self, committed: int, begin: int = 0) -> Batch | Install | None:
+    def next_batch(self, committed: int, begin: int = 0) -> Batch | Install | Rebase | None:
         """The machine's next job: a snapshot offered by the leader, else the batch to
         apply now; None when nothing is due, a job is in flight (one at a time, in order),
-        the machine failed, or it stands below its log's ``begin`` (it waits for a
-        snapshot: the entries it needs are gone)."""
+        or the machine failed.  A machine that stands below its log's ``begin`` (the
+        entries it needs are gone) waits for a snapshot from the leader -- or, taking
+        none, rebases to ``begin - 1`` (:class:`Rebase`)."""
         if self.applying is not None or self.failed is not None:
             return None
         if self.offered is not None:
@@ -119,6 +132,11 @@ class MachineCore:
         due = self.due(committed)
         if due is None:
             return None
+        if due[0] < begin and self.snapshots is None:
+            log.warning("[%s] state machine stands at %d, below its log's begin %d, and takes "
+                        "no snapshots: it rebases", self.member, self.applied, begin)  # fmt: skip
+            self.applying = Rebase(begin - 1)
+            return self.applying
         if due[0] < begin:
             if not self.stranded:
                 self.stranded = True
@@ -143,6 +161,13 @@ class MachineCore:
             return False
         self.offered = Install(index, path)
         return True
+
+    def rebased(self, index: int) -> list[Any]:
+        """The machine continues after ``index``; returns the queries it may answer now."""
+        self.applied = index
+        self.applying = None
+        self.stranded = False
+        return self._reached()
 
     def installed(self, index: int, have: list, saved: int) -> tuple[list, list, int | None]:
         """The machine loaded the snapshot at ``index`` (``have``: every snapshot now):
@@ -308,4 +333,4 @@ class MachineCore:
         return False
 
 
-__all__ = ["READY_POLL_MS", "AskReady", "Batch", "Install", "MachineCore", "Verdict"]
+__all__ = ["READY_POLL_MS", "AskReady", "Batch", "Install", "MachineCore", "Rebase", "Verdict"]

@@ -23,7 +23,7 @@ from rayledger.storage import Entry
 from . import supervision as sv
 from .futures import set_exception, set_result
 from .machine import Applier, MachineContext, StateMachine, load_machine
-from .machine_core import AskReady, Batch, Install, Verdict
+from .machine_core import AskReady, Batch, Install, Rebase, Verdict
 from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
@@ -81,6 +81,9 @@ class MachineRunner:
             if isinstance(batch, Install):
                 asyncio.ensure_future(self._install(batch))
                 return
+            if isinstance(batch, Rebase):
+                asyncio.ensure_future(self._rebase(batch))
+                return
             try:
                 entries = m.store.get_range(batch.start, batch.stop)
                 self.core.check_batch(batch, entries)
@@ -92,7 +95,7 @@ class MachineRunner:
     async def _apply(self, batch: Batch, entries: list[Entry]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._pool, self.applier.run, entries)
+            saved = await loop.run_in_executor(self._pool, self._run, entries)
         except Exception as exc:
             with self.member._lock:
                 self._failed(exc)
@@ -100,6 +103,7 @@ class MachineRunner:
         m = self.member
         with m._lock:
             released = self.core.batch_done(batch.stop - 1)
+            m.store.keep_from = self.core.keep_from(saved)
             index = self.core.snapshot_due(entries)
             term = m.store.get_term(index) if index is not None else -1
         for fut in released:
@@ -134,6 +138,25 @@ class MachineRunner:
                 snaps.abort(tmp)
             with m._lock:
                 self.core.snapshot_failed(index, repr(exc))
+
+    def _run(self, entries: list[Entry]) -> int:
+        """On the machine's thread: apply, then what the machine has made durable itself."""
+        self.applier.run(entries)
+        return self.applier.saved_now()
+
+    async def _rebase(self, job: Rebase) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, self.applier.machine.rebase, job.index)
+        except Exception as exc:
+            with self.member._lock:
+                self._failed(exc)
+            return
+        with self.member._lock:
+            released = self.core.rebased(job.index)
+        for fut in released:
+            set_result(fut, None)
+        self._pump()
 
     # -- snapshots installed from the leader ----------------------------------------------
     def offer(self, sealed: list) -> None:

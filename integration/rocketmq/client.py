@@ -9,6 +9,7 @@ other unknown outcome -> UNKNOWN_ERROR.  Nothing whose outcome is unknown is ret
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -92,9 +93,26 @@ class PutMessageResult:
 
 @dataclass(frozen=True)
 class PullResult:
+    """A pull's messages and where to go on.  ``status`` is RocketMQ's: FOUND,
+    NO_NEW_MSG, OFFSET_TOO_SMALL (the offset asked is gone -- the log was compacted or the
+    member rebuilt its queues from a reset log --: ``next_offset`` is the lowest one still
+    readable) or OFFSET_OVERFLOW_BADLY (past the queue's end)."""
+
     messages: list[Message]
     next_offset: int
     max_offset: int
+    status: str = "FOUND"
+    min_offset: int = 0
+
+
+logger = logging.getLogger("rayledger.integration.rocketmq")
+
+OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+
+
+def _moved(topic: str, queue_id: int, r: PullResult) -> None:
+    logger.warning("%s/%d: the messages before offset %d are gone (the log was compacted): "
+                   "consuming on from there", topic, queue_id, r.next_offset)  # fmt: skip
 
 
 def _host() -> tuple[str, int]:
@@ -220,7 +238,8 @@ class CommitLog:
         r = self.client.query(("pull", topic, queue_id, offset, max_msgs), "committed", member)
         # decoded on first use; the queue offset is the consume queue's
         msgs = pulled_messages(r["data"], r["bounds"], r["first_offset"])
-        return PullResult(msgs, r["next_offset"], r["max_offset"])
+        return PullResult(msgs, r["next_offset"], r["max_offset"], r.get("status", "FOUND"),
+                          r.get("min_offset", 0))  # fmt: skip
 
     def consume(
         self, topic: str, queue_id: int, offset: int = 0, batch: int = 4000,
@@ -239,6 +258,10 @@ class CommitLog:
             nxt = pull(offset) if offset < stop_at else None
             while nxt is not None:
                 r = nxt.result()
+                if r.status == OFFSET_TOO_SMALL:  # gone: go on from the lowest one left
+                    _moved(topic, queue_id, r)
+                    nxt = pull(r.next_offset) if r.next_offset < stop_at else None
+                    continue
                 if not r.messages:
                     return
                 nxt = pull(r.next_offset) if r.next_offset < stop_at else None
@@ -279,7 +302,9 @@ class CommitLog:
                     nxt[qid] = max(0, self.fetch_offset(group, topic, qid)) if group else 0
                 r = self.pull(topic, qid, nxt[qid])
                 yield from r.messages
-                if r.messages:
+                if r.status == OFFSET_TOO_SMALL:
+                    _moved(topic, qid, r)
+                if r.messages or r.status == OFFSET_TOO_SMALL:
                     got = True
                     nxt[qid] = r.next_offset
                     if group:

@@ -14,7 +14,10 @@
   and the key index are flushed and a checkpoint (applied index, units per queue and of the
   key index, consumer offsets) is replaced atomically; on restart units past the
   checkpoint are cut and the member replays from the checkpoint's index.
-* **Reads.** Queries only see dispatched, hence committed, messages.
+* **Reads.** Queries only see dispatched, hence committed, messages.  A pull below what the
+  log still holds (the cleaner deleted it, or the member rebuilt its queues after its log
+  was reset past them: ``rebase``) is answered ``OFFSET_TOO_SMALL`` with the queue's lowest
+  readable offset as the next one, as RocketMQ's broker does; the client moves on to it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import bisect
 import json
 import logging
 import os
+import shutil
 import struct
 import threading
 import time
@@ -111,6 +115,7 @@ class CommitLogMachine(StateMachine):
         self._interval_s, self._last_checkpoint = 0.2, 0.0
         self._stamped: dict[int, int] = {}  # index -> queue offset, until its receipt
         self._high = -1  # the last index stamped: a write at or below it failed before
+        self._saved = -1  # the applied index of the last checkpoint
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self, ctx: MachineContext) -> int:
@@ -126,8 +131,10 @@ class CommitLogMachine(StateMachine):
         if (self.root / "checkpoint.json").exists():
             cp = json.loads((self.root / "checkpoint.json").read_text())
         self.applied, self.offsets = cp["applied"], cp["offsets"]
+        self._saved = self.applied
         self.keys = KeyIndex(self.root / "keys")
         self.keys.truncate(cp.get("keys", 0))  # past the checkpoint
+        bases = cp.get("bases", {})
         cq_root = self.root / "cq"
         for topic_dir in cq_root.iterdir() if cq_root.exists() else ():
             for qdir in topic_dir.iterdir() if topic_dir.is_dir() else ():
@@ -136,9 +143,33 @@ class CommitLogMachine(StateMachine):
                     logger.warning("%s is no consume queue dispatch writes: ignored", qdir)
                     continue
                 key = (topic_dir.name, int(qdir.name))
-                q = self.queues[key] = ConsumeQueue(qdir)
-                q.truncate(cp["units"].get(f"{key[0]}\0{key[1]}", 0))  # past the checkpoint
+                slot = f"{key[0]}\0{key[1]}"
+                q = self.queues[key] = ConsumeQueue(qdir, bases.get(slot, 0))
+                q.truncate(cp["units"].get(slot, q.base) - q.base)  # past the checkpoint
         return self.applied
+
+    def saved_index(self) -> int:
+        """The last checkpoint's applied index: the log before it is no longer needed."""
+        return self._saved
+
+    def rebase(self, index: int) -> None:
+        """The member's log was reset past where dispatch stands (it was away while the
+        group compacted): the messages up to ``index`` are gone from its log.  The consume
+        queues and the key index start over (each queue at the offset stamped into the
+        first message it sees; pulls below get OFFSET_TOO_SMALL); consumer offsets, small
+        and committed, are kept."""
+        logger.warning("commit log rebuilds its consume queues from %d: the log before is gone",
+                       index + 1)  # fmt: skip
+        for q in self.queues.values():
+            q.close()
+        self.keys.close()
+        self.queues = {}
+        if self.root is not None:
+            shutil.rmtree(self.root / "cq", ignore_errors=True)
+            (self.root / "keys").unlink(missing_ok=True)
+        self.keys = KeyIndex(self.root / "keys" if self.root is not None else None)
+        self.applied = index
+        self._checkpoint()
 
     def close(self) -> None:
         for q in self.queues.values():
@@ -247,9 +278,10 @@ class CommitLogMachine(StateMachine):
             return
         if m.transaction_type not in _QUEUED:
             return  # prepared and rolled-back messages are not consumable
-        self._queue((m.topic, m.queue_id)).append(
-            e.pos + HEADER_SIZE, len(e.body), tag_hash(m.tags), e.index
-        )
+        q = self._queue((m.topic, m.queue_id))
+        if not len(q):  # a queue starts at its first message's offset (0 unless rebased)
+            q.base = m.queue_offset
+        q.append(e.pos + HEADER_SIZE, len(e.body), tag_hash(m.tags), e.index)
         self.keys.add(m.topic, m.keys, e.index)
 
     def _checkpoint(self) -> None:
@@ -262,6 +294,7 @@ class CommitLogMachine(StateMachine):
         cp = {
             "applied": self.applied,
             "units": {f"{t}\0{q}": cq.max_offset for (t, q), cq in self.queues.items()},
+            "bases": {f"{t}\0{q}": cq.base for (t, q), cq in self.queues.items() if cq.base},
             "keys": len(self.keys),
             "offsets": self.offsets,
         }
@@ -271,6 +304,7 @@ class CommitLogMachine(StateMachine):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / "checkpoint.json")
+        self._saved = self.applied
 
     # -- reads -----------------------------------------------------------------------------
     def query(self, request: Any) -> Any:
@@ -300,10 +334,17 @@ class CommitLogMachine(StateMachine):
         serialisation than the member spent finding them."""
         q = self._queue_if((topic, queue_id))
         offset = max(0, offset)
+        low = q.min_offset(self.log.ledger_begin_index if self.log is not None else 0)
+        out = {"first_offset": offset, "min_offset": low, "max_offset": q.max_offset}
+        if offset < low:  # RocketMQ's OFFSET_TOO_SMALL: the consumer moves on to ``low``
+            return {**out, "data": b"", "bounds": np.empty((0, 2), np.int64),
+                    "next_offset": low, "status": "OFFSET_TOO_SMALL"}  # fmt: skip
         units, indexes = q.units(offset, max_msgs)
         data, bounds = self._records(units, indexes)
-        return {"data": data, "bounds": bounds, "first_offset": offset,
-                "next_offset": offset + len(indexes), "max_offset": q.max_offset}  # fmt: skip
+        status = "FOUND" if len(indexes) else (
+            "NO_NEW_MSG" if offset == q.max_offset else "OFFSET_OVERFLOW_BADLY")  # fmt: skip
+        return {**out, "data": data, "bounds": bounds, "next_offset": offset + len(indexes),
+                "status": status}  # fmt: skip
 
     def _records(self, units: np.ndarray, indexes: np.ndarray) -> tuple[bytes, np.ndarray]:
         """The entry bodies at ``indexes`` (ascending) and their bounds.  Close together (a
@@ -338,6 +379,8 @@ class CommitLogMachine(StateMachine):
         queryMessage by key), oldest first."""
         out = []
         for index in self.keys.lookup(topic, key, max_msgs):
+            if index < self.log.ledger_begin_index:
+                continue  # compacted away
             m = decode(self.log.get(index).body)
             if m.topic == topic and key in split_keys(m.keys):  # not a hash collision
                 out.append(m)

@@ -16,7 +16,7 @@ from rayledger.actors.dispatcher_logic import (
     PushAnswered,
 )
 from rayledger.actors.logic import LeaderInfo
-from rayledger.actors.machine_core import Batch, Install, MachineCore, Verdict
+from rayledger.actors.machine_core import Batch, Install, MachineCore, Rebase, Verdict
 from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import (
     DispatcherState,
@@ -151,7 +151,7 @@ def test_installed_keeps_a_snapshot_of_ours_being_written_past_it() -> None:
 
 
 def test_a_machine_below_its_logs_begin_is_stranded_until_a_snapshot() -> None:
-    c = MachineCore("n0", applied=4, max_batch=5)
+    c = MachineCore("n0", applied=4, max_batch=5, snapshots=SnapshotPolicy(SnapshotConfig()))
     assert c.next_batch(30, begin=10) is None
     assert c.stranded is True and c.applying is None and c.failed is None
     assert c.next_batch(30, begin=10) is None and c.stranded is True
@@ -161,6 +161,19 @@ def test_a_machine_below_its_logs_begin_is_stranded_until_a_snapshot() -> None:
     c.installed(12, [], saved=-1)
     assert c.stranded is False and c.applied == 12
     assert c.next_batch(30, begin=10) == Batch(13, 18)
+
+
+def test_a_machine_that_takes_no_snapshots_rebases_to_its_logs_begin() -> None:
+    """No snapshot will come: it continues after the reset log's begin (the RocketMQ commit
+    log rebuilds its consume queues from there), once, between batches."""
+    c = MachineCore("n0", applied=4, max_batch=5)
+    assert c.next_batch(30, begin=10) == Rebase(9)
+    assert c.next_batch(30, begin=10) is None  # one job at a time
+    q = object()
+    assert c.query(10, q, now_ms=0, timeout_ms=100) == "wait"
+    assert c.rebased(9) == [] and c.applied == 9 and c.stranded is False
+    assert c.next_batch(30, begin=10) == Batch(10, 15)
+    assert c.batch_done(14) == [q]
 
 
 def test_a_machine_right_at_its_logs_begin_is_not_stranded() -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from rayledger.actors import supervision as sv
 from rayledger.actors.machine import Applier, MachineContext, StateMachine, load_machine
-from rayledger.actors.machine_core import AskReady, Install, Verdict
+from rayledger.actors.machine_core import AskReady, Install, Rebase, Verdict
 from rayledger.actors.read_path import run_to_end
 from rayledger.actors.snapshot_policy import SnapshotConfig
 from rayledger.integration.kv import set_command
@@ -189,9 +189,10 @@ class MachineDelivery:
             if core.stranded:
                 self.stats["machine_stranded_steps"] += 1
             return
-        if isinstance(batch, Install):
+        if isinstance(batch, Install | Rebase):
             ms = self._machine_rng.randint(*MACHINE_APPLY_MS)
-            self._m_thread(node, ms, self._m_installed, node, batch)
+            done = self._m_installed if isinstance(batch, Install) else self._m_rebased
+            self._m_thread(node, ms, done, node, batch)
             return
         try:
             entries = store.get_range(batch.start, batch.stop)
@@ -215,12 +216,47 @@ class MachineDelivery:
         except Exception as exc:
             core.fail(repr(exc))
             self.fail(f"{node.id}'s machine failed on {batch}: {exc!r}")
+        store = node.logic.store
         for token in core.batch_done(batch.stop - 1):
             self._m_answer(node, token)
+        store.keep_from = core.keep_from(node.applier.saved_now())
         index = core.snapshot_due(entries)
         if index is not None:
             self._m_snapshot(node, index)
+        elif self.machine == "mq":
+            self._m_compact(node, 0.1)  # up to the commit log's last checkpoint
         self.stats["machine_batches"] += 1
+        self._m_pump(node)
+
+    def _m_compact(self, node: Node, chance: float) -> None:
+        """An operator's compaction (``group.compact``) on a file-store member, seeded: the
+        log up to what its machine can come back from goes, and a member that was away
+        longer than that is reset past it."""
+        store = node.logic.store
+        if self.store_kind == "file" and self._snapshot_rng.random() < chance:
+            if store.clean(compact=True):
+                self.stats["log_compactions"] += 1
+                self.net.note(f"{node.id} compacts its log to {store.ledger_begin_index}")
+
+    def _m_rebased(self, node: Node, job) -> None:
+        """``MachineRunner._rebase`` on the machine's thread: its log was reset past where
+        it stands and it takes no snapshots: it continues after ``job.index``."""
+        m = self.members[node.id]
+        if job.index < node.machine_next - 1:
+            self.fail(f"{node.id}'s machine rebases to {job.index}, standing at "
+                      f"{node.machine_next - 1}")  # fmt: skip
+        try:
+            node.applier.machine.rebase(job.index)
+        except Exception as exc:
+            node.applier.core.fail(repr(exc))
+            self.fail(f"{node.id}'s machine failed to rebase to {job.index}: {exc!r}")
+        m.rebases.append((node.machine_next - 1, job.index))  # (stood at, continues after)
+        node.machine_next = job.index + 1
+        m.machine_high = max(m.machine_high, job.index)
+        for token in node.applier.core.rebased(job.index):
+            self._m_answer(node, token)
+        self.stats["machine_rebases"] += 1
+        self.net.note(f"{node.id} machine rebases to {job.index}")
         self._m_pump(node)
 
     def _m_offer(self, node: Node, sealed: list) -> None:
@@ -279,12 +315,7 @@ class MachineDelivery:
         for old in gone:
             snaps.delete(old)
         self.stats["machine_snapshots"] += 1
-        if self.store_kind == "file" and self._snapshot_rng.random() < 0.5:
-            # an operator's compaction: the log up to the snapshot may go, and a member
-            # that was away longer than that gets the leader's snapshot
-            if store.clean(compact=True):
-                self.stats["log_compactions"] += 1
-                self.net.note(f"{node.id} compacts its log to {store.ledger_begin_index}")
+        self._m_compact(node, 0.5)  # a member away longer than that gets the snapshot
 
     def _m_check_apply(self, node: Node, entries: list) -> None:
         """Instrumented around the applier's call: in order from where the machine stands,
@@ -512,7 +543,7 @@ class MachineDelivery:
                 self.fail(f"{m.id}'s machine failed: {core.failed}")
             store = m.store
             last = min(core.applied, store.committed_index)
-            fresh = self._replayed_to(last, store)
+            fresh = self._replayed_to(last, store, m.rebases)
             if fresh is None:
                 self.stats["machine_replay_unknown"] += 1
                 continue
@@ -529,26 +560,35 @@ class MachineDelivery:
             self._check_stamps(m, fresh, last)
             self.stats["machines_checked"] += 1
 
-    def _replayed_to(self, last: int, store: Any = None) -> StateMachine | None:
+    def _replayed_to(
+        self, last: int, store: Any = None, rebases: list[tuple[int, int]] = ()
+    ) -> StateMachine | None:
         """A fresh machine fed the group's committed log from its first entry up to
-        ``last`` (None when the simulation did not see all of it: a power loss voided
-        it).  ``store``: the member's log, whose entries the machine reads (RocketMQ's
-        pulls)."""
+        ``last`` -- rebased where the member's machine rebased: ``(stood at, continued
+        after)``, the entries between never applied -- (None when the simulation did not
+        see all of it: a power loss voided it).  ``store``: the member's log, whose entries
+        the machine reads (RocketMQ's pulls)."""
         fresh = load_machine(self.machine_path)
         ctx = MachineContext(self.group, "replay", None, {"checkpoint_interval_ms": NEVER_MS},
                              store)  # fmt: skip
         fresh.open(ctx)
-        batch: list = []
-        for i in range(last + 1):
-            e = self.committed_entries.get(i)
-            if e is None:
-                return None
-            batch.append(e)
-            if len(batch) == 1024:
+        cuts = [(a, r) for a, r in rebases if r <= last]
+        at = 0
+        for stood, after in [*cuts, (last, None)]:
+            batch: list = []
+            for i in range(at, stood + 1):
+                e = self.committed_entries.get(i)
+                if e is None:
+                    return None
+                batch.append(e)
+                if len(batch) == 1024:
+                    fresh.apply(batch)
+                    batch = []
+            if batch:
                 fresh.apply(batch)
-                batch = []
-        if batch:
-            fresh.apply(batch)
+            if after is not None:
+                fresh.rebase(after)
+                at = after + 1
         return fresh
 
     def _check_stamps(self, m: SimMember, fresh: StateMachine, last: int) -> None:
@@ -562,11 +602,13 @@ class MachineDelivery:
                     break
         elif isinstance(fresh, CommitLogMachine):
             for (topic, qid), q in fresh.queues.items():
-                for k, (phys, _size, _tags, index) in enumerate(q.get(0, q.max_offset)):
+                for k, (phys, _size, _tags, index) in enumerate(q.get(q.base, q.max_offset)):
+                    if index < store.ledger_begin_index:
+                        continue  # compacted away
                     e = store.get(index)
                     msg = decode(e.body, verify=False)
                     if (
-                        msg.queue_offset != k
+                        msg.queue_offset != q.base + k
                         or phys != e.pos + HEADER_SIZE
                         or msg.phys_offset != phys
                     ):
@@ -590,7 +632,7 @@ def machine_state(machine: StateMachine) -> Any:
     """What a machine holds, comparable across instances."""
     if isinstance(machine, CommitLogMachine):
         queues = {
-            f"{t}/{q}": cq.get(0, cq.max_offset)
+            f"{t}/{q}": (cq.base, cq.get(cq.base, cq.max_offset))
             for (t, q), cq in machine.queues.items()
             if cq.max_offset
         }

@@ -141,6 +141,7 @@ class SimMember:
     verified_end: int = -1  # entries up to here were checked against the Log Matching map
     fast_enabled: bool = False  # LedgerConfig.fast_path, switched by faults
     machine_high: int = -1  # the highest index its machine was ever given (across restarts)
+    rebases: list[int] = field(default_factory=list)  # where its machine rebased (in order)
     hooked: LogStore | None = None  # the store its machine's pre_append hook is on
 
     @property
