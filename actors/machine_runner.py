@@ -22,7 +22,7 @@ from rayledger.storage import Entry
 
 from . import supervision as sv
 from .futures import set_exception, set_result
-from .machine import Applier, MachineContext, StateMachine, load_machine
+from .machine import Applier, MachineContext, StateMachine, load_machine, load_quietly
 from .machine_core import AskReady, Batch, Install, Rebase, Verdict
 from .naming import now_ms
 
@@ -138,6 +138,15 @@ class MachineRunner:
                 snaps.abort(tmp)
             with m._lock:
                 self.core.snapshot_failed(index, repr(exc))
+            return
+        # batches that ended while it was written took none: one may be due now (no batch
+        # in flight, so the cut is where the machine stands; later batches queue behind it)
+        with m._lock:
+            again = self.core.snapshot_due([]) if self.core.applying is None else None
+            term = m.store.get_term(again) if again is not None else -1
+        if again is not None:
+            cut = loop.run_in_executor(self._pool, self.applier.machine.snapshot)
+            asyncio.ensure_future(self._snapshot(cut, again, term))
 
     def _run(self, entries: list[Entry]) -> int:
         """On the machine's thread: apply, then what the machine has made durable itself."""
@@ -170,7 +179,7 @@ class MachineRunner:
         m, snaps = self.member, self.applier.snapshots
         try:
             await loop.run_in_executor(
-                self._pool, self.applier.machine.load_snapshot, job.path, job.index
+                self._pool, load_quietly, self.applier.machine, job.path, job.index
             )
         except Exception as exc:
             with m._lock:

@@ -66,6 +66,12 @@ from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
 
+REPLAY_DEFERS_HELPERS = 10_000
+"""A restarted member this many committed entries ahead of its machine defers its helpers."""
+
+HELPERS_DEFER_S = 5.0
+"""...for at most this long (it creates them at once when it is elected first)."""
+
 
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
 class MemberActor:
@@ -152,27 +158,55 @@ class MemberActor:
         """Create this member's dispatchers and checker, and start maintaining state.
 
         Ray runs an async actor's ``__init__`` on its event loop, so this also runs
-        when Ray restarts the member after its process died.
+        when Ray restarts the member after its process died.  A member whose state machine
+        has a long replay ahead (a restart: the log after its snapshot) creates its helpers
+        once it caught up, or after ``HELPERS_DEFER_S`` -- or at once when it is elected
+        before: three processes starting take ~2 cores for a second here, which the replay
+        needs (a restart of a million-key store served after 3.5 s, not 2.3).
         """
         ctx = self.ctx
         ctx.loop = asyncio.get_running_loop()
+        me = ray.get_runtime_context().current_actor
+        self._me = me
+        ctx.ensure_helpers = self._create_helpers
+        if self._replay_ahead() > REPLAY_DEFERS_HELPERS:
+            asyncio.ensure_future(self._helpers_after_replay())
+        else:
+            self._create_helpers()
+        me.run_maintainer.remote()
+
+    def _replay_ahead(self) -> int:
+        m = self.ctx.machine
+        return 0 if m is None else self.store.committed_index - m.core.applied
+
+    async def _helpers_after_replay(self) -> None:
+        deadline = time.monotonic() + HELPERS_DEFER_S
+        while self.ctx.checker is None and time.monotonic() < deadline:
+            if self._replay_ahead() <= REPLAY_DEFERS_HELPERS:
+                break
+            await asyncio.sleep(0.05)
+        self._create_helpers()
+
+    def _create_helpers(self) -> None:
+        """The checker and a dispatcher per peer, on this node (once)."""
+        ctx = self.ctx
+        if ctx.checker is not None:
+            return
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
-        me = ray.get_runtime_context().current_actor
         # Ray restarts a helper whose process died; the new one tells its member
         # (helper_restarted), which sets it up again for the term it leads
         helper = {"scheduling_strategy": here, "max_restarts": -1}
         ctx.checker = QuorumAckCheckerActor.options(**helper).remote(
-            self.group, self.self_id, self.peers, self.config, me
+            self.group, self.self_id, self.peers, self.config, self._me
         )
         for peer in self.peers:
             if peer != self.self_id:
                 ctx.dispatchers[peer] = EntryDispatcherActor.options(**helper).remote(
-                    self.group, self.self_id, peer, self.config, me, ctx.checker
+                    self.group, self.self_id, peer, self.config, self._me, ctx.checker
                 )
         ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
-        me.run_maintainer.remote()
 
     # -- answers to pushes ------------------------------------------------------------------
     def _resolve(self, answers) -> None:
@@ -383,6 +417,7 @@ class MemberActor:
     @ray.method(concurrency_group="election")
     async def helper_pids(self) -> dict[str, int | None]:
         """Process ids of this member's checker and dispatchers (for fault injection)."""
+        self.ctx.ensure_helpers()
         refs = {"checker": self.ctx.checker.pid.remote()}
         refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self.ctx.dispatchers.items()})
         return await self._helper_answers(refs)

@@ -57,7 +57,8 @@ class MemberContext:
     faults: LinkFaults = field(default_factory=LinkFaults)
     loop: asyncio.AbstractEventLoop | None = None  # the main loop, set at boot
     machine: MachineRunner | None = None
-    checker: Any = None  # the QuorumAckCheckerActor handle, set at boot
+    checker: Any = None  # the QuorumAckCheckerActor handle, set at boot (see ensure_helpers)
+    ensure_helpers: Callable[[], None] = lambda: None  # set by the shell: create them now
     dispatchers: dict[str, Any] = field(default_factory=dict)  # peer -> EntryDispatcherActor
     closed: bool = False
     _handles: dict[str, Any] = field(default_factory=dict)

@@ -47,6 +47,8 @@ class LeadershipPart(Part):
             self.appends.fast_stop()
             return None
         if isinstance(a, sv.CheckerStepDown):
+            if self.ctx.checker is None:  # a restarted member that has not created it yet
+                return None
             try:
                 return await asyncio.wait_for(
                     self.ctx.checker.step_down.remote(a.new_term), rpc_s(a.timeout_ms)
@@ -92,6 +94,7 @@ class LeadershipPart(Part):
         raise TypeError(f"unknown supervision action {a!r}")
 
     def _helper_handles(self) -> dict:
+        self.ctx.ensure_helpers()  # a restarted member may still defer them (member.py)
         handles = {sv.CHECKER: self.ctx.checker}
         handles.update({("dispatcher", p): d for p, d in self.ctx.dispatchers.items()})
         return handles
@@ -125,6 +128,7 @@ class LeadershipPart(Part):
 
     async def _install_helpers(self, a: sv.Install) -> None:
         """Start the checker and the dispatchers (or one of them, ``a.only``) for ``a.term``."""
+        self.ctx.ensure_helpers()  # elected before its deferred helpers were created
         timeout = a.timeout_ms / 1000
         term, only = a.term, a.only
         if only in (None, "checker"):

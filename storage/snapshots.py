@@ -90,11 +90,13 @@ def _disk_error(what: str, exc: OSError) -> LedgerError:
 class SnapshotStore:
     """The ``snapshots/`` directory of one member."""
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, owner: bool = True):
+        """``owner``: the member's own store, which removes what a crash left half-written;
+        another reader (an operator, a test) passes False and touches nothing."""
         self.dir = Path(directory)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for p in self.dir.iterdir():  # a crash in the middle of a snapshot left it
+            for p in self.dir.iterdir() if owner else ():  # a crash mid-snapshot left it
                 if p.name.startswith(_TMP):
                     shutil.rmtree(p, ignore_errors=True)
         except OSError as exc:

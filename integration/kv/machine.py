@@ -96,16 +96,22 @@ class KvMachine(StateMachine):
             body[start : start + _REV_DIGITS] = b"%010d" % index
 
     def apply(self, entries: list[Entry]) -> None:
+        # each body parsed on its own: a batch's bodies parsed as one JSON array would let
+        # two malformed bodies form one command, on members whose batches join them only
+        loads = json.loads
         for e in entries:
             if e.body:  # a term's first entry is empty
-                self._apply_one(e)
+                try:
+                    doc = loads(e.body)
+                except ValueError:
+                    doc = None  # not a command: skipped alike everywhere
+                self._apply_one(e.index, doc)
             self.applied = e.index
 
-    def _apply_one(self, e: Entry) -> None:
+    def _apply_one(self, index: int, cmd: Any) -> None:
         try:
-            cmd = json.loads(e.body)
             op, key, rev = cmd["op"], cmd["key"], int(cmd["rev"])
-        except (ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             return  # not a command: entries of other writers are skipped alike everywhere
         if not isinstance(key, str):
             return
@@ -121,7 +127,7 @@ class KvMachine(StateMachine):
             swapped = now == _unb64(cmd.get("exp"))
             if swapped:
                 self.data[key] = (_unb64(cmd.get("b64")), rev)
-            self.cas_results[e.index] = swapped
+            self.cas_results[index] = swapped
             if len(self.cas_results) > CAS_RESULTS:
                 del self.cas_results[next(iter(self.cas_results))]  # the oldest (in order)
 

@@ -4,7 +4,6 @@ real group running it on every member."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import pytest
@@ -142,6 +141,7 @@ def test_every_member_snapshots_its_machine_and_keeps_the_newest(make_group):
     writes a checksummed snapshot of its KV machine off the machine's thread and keeps
     the newest ``snapshot_keep``."""
     from rayledger.actors.snapshot_policy import SnapshotPolicy
+    from rayledger.integration.kv.machine import read_snapshot
     from rayledger.storage.snapshots import SnapshotStore
 
     config = dataclasses.replace(
@@ -155,7 +155,7 @@ def test_every_member_snapshots_its_machine_and_keeps_the_newest(make_group):
     last = c.append(set_command("last", True))
     deadline = time.monotonic() + 60
     for m in g.members:
-        snaps = SnapshotStore(f"{ray.get(g.handle(m).store_dir.remote())}/snapshots")
+        snaps = SnapshotStore(f"{ray.get(g.handle(m).store_dir.remote())}/snapshots", owner=False)
         while True:
             have = snaps.list()
             if have and have[-1].index >= last.index - 20 and len(have) <= 2:
@@ -164,5 +164,5 @@ def test_every_member_snapshots_its_machine_and_keeps_the_newest(make_group):
             time.sleep(0.2)
         newest = SnapshotPolicy.start_from(have, snaps.verify)
         assert newest is have[-1]  # whole
-        state = json.loads(open(f"{newest.path}/kv.json").read())
-        assert state["applied"] == newest.index and "k0-0" in state["data"]
+        data, applied, _cas = read_snapshot(f"{newest.path}/kv.arrow")
+        assert applied == newest.index and "k0-0" in data

@@ -22,7 +22,7 @@ BATCH = 2_000
 
 
 def _snapshots(g, member: str) -> SnapshotStore:
-    return SnapshotStore(f"{ray.get(g.handle(member).store_dir.remote())}/snapshots")
+    return SnapshotStore(f"{ray.get(g.handle(member).store_dir.remote())}/snapshots", owner=False)
 
 
 def _on(g, member: str, request):
