@@ -2,7 +2,7 @@
 
 The codes are DLedger's ``DLedgerResponseCode`` (same names, same numbers) plus
 the few rayledger needs on top (``ENTRY_TOO_LARGE``, ``CORRUPT_LOG``,
-``APPEND_OUTCOME_UNKNOWN``, ``CORRUPT_SNAPSHOT``).  They live in the lowest layer so that the store,
+``APPEND_OUTCOME_UNKNOWN``, ``CORRUPT_SNAPSHOT``, ``CONFIG_CHANGE_IN_PROGRESS``).  They live in the lowest layer so that the store,
 the protocol cores, the actors and the client all speak one vocabulary.
 """
 
@@ -46,6 +46,7 @@ class ResponseCode(IntEnum):
     CORRUPT_LOG = 426
     APPEND_OUTCOME_UNKNOWN = 427
     CORRUPT_SNAPSHOT = 428
+    CONFIG_CHANGE_IN_PROGRESS = 429
     TERM_CHANGED = 501
     INTERNAL_ERROR = 500
     TAKE_LEADERSHIP_FAILED = 502
