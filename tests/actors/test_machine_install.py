@@ -56,13 +56,23 @@ def test_an_offered_snapshot_is_the_next_job_even_with_batches_due() -> None:
 
 def test_an_offer_waits_for_the_batch_in_flight() -> None:
     c = MachineCore("n0", applied=4, max_batch=3)
-    b = c.next_batch(30)
+    b = c.next_batch(20)
     assert b == Batch(5, 8)
     assert c.offer(20, "/snap/20") is True
-    assert c.next_batch(30) is None  # the batch is still being applied
+    assert c.next_batch(20) is None  # the batch is still being applied
     c.check_batch(b, entries(5, 8))
     assert c.batch_done(7) == [] and c.applied == 7
-    assert c.next_batch(30) == Install(20, "/snap/20")
+    assert c.next_batch(20) == Install(20, "/snap/20")
+
+
+def test_a_machine_far_behind_applies_larger_batches() -> None:
+    """More than CATCH_UP batches behind (a restart replaying its log), batches are
+    CATCH_UP times larger: each costs a read and two hops besides its entries."""
+    from rayledger.actors.machine_core import CATCH_UP
+
+    c = MachineCore("n0", applied=4, max_batch=3)
+    assert c.due(4 + CATCH_UP * 3) == (5, 8)  # not far behind
+    assert c.due(5 + CATCH_UP * 3) == (5, 5 + CATCH_UP * 3)
 
 
 @pytest.mark.parametrize("index", [4, 3, -1])
