@@ -274,7 +274,7 @@ def _run_installs(seed: int, name: str, machine: str = "kv") -> GroupSim:
     return sim
 
 
-@pytest.mark.parametrize("seed", sim_seeds(12, offset=72_000))
+@pytest.mark.parametrize("seed", sim_seeds(10, offset=72_000))
 def test_machine_kv_snapshot_installs(seed: int) -> None:
     """Snapshots installed on lagging members, interleaved with crashes, restarts,
     partitions and power loss: every loaded snapshot equals a replay of the committed log
