@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 
 import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# `rayledger start` keeps groups on disk by default (~/.rayledger/data): tests keep theirs in
+# a directory of the session's own, removed at its end
+_DATA = tempfile.mkdtemp(prefix="rayledger-test-data-")
+os.environ["RAYLEDGER_DATA"] = _DATA
+atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
 
 
 def pytest_addoption(parser):

@@ -21,7 +21,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import output
-from .options import group_command_adder
+from .options import add_start_options, group_command_adder, store_dir_of
 from .output import say
 
 CONSISTENCY = ("linearizable", "lease", "committed")
@@ -41,7 +41,7 @@ def _kv(args) -> Iterator:
         raise LedgerError(
             ResponseCode.UNEXPECTED_ARGUMENT,
             f"group {args.group!r} does not run the key-value store "
-            "(create one with KVClient.create)",
+            "(create one with `rayledger kv start` or KVClient.create)",
         )
     kv = KVClient(group, timeout_s=args.timeout)
     try:
@@ -191,6 +191,18 @@ def cmd_watch(args) -> int:
     return 0
 
 
+def cmd_start(args) -> int:
+    from rayledger.actors import LedgerConfig
+    from rayledger.integration.kv import KVClient
+
+    connect(args.address)
+    config = LedgerConfig.fast() if args.fast else LedgerConfig()
+    kv = KVClient.create(args.group, int(args.members), store_dir_of(args), config)
+    say(json.dumps({"group": args.group, "members": kv.group.members,
+                    "leader": kv.group.wait_for_leader(args.timeout)}))  # fmt: skip
+    return 0
+
+
 def add_commands(sub, common) -> None:
     """``rayledger kv SUBCOMMAND``, each on one group (--group/--address/--timeout)."""
     kv = sub.add_parser("kv", parents=[common], help="the key-value store: put, get, scan, ...")
@@ -201,6 +213,8 @@ def add_commands(sub, common) -> None:
         sp.add_argument("--member", default=None, help="read from this member (or `any`)")
         sp.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    st = add("start", "start a group running the key-value store", cmd_start)
+    add_start_options(st, "how many members")
     pu = add("put", "set KEY to VALUE; prints the revision", cmd_put)
     pu.add_argument("key")
     pu.add_argument("value", nargs="?", default=None, help="UTF-8 text, or `-` for stdin's bytes")

@@ -16,7 +16,13 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import kv, mq, ops, output
-from .options import Parser, add_start_options, common_options, group_command_adder
+from .options import (
+    Parser,
+    add_start_options,
+    common_options,
+    group_command_adder,
+    store_dir_of,
+)
 from .output import say
 
 
@@ -40,7 +46,7 @@ def cmd_start(args) -> int:
     members = parse_members(args.members)
     connect(args.address)
     config = LedgerConfig.fast() if args.fast else LedgerConfig()
-    group = LedgerGroup.create(args.group, members, store_dir=args.store_dir, config=config)
+    group = LedgerGroup.create(args.group, members, store_dir=store_dir_of(args), config=config)
     leader = group.wait_for_leader(timeout_s=args.timeout)
     say(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
     return 0

@@ -16,7 +16,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import output
-from .options import add_start_options, group_command_adder
+from .options import add_start_options, group_command_adder, store_dir_of
 from .output import say
 
 
@@ -55,7 +55,7 @@ def cmd_start(args) -> int:
 
     connect(args.address)
     config = LedgerConfig.fast() if args.fast else LedgerConfig()
-    log = CommitLog.create(args.group, int(args.members), args.store_dir, config)
+    log = CommitLog.create(args.group, int(args.members), store_dir_of(args), config)
     say(json.dumps({"group": args.group, "members": log.group.members,
                     "leader": log.group.wait_for_leader(args.timeout)}))  # fmt: skip
     return 0

@@ -46,9 +46,39 @@ def group_command_adder(subparsers, common: argparse.ArgumentParser) -> AddComma
     return add
 
 
+DATA_ENV = "RAYLEDGER_DATA"
+DEFAULT_DATA = "~/.rayledger/data"
+"""Where ``start`` keeps a group's files unless told otherwise: on every node, the same path
+(``$RAYLEDGER_DATA``, else ``~/.rayledger/data``), one directory per group and member."""
+
+
 def add_start_options(sp: argparse.ArgumentParser, members_help: str) -> argparse.ArgumentParser:
-    """What ``start`` (of a plain or a RocketMQ group) takes: members, store and timers."""
+    """What ``start`` (of a plain, RocketMQ or KV group) takes: members, store and timers."""
     sp.add_argument("--members", default="3", help=members_help)
-    sp.add_argument("--store-dir", default=None, help="file store root (default: memory store)")
+    sp.add_argument(
+        "--store-dir",
+        default=None,
+        help=f"file store root on every node (default: ${DATA_ENV}, else {DEFAULT_DATA}); "
+        "a member that restarts recovers from it",
+    )
+    sp.add_argument(
+        "--memory", action="store_true", help="keep the log in memory only (lost on a restart)"
+    )
     sp.add_argument("--fast", action="store_true", help="short election timers (heartbeat 100 ms)")
     return sp
+
+
+def store_dir_of(args) -> str | None:
+    """The store root ``start`` uses: ``--store-dir``, else the per-node default; None with
+    ``--memory`` (UNEXPECTED_ARGUMENT with both)."""
+    import os
+
+    from rayledger.storage import LedgerError, ResponseCode
+
+    if args.memory and args.store_dir is not None:
+        raise LedgerError(
+            ResponseCode.UNEXPECTED_ARGUMENT, "--memory and --store-dir exclude each other"
+        )
+    if args.memory:
+        return None
+    return os.path.expanduser(args.store_dir or os.environ.get(DATA_ENV) or DEFAULT_DATA)

@@ -209,3 +209,22 @@ def test_help_for_every_kv_subcommand(kv_here):
     for sub in ([], ["put"], ["get"], ["del"], ["scan"], ["watch"]):
         out = kv_here(*sub, "--help")
         assert out.returncode == 0 and "usage: rayledger kv" in out.stdout, sub
+
+
+def test_kv_start_keeps_the_store_on_disk_by_default(ray_session, kv_here, tmp_path, monkeypatch):
+    """Issue 22 (6): `start` keeps a group's files under $RAYLEDGER_DATA (else
+    ~/.rayledger/data) unless told --memory; --memory with --store-dir is refused."""
+    monkeypatch.setenv("RAYLEDGER_DATA", str(tmp_path / "data"))
+    name = f"t-kvstart-{uuid.uuid4().hex[:8]}"
+    g = ["--group", name, "--address", ray.get_runtime_context().gcs_address]
+    bad = kv_here("start", *g, "--memory", "--store-dir", str(tmp_path))
+    coded_error(bad, "UNEXPECTED_ARGUMENT")
+    started = json.loads(ok(kv_here("start", *g, "--members", "3", "--fast"))[0])
+    try:
+        assert started["group"] == name and started["leader"] in started["members"]
+        assert sorted(os.listdir(tmp_path / "data" / name)) == ["n0", "n1", "n2"]
+        assert ok(kv_here("put", *g, "k", "v")) and ok(kv_here("get", *g, "k")) == ["v"]
+    finally:
+        from rayledger.actors import LedgerGroup
+
+        LedgerGroup.get(name).shutdown(delete_data=True)
