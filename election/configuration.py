@@ -21,7 +21,7 @@ majority.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rayledger.storage.errors import LedgerError, ResponseCode
@@ -223,4 +223,37 @@ class ConfigLog:
         return cls(Configuration.of(voters, learners))
 
 
-__all__ = ["CONFIG_CHANNEL", "ConfigLog", "Configuration", "check_change"]
+class ConfigWatch:
+    """A :class:`ConfigLog` following a member's store (``LogStore.watch_channel`` on
+    :data:`CONFIG_CHANNEL`), saved through ``save`` after every change (a compacted log no
+    longer holds its base).  A reset leaves the configurations below the new begin as the
+    base; the leader's configuration at that point comes with the reset (issue 22, to wire)."""
+
+    def __init__(self, log: ConfigLog, save: Callable[[dict], None] | None = None):
+        self.log = log
+        self._save = save
+
+    def _saved(self) -> None:
+        if self._save is not None:
+            self._save(self.log.to_json())
+
+    def appended(self, index: int, body: bytes) -> None:
+        self.log.appended(index, Configuration.decode(body))
+        self._saved()
+
+    def truncated(self, end_index: int) -> None:
+        if self.log.entries and self.log.entries[-1][0] > end_index:
+            self.log.truncated(end_index)
+            self._saved()
+
+    def reset(self, begin_index: int) -> None:
+        self.log.truncated(begin_index - 1)
+        self.compacted(begin_index)
+
+    def compacted(self, begin_index: int) -> None:
+        if self.log.entries and self.log.entries[0][0] < begin_index:
+            self.log.compacted(begin_index)
+            self._saved()
+
+
+__all__ = ["CONFIG_CHANNEL", "ConfigLog", "ConfigWatch", "Configuration", "check_change"]

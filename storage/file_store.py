@@ -685,6 +685,8 @@ class FileStore(LogStore):
                 self._index.delete_segment_front()
             if deleted:
                 self._checkpoint(force=True)
+                for watcher in self._watchers.values():
+                    watcher.compacted(self.ledger_begin_index)
         return deleted
 
     def disk_bytes(self) -> int:

@@ -23,6 +23,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -118,6 +119,18 @@ def _runs(
     return runs
 
 
+class ChannelWatcher(Protocol):
+    """Follows the entries of one channel in a log (see :meth:`LogStore.watch_channel`)."""
+
+    def appended(self, index: int, body: bytes) -> None: ...
+
+    def truncated(self, end_index: int) -> None: ...
+
+    def reset(self, begin_index: int) -> None: ...
+
+    def compacted(self, begin_index: int) -> None: ...
+
+
 class LogStore:
     """Shared logic of the file and memory stores (use one of the subclasses)."""
 
@@ -127,6 +140,7 @@ class LogStore:
         self._index = index
         self._lock = threading.RLock()
         self._hooks: list[AppendHook] = []
+        self._watchers: dict[int, ChannelWatcher] = {}  # channel -> who follows its entries
         # With sync_flush, an append normally waits for its fdatasync.  A caller that holds a
         # lock others need (the member actor) sets this and calls flush() itself, unlocked.
         self.defer_sync = False
@@ -168,6 +182,18 @@ class LogStore:
         if not callable(hook):
             raise _err(ResponseCode.UNEXPECTED_ARGUMENT, "an append hook must be callable")
         self._hooks.append(hook)
+
+    def watch_channel(self, channel: int, watcher: ChannelWatcher) -> None:
+        """Tell ``watcher`` of every entry written on ``channel`` (leader or follower append,
+        under the store's lock) and of every truncation and reset: how a member follows the
+        configuration entries in its log (issue 22)."""
+        self._watchers[channel] = watcher
+
+    def _tell_watchers(self, first: int, channels) -> None:
+        for k, ch in enumerate(channels):
+            watcher = self._watchers.get(int(ch))
+            if watcher is not None:
+                watcher.appended(first + k, bytes(self.get(first + k).body))
 
     def _out_of_bounds(self, index: int) -> LedgerError:
         if self._closed:
@@ -365,6 +391,10 @@ class LogStore:
             self._write(first, data, positions, sizes, [term] * len(sizes))
             self._chain = chain
             self.ledger_end_term = term
+            watcher = self._watchers.get(channel)
+            if watcher is not None:
+                for k, body in enumerate(bodies):
+                    watcher.appended(first + k, bytes(body))
         self.after_append()
         return Appended(first, term, positions, data)
 
@@ -400,11 +430,13 @@ class LogStore:
             checked = self._verify_fast(view, first_index, count)
             if checked is None:  # something is off: the entry-by-entry check says what
                 checked = self._verify_slow(view, first_index, count)
-            positions, sizes, terms, chain, term_floor, runs = checked
+            positions, sizes, terms, chain, term_floor, runs, channels = checked
             self.check_disk()
             self._write(first_index, view, positions, sizes, terms, runs)
             self._chain = chain
             self.ledger_end_term = term_floor
+            if self._watchers:
+                self._tell_watchers(first_index, channels)
         self.after_append()
 
     def _verify_fast(self, view, first_index: int, count: int):
@@ -427,7 +459,8 @@ class LogStore:
             return None
         positions, sizes, runs = placed
         terms = h["term"]
-        return positions, sizes, terms, _signed(int(h["chain"][-1])), int(terms[-1]), runs
+        chain = _signed(int(h["chain"][-1]))
+        return positions, sizes, terms, chain, int(terms[-1]), runs, h["channel"]
 
     def _find_entries(self, view, count: int):
         """``(headers, body CRCs, offsets, size0)`` of the ``count`` entries in ``view``
@@ -520,13 +553,13 @@ class LogStore:
         index = first_index
         term_floor = self.ledger_end_term
         chain = self._chain
-        positions, sizes, terms = [], [], []
+        positions, sizes, terms, channels = [], [], [], []
         limit = self.config.max_entry_size + HEADER_SIZE
         unpack = HEADER.unpack_from
         while off < n:
             if off + HEADER_SIZE > n:
                 raise _err(ResponseCode.UNEXPECTED_ARGUMENT, f"entry {index} is cut short")
-            magic, size, eidx, term, pos, _ch, echain, bcrc, body_size = unpack(view, off)
+            magic, size, eidx, term, pos, channel, echain, bcrc, body_size = unpack(view, off)
             if (
                 magic != ENTRY_MAGIC
                 or body_size < 0
@@ -552,6 +585,7 @@ class LogStore:
             positions.append(pos)
             sizes.append(size)
             terms.append(term)
+            channels.append(channel)
             term_floor = term
             off += size
             index += 1
@@ -568,7 +602,7 @@ class LogStore:
                 f"entry {first_index + k} is at {positions[k]} on the leader, "
                 f"would be at {expected[k]} here (segment sizes differ?)",
             )
-        return positions, sizes, terms, chain, term_floor, None
+        return positions, sizes, terms, chain, term_floor, None, channels
 
     def _write(self, first: int, data, positions, sizes, terms, runs=None) -> None:
         """Write encoded entries and their index units; on failure undo both.
@@ -646,6 +680,8 @@ class LogStore:
             self.ledger_end_term = term
             self._chain = chain
             self._seq += 1
+            for watcher in self._watchers.values():
+                watcher.truncated(end_index)
             self.after_truncate()
             log.info("store truncated to %d (%d entries dropped)", end_index, dropped)
             return dropped
@@ -688,6 +724,8 @@ class LogStore:
             self._chain = 0 if begin_index == 0 else None
             self._base = (begin_index, begin_pos)
             self._seq += 1
+            for watcher in self._watchers.values():
+                watcher.reset(begin_index)
             self.after_truncate()
             log.info("store reset to begin at %d (pos %d)", begin_index, begin_pos)
 

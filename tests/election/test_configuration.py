@@ -100,3 +100,41 @@ def test_a_config_log_follows_appends_truncations_compactions_and_resets() -> No
     assert again == log and again.latest() == c2
     c3 = Configuration.of(["n1", "n2", "n3"])
     assert log.reset(c3, 40) is True and log.latest() == c3 and log.latest_index() == 40
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_a_store_tells_its_config_watch_of_every_configuration_entry(kind, tmp_path) -> None:
+    """Leader appends, follower appends (the vectorised check and the entry-by-entry one),
+    truncations, resets and compactions reach the member's ConfigLog, and it is saved."""
+    from rayledger.election.configuration import CONFIG_CHANNEL, ConfigWatch
+    from rayledger.storage import FileStore, MemoryStore, StoreConfig
+
+    def store(name: str):
+        if kind == "memory":
+            return MemoryStore(StoreConfig(data_segment_size=4096))
+        return FileStore(StoreConfig(data_dir=str(tmp_path / name), data_segment_size=4096))
+
+    base = Configuration.of(["n0", "n1", "n2"])
+    c1, c2 = base.with_learner("n3"), base.with_learner("n3").with_voter("n3")
+    leader, follower = store("l"), store("f")
+    saved: list[dict] = []
+    lw, fw = ConfigWatch(ConfigLog(base)), ConfigWatch(ConfigLog(base), saved.append)
+    leader.watch_channel(CONFIG_CHANNEL, lw)
+    follower.watch_channel(CONFIG_CHANNEL, fw)
+    leader.append_as_leader([b"a", b"b"], 1)
+    leader.append_as_leader([c1.encode()], 1, channel=CONFIG_CHANNEL)
+    leader.append_as_leader([b"c" * 50] * 30, 1)  # rolls segments: the slow check
+    leader.append_as_leader([c2.encode()], 2, channel=CONFIG_CHANNEL)
+    assert lw.log.latest() == c2 and [i for i, _ in lw.log.entries] == [2, 33]
+    for first in (0, 3, 33):  # the follower gets the leader's bytes in three batches
+        end = {0: 2, 3: 32, 33: 33}[first]
+        follower.append_as_follower(leader.read_batch(first, max_count=end - first + 1))
+    assert fw.log.entries == lw.log.entries and saved[-1] == fw.log.to_json()
+    assert follower.get(2).channel == CONFIG_CHANNEL and follower.get(3).channel == 0
+    follower.truncate(20)  # the uncommitted change is gone: the member acts on c1 again
+    assert fw.log.latest() == c1 and ConfigLog.from_json(saved[-1]).latest() == c1
+    follower.update_committed_index(10)
+    follower.reset(40, leader.get_pos(33) + 4096)  # a reset past everything it held
+    assert fw.log.entries == [] and fw.log.base == c1 and fw.log.base_index == 2
+    for s in (leader, follower):
+        s.close()
