@@ -21,7 +21,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import output
-from .options import add_start_options, group_command_adder, store_dir_of
+from .options import add_start_options, group_command_adder, start_group
 from .output import say
 
 CONSISTENCY = ("linearizable", "lease", "committed")
@@ -192,15 +192,14 @@ def cmd_watch(args) -> int:
 
 
 def cmd_start(args) -> int:
-    from rayledger.actors import LedgerConfig
     from rayledger.integration.kv import KVClient
 
-    connect(args.address)
-    config = LedgerConfig.fast() if args.fast else LedgerConfig()
-    kv = KVClient.create(args.group, int(args.members), store_dir_of(args), config)
-    say(json.dumps({"group": args.group, "members": kv.group.members,
-                    "leader": kv.group.wait_for_leader(args.timeout)}))  # fmt: skip
-    return 0
+    def create(*a):
+        kv = KVClient.create(*a)
+        kv.close()
+        return kv.group
+
+    return start_group(args, create)
 
 
 def add_commands(sub, common) -> None:

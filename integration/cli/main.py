@@ -21,35 +21,18 @@ from .options import (
     add_start_options,
     common_options,
     group_command_adder,
-    store_dir_of,
+    start_group,
 )
 from .output import say
 
 
-def parse_members(text: str) -> int | list[str]:
-    """``--members``: a count (``3``) or comma-separated member ids (``n0,n1,n2``)."""
-    text = text.strip()
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    ids = [m.strip() for m in text.split(",")]
-    if "," not in text or not all(ids) or len(set(ids)) != len(ids):
-        raise LedgerError(
-            ResponseCode.UNEXPECTED_ARGUMENT,
-            f"--members must be a count > 0 or distinct comma-separated member ids, got {text!r}",
-        )
-    return ids
-
-
 def cmd_start(args) -> int:
-    from rayledger.actors import LedgerConfig, LedgerGroup
+    from rayledger.actors import LedgerGroup
 
-    members = parse_members(args.members)
-    connect(args.address)
-    config = LedgerConfig.fast() if args.fast else LedgerConfig()
-    group = LedgerGroup.create(args.group, members, store_dir=store_dir_of(args), config=config)
-    leader = group.wait_for_leader(timeout_s=args.timeout)
-    say(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
-    return 0
+    return start_group(
+        args, lambda name, members, store_dir, config: LedgerGroup.create(
+            name, members, store_dir=store_dir, config=config)
+    )  # fmt: skip
 
 
 def cmd_append(args) -> int:

@@ -16,7 +16,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
 from . import output
-from .options import add_start_options, group_command_adder, store_dir_of
+from .options import add_start_options, group_command_adder, start_group
 from .output import say
 
 
@@ -50,15 +50,9 @@ def _row(m) -> dict:
 
 
 def cmd_start(args) -> int:
-    from rayledger.actors import LedgerConfig
     from rayledger.integration.rocketmq import CommitLog
 
-    connect(args.address)
-    config = LedgerConfig.fast() if args.fast else LedgerConfig()
-    log = CommitLog.create(args.group, int(args.members), store_dir_of(args), config)
-    say(json.dumps({"group": args.group, "members": log.group.members,
-                    "leader": log.group.wait_for_leader(args.timeout)}))  # fmt: skip
-    return 0
+    return start_group(args, lambda *a: CommitLog.create(*a).group)
 
 
 def cmd_produce(args) -> int:

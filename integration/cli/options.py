@@ -82,3 +82,38 @@ def store_dir_of(args) -> str | None:
     if args.memory:
         return None
     return os.path.expanduser(args.store_dir or os.environ.get(DATA_ENV) or DEFAULT_DATA)
+
+
+def parse_members(text: str) -> int | list[str]:
+    """``--members``: a count (``3``) or comma-separated member ids (``n0,n1,n2``)."""
+    from rayledger.storage import LedgerError, ResponseCode
+
+    text = text.strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    ids = [m.strip() for m in text.split(",")]
+    if "," not in text or not all(ids) or len(set(ids)) != len(ids):
+        raise LedgerError(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"--members must be a count > 0 or distinct comma-separated member ids, got {text!r}",
+        )
+    return ids
+
+
+def start_group(args, create: Callable) -> int:
+    """``start`` of a plain, RocketMQ or KV group: ``create(name, members, store_dir,
+    config)`` returns its LedgerGroup; prints the group, its members and its leader."""
+    import json
+
+    from rayledger.actors import LedgerConfig
+
+    from ..connect import connect
+    from .output import say
+
+    members = parse_members(args.members)
+    connect(args.address)
+    config = LedgerConfig.fast() if args.fast else LedgerConfig()
+    group = create(args.group, members, store_dir_of(args), config)
+    leader = group.wait_for_leader(timeout_s=args.timeout)
+    say(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
+    return 0

@@ -33,12 +33,7 @@ TOTAL = 55
 
 
 def _snapshot(store: SnapshotStore, index: int, term: int, files: dict[str, bytes]):
-    tmp = store.begin(index, term)
-    for name, data in files.items():
-        p = Path(tmp) / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-    return store.commit(tmp, index, term)
+    return store.seal_files(index, term, files)
 
 
 class Spy:

@@ -21,13 +21,8 @@ FILES = {
 TOTAL = sum(len(v) for v in FILES.values())
 
 
-def _write(store: SnapshotStore, index: int, term: int, files: dict[str, bytes]) -> SnapshotMeta:
-    tmp = store.begin(index, term)
-    for name, data in files.items():
-        p = Path(tmp) / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-    return store.commit(tmp, index, term)
+def _write(store: SnapshotStore, index: int, term: int, files: dict[str, bytes]):
+    return store.seal_files(index, term, files)
 
 
 def _stream(meta: SnapshotMeta) -> bytes:

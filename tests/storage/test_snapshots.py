@@ -12,12 +12,7 @@ from rayledger.storage.snapshots import SnapshotStore
 
 
 def _write(store: SnapshotStore, index: int, term: int, files: dict[str, bytes]):
-    tmp = store.begin(index, term)
-    for name, data in files.items():
-        p = Path(tmp) / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-    return store.commit(tmp, index, term)
+    return store.seal_files(index, term, files)
 
 
 def test_a_committed_snapshot_lists_and_verifies(tmp_path) -> None:
