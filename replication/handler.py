@@ -430,11 +430,13 @@ class EntryHandler:
         be compared again)."""
         index = req.first_index
         if index >= 0:
-            if index < self.store.ledger_begin_index:
-                # compacted away (after a snapshot) or below a reset: only committed entries
-                # leave a log that way, and the leader names a committed entry -- the same
-                pass
-            elif not self._entry_matches(index, req.entry_term, req.entry_pos):
+            # an entry below our begin was compacted away (after a snapshot) or lies below a
+            # reset: only committed entries leave a log that way, and the leader names a
+            # committed entry -- the same one
+            held = index < self.store.ledger_begin_index or self._entry_matches(
+                index, req.entry_term, req.entry_pos
+            )
+            if not held:
                 self._event(WARNING, "commit.unheld", req, held_term=self._term_at(index))
                 return self._resp(req, ResponseCode.INCONSISTENT_STATE, index)
             if index > self.matched_index:

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 
 from rayledger.storage import LedgerError, ResponseCode
 
-from ..connect import connect
 from . import output
-from .options import add_start_options, group_command_adder, start_group
+from .options import add_start_options, group_command_adder, group_running, start_group
 from .output import say
 
 CONSISTENCY = ("linearizable", "lease", "committed")
@@ -31,18 +30,11 @@ CONSISTENCY = ("linearizable", "lease", "committed")
 def _kv(args) -> Iterator:
     """A KVClient on ``--group``, closed after the command; UNKNOWN_GROUP when no group has
     that name, UNEXPECTED_ARGUMENT when the group does not run the KV machine."""
-    from rayledger.actors import LedgerGroup
     from rayledger.integration.kv import KVClient
     from rayledger.integration.kv.client import MACHINE
 
-    connect(args.address)
-    group = LedgerGroup.get(args.group)
-    if group.config.state_machine != MACHINE:
-        raise LedgerError(
-            ResponseCode.UNEXPECTED_ARGUMENT,
-            f"group {args.group!r} does not run the key-value store "
-            "(create one with `rayledger kv start` or KVClient.create)",
-        )
+    group = group_running(args, MACHINE, "the key-value store",
+                          "create one with `rayledger kv start` or KVClient.create")  # fmt: skip
     kv = KVClient(group, timeout_s=args.timeout)
     try:
         yield kv

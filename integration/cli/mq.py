@@ -14,25 +14,17 @@ import time
 
 from rayledger.storage import LedgerError, ResponseCode
 
-from ..connect import connect
 from . import output
-from .options import add_start_options, group_command_adder, start_group
+from .options import add_start_options, group_command_adder, group_running, start_group
 from .output import say
 
 
 def _log(args):
-    from rayledger.actors import LedgerGroup
     from rayledger.integration.rocketmq import CommitLog
     from rayledger.integration.rocketmq.client import MACHINE
 
-    connect(args.address)
-    group = LedgerGroup.get(args.group)
-    if group.config.state_machine != MACHINE:
-        raise LedgerError(
-            ResponseCode.UNEXPECTED_ARGUMENT,
-            f"group {args.group!r} does not run the RocketMQ commit log "
-            "(start one with `rayledger mq start`)",
-        )
+    group = group_running(args, MACHINE, "the RocketMQ commit log",
+                          "start one with `rayledger mq start`")  # fmt: skip
     return CommitLog(group, timeout_s=args.timeout)
 
 

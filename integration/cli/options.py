@@ -117,3 +117,22 @@ def start_group(args, create: Callable) -> int:
     leader = group.wait_for_leader(timeout_s=args.timeout)
     say(json.dumps({"group": args.group, "members": group.members, "leader": leader}))
     return 0
+
+
+def group_running(args, machine: str, what: str, start: str):
+    """The group ``--group`` on ``--address``: UNKNOWN_GROUP when none has that name,
+    UNEXPECTED_ARGUMENT when it does not run ``machine`` (``what``; ``start`` says how to
+    get one)."""
+    from rayledger.actors import LedgerGroup
+    from rayledger.storage import LedgerError, ResponseCode
+
+    from ..connect import connect
+
+    connect(args.address)
+    group = LedgerGroup.get(args.group)
+    if group.config.state_machine != machine:
+        raise LedgerError(
+            ResponseCode.UNEXPECTED_ARGUMENT,
+            f"group {args.group!r} does not run {what} ({start})",
+        )
+    return group
