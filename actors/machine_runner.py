@@ -108,10 +108,15 @@ class MachineRunner:
             term = m.store.get_term(index) if index is not None else -1
         for fut in released:
             set_result(fut, None)
-        if index is not None:  # the cut: on the machine's thread before the next batch
-            cut = loop.run_in_executor(self._pool, self.applier.machine.snapshot)
-            asyncio.ensure_future(self._snapshot(cut, index, term))
+        if index is not None:
+            self._cut(index, term)
         self._pump()  # whatever committed meanwhile
+
+    def _cut(self, index: int, term: int) -> None:
+        """The snapshot's cut on the machine's thread, queued before any later batch; it
+        is written and sealed off that thread."""
+        cut = asyncio.get_running_loop().run_in_executor(self._pool, self.applier.machine.snapshot)
+        asyncio.ensure_future(self._snapshot(cut, index, term))
 
     async def _snapshot(self, cut, index: int, term: int) -> None:
         """Write the machine's state at ``index`` off the machine's thread, seal it, keep
@@ -145,8 +150,7 @@ class MachineRunner:
             again = self.core.snapshot_due([]) if self.core.applying is None else None
             term = m.store.get_term(again) if again is not None else -1
         if again is not None:
-            cut = loop.run_in_executor(self._pool, self.applier.machine.snapshot)
-            asyncio.ensure_future(self._snapshot(cut, again, term))
+            self._cut(again, term)
 
     def _run(self, entries: list[Entry]) -> int:
         """On the machine's thread: apply, then what the machine has made durable itself."""
