@@ -79,3 +79,23 @@ def test_a_member_removed_from_its_latest_configuration_stops_campaigning(h) -> 
     log.appended(3, Configuration.of(["n0", "n1"]))  # its log holds its removal
     for now in range(0, 30_000, 500):
         assert not h.sends(el.tick(now))
+
+
+def test_the_checker_commits_what_a_majority_of_the_voters_stores() -> None:
+    """Learners' water marks make no majority; a configuration change moves the majority."""
+    from rayledger.replication import QuorumAckChecker, ReplicationConfig
+
+    c = QuorumAckChecker("g", "n0", ["n0", "n1", "n2"], ReplicationConfig())
+    c.set_configuration(["n0", "n1", "n2"], ["n3", "n4"])
+    c.become_leader(1, 0, 10)
+    for learner in ("n3", "n4"):
+        c.update_water_mark(1, learner, 10)
+    assert c.quorum_index() == -1  # the leader alone among the voters
+    c.update_water_mark(1, "n1", 7)
+    assert c.quorum_index() == 7
+    c.set_configuration(["n0", "n1", "n2", "n3"], ["n4"])  # n3 promoted: 3 of 4 needed
+    assert c.quorum_index() == 7
+    c.update_water_mark(1, "n2", 4)
+    assert c.quorum_index() == 7  # n0 10, n3 10, n1 7
+    c.set_configuration(["n0", "n3"])  # n1, n2 gone (two steps, shown at once here)
+    assert c.quorum_index() == 10 and "n1" not in c.water_marks()
