@@ -16,6 +16,7 @@ index from its own term's leader or checker.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from rayledger.election import (
     Send,
     TermStore,
 )
+from rayledger.election.configuration import CONFIG_CHANNEL, ConfigLog, ConfigWatch
 from rayledger.replication import (
     EntryHandler,
     PushEntryRequest,
@@ -45,6 +47,7 @@ from rayledger.storage import (
     OutcomeUnknownError,
     ResponseCode,
 )
+from rayledger.storage.metafile import atomic_write_json, read_json
 
 from .checker_logic import CheckerLogic
 from .dispatcher_logic import CachedBatch, DispatcherLogic, Inline, LeaderView, Payload, Ref
@@ -151,6 +154,28 @@ class Announcement:
 # ======================================================================== member
 
 
+MEMBERSHIP_FILE = "membership.json"
+"""Beside a member's log: the configurations in it (a compacted log no longer holds them)."""
+
+
+def load_config_log(data_dir: str | None, peers: Sequence[str], store: LogStore) -> ConfigLog:
+    """The configurations this member's log holds, as last saved (entries past its end were
+    cut since: dropped), or the group's initial one."""
+    doc = read_json(os.path.join(data_dir, MEMBERSHIP_FILE)) if data_dir is not None else None
+    if doc is None:
+        return ConfigLog.initial(peers)
+    log = ConfigLog.from_json(doc)
+    log.truncated(store.ledger_end_index)
+    return log
+
+
+def _saver(data_dir: str | None):
+    if data_dir is None:
+        return None
+    path = os.path.join(data_dir, MEMBERSHIP_FILE)
+    return lambda doc: atomic_write_json(path, doc)
+
+
 class SnapshotSource(Protocol):
     """A member's machine snapshots (:class:`~.machine.Applier`): the newest that verifies,
     one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
@@ -186,8 +211,11 @@ class MemberLogic:
         self.peers = list(peers)
         self.store = store
         self.replication = replication
-        self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir)
+        self.config_log = load_config_log(data_dir, self.peers, store)
+        self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir,
+                                 config=self.config_log)  # fmt: skip
         self.state.attach_log(store)  # the store owns the log end; the state reads it
+        store.watch_channel(CONFIG_CHANNEL, ConfigWatch(self.config_log, _saver(data_dir)))
         self.elector = Elector(self.state, election, rng or random.Random())
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start
