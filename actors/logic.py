@@ -30,7 +30,13 @@ from rayledger.election import (
     Send,
     TermStore,
 )
-from rayledger.election.configuration import CONFIG_CHANNEL, ConfigLog, ConfigWatch
+from rayledger.election.configuration import (
+    CONFIG_CHANNEL,
+    ConfigLog,
+    Configuration,
+    ConfigWatch,
+    check_change,
+)
 from rayledger.replication import (
     EntryHandler,
     PushEntryRequest,
@@ -372,7 +378,26 @@ class MemberLogic:
         self.store.check_disk()
         return term, bodies
 
-    def write_round(self, calls: Sequence[tuple[Any, Sequence[bytes]]], term: int) -> Round:
+    def admit_config(self, proposed: Configuration, queued: bool = False) -> bytes:
+        """Whether this leader may append configuration ``proposed`` now (the entry's body)
+        or why not: the single-server rules (``check_change``), with a change already
+        queued or appended and not committed counting as in progress."""
+        not_ready = self.ready_term != self.state.current_term or not self.state.is_leader
+        if not_ready:
+            raise not_leader(self.state, f"{self.self_id} does not lead")
+        log = self.config_log
+        committed = self.store.committed_index
+        check_change(
+            log.latest(),
+            proposed,
+            pending=queued or log.pending(committed),
+            committed_own_term=committed >= self.term_start_index >= 0,
+        )
+        return proposed.encode()
+
+    def write_round(
+        self, calls: Sequence[tuple[Any, Sequence[bytes]]], term: int, channel: int = 0
+    ) -> Round:
         """Write the bodies of several append calls as one store batch (group commit).
 
         Raises LedgerError (nothing written) when the member no longer leads ``term``
@@ -386,7 +411,7 @@ class MemberLogic:
             bodies = [b for _, bs in calls for b in bs]
         end = self.store.ledger_end_index
         try:
-            appended = self.store.append_as_leader(bodies, term)
+            appended = self.store.append_as_leader(bodies, term, channel)
         except LedgerError as exc:
             if self.store.ledger_end_index == end:
                 raise  # nothing was written: a plain failure, safe to retry
