@@ -16,6 +16,7 @@ index from its own term's leader or checker.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,13 @@ from rayledger.election import (
     RoleChange,
     Send,
     TermStore,
+)
+from rayledger.election.configuration import (
+    CONFIG_CHANNEL,
+    ConfigLog,
+    Configuration,
+    ConfigWatch,
+    check_change,
 )
 from rayledger.replication import (
     EntryHandler,
@@ -45,6 +53,7 @@ from rayledger.storage import (
     OutcomeUnknownError,
     ResponseCode,
 )
+from rayledger.storage.metafile import atomic_write_json, read_json
 
 from .checker_logic import CheckerLogic
 from .dispatcher_logic import CachedBatch, DispatcherLogic, Inline, LeaderView, Payload, Ref
@@ -151,6 +160,28 @@ class Announcement:
 # ======================================================================== member
 
 
+MEMBERSHIP_FILE = "membership.json"
+"""Beside a member's log: the configurations in it (a compacted log no longer holds them)."""
+
+
+def load_config_log(data_dir: str | None, peers: Sequence[str], store: LogStore) -> ConfigLog:
+    """The configurations this member's log holds, as last saved (entries past its end were
+    cut since: dropped), or the group's initial one."""
+    doc = read_json(os.path.join(data_dir, MEMBERSHIP_FILE)) if data_dir is not None else None
+    if doc is None:
+        return ConfigLog.initial(peers)
+    log = ConfigLog.from_json(doc)
+    log.truncated(store.ledger_end_index)
+    return log
+
+
+def _saver(data_dir: str | None):
+    if data_dir is None:
+        return None
+    path = os.path.join(data_dir, MEMBERSHIP_FILE)
+    return lambda doc: atomic_write_json(path, doc)
+
+
 class SnapshotSource(Protocol):
     """A member's machine snapshots (:class:`~.machine.Applier`): the newest that verifies,
     one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
@@ -186,8 +217,11 @@ class MemberLogic:
         self.peers = list(peers)
         self.store = store
         self.replication = replication
-        self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir)
+        self.config_log = load_config_log(data_dir, self.peers, store)
+        self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir,
+                                 config=self.config_log)  # fmt: skip
         self.state.attach_log(store)  # the store owns the log end; the state reads it
+        store.watch_channel(CONFIG_CHANNEL, ConfigWatch(self.config_log, _saver(data_dir)))
         self.elector = Elector(self.state, election, rng or random.Random())
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start
@@ -344,7 +378,26 @@ class MemberLogic:
         self.store.check_disk()
         return term, bodies
 
-    def write_round(self, calls: Sequence[tuple[Any, Sequence[bytes]]], term: int) -> Round:
+    def admit_config(self, proposed: Configuration, queued: bool = False) -> bytes:
+        """Whether this leader may append configuration ``proposed`` now (the entry's body)
+        or why not: the single-server rules (``check_change``), with a change already
+        queued or appended and not committed counting as in progress."""
+        not_ready = self.ready_term != self.state.current_term or not self.state.is_leader
+        if not_ready:
+            raise not_leader(self.state, f"{self.self_id} does not lead")
+        log = self.config_log
+        committed = self.store.committed_index
+        check_change(
+            log.latest(),
+            proposed,
+            pending=queued or log.pending(committed),
+            committed_own_term=committed >= self.term_start_index >= 0,
+        )
+        return proposed.encode()
+
+    def write_round(
+        self, calls: Sequence[tuple[Any, Sequence[bytes]]], term: int, channel: int = 0
+    ) -> Round:
         """Write the bodies of several append calls as one store batch (group commit).
 
         Raises LedgerError (nothing written) when the member no longer leads ``term``
@@ -358,7 +411,7 @@ class MemberLogic:
             bodies = [b for _, bs in calls for b in bs]
         end = self.store.ledger_end_index
         try:
-            appended = self.store.append_as_leader(bodies, term)
+            appended = self.store.append_as_leader(bodies, term, channel)
         except LedgerError as exc:
             if self.store.ledger_end_index == end:
                 raise  # nothing was written: a plain failure, safe to retry

@@ -228,7 +228,11 @@ class Applier:
         thread; the core learns of it through ``core.batch_done``)."""
         if entries:
             self.core.check_continues(entries[0].index)
-            self.machine.apply(entries)
+            # configuration entries (issue 22) are the group's, not the machine's: it sees
+            # client entries (and a term's empty first entry) only
+            mine = [e for e in entries if not e.channel]
+            if mine:
+                self.machine.apply(mine)
 
     def saved_now(self) -> int:
         """What the machine has made durable itself (its thread): the larger of what

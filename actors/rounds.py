@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 
 from .checker_logic import Resolution
@@ -74,6 +75,7 @@ class RoundBook:
         self.logic = logic
         self.max_rounds = max_rounds
         self.queue: list[tuple[Any, list]] = []
+        self._configs: list[tuple[Any, bytes]] = []  # a configuration change to write
         self.rounds: dict[int, tuple[Round, tuple[Any, ...]]] = {}
         self._ids = itertools.count()
         self._write_pending = False
@@ -89,10 +91,18 @@ class RoundBook:
         _, checked = self.logic.admit(bodies, group, target, self.outstanding)
         self.queue.append((token, checked))
 
+    def admit_config(self, proposed: Any, token: Any) -> None:
+        """A configuration change (issue 22): the single-server rules first (raises, nothing
+        queued), then it waits to be written as a round of its own, on the configuration
+        channel.  One may be queued at a time, and none while one is uncommitted."""
+        body = self.logic.admit_config(proposed, queued=bool(self._configs))
+        self._configs.append((token, body))
+
     def write_due(self) -> bool:
         """True once when the shell should write the queue (in this loop turn / step):
         something is queued, no write is already due, and fewer than ``max_rounds`` wait."""
-        if self._write_pending or not self.queue or len(self.rounds) >= self.max_rounds:
+        waiting = self.queue or self._configs
+        if self._write_pending or not waiting or len(self.rounds) >= self.max_rounds:
             return False
         self._write_pending = True
         return True
@@ -102,14 +112,18 @@ class RoundBook:
         refusal (nothing written) or an :class:`OutcomeUnknownError` (written, then the
         store failed) keeps no round: each token gets ``error``."""
         self._write_pending = False
+        channel = 0
         queue, self.queue = self.queue, []
+        if not queue and self._configs:  # a configuration entry is a round of its own
+            token, body = self._configs.pop(0)
+            queue, channel = [(token, [body])], CONFIG_CHANNEL
         if not queue:
             return None
         rid = next(self._ids)
         tokens = tuple(t for t, _ in queue)
         term = self.logic.ready_term
         try:
-            rnd = self.logic.write_round([(None, b) for _, b in queue], term)
+            rnd = self.logic.write_round([(None, b) for _, b in queue], term, channel)
         except LedgerError as exc:
             return Written(rid, tokens, error=exc)
         self.rounds[rid] = (rnd, tokens)

@@ -122,12 +122,13 @@ class HeartbeatSteps(ElectorParts):
         if resp is not None:
             code = resp.code
             if code == ResponseCode.SUCCESS:
-                rnd.succ_num += 1
+                if st.is_voter(peer):  # a learner's answer makes no majority
+                    rnd.succ_num += 1
             elif code == ResponseCode.EXPIRED_TERM:
                 rnd.max_term = max(rnd.max_term, resp.term)
             elif code == ResponseCode.INCONSISTENT_LEADER:
                 rnd.inconsistent_leader = True
-            elif code == ResponseCode.TERM_NOT_READY:
+            elif code == ResponseCode.TERM_NOT_READY and st.is_voter(peer):
                 rnd.not_ready_num += 1
             if code != ResponseCode.SUCCESS:
                 self._log(

@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 from rayledger.storage.errors import LedgerError, ResponseCode
 from rayledger.storage.metafile import atomic_write_json, read_json
 
+from .configuration import ConfigLog
 from .messages import Role
 
 log = logging.getLogger("rayledger.election")
@@ -125,6 +126,7 @@ class MemberState:
         term_store: TermStore | None = None,
         *,
         data_dir: str | os.PathLike | None = None,
+        config: ConfigLog | None = None,
     ) -> None:
         if not group:
             raise _bad("group must be a non-empty string")
@@ -133,14 +135,14 @@ class MemberState:
             raise _bad(f"peers must be non-empty member ids, got {peers!r}")
         if len(set(peers)) != len(peers):
             raise _bad(f"peers has duplicates: {peers!r}")
-        if self_id not in peers:
+        if config is None and self_id not in peers:
             raise _bad(f"self id {self_id!r} is not one of the peers {peers!r}")
         if term_store is None:
             term_store = FileTermStore(data_dir) if data_dir is not None else MemoryTermStore()
         self.group = group
         self.self_id = self_id
-        self.peers: tuple[str, ...] = peers
-        self._peer_set = frozenset(peers)
+        # the configurations in this member's log; it acts on the latest (issue 22)
+        self.config = config if config is not None else ConfigLog.initial(peers)
         self.term_store = term_store
 
         self.role: Role = Role.CANDIDATE
@@ -151,7 +153,7 @@ class MemberState:
         self.term_to_take_leadership = -1
 
         term, vote = term_store.load()
-        if vote is not None and vote not in self._peer_set:
+        if vote is not None and vote not in self.config.latest():
             log.warning("[%s] persisted vote %r is not a peer; keeping it", self_id, vote)
         self._current_term = term
         self._vote_for = vote
@@ -254,15 +256,38 @@ class MemberState:
             )
         self._log.ledger_end_index, self._log.ledger_end_term = end_index, end_term
 
+    # ---------------------------------------------------------------- membership
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """Every member of the latest configuration, voters and learners (heartbeats go
+        to all of them)."""
+        return self.config.latest().members
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        """The members whose votes and acknowledgements make a majority."""
+        return self.config.latest().voters
+
     @property
     def peer_size(self) -> int:
         return len(self.peers)
 
+    @property
+    def voter_size(self) -> int:
+        return len(self.voters)
+
     def is_quorum(self, num: int) -> bool:
-        return num >= len(self.peers) // 2 + 1
+        """Whether ``num`` voters are a majority of the voters."""
+        return num >= self.config.latest().quorum
+
+    def is_voter(self, member_id: str | None = None) -> bool:
+        """Whether ``member_id`` (default: this member) votes in the latest configuration;
+        a learner, or a member removed, never campaigns."""
+        member = self.self_id if member_id is None else member_id
+        return self.config.latest().is_voter(member)
 
     def is_peer_member(self, member_id: str | None) -> bool:
-        return member_id is not None and member_id in self._peer_set
+        return member_id is not None and member_id in self.config.latest()
 
     @property
     def is_leader(self) -> bool:

@@ -57,6 +57,8 @@ class VotingSteps(ElectorParts):
         st = self.state
         if st.role is not Role.CANDIDATE:
             return []
+        if not st.is_voter():  # a learner, or a member removed: it never campaigns
+            return []
         if (
             self._last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT
             or self._need_increase_term_immediately
@@ -105,7 +107,7 @@ class VotingSteps(ElectorParts):
         )
         actions: list[Action] = []
         self_request = None
-        for peer in st.peers:
+        for peer in st.voters:
             req = VoteRequest(
                 group=st.group,
                 local_id=st.self_id,
@@ -127,7 +129,7 @@ class VotingSteps(ElectorParts):
         self_response, self_actions = self._judge_vote(self_request, now_ms, self_vote=True)
         actions.extend(self_actions)
         rnd.count(self_response)
-        if rnd.done(st.peer_size):
+        if rnd.done(st.voter_size):
             actions.extend(self._parse_vote_round(rnd, now_ms))
         return actions
 
@@ -156,7 +158,7 @@ class VotingSteps(ElectorParts):
             resp_term=None if resp is None else resp.term,
         )
         rnd.count(resp)
-        if rnd.done(self.state.peer_size):
+        if rnd.done(self.state.voter_size):
             return self._parse_vote_round(rnd, now_ms)
         return []
 
@@ -167,7 +169,7 @@ class VotingSteps(ElectorParts):
         actions: list[Action] = []
         term = rnd.term
         self._last_vote_cost_ms = now_ms - rnd.started_ms
-        decision = rnd.decide(st.peer_size)
+        decision = rnd.decide(st.voter_size)
         result = decision.result
         if decision.wait is not Wait.NONE:
             extra = {
@@ -184,7 +186,7 @@ class VotingSteps(ElectorParts):
             "PARSE_PRE_VOTE_RESULT" if rnd.pre_vote else "PARSE_VOTE_RESULT",
             term=term,
             cost=self._last_vote_cost_ms,
-            members=st.peer_size,
+            members=st.voter_size,
             all=rnd.all_num,
             valid=rnd.valid_num,
             accepted=rnd.accepted_num,
@@ -267,8 +269,8 @@ class VotingSteps(ElectorParts):
         """DLedger's handleVote (and the pre-vote variant, which changes no state)."""
         st = self.state
         R = VoteResult
-        if not st.is_peer_member(req.leader_id):
-            self._log(WARNING, "BUG HandleVote", unknown_member=req.leader_id)
+        if not st.is_voter(req.leader_id):  # unknown, a learner, or removed: no vote
+            self._log(WARNING, "HandleVote", not_a_voter=req.leader_id)
             return self._vote_response(req, R.REJECT_UNKNOWN_LEADER), []
         if not self_vote and req.leader_id == st.self_id:
             self._log(WARNING, "BUG HandleVote", from_self=req.leader_id)

@@ -55,7 +55,7 @@ class QuorumAckChecker:
         self.is_leader = False
         self.committed_index = -1
         self.term_start_index = -1
-        self._quorum_pos = (len(self.peers) - 1) // 2  # in ascending order: a majority is >= this
+        self.voters = list(self.peers)  # whose water marks make a majority (issue 22)
         self._water_marks: dict[int, dict[str, int]] = {}
         # (first, last, token, deadline) in index order
         self._pending: deque[tuple[int, int, Any, int]] = deque()
@@ -153,11 +153,27 @@ class QuorumAckChecker:
             return 0
         return self._pending[0][3] if self._pending else None
 
+    def set_configuration(self, voters: list[str], learners: list[str] = ()) -> None:
+        """The leader acts on a new configuration (appended, committed or not): the
+        majority is of ``voters`` from now on; members added get a water mark of -1 (until
+        their dispatcher reports), members gone lose theirs."""
+        self.voters = list(voters)
+        self.peers = [*voters, *learners]
+        marks = self._water_marks.get(self.term)
+        if marks is not None:
+            for p in self.peers:
+                marks.setdefault(p, -1)
+            for p in [p for p in marks if p not in self.peers and p != self.self_id]:
+                del marks[p]
+
     def quorum_index(self) -> int:
+        """The highest index a majority of the voters stores (in ascending order, the
+        mark at ``(voters - 1) // 2``)."""
         marks = self._water_marks.get(self.term)
         if not marks:
             return -1
-        return sorted(marks.values())[self._quorum_pos]
+        values = sorted(marks.get(v, -1) for v in self.voters)
+        return values[(len(values) - 1) // 2]
 
     def check(self, now_ms: int) -> tuple[int | None, list[Resolved]]:
         """(the new committed index or None, appends resolved now in index order)."""

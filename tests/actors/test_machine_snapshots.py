@@ -117,3 +117,21 @@ def test_the_kv_snapshot_is_sorted_and_holds_values_of_every_kind(tmp_path) -> N
     data, applied, cas = read_snapshot(str(tmp_path / "kv.arrow"))
     assert list(data) == ["a", "b", "c", "d"] and applied == 3 and cas == {}
     assert data == m.data and data["a"] == (b"\x00\xff", 0) and data["b"] == ({"n": [1, None]}, 0)
+
+
+def test_the_machine_never_sees_configuration_entries(tmp_path) -> None:
+    """Issue 22 (branch): an entry on the configuration channel is the group's; the machine
+    applies the client entries around it and stands past it."""
+    from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
+
+    a = Applier(KvMachine(), _ctx(tmp_path))
+    seen = []
+    inner = a.machine.apply
+    a.machine.apply = lambda es: (seen.extend(e.index for e in es), inner(es))  # type: ignore[method-assign]
+    batch = _entries(0, 3)
+    cfg = Entry(index=3, term=1, pos=300, body=Configuration.of(["a"]).encode(),
+                channel=CONFIG_CHANNEL)  # fmt: skip
+    a.apply([*batch, cfg, *_entries(4, 2)])
+    assert seen == [0, 1, 2, 4, 5] and a.applied == 5
+    a.apply([Entry(index=6, term=1, pos=600, body=b"{}", channel=CONFIG_CHANNEL)])
+    assert seen == [0, 1, 2, 4, 5] and a.applied == 6

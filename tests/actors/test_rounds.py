@@ -84,3 +84,35 @@ def test_a_refused_write_keeps_no_round(book) -> None:
     w = book.write()
     assert w.round is None and w.error.code == C.NOT_LEADER and w.tokens == ("t1",)
     assert book.rounds == {} and book.outstanding == 0
+
+
+def test_a_configuration_change_is_a_round_of_its_own_on_its_channel(book) -> None:
+    """Issue 22 (branch): the leader appends a configuration as its own round, acts on it
+    at once, and takes no other change until it commits; none before its term's first
+    entry committed (Ongaro's fix)."""
+    from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
+
+    m = book.logic
+    add = Configuration.of(["n0", "n1", "n2"], ["n3"])
+    with pytest.raises(LedgerError) as e:
+        book.admit_config(add, "c1")  # its term's entry (0) is not committed yet
+    assert e.value.code == C.LEADER_NOT_READY
+    m.on_committed(3, 0)
+    book.admit([b"a"], "g", None, "t1")
+    book.admit_config(add, "c1")
+    with pytest.raises(LedgerError) as e:
+        book.admit_config(add.with_voter("n3"), "c2")  # one at a time
+    assert e.value.code == C.CONFIG_CHANGE_IN_PROGRESS
+    assert book.write_due()
+    plain = book.write()  # the client's entries first, then the change alone
+    assert plain.tokens == ("t1",) and m.store.get(1).channel == 0
+    book.finish(plain.rid, C.SUCCESS)
+    assert book.write_due()
+    cfg = book.write()
+    assert cfg.tokens == ("c1",) and m.store.get(2).channel == CONFIG_CHANNEL
+    assert m.state.peers == ("n0", "n1", "n2", "n3") and m.state.voters == ("n0", "n1", "n2")
+    with pytest.raises(LedgerError) as e:
+        book.admit_config(add.with_voter("n3"), "c2")  # appended, not committed
+    assert e.value.code == C.CONFIG_CHANGE_IN_PROGRESS
+    book.finish(cfg.rid, C.SUCCESS)
+    book.admit_config(add.with_voter("n3"), "c2")  # committed: the next one may come
