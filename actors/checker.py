@@ -24,6 +24,7 @@ from .checker_logic import (
     BecomeLeader,
     CheckerDriver,
     CheckerLogic,
+    Configure,
     GraphBegin,
     GraphEnd,
     GraphReport,
@@ -75,6 +76,11 @@ class QuorumAckCheckerActor:
     async def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list:
         self._attach()
         return self.driver.deliver(BecomeLeader(term, term_start_index, info))
+
+    async def configure(self, term: int, info: LeaderInfo) -> bool:
+        """The leader of ``term`` acts on a new configuration (issue 22)."""
+        self._attach()
+        return self.driver.deliver(Configure(term, info))
 
     async def step_down(self, term: int) -> list:
         """Leadership ended: the rounds still waiting are answered to the caller."""

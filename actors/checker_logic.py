@@ -87,7 +87,18 @@ class GraphReport:
     ack: tuple
 
 
-CheckerEvent = BecomeLeader | StepDown | AddRound | Report | GraphBegin | GraphEnd | GraphReport
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """The leader of ``term`` acts on a new configuration (``info.configs``, issue 22): the
+    majority is of its voters from now on."""
+
+    term: int
+    info: Any
+
+
+CheckerEvent = (
+    BecomeLeader | StepDown | AddRound | Report | GraphBegin | GraphEnd | GraphReport | Configure
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +146,8 @@ class CheckerLogic:
                 return self._graph_report(ev.ack, now_ms)
             case BecomeLeader():
                 return self._become_leader(ev.term, ev.term_start_index, ev.info)
+            case Configure():
+                return self._configure(ev.term, ev.info)
             case StepDown():
                 return self._step_down(ev.term)
             case GraphBegin():
@@ -151,7 +164,17 @@ class CheckerLogic:
         self._registered.clear()
         self._committed_sent = -1
         failed = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
+        self._configure(term, info)
         return _outcomes(failed)
+
+    def _configure(self, term: int, info: Any) -> bool:
+        """The leader's latest configuration (from its LeaderInfo); False when this checker
+        does not serve ``term``."""
+        config = getattr(info, "configuration", None)
+        if term != self.term or config is None:
+            return False
+        self.core.set_configuration(list(config.voters), list(config.learners))
+        return True
 
     def _step_down(self, term: int) -> list[Outcome]:
         """Leadership of ``term`` ended: everything waiting is answered to the caller."""
@@ -268,7 +291,7 @@ class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
         match ev:
             case AddRound():
                 self.pump.kick()  # every round of this loop turn, then one check
-            case BecomeLeader():
+            case BecomeLeader() | Configure():
                 self.pump.run()
             case Report():
                 if not reply:

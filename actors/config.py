@@ -42,6 +42,17 @@ class LedgerConfig:
     snapshot_every_entries: int = 100_000
     snapshot_every_bytes: int = 0
     snapshot_keep: int = 2
+    # membership (issue 22): a learner planned to vote is promoted once it stores all but
+    # this many of the leader's entries; a member whose node Ray reports dead this long is
+    # replaced by the leader on a live node hosting no member of the group (None: never).
+    # Ray itself declares a node dead after ~30 s without health checks, so a minute more
+    # rides out a slow reboot but not a lost host.
+    promote_lag: int = 1000
+    replace_lost_after_s: float | None = 60.0
+
+    def replace_lost_after_ms(self) -> int | None:
+        s = self.replace_lost_after_s
+        return None if s is None else int(s * 1000)
 
     def snapshots(self) -> SnapshotConfig:
         return SnapshotConfig(
@@ -75,6 +86,16 @@ class LedgerConfig:
             raise LedgerError.of(
                 ResponseCode.UNEXPECTED_ARGUMENT,
                 f"max_clock_drift must be in [0, 1), got {self.max_clock_drift!r}",
+            )
+        lost = self.replace_lost_after_s
+        if (lost is not None and (isinstance(lost, bool) or not isinstance(lost, int | float)
+                                  or lost < 0)) or not isinstance(self.promote_lag, int) or (
+            self.promote_lag < 0
+        ):  # fmt: skip
+            raise LedgerError.of(
+                ResponseCode.UNEXPECTED_ARGUMENT,
+                f"replace_lost_after_s must be None or >= 0 and promote_lag an int >= 0, got "
+                f"{lost!r} and {self.promote_lag!r}",
             )
         if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:
             raise LedgerError.of(

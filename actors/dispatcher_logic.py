@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rayledger.election.configuration import config_at
 from rayledger.replication import (
     EntryDispatcher,
     NotCached,
@@ -101,6 +102,7 @@ class LeaderView:
         self.ledger_end_index = -1
         self.committed_index = -1
         self.snapshot: Any = _UNKNOWN  # the leader's newest snapshot, fetched per install
+        self.configs: tuple = ()  # the leader's configurations (LeaderInfo.configs)
 
     def reset(self, info: LeaderInfo) -> None:
         self.batches.clear()
@@ -110,6 +112,7 @@ class LeaderView:
         self.ledger_begin_index = info.begin
         self.ledger_end_index = info.end
         self.committed_index = info.committed
+        self.configs = info.configs
         if info.end >= info.begin:
             self.meta[info.end] = (info.end_term, info.end_pos)
 
@@ -118,6 +121,12 @@ class LeaderView:
         self.ledger_begin_index = info.begin
         self.ledger_end_index = max(self.ledger_end_index, info.end)
         self.committed_index = max(self.committed_index, info.committed)
+        if info.configs:
+            self.configs = info.configs
+
+    def config_at(self, index: int) -> bytes | None:
+        """The leader's configuration in effect at ``index`` (a reset sends it along)."""
+        return config_at(self.configs, index).encode() if self.configs else None
 
     def add(self, batch: CachedBatch) -> None:
         old = self.batches.pop(batch.first_index, None)

@@ -94,6 +94,13 @@ class LeaderInfo:
     # how far the leader counts its own copy toward a quorum: ``end``, or with sync_flush
     # its flushed end (a restarted checker must not count an unflushed copy)
     water_mark: int
+    # the configurations in its log (``ConfigLog.frozen``): the checker counts the latest's
+    # voters, a dispatcher resetting a follower sends the one in effect below the begin
+    configs: tuple = ()
+
+    @property
+    def configuration(self) -> Configuration | None:
+        return self.configs[-1][1] if self.configs else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,22 +171,30 @@ MEMBERSHIP_FILE = "membership.json"
 """Beside a member's log: the configurations in it (a compacted log no longer holds them)."""
 
 
-def load_config_log(data_dir: str | None, peers: Sequence[str], store: LogStore) -> ConfigLog:
+def load_config_log(
+    data_dir: str | None,
+    peers: Sequence[str],
+    store: LogStore,
+    initial: Configuration | None = None,
+) -> ConfigLog:
     """The configurations this member's log holds, as last saved (entries past its end were
-    cut since: dropped), or the group's initial one."""
+    cut since: dropped), else ``initial`` (a member added to a running group: the group's
+    configuration with it as a learner) or the group's first one (every peer a voter).
+    Saved beside the log after every change."""
     doc = read_json(os.path.join(data_dir, MEMBERSHIP_FILE)) if data_dir is not None else None
-    if doc is None:
-        return ConfigLog.initial(peers)
-    log = ConfigLog.from_json(doc)
-    log.truncated(store.ledger_end_index)
-    return log
-
-
-def _saver(data_dir: str | None):
-    if data_dir is None:
-        return None
-    path = os.path.join(data_dir, MEMBERSHIP_FILE)
-    return lambda doc: atomic_write_json(path, doc)
+    if doc is not None:
+        clog = ConfigLog.from_json(doc)
+        clog.truncated(store.ledger_end_index)
+    elif initial is not None:
+        clog = ConfigLog(initial)
+    else:
+        clog = ConfigLog.initial(peers)
+    if data_dir is not None:
+        path = os.path.join(data_dir, MEMBERSHIP_FILE)
+        clog.save = lambda doc: atomic_write_json(path, doc)
+        if doc is None:
+            clog.save(clog.to_json())
+    return clog
 
 
 class SnapshotSource(Protocol):
@@ -211,17 +226,18 @@ class MemberLogic:
         *,
         data_dir: str | None = None,
         rng: random.Random | None = None,
+        initial: Configuration | None = None,
     ):
         self.group = group
         self.self_id = self_id
         self.peers = list(peers)
         self.store = store
         self.replication = replication
-        self.config_log = load_config_log(data_dir, self.peers, store)
+        self.config_log = load_config_log(data_dir, self.peers, store, initial)
         self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir,
                                  config=self.config_log)  # fmt: skip
         self.state.attach_log(store)  # the store owns the log end; the state reads it
-        store.watch_channel(CONFIG_CHANNEL, ConfigWatch(self.config_log, _saver(data_dir)))
+        store.watch_channel(CONFIG_CHANNEL, ConfigWatch(self.config_log))
         self.elector = Elector(self.state, election, rng or random.Random())
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start
@@ -323,6 +339,7 @@ class MemberLogic:
             end_pos=s.get_pos(end) if end >= s.ledger_begin_index else -1,
             committed=s.committed_index,
             water_mark=self.water_mark(),
+            configs=self.config_log.frozen(),
         )
 
     def water_mark(self) -> int:

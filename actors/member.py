@@ -30,6 +30,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.election import TransferOutcome
+from rayledger.election.configuration import Configuration
 from rayledger.replication import PushEntryRequest
 from rayledger.storage import LedgerError, ResponseCode, open_store
 
@@ -48,6 +49,8 @@ from .member_appends import AppendPart, to_wire
 from .member_context import MemberContext
 from .member_core import (
     Answered,
+    ChangeMembers,
+    ClusterView,
     HelperStarted,
     MemberCore,
     MemberOut,
@@ -60,6 +63,7 @@ from .member_leadership import LeadershipPart
 from .member_reads import ReadPart
 from .metrics import MemberMetrics
 from .naming import now_ms
+from .placement import alive_nodes, member_nodes, record_node, spawn_member, store_dir_of
 from .ray_compat import install_loop_registry, reset_loops
 from .read_path import AskLeader, WaitCommitted
 from .types import MemberStatus
@@ -76,7 +80,13 @@ HELPERS_DEFER_S = 5.0
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
 class MemberActor:
     def __init__(
-        self, group: str, self_id: str, peers: list[str], config: LedgerConfig, data_dir: str | None
+        self,
+        group: str,
+        self_id: str,
+        peers: list[str],
+        config: LedgerConfig,
+        data_dir: str | None,
+        initial: dict | None = None,
     ):
         logging.basicConfig(
             level=os.environ.get("RAYLEDGER_LOG_LEVEL", "WARNING"),
@@ -98,8 +108,12 @@ class MemberActor:
             self.config.election,
             self.config.replication,
             data_dir=data_dir,
+            initial=Configuration.from_doc(initial) if initial is not None else None,
         )
         self.store = store
+        # the members of the configuration it acts on (it changes: issue 22); the parts share
+        # this list, changed in place
+        self.peers[:] = [*self.logic.config_log.latest().members]
         # sync_flush: fdatasync outside the member's lock, so heartbeats and votes never
         # wait behind a flush; answers and rounds go out only once it is done
         sync = bool(getattr(self.config.store, "sync_flush", False))
@@ -114,6 +128,8 @@ class MemberActor:
             fast_path=cfg.fast_path,
             tick_ms=cfg.maintain_interval_ms,
             lease_ms=cfg.lease_ms(),
+            promote_lag=cfg.promote_lag,
+            replace_lost_after_ms=cfg.replace_lost_after_ms(),
         )
         ctx = self.ctx = MemberContext(
             group, self_id, self.peers, self.config, self.logic, self._lock, self._metrics, sync,
@@ -169,11 +185,18 @@ class MemberActor:
         me = ray.get_runtime_context().current_actor
         self._me = me
         ctx.ensure_helpers = self._create_helpers
+        ctx.new_dispatcher = self._new_dispatcher
+        try:
+            record_node(self.group, self.self_id, ray.get_runtime_context().get_node_id())
+        except Exception as exc:  # the leader cannot replace this member if its node dies
+            log.warning("[%s] could not record its node: %r", self.self_id, exc)
         if self._replay_ahead() > REPLAY_DEFERS_HELPERS:
             asyncio.ensure_future(self._helpers_after_replay())
         else:
             self._create_helpers()
         me.run_maintainer.remote()
+        if self.config.replace_lost_after_s is not None:
+            asyncio.ensure_future(self._watch_nodes())
 
     def _replay_ahead(self) -> int:
         m = self.ctx.machine
@@ -203,10 +226,17 @@ class MemberActor:
         )
         for peer in self.peers:
             if peer != self.self_id:
-                ctx.dispatchers[peer] = EntryDispatcherActor.options(**helper).remote(
-                    self.group, self.self_id, peer, self.config, self._me, ctx.checker
-                )
+                ctx.dispatchers[peer] = self._new_dispatcher(peer)
         ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
+
+    def _new_dispatcher(self, peer: str):
+        """A dispatcher for ``peer``, on this node (see :meth:`_create_helpers`)."""
+        here = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False
+        )
+        return EntryDispatcherActor.options(scheduling_strategy=here, max_restarts=-1).remote(
+            self.group, self.self_id, peer, self.config, self._me, self.ctx.checker
+        )
 
     # -- answers to pushes ------------------------------------------------------------------
     def _resolve(self, answers) -> None:
@@ -265,11 +295,48 @@ class MemberActor:
             self.reads.carry(out)
         if out.installed:
             self._offer(out.installed)
+        if out.spawns:
+            for spawn in out.spawns:
+                asyncio.ensure_future(self._spawn(spawn))
         if out.commits_moved:
             self.reads.commits_moved()
         if out.elector_moved:
             self.election.rearm()
         return nxt
+
+    async def _spawn(self, spawn) -> None:
+        """Start a member to replace one whose node is lost (the core chose the node), then
+        ask the core to add it as that member's replacement."""
+        store_dir = store_dir_of(self.config.store.data_dir)
+        try:
+            h = spawn_member(self.group, spawn.member, list(spawn.config.members), self.config,
+                             store_dir, spawn.node, spawn.config.to_doc())  # fmt: skip
+            await asyncio.wait_for(h.start.remote(), 60)
+            await self.change_members("replace", spawn.member, spawn.replaces)
+        except Exception as exc:
+            log.error("[%s] could not replace %s with %s on node %s: %r", self.self_id,
+                      spawn.replaces, spawn.member, spawn.node, exc)  # fmt: skip
+
+    async def _watch_nodes(self) -> None:
+        """On the leader with ``replace_lost_after_s``: Ray's view of the nodes, each second,
+        into the core (which decides who is lost and where the replacement goes)."""
+        while not self.ctx.closed:
+            await asyncio.sleep(1.0)
+            with self._lock:
+                leads = self.logic.state.is_leader
+                members = list(self.logic.config_log.latest().members)
+            if not leads:
+                continue
+            try:
+                alive, nodes = await self._loop.run_in_executor(
+                    None, lambda ms=members: (alive_nodes(), member_nodes(self.group, ms))
+                )
+            except Exception as exc:
+                log.warning("[%s] no view of the nodes: %r", self.self_id, exc)
+                continue
+            self._carry(self.ctx.step(ClusterView(tuple(alive), nodes)))
+            self._metrics.members_lost(self.ctx.core.membership.lost_count(
+                self.logic.config_log.latest()))  # fmt: skip
 
     def _offer(self, sealed: list) -> None:
         """Snapshots sealed from the leader: the machine's core decides whether to load."""
@@ -372,12 +439,38 @@ class MemberActor:
     async def query(self, request, consistency: str = "committed"):
         return await self.reads.query(request, consistency)
 
+    # -- membership (issue 22) ------------------------------------------------------------
+    async def change_members(self, op: str, member: str, replaces: str = "") -> int:
+        """On the leader: change the configuration (an :class:`~.membership.Op`); returns the
+        index of the configuration entry once it committed.  Coded errors: see
+        :class:`~.member_core.ChangeMembers`."""
+        fut = self._loop.create_future()
+        self._carry(self.ctx.step(ChangeMembers(op, member, fut, replaces)))
+        first, _term, _pos = (await fut)[:3]
+        return first
+
+    @ray.method(concurrency_group="election")
+    async def membership(self) -> dict:
+        """The configurations this member knows: the latest in its log (which it acts on)
+        and the committed one, with the lost members its leadership waits to replace."""
+        with self._lock:
+            clog = self.logic.config_log
+            committed = clog.committed(self.store.committed_index)
+            return {
+                "latest": clog.latest().to_doc(),
+                "latest_index": clog.latest_index(),
+                "committed": committed.to_doc(),
+                "committed_index": self.store.committed_index,
+                "waiting": list(self.ctx.core.membership.waiting),
+            }
+
     # -- status and operators (election concurrency group) ---------------------------------
     @ray.method(concurrency_group="election")
     async def status(self) -> MemberStatus:
         self.election.ensure_maintainer()
         with self._lock:
             st = self.logic.state
+            config = self.logic.config_log.committed(self.store.committed_index)
             return MemberStatus(
                 role=st.role,
                 term=st.current_term,
@@ -386,6 +479,8 @@ class MemberActor:
                 ledger_end_index=self.store.ledger_end_index,
                 committed_index=self.store.committed_index,
                 alive=True,
+                membership=config.role_of(self.self_id) or "removed",
+                lost=tuple(self.ctx.core.membership.waiting),
             )
 
     @ray.method(concurrency_group="election")

@@ -59,6 +59,7 @@ class MemberContext:
     machine: MachineRunner | None = None
     checker: Any = None  # the QuorumAckCheckerActor handle, set at boot (see ensure_helpers)
     ensure_helpers: Callable[[], None] = lambda: None  # set by the shell: create them now
+    new_dispatcher: Callable[[str], Any] = lambda peer: None  # set by the shell
     dispatchers: dict[str, Any] = field(default_factory=dict)  # peer -> EntryDispatcherActor
     closed: bool = False
     _handles: dict[str, Any] = field(default_factory=dict)

@@ -41,12 +41,14 @@ from typing import Any
 from rayledger.election import RoleChange, Send, TransferOutcome
 from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest
-from rayledger.storage import LedgerError
+from rayledger.replication.admission import not_leader
+from rayledger.storage import LedgerError, ResponseCode
 
 from . import round_path as rp
 from . import supervision as sv
 from .checker_logic import Resolution
 from .logic import MemberLogic
+from .membership import Membership, Spawn, Transfer
 from .read_path import Confirm, ReadPath, WaitCommitted
 from .reads import Consistency, ReadIndexLogic
 from .rounds import Finished, RoundBook, Written
@@ -193,10 +195,33 @@ class Deadline:
     pid: int
 
 
+@dataclass(frozen=True, slots=True)
+class ChangeMembers:
+    """An operator's change of the configuration on this leader (an :class:`~.membership.Op`
+    on ``member``; ``replaces`` for a replacement).  The step raises the coded error of a
+    refused change (nothing changes; LEADER_TRANSFERRING when this leader is to leave: it
+    hands over first).  Otherwise the configuration entry waits for the next round and
+    ``token`` is answered like an append's when it commits."""
+
+    op: str
+    member: str
+    token: Any
+    replaces: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What Ray says of the nodes (on the leader, for ``replace_lost_after_s``): the live
+    nodes and each member's node as last known."""
+
+    alive_nodes: tuple[str, ...]
+    member_nodes: dict
+
+
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
     | ClientAppend | WriteRound | Resolved | Answered | HelperStarted | GraphFallback | StepDown
-    | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline
+    | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline | ChangeMembers | ClusterView
 )  # fmt: skip
 
 
@@ -231,6 +256,7 @@ class MemberOut:
     expire_at_ms: int | None = None  # step ExpireReads then
     deadlines: list[tuple[int, int]] = field(default_factory=list)  # (pid, at): step Deadline
     installed: list[Any] = field(default_factory=list)  # snapshots sealed from the leader
+    spawns: list[Spawn] = field(default_factory=list)  # members to start for a lost one
 
 
 class MemberCore:
@@ -246,14 +272,19 @@ class MemberCore:
         fast_path: bool = False,
         tick_ms: int = 10,
         lease_ms: int = 0,
+        promote_lag: int = 1000,
+        replace_lost_after_ms: int | None = None,
     ):
         self.logic = logic
+        self.membership = Membership(logic.self_id, promote_lag, replace_lost_after_ms)
+        self._config = logic.config_log.latest()  # the configuration the helpers follow
+        self._membership_of = -1  # the term whose followers' progress membership holds
         self.book = RoundBook(logic)
         self.round_path = rp.RoundPath(logic, self.book, sync)
         self.supervisor = sv.Supervisor(
             logic,
             self.book,
-            logic.peers,
+            list(self._config.members),
             rpc_timeout_ms,
             logic.elector.config.heartbeat_timeout_ms,
             sync=sync,
@@ -262,6 +293,7 @@ class MemberCore:
         )
         self.role_queue = sv.RoleQueue(self.supervisor)
         self.reads = ReadIndexLogic(logic.self_id, logic.peers, lease_ms, rpc_timeout_ms)
+        self.reads.configure(self._config.voters)
         self.read_path = ReadPath(logic, self.reads, rpc_timeout_ms)
         self._readers: dict[int, Any] = {}  # a read process's pid -> its reader's token
         self._wake: list[tuple[int, Any]] = []  # processes to resume before the step ends
@@ -291,6 +323,7 @@ class MemberCore:
                 actions, answers = lg.tick(now_ms)
                 self._answers(answers, out)
                 self._elector(actions, now_ms, out, rearm=False)  # it is the clock
+                self._plans(now_ms, out)
             case ElectionRequest():
                 out.reply, actions = lg.handle_election(ev.req, now_ms)
                 self._elector(actions, now_ms, out)
@@ -301,6 +334,14 @@ class MemberCore:
             case PeerProgress():
                 actions = lg.on_peer_progress(ev.peer, ev.term, ev.match_index, now_ms)
                 self._elector(actions, now_ms, out, rearm=False)
+                if ev.term == lg.leading_term:
+                    self._membership_term(ev.term)
+                    self.membership.progress(ev.peer, ev.match_index)
+                    self._plans(now_ms, out)
+            case ChangeMembers():
+                self._change(ev, now_ms, out)
+            case ClusterView():
+                self._cluster(ev, now_ms, out)
             case TransferOrder():
                 resp, actions = lg.elector.transfer_leadership(ev.target, now_ms)
                 out.reply = (resp, lg.elector.transferring)
@@ -338,6 +379,12 @@ class MemberCore:
             pid, value = self._wake.pop(0)
             if isinstance(self._out.get(pid), Confirm):
                 self._resume(pid, value, now_ms, out)
+        latest = self.logic.config_log.latest()
+        if latest is not self._config:
+            if latest == self._config:
+                self._config = latest  # the same one again (a reset names it): nothing to do
+            else:
+                self._reconfigure(now_ms, out)
         return out
 
     def next_tick_ms(self, now_ms: int) -> int:
@@ -400,6 +447,86 @@ class MemberCore:
                   a.target, a.why)  # fmt: skip
         _, actions = self.logic.elector.hand_over(a.target, now_ms)
         self._elector(actions, now_ms, out)
+
+    # -- membership ----------------------------------------------------------------------------
+    def _reconfigure(self, now_ms: int, out: MemberOut) -> None:
+        """The latest configuration in the log changed (appended, truncated, reset): reads
+        count its voters, and under the role lock the helpers follow it (dispatchers for
+        the members added, none for those gone, the checker's majority)."""
+        self._config = config = self.logic.config_log.latest()
+        log.info("[%s] term=%d: acts on configuration voters=%s learners=%s", self.logic.self_id,
+                 self.logic.state.current_term, config.voters, config.learners)  # fmt: skip
+        self.reads.configure(config.voters)
+        if self.role_queue.reconfigured():
+            self._next_exclusive(now_ms, out)
+
+    def _leads_ready(self) -> bool:
+        lg = self.logic
+        ready = lg.state.is_leader and lg.ready_term == lg.state.current_term
+        if ready:
+            self._membership_term(lg.ready_term)
+        return ready
+
+    def _membership_term(self, term: int) -> None:
+        """Followers' progress is learned again in each term this member leads."""
+        if term != self._membership_of:
+            self._membership_of = term
+            self.membership.reset()
+
+    def _change(self, ev: ChangeMembers, now_ms: int, out: MemberOut) -> None:
+        """An operator's change: refused with its code, a hand-over first when this leader
+        is to leave, or a configuration entry queued for the next round."""
+        lg = self.logic
+        if not lg.state.is_leader:
+            raise not_leader(lg.state, f"{lg.self_id} does not lead {lg.group!r}")
+        proposed = self.membership.propose(lg.config_log.latest(), ev.op, ev.member, ev.replaces)
+        if isinstance(proposed, Transfer):
+            lg.admit_config(lg.config_log.latest(), queued=self.book.config_queued)  # in progress?
+            resp, actions = lg.elector.transfer_leadership(proposed.target, now_ms)
+            self._elector(actions, now_ms, out)
+            raise LedgerError.of(
+                ResponseCode.LEADER_TRANSFERRING,
+                f"{lg.self_id} is to leave: it hands leadership to {proposed.target} first "
+                f"({resp.code.name}); ask the next leader",
+                leader_id=proposed.target,
+            )
+        self.book.admit_config(proposed, ev.token)
+        out.write_due = self.book.write_due()
+
+    def _plans(self, now_ms: int, out: MemberOut) -> None:
+        """The leader carries on the plans in its configuration (promote a learner that
+        caught up, then remove the member it replaces) when no change is in flight."""
+        lg = self.logic
+        if not self._leads_ready() or self.book.config_queued:
+            return
+        if lg.config_log.pending(lg.store.committed_index):
+            return
+        step = self.membership.due(lg.config_log.latest(), lg.store.ledger_end_index)
+        if step is None:
+            return
+        if isinstance(step, Transfer):
+            if not lg.elector.transferring:
+                _, actions = lg.elector.transfer_leadership(step.target, now_ms)
+                self._elector(actions, now_ms, out)
+            return
+        try:
+            self.book.admit_config(step, None)
+        except LedgerError as exc:  # not yet (its term's first entry is not committed)
+            log.debug("[%s] membership step waits: %s", lg.self_id, exc)
+            return
+        out.write_due = out.write_due or self.book.write_due()
+
+    def _cluster(self, ev: ClusterView, now_ms: int, out: MemberOut) -> None:
+        """Ray's view of the nodes: members lost long enough get a replacement."""
+        lg = self.logic
+        if not self._leads_ready() or self.book.config_queued:
+            return
+        if lg.config_log.pending(lg.store.committed_index):
+            return
+        spawn = self.membership.lost(lg.config_log.latest(), ev.alive_nodes, ev.member_nodes,
+                                     now_ms)  # fmt: skip
+        if spawn is not None:
+            out.spawns.append(spawn)
 
     # -- reads -------------------------------------------------------------------------------
     def _read(self, ev: ReadIndex, now_ms: int, out: MemberOut) -> None:

@@ -91,7 +91,39 @@ class LeadershipPart(Part):
             if a.fast:
                 self.appends.fast_start(a.term)
             return None
+        if isinstance(a, sv.Helpers):
+            self._helpers(a.peers)
+            return None
+        if isinstance(a, sv.CheckerConfigure):
+            try:
+                await asyncio.wait_for(
+                    self.ctx.checker.configure.remote(a.term, a.info), rpc_s(a.timeout_ms)
+                )
+            except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+                return sv.Failed(repr(exc), isinstance(exc, asyncio.TimeoutError))
+            return None
         raise TypeError(f"unknown supervision action {a!r}")
+
+    def _helpers(self, peers: tuple[str, ...]) -> None:
+        """One dispatcher per member of the configuration other than this one: new ones for
+        members added, those of members gone killed; the checker learns the list."""
+        ctx = self.ctx
+        with self._lock:
+            ctx.peers[:] = self.logic.config_log.latest().members
+        if ctx.checker is None:  # helpers deferred (member.py): created from ctx.peers
+            return
+        for gone in [p for p in ctx.dispatchers if p not in peers]:
+            d = ctx.dispatchers.pop(gone)
+            log.info("[%s] stops its dispatcher for %s (no longer a member)", self.self_id, gone)
+            try:
+                ray.kill(d, no_restart=True)
+            except ray.exceptions.RayError:
+                pass
+        for peer in peers:
+            if peer not in ctx.dispatchers:
+                log.info("[%s] starts a dispatcher for %s (a new member)", self.self_id, peer)
+                ctx.dispatchers[peer] = ctx.new_dispatcher(peer)
+        ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
 
     def _helper_handles(self) -> dict:
         self.ctx.ensure_helpers()  # a restarted member may still defer them (member.py)

@@ -51,6 +51,11 @@ SPEC: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rayledger_elections_won": ("counter", "times this member became leader", ()),
     "rayledger_leader_changes": ("counter", "times the leader this member follows changed", ()),
     "rayledger_reads": ("counter", "read calls served", ("consistency",)),
+    "rayledger_members_lost": (
+        "gauge",
+        "leader: members whose node Ray reports dead, not yet replaced",
+        (),
+    ),
     "rayledger_peer_push_latency_ms": ("histogram", "leader: push sent to answer", ("peer",)),
     "rayledger_peer_water_mark": ("gauge", "leader: highest index the peer matches", ("peer",)),
     "rayledger_peer_lag": ("gauge", "leader: its end index minus the peer's water mark", ("peer",)),
@@ -161,6 +166,9 @@ class MemberMetrics:
         metric("rayledger_append_latency_ms").observe((time.perf_counter() - t0) * 1000, self.tags)
         metric("rayledger_appended_entries").inc(int(entries), self.tags)
         metric("rayledger_appended_bytes").inc(int(nbytes), self.tags)
+
+    def members_lost(self, n: int) -> None:
+        metric("rayledger_members_lost").set(int(n), self.tags)
 
     def read(self, consistency: str) -> None:
         tags = self._read_tags.get(consistency)

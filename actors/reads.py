@@ -31,7 +31,7 @@ import asyncio
 import enum
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,8 +78,7 @@ class ReadIndexLogic:
 
     def __init__(self, self_id: str, peers: list[str], lease_ms: int, round_timeout_ms: int):
         self.self_id = self_id
-        self.others = [p for p in peers if p != self_id]
-        self.quorum = len(peers) // 2 + 1
+        self.configure(peers)
         self.lease_ms = lease_ms
         self.round_timeout_ms = round_timeout_ms
         self._ids = itertools.count(1)
@@ -87,6 +86,13 @@ class ReadIndexLogic:
         self._waiting: list[tuple[Any, int]] = []
         self._waiting_term = -1
         self._lease = (-1, -1)  # (term, lease end in ms)
+
+    def configure(self, voters: Sequence[str]) -> None:
+        """The configuration the member acts on (issue 22): a round is confirmed by a
+        majority of its voters (this leader counts when it votes); learners are not asked."""
+        self.others = [p for p in voters if p != self.self_id]
+        self.quorum = len(voters) // 2 + 1
+        self._own = 1 if self.self_id in voters else 0
 
     def lease_holds(self, term: int, now_ms: int) -> bool:
         lease_term, until = self._lease
@@ -104,7 +110,7 @@ class ReadIndexLogic:
             return [], []
         rnd = ReadRound(next(self._ids), self._waiting_term, now_ms, tickets=self._waiting)
         self._waiting = []
-        if self.quorum <= 1:
+        if self.quorum <= self._own:
             return [], self._confirm(rnd)
         self.in_flight = rnd
         return [rnd], []
@@ -120,7 +126,7 @@ class ReadIndexLogic:
         if rnd is None or rnd.round_id != round_id or not ok or peer not in self.others:
             return [], []
         rnd.acks.add(peer)
-        if len(rnd.acks) + 1 < self.quorum:
+        if len(rnd.acks) + self._own < self.quorum:
             return [], []
         self.in_flight = None
         confirmed = self._confirm(rnd)

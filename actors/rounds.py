@@ -94,9 +94,14 @@ class RoundBook:
     def admit_config(self, proposed: Any, token: Any) -> None:
         """A configuration change (issue 22): the single-server rules first (raises, nothing
         queued), then it waits to be written as a round of its own, on the configuration
-        channel.  One may be queued at a time, and none while one is uncommitted."""
+        channel, before the appends queued.  One may be queued at a time, and none while one
+        is uncommitted.  ``token`` None: the leader's own change, answered to no one."""
         body = self.logic.admit_config(proposed, queued=bool(self._configs))
         self._configs.append((token, body))
+
+    @property
+    def config_queued(self) -> bool:
+        return bool(self._configs)
 
     def write_due(self) -> bool:
         """True once when the shell should write the queue (in this loop turn / step):
@@ -113,10 +118,11 @@ class RoundBook:
         store failed) keeps no round: each token gets ``error``."""
         self._write_pending = False
         channel = 0
-        queue, self.queue = self.queue, []
-        if not queue and self._configs:  # a configuration entry is a round of its own
+        if self._configs:  # a configuration entry is a round of its own, the appends next
             token, body = self._configs.pop(0)
             queue, channel = [(token, [body])], CONFIG_CHANNEL
+        else:
+            queue, self.queue = self.queue, []
         if not queue:
             return None
         rid = next(self._ids)
@@ -125,7 +131,7 @@ class RoundBook:
         try:
             rnd = self.logic.write_round([(None, b) for _, b in queue], term, channel)
         except LedgerError as exc:
-            return Written(rid, tokens, error=exc)
+            return Written(rid, tuple(t for t in tokens if t is not None), error=exc)
         self.rounds[rid] = (rnd, tokens)
         self.in_rounds += len(tokens)
         return Written(rid, tokens, round=rnd)
@@ -141,7 +147,8 @@ class RoundBook:
         if code == ResponseCode.SUCCESS:
             self.logic.on_committed(rnd.term, rnd.last_index)
         calls = tuple((tok, first, last) for tok, (_, first, last) in zip(tokens, rnd.calls,
-                                                                          strict=True))  # fmt: skip
+                                                                          strict=True)
+                      if tok is not None)  # fmt: skip
         return Finished(rid, rnd, code, calls)
 
     def resolve(self, r: Resolution) -> list[Finished]:

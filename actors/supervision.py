@@ -180,9 +180,29 @@ class Ready:
     watching: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Helpers:
+    """The members of the configuration changed (issue 22): keep exactly one dispatcher per
+    member in ``peers`` other than this one -- create those added, stop and drop those gone --
+    and tell the checker the dispatchers.  Answered None."""
+
+    peers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckerConfigure:
+    """The checker of ``term`` counts the voters of ``info.configs``' latest from now on;
+    answered None or :class:`Failed`."""
+
+    term: int
+    info: LeaderInfo
+    timeout_ms: int
+
+
 Action = (
     MachineRole | FailReaders | FastStop | CheckerStepDown | Finish | Deactivate | Flush
     | Install | Ping | Replace | HandOver | StepDown | Sleep | Watch | WaitMachine | Ready
+    | Helpers | CheckerConfigure
 )  # fmt: skip
 
 
@@ -251,8 +271,8 @@ class Supervisor:
 
     def hand_over(self, term: int, why: str) -> HandOver:
         """To whom a leader that cannot replicate leaves ``term`` (a fixed choice per term,
-        so members do not all pick the same peer)."""
-        others = [p for p in self.peers if p != self.self_id]
+        so members do not all pick the same peer; a voter: a learner cannot lead)."""
+        others = [p for p in self.logic.state.voters if p != self.self_id]
         return HandOver(term, others[term % len(others)] if others else None, why)
 
     # -- processes ---------------------------------------------------------------------------
@@ -350,6 +370,48 @@ class Supervisor:
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
             yield Ready(term, self.fast_path, watching=self.machine)
 
+    def reconfigure(self) -> Process:
+        """Bring the helpers in line with the latest configuration (under the role lock)."""
+        return Process("reconfigure", self._reconfigure(), exclusive=True)
+
+    def _reconfigure(self) -> Generator[Action, Answer, None]:
+        """Dispatchers for the members added, none for those gone, on any member (a
+        follower's are ready for when it leads); a leader's checker counts the new voters,
+        and the dispatchers added are set up for its term (waiting for them to boot, like a
+        new term's).  A leader on the compiled path leaves it (its graph has the old
+        followers) and starts it again."""
+        config = self.logic.config_log.latest()
+        peers = [p for p in config.members if p != self.self_id]
+        added = [p for p in peers if p not in self.peers]
+        for gone in [p for p in self.peers if p not in peers and p != self.self_id]:
+            self.pids.pop(("dispatcher", gone), None)
+        self.peers = [self.self_id, *peers]
+        yield Helpers(tuple(peers))
+        term = self.logic.leading_term
+        if not self.logic.leads(term):
+            return
+        ready = self.logic.ready_term == term
+        if ready and self.fast_path:
+            yield FastStop()
+        answer = yield CheckerConfigure(term, self.logic.leader_info(), self.rpc_ms)
+        if isinstance(answer.value, Failed):  # a restarted checker is set up again whole
+            log.warning("[%s] term=%d: checker not reconfigured: %s", self.self_id, term,
+                        answer.value.why)  # fmt: skip
+        start = self.logic.term_start_index
+        for peer in added:
+            give_up = (yield Sleep(0)).now_ms + HELPER_START_MS
+            while self.logic.leads(term):
+                done = yield Install(term, start, self.logic.leader_info(), self.rpc_ms, peer)
+                if not isinstance(done.value, Failed):
+                    break
+                if done.now_ms > give_up:  # the watch replaces it, or hands leadership on
+                    log.error("[%s] term=%d: dispatcher for %s did not start: %s",
+                              self.self_id, term, peer, done.value.why)  # fmt: skip
+                    break
+                yield Sleep(RETRY_MS[1])
+        if ready and self.fast_path and self.logic.leads(term):
+            yield Ready(term, self.fast_path, watching=True)
+
     def _replace(self, term: int, keys: tuple[HelperKey, ...]) -> Replace:
         for kind, peer in keys:
             log.error("[%s] term=%d: replaces its hung %s helper %s (pid %s)", self.self_id,
@@ -432,11 +494,18 @@ class RoleQueue:
         self.supervisor = supervisor
         self.busy = False
         self._again = False
+        self._reconfigure = False
         self._waiting: list[Process] = []
 
     def role_changed(self) -> bool:
         """The role may have changed; True when the caller must start running (:meth:`next`)."""
         self._again = True
+        return self._claim()
+
+    def reconfigured(self) -> bool:
+        """The configuration changed (coalesced: one pass follows the latest); True when
+        the caller must start running."""
+        self._reconfigure = True
         return self._claim()
 
     def restore(self, proc: Process) -> bool:
@@ -455,6 +524,9 @@ class RoleQueue:
         if self._again:
             self._again = False
             return self.supervisor.role_changes()
+        if self._reconfigure:
+            self._reconfigure = False
+            return self.supervisor.reconfigure()
         if self._waiting:
             return self._waiting.pop(0)
         self.busy = False

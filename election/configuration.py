@@ -36,10 +36,16 @@ def _bad(code: ResponseCode, message: str) -> LedgerError:
 
 @dataclass(frozen=True, slots=True)
 class Configuration:
-    """Who votes (``voters``) and who only receives the log (``learners``); disjoint."""
+    """Who votes (``voters``) and who only receives the log (``learners``); disjoint.
+
+    ``joining`` holds the group's plans, so that any leader carries them on: a pair
+    ``(learner, old)`` says the learner is promoted once it has caught up and then member
+    ``old`` ("" for none) is removed -- how ``add_member`` and ``replace_member`` survive a
+    leader change or an interrupted caller."""
 
     voters: tuple[str, ...]
     learners: tuple[str, ...] = ()
+    joining: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         every = (*self.voters, *self.learners)
@@ -49,10 +55,15 @@ class Configuration:
             raise _bad(ResponseCode.UNEXPECTED_ARGUMENT, f"member ids are strings: {every!r}")
         if len(set(every)) != len(every):
             raise _bad(ResponseCode.UNEXPECTED_ARGUMENT, f"a member twice: {every!r}")
+        for new, _old in self.joining:
+            if new not in every:
+                raise _bad(ResponseCode.UNEXPECTED_ARGUMENT, f"{new!r} joins but is no member")
 
     @classmethod
-    def of(cls, voters: Iterable[str], learners: Iterable[str] = ()) -> Configuration:
-        return cls(tuple(voters), tuple(learners))
+    def of(
+        cls, voters: Iterable[str], learners: Iterable[str] = (), joining: Iterable = ()
+    ) -> Configuration:
+        return cls(tuple(voters), tuple(learners), tuple((n, o) for n, o in joining))
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -80,21 +91,40 @@ class Configuration:
             return "learner"
         return None
 
+    def plan_of(self, member: str) -> str | None:
+        """The member ``member`` replaces when it joins ("" for none), or None: no plan."""
+        return next((old for new, old in self.joining if new == member), None)
+
+    def replacement_of(self, old: str) -> str | None:
+        """The member planned to replace ``old``, or None."""
+        return next((new for new, o in self.joining if o == old), None)
+
     # -- changes (each returns a new configuration; the rules are check_change's) -----------
-    def with_learner(self, member: str) -> Configuration:
+    def with_learner(self, member: str, promote: bool = False, replaces: str = "") -> Configuration:
+        """``member`` joins as a learner; with ``promote`` (or ``replaces``) it is planned to
+        become a voter once caught up (and then ``replaces`` leaves)."""
         if member in self:
             raise _bad(ResponseCode.UNEXPECTED_MEMBER, f"{member!r} is a member already")
-        return Configuration(self.voters, (*self.learners, member))
+        if replaces and replaces not in self:
+            raise _bad(ResponseCode.UNKNOWN_MEMBER, f"{replaces!r} is not a member")
+        if replaces and self.replacement_of(replaces) is not None:
+            raise _bad(ResponseCode.CONFIG_CHANGE_IN_PROGRESS,
+                       f"{replaces!r} is being replaced already")  # fmt: skip
+        plan = ((member, replaces),) if promote or replaces else ()
+        return Configuration(self.voters, (*self.learners, member), self.joining + plan)
 
     def with_voter(self, member: str) -> Configuration:
         """``member`` votes from now on: a learner promoted, or a new member added as a
-        voter directly."""
+        voter directly.  A plan that replaces nobody is done."""
         if member in self.voters:
             raise _bad(ResponseCode.UNEXPECTED_MEMBER, f"{member!r} votes already")
         learners = tuple(m for m in self.learners if m != member)
-        return Configuration((*self.voters, member), learners)
+        joining = tuple((n, o) for n, o in self.joining if n != member or o)
+        return Configuration((*self.voters, member), learners, joining)
 
     def without(self, member: str) -> Configuration:
+        """``member`` leaves; the plans it was in end (it was replaced, or its replacement
+        is abandoned by removing it)."""
         if member not in self:
             raise _bad(ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member")
         if self.voters == (member,):
@@ -102,6 +132,7 @@ class Configuration:
         return Configuration(
             tuple(m for m in self.voters if m != member),
             tuple(m for m in self.learners if m != member),
+            tuple((n, o) for n, o in self.joining if member not in (n, o)),
         )
 
     def voter_change(self, other: Configuration) -> int:
@@ -109,16 +140,24 @@ class Configuration:
         return len(set(self.voters) ^ set(other.voters))
 
     # -- the entry body ----------------------------------------------------------------------
+    def to_doc(self) -> dict:
+        doc: dict = {"voters": list(self.voters), "learners": list(self.learners)}
+        if self.joining:
+            doc["joining"] = [list(p) for p in self.joining]
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> Configuration:
+        return cls.of(doc["voters"], doc.get("learners", ()), doc.get("joining", ()))
+
     def encode(self) -> bytes:
-        return json.dumps({"voters": list(self.voters), "learners": list(self.learners)},
-                          separators=(",", ":")).encode()  # fmt: skip
+        return json.dumps(self.to_doc(), separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, body: bytes) -> Configuration:
         """A configuration entry's body (CORRUPT_LOG when it is none)."""
         try:
-            doc = json.loads(body)
-            return cls(tuple(doc["voters"]), tuple(doc.get("learners", ())))
+            return cls.from_doc(json.loads(body))
         except (ValueError, KeyError, TypeError, LedgerError) as exc:
             raise _bad(
                 ResponseCode.CORRUPT_LOG, f"a configuration entry that is none: {exc}"
@@ -154,13 +193,19 @@ def check_change(
 @dataclass
 class ConfigLog:
     """The configurations in one member's log: ``base`` is the one in effect before its
-    first configuration entry (the group's initial one, or the one a snapshot or a
+    first configuration entry (the group's initial one, or the one a snapshot, a reset or a
     compaction left), ``entries`` the configuration entries it holds, by index.  The member
-    acts on :meth:`latest`; :meth:`committed` is what ``group.members`` shows."""
+    acts on :meth:`latest`; :meth:`committed` is what ``group.members`` shows.  ``save``
+    (when set) is called after every change: a compacted log no longer holds its base."""
 
     base: Configuration
     base_index: int = -1  # the index the base was written at (-1: the initial one)
     entries: list[tuple[int, Configuration]] = field(default_factory=list)
+    save: Callable[[dict], None] | None = field(default=None, repr=False, compare=False)
+
+    def _changed(self) -> None:
+        if self.save is not None:
+            self.save(self.to_json())
 
     def latest(self) -> Configuration:
         return self.entries[-1][1] if self.entries else self.base
@@ -168,12 +213,17 @@ class ConfigLog:
     def latest_index(self) -> int:
         return self.entries[-1][0] if self.entries else self.base_index
 
-    def committed(self, committed_index: int) -> Configuration:
-        """The latest configuration at or below ``committed_index``."""
-        for index, config in reversed(self.entries):
-            if index <= committed_index:
+    def at(self, index: int) -> Configuration:
+        """The configuration in effect at ``index`` (the latest at or below it; the base
+        below every entry)."""
+        for i, config in reversed(self.entries):
+            if i <= index:
                 return config
         return self.base
+
+    def committed(self, committed_index: int) -> Configuration:
+        """The latest configuration at or below ``committed_index``."""
+        return self.at(committed_index)
 
     def pending(self, committed_index: int) -> bool:
         """Whether a configuration entry above ``committed_index`` is in the log."""
@@ -185,75 +235,92 @@ class ConfigLog:
             raise _bad(ResponseCode.INCONSISTENT_INDEX,
                        f"configuration at {index} after one at {self.entries[-1][0]}")  # fmt: skip
         self.entries.append((index, config))
+        self._changed()
 
     def truncated(self, end_index: int) -> bool:
         """The log now ends at ``end_index``: configurations after it are gone.  True when
         the latest one changed (the member acts on the one before)."""
+        if not (self.entries and self.entries[-1][0] > end_index):
+            return False
         before = self.latest()
         self.entries = [(i, c) for i, c in self.entries if i <= end_index]
+        self._changed()
         return self.latest() != before
 
     def compacted(self, begin_index: int) -> None:
         """Entries below ``begin_index`` left the log: the latest of them becomes the base."""
+        if not (self.entries and self.entries[0][0] < begin_index):
+            return
         while self.entries and self.entries[0][0] < begin_index:
             self.base_index, self.base = self.entries.pop(0)
+        self._changed()
 
     def reset(self, config: Configuration, index: int) -> bool:
         """The log was reset (a snapshot installed, or a reset to the leader's begin) with
         ``config`` in effect at ``index``; True when the latest one changed."""
         before = self.latest()
         self.base, self.base_index, self.entries = config, index, []
+        self._changed()
         return self.latest() != before
+
+    def frozen(self) -> tuple[tuple[int, Configuration], ...]:
+        """A copy to send (a leader's helpers learn the configuration at an index from it)."""
+        return ((self.base_index, self.base), *self.entries)
 
     # -- persisted beside the log (a compacted log no longer holds its base) ----------------
     def to_json(self) -> dict:
         return {
-            "base": [self.base_index, list(self.base.voters), list(self.base.learners)],
-            "entries": [[i, list(c.voters), list(c.learners)] for i, c in self.entries],
+            "base": [self.base_index, self.base.to_doc()],
+            "entries": [[i, c.to_doc()] for i, c in self.entries],
         }
 
     @classmethod
     def from_json(cls, doc: dict) -> ConfigLog:
-        index, voters, learners = doc["base"]
-        entries = [(int(i), Configuration.of(v, lr)) for i, v, lr in doc.get("entries", [])]
-        return cls(Configuration.of(voters, learners), int(index), entries)
+        index, base = doc["base"]
+        entries = [(int(i), Configuration.from_doc(c)) for i, c in doc.get("entries", [])]
+        return cls(Configuration.from_doc(base), int(index), entries)
 
     @classmethod
     def initial(cls, voters: Sequence[str], learners: Sequence[str] = ()) -> ConfigLog:
         return cls(Configuration.of(voters, learners))
 
 
+def config_at(frozen: Sequence[tuple[int, Configuration]], index: int) -> Configuration:
+    """The configuration in effect at ``index`` in a :meth:`ConfigLog.frozen` copy."""
+    for i, config in reversed(frozen[1:]):
+        if i <= index:
+            return config
+    return frozen[0][1]
+
+
 class ConfigWatch:
     """A :class:`ConfigLog` following a member's store (``LogStore.watch_channel`` on
-    :data:`CONFIG_CHANNEL`), saved through ``save`` after every change (a compacted log no
-    longer holds its base).  A reset leaves the configurations below the new begin as the
-    base; the leader's configuration at that point comes with the reset (issue 22, to wire)."""
+    :data:`CONFIG_CHANNEL`).  A reset keeps the configurations below the new begin as the
+    base until the leader's configuration at that point arrives with the reset (the entry
+    handler's :meth:`ConfigLog.reset`)."""
 
-    def __init__(self, log: ConfigLog, save: Callable[[dict], None] | None = None):
+    def __init__(self, log: ConfigLog):
         self.log = log
-        self._save = save
-
-    def _saved(self) -> None:
-        if self._save is not None:
-            self._save(self.log.to_json())
 
     def appended(self, index: int, body: bytes) -> None:
         self.log.appended(index, Configuration.decode(body))
-        self._saved()
 
     def truncated(self, end_index: int) -> None:
-        if self.log.entries and self.log.entries[-1][0] > end_index:
-            self.log.truncated(end_index)
-            self._saved()
+        self.log.truncated(end_index)
 
     def reset(self, begin_index: int) -> None:
         self.log.truncated(begin_index - 1)
-        self.compacted(begin_index)
+        self.log.compacted(begin_index)
 
     def compacted(self, begin_index: int) -> None:
-        if self.log.entries and self.log.entries[0][0] < begin_index:
-            self.log.compacted(begin_index)
-            self._saved()
+        self.log.compacted(begin_index)
 
 
-__all__ = ["CONFIG_CHANNEL", "ConfigLog", "ConfigWatch", "Configuration", "check_change"]
+__all__ = [
+    "CONFIG_CHANNEL",
+    "ConfigLog",
+    "ConfigWatch",
+    "Configuration",
+    "check_change",
+    "config_at",
+]

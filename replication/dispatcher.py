@@ -60,6 +60,13 @@ def _peek_snapshot(log_: LeaderLog) -> Any:
     return None if peek is None else peek()
 
 
+def _config_below(log_: LeaderLog, begin: int) -> bytes | None:
+    """The leader's configuration in effect below ``begin``, which a reset follower no
+    longer finds in its log (a log that offers none: None)."""
+    at = getattr(log_, "config_at", None)
+    return None if at is None else at(begin - 1)
+
+
 def _snapshot_of(log_: LeaderLog) -> Any:
     """Take the snapshot :func:`_peek_snapshot` saw (a cache fetches the next one afresh)."""
     take = getattr(log_, "take_snapshot", None)
@@ -247,7 +254,8 @@ class EntryDispatcher:
             index, kind = self._compare_index, PushType.COMPARE
         term, pos = log_.get_term(index), log_.get_pos(index)
         reset = kind is PushType.TRUNCATE and self._truncate_reset
-        req = self._base(kind, log_, first_index=index, entry_term=term, entry_pos=pos, reset=reset)
+        req = self._base(kind, log_, first_index=index, entry_term=term, entry_pos=pos, reset=reset,
+                         config=_config_below(log_, index) if reset else None)  # fmt: skip
         self._ctrl = req
         self._ctrl_sent_ms = now_ms
         self._last_push_ms = now_ms

@@ -24,6 +24,7 @@ from collections import deque
 from logging import DEBUG, ERROR, INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
+from rayledger.election.configuration import Configuration
 from rayledger.election.logevent import log_event
 from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import LedgerError, ResponseCode
@@ -397,6 +398,8 @@ class EntryHandler:
             if req.reset:
                 if not (store.is_empty and store.ledger_begin_index == index):
                     store.reset(index, req.entry_pos)
+                if req.config is not None:  # what the leader's log had below its begin
+                    self.state.config.reset(Configuration.decode(req.config), index - 1)
                 matched = index - 1
             elif self._entry_matches(index, req.entry_term, req.entry_pos):
                 store.truncate(index)

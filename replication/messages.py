@@ -83,6 +83,8 @@ class PushEntryRequest:
     batch_bytes: int = 0
     reset: bool = False
     snapshot: SnapshotChunk | None = None
+    # a reset's: the leader's configuration in effect just below its begin (issue 22)
+    config: bytes | None = None
 
     @property
     def last_index(self) -> int:

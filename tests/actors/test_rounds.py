@@ -104,15 +104,15 @@ def test_a_configuration_change_is_a_round_of_its_own_on_its_channel(book) -> No
         book.admit_config(add.with_voter("n3"), "c2")  # one at a time
     assert e.value.code == C.CONFIG_CHANGE_IN_PROGRESS
     assert book.write_due()
-    plain = book.write()  # the client's entries first, then the change alone
-    assert plain.tokens == ("t1",) and m.store.get(1).channel == 0
-    book.finish(plain.rid, C.SUCCESS)
-    assert book.write_due()
-    cfg = book.write()
-    assert cfg.tokens == ("c1",) and m.store.get(2).channel == CONFIG_CHANNEL
-    assert m.state.peers == ("n0", "n1", "n2", "n3") and m.state.voters == ("n0", "n1", "n2")
+    cfg = book.write()  # the change first, alone (a steady load never starves it)
+    assert cfg.tokens == ("c1",) and m.store.get(1).channel == CONFIG_CHANNEL
     with pytest.raises(LedgerError) as e:
         book.admit_config(add.with_voter("n3"), "c2")  # appended, not committed
     assert e.value.code == C.CONFIG_CHANGE_IN_PROGRESS
     book.finish(cfg.rid, C.SUCCESS)
+    assert book.write_due()
+    plain = book.write()  # then the client's entries
+    assert plain.tokens == ("t1",) and m.store.get(2).channel == 0
+    assert m.state.peers == ("n0", "n1", "n2", "n3") and m.state.voters == ("n0", "n1", "n2")
+    book.finish(plain.rid, C.SUCCESS)
     book.admit_config(add.with_voter("n3"), "c2")  # committed: the next one may come

@@ -118,7 +118,7 @@ def test_a_store_tells_its_config_watch_of_every_configuration_entry(kind, tmp_p
     c1, c2 = base.with_learner("n3"), base.with_learner("n3").with_voter("n3")
     leader, follower = store("l"), store("f")
     saved: list[dict] = []
-    lw, fw = ConfigWatch(ConfigLog(base)), ConfigWatch(ConfigLog(base), saved.append)
+    lw, fw = ConfigWatch(ConfigLog(base)), ConfigWatch(ConfigLog(base, save=saved.append))
     leader.watch_channel(CONFIG_CHANNEL, lw)
     follower.watch_channel(CONFIG_CHANNEL, fw)
     leader.append_as_leader([b"a", b"b"], 1)

@@ -1,0 +1,199 @@
+"""The leader's membership decisions (issue 22; sans-I/O: no clock, no Ray, no files).
+
+A change is one configuration entry written through the append path (``RoundBook.admit_config``,
+checked by ``check_change``: one voter at a time, one change in flight, none before the
+leader committed an entry of its term).  What this module decides:
+
+* what an operator's request means as the next configuration (:meth:`Membership.propose`):
+  add a learner, add a member (a learner planned to be promoted), replace one (a learner
+  planned to be promoted and then to see the old member removed), remove one;
+* what the leader changes on its own (:meth:`Membership.due`): a planned learner within
+  ``promote_lag`` entries of the leader's log becomes a voter, and then the member it
+  replaces leaves -- two single-server changes, carried on by whichever member leads,
+  since the plans are part of the configuration;
+* which members to replace because Ray reports their node dead for ``replace_lost_after_ms``
+  and on which node (:meth:`Membership.lost`, :func:`choose_node`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rayledger.election.configuration import Configuration
+from rayledger.storage import LedgerError, ResponseCode
+
+log = logging.getLogger("rayledger.actors")
+
+
+class Op:
+    """What an operator asks of the group's configuration."""
+
+    ADD_LEARNER = "add_learner"  # a learner that stays one
+    ADD = "add"  # a learner, promoted to voter once caught up
+    REPLACE = "replace"  # a learner, promoted once caught up, then ``replaces`` leaves
+    REMOVE = "remove"
+    ALL = (ADD_LEARNER, ADD, REPLACE, REMOVE)
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """The leader must hand leadership to ``target`` before the change it plans (it is
+    the member to leave)."""
+
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start member ``member`` on node ``node`` (as a learner of ``config``) to replace
+    ``replaces``, whose node is lost."""
+
+    member: str
+    node: str
+    replaces: str
+    config: Configuration
+
+
+def choose_node(
+    alive_nodes: Iterable[str],
+    member_nodes: Mapping[str, str | None],
+    exclude: Iterable[str] = (),
+) -> str | None:
+    """A live node for a new member: one that hosts no member of this group (the first in
+    order), or -- on a one-node cluster -- that node; None when every live node of several
+    already hosts one."""
+    alive = sorted(set(alive_nodes))
+    taken = {n for m, n in member_nodes.items() if n is not None and m not in set(exclude)}
+    free = [n for n in alive if n not in taken]
+    if free:
+        return free[0]
+    if len(alive) == 1:
+        return alive[0]
+    return None
+
+
+def fresh_id(members: Iterable[str], taken: Iterable[str] = ()) -> str:
+    """The first ``n<k>`` that no member (nor anything in ``taken``) uses."""
+    used = set(members) | set(taken)
+    k = 0
+    while f"n{k}" in used:
+        k += 1
+    return f"n{k}"
+
+
+@dataclass
+class Membership:
+    """One leader's membership decisions: the learners' progress (from their dispatchers),
+    the plans carried in the configuration, and the lost members it replaces."""
+
+    self_id: str
+    promote_lag: int = 1000
+    replace_lost_after_ms: int | None = None  # None: no automatic replacement
+    match: dict[str, int] = field(default_factory=dict)  # peer -> index it stores
+    dead_since: dict[str, int] = field(default_factory=dict)  # member -> first seen dead
+    waiting: tuple[str, ...] = ()  # lost members with no free node to replace them on
+    _spawned: set[str] = field(default_factory=set)  # member ids started for a replacement
+
+    # -- what an operator asks ---------------------------------------------------------
+    def propose(
+        self, current: Configuration, op: str, member: str, replaces: str = ""
+    ) -> Configuration | Transfer:
+        """The configuration after ``op`` on ``member`` (raises the coded error of a bad
+        request; the configuration itself does not change), or a :class:`Transfer` when
+        the leader itself is to leave: it hands over first, the caller asks the next one."""
+        if op not in Op.ALL:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown change {op!r}")
+        if not isinstance(member, str) or not member or "/" in member:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT,
+                                 f"a member id is a non-empty string without '/': {member!r}")  # fmt: skip
+        if op == Op.REMOVE:
+            if member == self.self_id and member in current:
+                current.without(member)  # the last voter: refused before any hand-over
+                others = [v for v in current.voters if v != member]
+                return Transfer(self._best(others))
+            return current.without(member)
+        if op == Op.ADD_LEARNER:
+            return current.with_learner(member)
+        if op == Op.ADD:
+            return current.with_learner(member, promote=True)
+        if not replaces or replaces not in current:
+            raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER, f"{replaces!r} is not a member")
+        return current.with_learner(member, replaces=replaces)
+
+    def _best(self, voters: list[str]) -> str:
+        """The voter that stores the most of the leader's log (to hand leadership to)."""
+        return max(voters, key=lambda v: (self.match.get(v, -1), v))
+
+    # -- what the leader changes on its own ------------------------------------------------
+    def progress(self, peer: str, match_index: int) -> None:
+        self.match[peer] = max(self.match.get(peer, -1), match_index)
+
+    def reset(self) -> None:
+        """A new term: progress is learned again from its dispatchers."""
+        self.match.clear()
+
+    def due(self, current: Configuration, end_index: int) -> Configuration | Transfer | None:
+        """The next step of a plan in ``current``: a learner within ``promote_lag`` of
+        ``end_index`` promoted, or the member it replaces removed once it votes (a
+        hand-over first when that is this leader)."""
+        for new, old in current.joining:
+            if current.is_learner(new):
+                if self.match.get(new, -1) >= end_index - self.promote_lag:
+                    log.info("[%s] promotes %s (stores %d of %d)", self.self_id, new,
+                             self.match.get(new, -1), end_index)  # fmt: skip
+                    return current.with_voter(new)
+            elif old and old in current:
+                if old == self.self_id:
+                    return Transfer(new)
+                return current.without(old)
+        return None
+
+    # -- lost nodes ----------------------------------------------------------------------
+    def lost(
+        self,
+        current: Configuration,
+        alive_nodes: Iterable[str],
+        member_nodes: Mapping[str, str | None],
+        now_ms: int,
+        taken_ids: Iterable[str] = (),
+    ) -> Spawn | None:
+        """Ray's view of the nodes: a member whose node is dead for ``replace_lost_after_ms``
+        and not being replaced yet gets a replacement on a live node that hosts no member of
+        this group (:attr:`waiting` lists those that wait for one)."""
+        if self.replace_lost_after_ms is None:
+            return None
+        alive = set(alive_nodes)
+        lost = []
+        for m in current.members:
+            node = member_nodes.get(m)
+            if m == self.self_id or node is None or node in alive:
+                self.dead_since.pop(m, None)
+                continue
+            since = self.dead_since.setdefault(m, now_ms)
+            if now_ms - since >= self.replace_lost_after_ms:
+                lost.append(m)
+        self.waiting = ()
+        for m in lost:
+            if current.replacement_of(m) is not None:
+                continue  # its replacement is under way
+            node = choose_node(alive, member_nodes, exclude=lost)
+            if node is None:
+                self.waiting = tuple(x for x in lost if current.replacement_of(x) is None)
+                return None
+            new = fresh_id(current.members, [*member_nodes, *self._spawned, *taken_ids])
+            self._spawned.add(new)
+            log.warning("[%s] replaces %s (its node is lost) with %s on node %s",
+                        self.self_id, m, new, node)  # fmt: skip
+            return Spawn(new, node, m, current.with_learner(new, replaces=m))
+        return None
+
+    def lost_count(self, current: Configuration) -> int:
+        """Members whose node is dead for the whole wait and not replaced yet."""
+        return sum(
+            1 for m in current.members if m in self.dead_since and current.replacement_of(m) is None
+        )
+
+
+__all__ = ["Membership", "Op", "Spawn", "Transfer", "choose_node", "fresh_id"]
