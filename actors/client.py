@@ -145,8 +145,30 @@ class LedgerClient:
     def _handle(self, member: str):
         return member_handle(self._handles, self.group, member)
 
+    def _refresh_members(self) -> None:
+        """The group's members as its named actors say now (members are added and removed
+        while the group runs: issue 22); kept as they were when none is found."""
+        try:
+            found = group_members(self.group)
+        except Exception:  # the GCS is unreachable for a moment
+            return
+        if found and found != self.members:
+            log.info("client of %s: members %s -> %s", self.group, self.members, found)
+            self.members = found
+            self._handles = {m: h for m, h in self._handles.items() if m in found}
+
     def _find_leader(self, timeout_s: float = 1.0) -> str | None:
-        """Ask every member at once; the highest-term member that says it leads."""
+        """Ask every member at once; the highest-term member that says it leads (the
+        member list is looked up again when none does, or one follows a member unknown
+        here)."""
+        leader = self._ask_leader(timeout_s)
+        if leader is None or leader not in self.members:
+            self._refresh_members()
+            if leader is None:
+                leader = self._ask_leader(timeout_s)
+        return leader if leader in self.members else None
+
+    def _ask_leader(self, timeout_s: float) -> str | None:
         refs = {}
         for m in self.members:
             try:
@@ -169,7 +191,7 @@ class LedgerClient:
                 continue
             if s.role == Role.LEADER and (best is None or s.term > best[0]):
                 best = (s.term, by_ref[ready[0]])
-            elif s.leader_id in refs and (hint is None or s.term > hint[0]):
+            elif s.leader_id is not None and (hint is None or s.term > hint[0]):
                 hint = (s.term, s.leader_id)  # who a follower follows
             if len(refs) - len(pending) > len(refs) // 2:
                 # a majority answered: a higher-term leader would be known to it, and with

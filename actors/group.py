@@ -10,18 +10,20 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.election import Role
+from rayledger.election.configuration import Configuration
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.metafile import ensure_writable_dir
 
 from .client import LedgerClient
 from .config import LedgerConfig
 from .faults import LinkFaults, load_faults, save_faults
-from .member import MemberActor
+from .membership import Membership, Op, check_live_quorum, check_node, choose_node, fresh_id
 from .naming import NAMESPACE, actor_name, group_members
+from .placement import alive_nodes, forget_node, member_nodes, spawn_member
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
@@ -52,19 +54,243 @@ def _member_ids(members: int | Sequence[str]) -> list[str]:
 
 
 class LedgerGroup:
-    """A handle on a group of :class:`MemberActor`; cheap to create, any driver can hold one."""
+    """A handle on a group of :class:`~.member.MemberActor`; cheap to create, any driver can hold one."""
 
     def __init__(
         self, name: str, members: Sequence[str], store_dir: str | None, config: LedgerConfig
     ):
         self.name = name
-        self.members = list(members)
+        self._members = list(members)
+        self._roles: dict[str, str] = {m: "voter" for m in self._members}
+        self._refreshed = 0.0
         self.store_dir = store_dir
         self.config = config
-        self._handles = {
-            m: ray.get_actor(actor_name(name, m), namespace=NAMESPACE) for m in self.members
-        }
+        self._handles: dict[str, Any] = {}
+        for m in self._members:
+            self._attach(m)
         self._pids: dict[str, int] = {}  # processes this handle paused
+
+    def _attach(self, member: str) -> None:
+        try:
+            self._handles[member] = ray.get_actor(actor_name(self.name, member),
+                                                  namespace=NAMESPACE)  # fmt: skip
+        except ValueError:  # its actor is gone (a member lost with its node, then removed)
+            self._handles.pop(member, None)
+
+    # -- membership (issue 22) ----------------------------------------------------------------
+    @property
+    def members(self) -> list[str]:
+        """The committed configuration's members (voters, then learners), as the group
+        says now (looked up at most once a second)."""
+        if time.monotonic() - self._refreshed > 1.0:
+            self.refresh()
+        return list(self._members)
+
+    def roles(self) -> dict[str, str]:
+        """Each member's role in the committed configuration: "voter" or "learner"."""
+        self.members  # noqa: B018 -- refreshes
+        return dict(self._roles)
+
+    def membership(self, timeout_s: float = 5.0) -> dict:
+        """The leader's view (else any member's): ``latest`` (the configuration it acts
+        on), ``committed``, and ``waiting`` (lost members with no node to replace them on)."""
+        order = list(self._handles)
+        leader = self._leader_quick()
+        if leader in order:
+            order.remove(leader)
+            order.insert(0, leader)
+        last: Exception | None = None
+        for m in order:
+            try:
+                return ray.get(self._handles[m].membership.remote(), timeout=timeout_s)
+            except Exception as exc:
+                last = exc
+        raise LedgerError.of(ResponseCode.UNKNOWN_GROUP,
+                             f"no member of {self.name!r} answers: {last}")  # fmt: skip
+
+    def _leader_quick(self) -> str | None:
+        try:
+            return self.leader_id()
+        except Exception:
+            return None
+
+    def refresh(self) -> None:
+        """Follow the committed configuration: handles for members added (by any driver, or
+        a leader replacing a lost member), none for members removed."""
+        self._refreshed = time.monotonic()
+        refs = {m: h.membership.remote() for m, h in self._handles.items()}
+        best = None
+        for _m, ref in refs.items():
+            try:
+                doc = ray.get(ref, timeout=2.0)
+            except Exception:
+                continue
+            if best is None or doc["committed_index"] > best["committed_index"]:
+                best = doc
+        if best is None:
+            return
+        c = Configuration.from_doc(best["committed"])
+        for m in c.members:
+            if m not in self._handles:
+                self._attach(m)
+        self._handles = {m: h for m, h in self._handles.items() if m in c}
+        self._members = list(c.members)
+        self._roles = {m: c.role_of(m) or "" for m in c.members}
+
+    def _change(self, op: str, member: str, replaces: str = "", timeout_s: float = 60.0) -> int:
+        """One configuration change on whoever leads, following NOT_LEADER and hand-overs
+        (a leader to leave hands over first) until ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            left = max(0.5, deadline - time.monotonic())
+            try:
+                leader = self.wait_for_leader(min(left, 30.0))
+                return ray.get(self._handles[leader].change_members.remote(op, member, replaces),
+                               timeout=left)  # fmt: skip
+            except LedgerError as exc:
+                retry = (ResponseCode.NOT_LEADER, ResponseCode.LEADER_TRANSFERRING,
+                         ResponseCode.LEADER_NOT_READY, ResponseCode.TIMEOUT)  # fmt: skip
+                if exc.code not in retry:
+                    raise
+                last = exc
+            except ray.exceptions.RayError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise LedgerError.of(ResponseCode.TIMEOUT, f"{op} {member}: no answer in time: {last}")
+
+    def _wait_config(self, done, what: str, timeout_s: float) -> Configuration:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            doc = self.membership()
+            c = Configuration.from_doc(doc["committed"])
+            if done(c):
+                self.refresh()
+                return c
+            if time.monotonic() > deadline:
+                raise LedgerError.of(ResponseCode.TIMEOUT,
+                                     f"{what} not committed within {timeout_s}s: {doc}")  # fmt: skip
+            time.sleep(0.1)
+
+    def _place(self, node_id: str | None, exclude: Iterable[str] = ()) -> str | None:
+        """The node for a new member: ``node_id`` checked, or a live node hosting no member
+        of this group (the only node of a one-node cluster); NODE_UNAVAILABLE if none."""
+        alive = alive_nodes()
+        nodes = member_nodes(self.name, [m for m in self._members if m not in set(exclude)])
+        if node_id is not None:
+            return check_node(node_id, alive, nodes)
+        node = choose_node(alive, nodes)
+        if node is None:
+            raise LedgerError.of(ResponseCode.NODE_UNAVAILABLE,
+                                 f"every live node hosts a member of {self.name!r}")  # fmt: skip
+        return node
+
+    def _spawn(self, member: str, config: Configuration, node: str | None) -> None:
+        h = spawn_member(self.name, member, list(config.members), self.config, self.store_dir,
+                         node, config.to_doc())  # fmt: skip
+        try:
+            ray.get(h.start.remote(), timeout=60)
+        except Exception:
+            ray.kill(h, no_restart=True)
+            raise
+        self._handles[member] = h
+
+    def _drop(self, member: str) -> None:
+        """A member removed from the configuration: its actor stops (its data stays)."""
+        h = self._handles.pop(member, None)
+        if h is None:
+            self._attach(member)
+            h = self._handles.pop(member, None)
+        if h is not None:
+            try:
+                ray.get(h.close.remote(), timeout=5)
+            except Exception:
+                pass
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+        save_faults(self.name, member, LinkFaults())
+        forget_node(self.name, member)
+
+    def add_member(
+        self,
+        member_id: str | None = None,
+        node_id: str | None = None,
+        learner: bool = False,
+        timeout_s: float = 60.0,
+    ) -> str:
+        """Add a member on ``node_id`` (default: a live node hosting no member of this
+        group): it joins as a learner, gets the log (or the leader's snapshot), and --
+        unless ``learner`` -- is promoted to voter once within ``promote_lag`` entries of
+        the leader.  Returns its id (``member_id``, or a fresh ``n<k>``)."""
+        self.refresh()
+        latest = Configuration.from_doc(self.membership()["latest"])
+        if member_id is None:
+            member_id = fresh_id(latest.members, group_members(self.name))
+        op = Op.ADD_LEARNER if learner else Op.ADD
+        proposed = Membership(self_id="").propose(latest, op, member_id)  # refuses bad ids
+        if member_id in group_members(self.name):
+            raise LedgerError.of(ResponseCode.UNEXPECTED_MEMBER,
+                                 f"an actor of member {member_id!r} runs already")  # fmt: skip
+        node = self._place(node_id)
+        self._spawn(member_id, proposed, node)
+        try:
+            self._change(op, member_id, timeout_s=timeout_s)
+        except Exception:
+            self._drop(member_id)
+            raise
+        role = "learner" if learner else "voter"
+        self._wait_config(lambda c: c.role_of(member_id) == role, f"{member_id} as {role}",
+                          timeout_s)  # fmt: skip
+        return member_id
+
+    def remove_member(self, member_id: str, timeout_s: float = 60.0) -> None:
+        """Remove a member (the leader hands leadership over first); its actor stops.
+        Refused, with nothing changed: an unknown member (UNKNOWN_MEMBER), the last voter
+        (ILLEGAL_MEMBER_STATE), a change that leaves no majority of live voters
+        (NO_LIVE_QUORUM), another change in flight (CONFIG_CHANGE_IN_PROGRESS)."""
+        latest = Configuration.from_doc(self.membership()["latest"])
+        after = latest.without(member_id)
+        alive = [m for m, s in self.status().items() if s.alive]
+        check_live_quorum(after, alive)
+        self._change(Op.REMOVE, member_id, timeout_s=timeout_s)
+        self._wait_config(lambda c: member_id not in c, f"removal of {member_id}", timeout_s)
+        self._drop(member_id)
+
+    def replace_member(
+        self,
+        old: str,
+        node_id: str | None = None,
+        member_id: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> str:
+        """Replace ``old`` by a new member on ``node_id`` (default: a live node hosting no
+        member of this group, else -- one node -- that node): a learner, caught up,
+        promoted, then ``old`` removed, all carried on by the leader.  Safe to run again
+        when interrupted: it picks up the replacement under way.  Returns the new id."""
+        doc = self.membership()
+        latest = Configuration.from_doc(doc["latest"])
+        new = latest.replacement_of(old)
+        if new is None:
+            if old not in latest:
+                raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER,
+                                     f"{old!r} is not a member of {self.name!r}")  # fmt: skip
+            if member_id is None:
+                member_id = fresh_id(latest.members, group_members(self.name))
+            proposed = Membership(self_id="").propose(latest, Op.REPLACE, member_id, old)
+            node = self._place(node_id, exclude=[old])
+            self._spawn(member_id, proposed, node)
+            try:
+                self._change(Op.REPLACE, member_id, old, timeout_s=timeout_s)
+            except Exception:
+                self._drop(member_id)
+                raise
+            new = member_id
+        self._wait_config(lambda c: old not in c and c.is_voter(new),
+                          f"replacement of {old} by {new}", timeout_s)  # fmt: skip
+        self._drop(old)
+        return new
 
     # -- creating and finding -------------------------------------------------------------
     @classmethod
@@ -92,26 +318,14 @@ class LedgerGroup:
         if group_members(name):
             raise _bad(f"a group named {name!r} already exists in namespace {NAMESPACE!r}")
 
-        restarts = config.max_restarts if store_dir is not None else 0
         # One member per node when there are several (round robin over live nodes). The
         # affinity is hard, as a member's disk is on its host: when a node is gone its
         # member stays down (a host failure), while a crashed process restarts in place.
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")) if spread else []
         handles = []
         for i, m in enumerate(ids):
-            data_dir = str(Path(store_dir) / name / m) if store_dir is not None else None
-            opts = dict(
-                name=actor_name(name, m),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                max_restarts=restarts,
-                max_task_retries=0,
-            )
-            if len(nodes) > 1:
-                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    node_id=nodes[i % len(nodes)], soft=False
-                )
-            handles.append(MemberActor.options(**opts).remote(name, m, ids, config, data_dir))
+            node = nodes[i % len(nodes)] if len(nodes) > 1 else None
+            handles.append(spawn_member(name, m, ids, config, store_dir, node))
         try:
             ray.get([h.start.remote() for h in handles])
         except Exception:
@@ -143,7 +357,9 @@ class LedgerGroup:
             raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no member of group {name!r} answers")
         data_dir = info["config"].store.data_dir
         store_dir = str(Path(data_dir).parent.parent) if data_dir else None
-        return cls(name, info["peers"], store_dir, info["config"])
+        group = cls(name, [m for m in info["peers"] if m in ids] or ids, store_dir, info["config"])
+        group.refresh()
+        return group
 
     def client(self, timeout_s: float = 30.0) -> LedgerClient:
         return LedgerClient(self.name, self.members, timeout_s=timeout_s)
@@ -166,8 +382,11 @@ class LedgerGroup:
 
     # -- watching ---------------------------------------------------------------------------
     def status(self, timeout_s: float = 2.0) -> dict[str, MemberStatus]:
-        refs = {m: h.status.remote() for m, h in self._handles.items()}
-        out = {}
+        """Each member's status (the committed configuration's members; ``membership``:
+        voter or learner)."""
+        members = self.members
+        refs = {m: self._handles[m].status.remote() for m in members if m in self._handles}
+        out = {m: MemberStatus(None, -1, None, -1, -1, -1, alive=False) for m in members}
         for m, ref in refs.items():
             try:
                 out[m] = ray.get(ref, timeout=timeout_s)
@@ -182,8 +401,10 @@ class LedgerGroup:
         if not leaders:
             return None
         term, m = max(leaders)
-        agree = sum(1 for s in st.values() if s.alive and s.term == term and s.leader_id == m)
-        return m if agree >= len(self.members) // 2 + 1 else None
+        voters = [v for v, r in self._roles.items() if r == "voter"] or list(st)
+        agree = sum(1 for v in voters if v in st and st[v].alive and st[v].term == term
+                    and st[v].leader_id == m)  # fmt: skip
+        return m if agree >= len(voters) // 2 + 1 else None
 
     def wait_for_leader(self, timeout_s: float = 30.0, exclude: str | None = None) -> str:
         deadline = time.monotonic() + timeout_s

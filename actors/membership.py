@@ -74,6 +74,32 @@ def choose_node(
     return None
 
 
+def check_node(
+    node: str, alive_nodes: Iterable[str], member_nodes: Mapping[str, str | None]
+) -> str:
+    """``node`` may host a new member: it is alive, and -- unless it is the only node --
+    hosts no member of this group (NODE_UNAVAILABLE otherwise)."""
+    alive = set(alive_nodes)
+    if node not in alive:
+        raise LedgerError.of(ResponseCode.NODE_UNAVAILABLE, f"node {node} is not alive")
+    hosts = sorted(m for m, n in member_nodes.items() if n == node)
+    if hosts and len(alive) > 1:
+        raise LedgerError.of(ResponseCode.NODE_UNAVAILABLE,
+                             f"node {node} already hosts member(s) {hosts} of this group")  # fmt: skip
+    return node
+
+
+def check_live_quorum(after: Configuration, alive_members: Iterable[str]) -> Configuration:
+    """A change may leave the group only with a majority of live voters (NO_LIVE_QUORUM)."""
+    live = [v for v in after.voters if v in set(alive_members)]
+    if len(live) < after.quorum:
+        raise LedgerError.of(
+            ResponseCode.NO_LIVE_QUORUM,
+            f"voters {list(after.voters)} after the change, only {live} alive: no majority",
+        )
+    return after
+
+
 def fresh_id(members: Iterable[str], taken: Iterable[str] = ()) -> str:
     """The first ``n<k>`` that no member (nor anything in ``taken``) uses."""
     used = set(members) | set(taken)
@@ -140,7 +166,8 @@ class Membership:
         hand-over first when that is this leader)."""
         for new, old in current.joining:
             if current.is_learner(new):
-                if self.match.get(new, -1) >= end_index - self.promote_lag:
+                # caught up, as its dispatcher reported in this term (no report: nothing yet)
+                if new in self.match and self.match[new] >= end_index - self.promote_lag:
                     log.info("[%s] promotes %s (stores %d of %d)", self.self_id, new,
                              self.match.get(new, -1), end_index)  # fmt: skip
                     return current.with_voter(new)
@@ -196,4 +223,13 @@ class Membership:
         )
 
 
-__all__ = ["Membership", "Op", "Spawn", "Transfer", "choose_node", "fresh_id"]
+__all__ = [
+    "Membership",
+    "Op",
+    "Spawn",
+    "Transfer",
+    "check_live_quorum",
+    "check_node",
+    "choose_node",
+    "fresh_id",
+]

@@ -57,7 +57,14 @@ class VotingSteps(ElectorParts):
         st = self.state
         if st.role is not Role.CANDIDATE:
             return []
-        if not st.is_voter():  # a learner, or a member removed: it never campaigns
+        if not st.is_voter():  # a learner, or a member removed: it never campaigns,
+            if self._need_increase_term_immediately and (
+                st.known_max_term_in_group > st.current_term
+            ):  # but takes the term of the leader that wrote to it, to follow it
+                term = st.next_term()
+                self._log(INFO, "LEARNER_TAKES_TERM", term=term)
+            self._need_increase_term_immediately = False
+            timers.next_time_to_request_vote = self._get_next_time_to_request_vote(now_ms)
             return []
         if (
             self._last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT

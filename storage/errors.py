@@ -47,6 +47,8 @@ class ResponseCode(IntEnum):
     APPEND_OUTCOME_UNKNOWN = 427
     CORRUPT_SNAPSHOT = 428
     CONFIG_CHANGE_IN_PROGRESS = 429
+    NODE_UNAVAILABLE = 430  # a node that is not alive, or already hosts a member of the group
+    NO_LIVE_QUORUM = 431  # a change that would leave no majority of live voters
     TERM_CHANGED = 501
     INTERNAL_ERROR = 500
     TAKE_LEADERSHIP_FAILED = 502
