@@ -16,7 +16,6 @@ index from its own term's leader or checker.
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,10 +31,12 @@ from rayledger.election import (
 )
 from rayledger.election.configuration import (
     CONFIG_CHANNEL,
-    ConfigLog,
     Configuration,
     ConfigWatch,
+    FileConfigStore,
+    MemoryConfigStore,
     check_change,
+    recover_config_log,
 )
 from rayledger.replication import (
     EntryHandler,
@@ -53,7 +54,6 @@ from rayledger.storage import (
     OutcomeUnknownError,
     ResponseCode,
 )
-from rayledger.storage.metafile import atomic_write_json, read_json
 
 from .checker_logic import CheckerLogic
 from .dispatcher_logic import CachedBatch, DispatcherLogic, Inline, LeaderView, Payload, Ref
@@ -167,36 +167,6 @@ class Announcement:
 # ======================================================================== member
 
 
-MEMBERSHIP_FILE = "membership.json"
-"""Beside a member's log: the configurations in it (a compacted log no longer holds them)."""
-
-
-def load_config_log(
-    data_dir: str | None,
-    peers: Sequence[str],
-    store: LogStore,
-    initial: Configuration | None = None,
-) -> ConfigLog:
-    """The configurations this member's log holds, as last saved (entries past its end were
-    cut since: dropped), else ``initial`` (a member added to a running group: the group's
-    configuration with it as a learner) or the group's first one (every peer a voter).
-    Saved beside the log after every change."""
-    doc = read_json(os.path.join(data_dir, MEMBERSHIP_FILE)) if data_dir is not None else None
-    if doc is not None:
-        clog = ConfigLog.from_json(doc)
-        clog.truncated(store.ledger_end_index)
-    elif initial is not None:
-        clog = ConfigLog(initial)
-    else:
-        clog = ConfigLog.initial(peers)
-    if data_dir is not None:
-        path = os.path.join(data_dir, MEMBERSHIP_FILE)
-        clog.save = lambda doc: atomic_write_json(path, doc)
-        if doc is None:
-            clog.save(clog.to_json())
-    return clog
-
-
 class SnapshotSource(Protocol):
     """A member's machine snapshots (:class:`~.machine.Applier`): the newest that verifies,
     one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
@@ -227,13 +197,19 @@ class MemberLogic:
         data_dir: str | None = None,
         rng: random.Random | None = None,
         initial: Configuration | None = None,
+        config_store: Any = None,
     ):
         self.group = group
         self.self_id = self_id
         self.peers = list(peers)
         self.store = store
         self.replication = replication
-        self.config_log = load_config_log(data_dir, self.peers, store, initial)
+        # the configurations in its log (issue 22), kept beside it: a restart reads them back
+        # (an added member starts from ``initial``, the group's first ones from ``peers``)
+        if config_store is None:
+            config_store = FileConfigStore(data_dir) if data_dir else MemoryConfigStore()
+        first = initial if initial is not None else Configuration.of(self.peers)
+        self.config_log = recover_config_log(config_store, store, first)
         self.state = MemberState(group, self_id, self.peers, term_store, data_dir=data_dir,
                                  config=self.config_log)  # fmt: skip
         self.state.attach_log(store)  # the store owns the log end; the state reads it

@@ -34,7 +34,8 @@ class Op:
     ADD = "add"  # a learner, promoted to voter once caught up
     REPLACE = "replace"  # a learner, promoted once caught up, then ``replaces`` leaves
     REMOVE = "remove"
-    ALL = (ADD_LEARNER, ADD, REPLACE, REMOVE)
+    PROMOTE = "promote"  # a learner votes from now on (whatever its progress)
+    ALL = (ADD_LEARNER, ADD, REPLACE, REMOVE, PROMOTE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,11 @@ class Membership:
             return current.without(member)
         if op == Op.ADD_LEARNER:
             return current.with_learner(member)
+        if op == Op.PROMOTE:
+            if not current.is_learner(member):
+                raise LedgerError.of(ResponseCode.ILLEGAL_MEMBER_STATE,
+                                     f"{member!r} is not a learner")  # fmt: skip
+            return current.with_voter(member)
         if op == Op.ADD:
             return current.with_learner(member, promote=True)
         if not replaces or replaces not in current:

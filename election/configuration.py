@@ -21,10 +21,12 @@ majority.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rayledger.storage.errors import LedgerError, ResponseCode
+from rayledger.storage.metafile import atomic_write_json, read_json
 
 CONFIG_CHANNEL = 0x43_46_47  # "CFG": the channel of a configuration entry
 """DLedger's ``channel`` header field of a configuration entry (client entries use 0)."""
@@ -293,6 +295,62 @@ def config_at(frozen: Sequence[tuple[int, Configuration]], index: int) -> Config
     return frozen[0][1]
 
 
+class MemoryConfigStore:
+    """Where a member keeps its :class:`ConfigLog` between restarts, in memory: a
+    simulation keeps the object to model what survives a crash (like ``MemoryTermStore``)."""
+
+    def __init__(self) -> None:
+        self.doc: dict | None = None
+
+    def load(self) -> dict | None:
+        return self.doc
+
+    def save(self, doc: dict) -> None:
+        self.doc = doc
+
+
+class FileConfigStore:
+    """``membership.json`` beside a member's log (atomic writes)."""
+
+    NAME = "membership.json"
+
+    def __init__(self, data_dir: str) -> None:
+        self.path = os.path.join(data_dir, self.NAME)
+
+    def load(self) -> dict | None:
+        return read_json(self.path)
+
+    def save(self, doc: dict) -> None:
+        atomic_write_json(self.path, doc)
+
+
+TAIL_SCAN = 4096
+"""Entries at the end of a log a restart reads for configuration entries its saved
+:class:`ConfigLog` may lack (written, then the process died before the save)."""
+
+
+def recover_config_log(saved, store, initial: Configuration) -> ConfigLog:
+    """A member's configurations at a restart: the saved ones (those past the log's end
+    dropped: a power loss took them) and any configuration entry in the log after them --
+    the whole log when nothing was saved, else its tail -- or ``initial``.  Saved after
+    every change from now on."""
+    doc = saved.load()
+    end = store.ledger_end_index
+    if doc is not None:
+        clog = ConfigLog.from_json(doc)
+        clog.truncated(end)
+        scan = max(clog.latest_index() + 1, end - TAIL_SCAN)
+    else:
+        clog = ConfigLog(initial)
+        scan = 0
+    for index, body in store.channel_entries(CONFIG_CHANNEL, scan):
+        if index > clog.latest_index():
+            clog.appended(index, Configuration.decode(body))
+    clog.save = saved.save
+    saved.save(clog.to_json())
+    return clog
+
+
 class ConfigWatch:
     """A :class:`ConfigLog` following a member's store (``LogStore.watch_channel`` on
     :data:`CONFIG_CHANNEL`).  A reset keeps the configurations below the new begin as the
@@ -318,6 +376,9 @@ class ConfigWatch:
 
 __all__ = [
     "CONFIG_CHANNEL",
+    "FileConfigStore",
+    "MemoryConfigStore",
+    "recover_config_log",
     "ConfigLog",
     "ConfigWatch",
     "Configuration",

@@ -317,6 +317,12 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         )
         self._last_parse_result = ParseResult.WAIT_TO_REVOTE
         st.change_to_follower(term, leader_id)
+        if st.vote_for is None:
+            # following ``leader_id`` in ``term`` spends this member's vote of the term on it:
+            # DLedger grants a vote in the current term to whoever asks first, so a member
+            # that took the term from a heartbeat (a voter added in the term, issue 22) could
+            # otherwise help a second leader to a majority of the term (seed 90006)
+            st.set_vote_for(leader_id)
         self._vote_round = None
         self._pre_vote_granted_term = -1  # a grant is only good for the round it enabled
         self._heartbeat_round = None

@@ -221,9 +221,13 @@ class HeartbeatSteps(ElectorParts):
         if req.group != st.group:
             self._log(WARNING, "HandleHeartBeat", group=req.group, my_group=st.group)
             return self._heartbeat_response(req, C.UNKNOWN_GROUP), []
-        if not st.is_peer_member(req.leader_id):
+        if not isinstance(req.leader_id, str) or not req.leader_id:
             self._log(WARNING, "BUG HandleHeartBeat", unknown_member=req.leader_id)
             return self._heartbeat_response(req, C.UNKNOWN_MEMBER), []
+        # a leader outside this member's latest configuration is still followed (Raft
+        # §4.2.1: requests are processed without consulting the configuration): this
+        # member's newest configuration may be an uncommitted one the leader will cut
+        # (seed 90007), or this member the one being added
         if req.leader_id == st.self_id:
             self._log(WARNING, "BUG HandleHeartBeat", from_self=req.leader_id)
             return self._heartbeat_response(req, C.UNEXPECTED_MEMBER), []

@@ -121,6 +121,8 @@ class TransferSteps(ElectorParts):
         C = ResponseCode
         if not st.is_peer_member(req.transferee_id):
             return self._transfer_response(req, C.UNKNOWN_MEMBER), []
+        if not st.is_voter(req.transferee_id):  # a learner cannot lead
+            return self._transfer_response(req, C.ILLEGAL_MEMBER_STATE), []
         if st.current_term != req.term:
             return self._transfer_response(req, C.INCONSISTENT_TERM), []
         if st.role is not Role.LEADER:
@@ -258,7 +260,7 @@ class TransferSteps(ElectorParts):
         best: str | None = None
         best_behind = 0
         for peer in preferred:
-            if not st.is_peer_member(peer):
+            if not st.is_voter(peer):
                 self._log(WARNING, "PreferredNotAPeer", preferred=peer)
                 continue
             if not live.get(peer, False):

@@ -189,6 +189,19 @@ class LogStore:
         configuration entries in its log (issue 22)."""
         self._watchers[channel] = watcher
 
+    def channel_entries(self, channel: int, start: int = 0):
+        """``(index, body)`` of every entry on ``channel`` from ``start`` to the end (how a
+        member finds the configuration entries its log holds at a restart)."""
+        start = max(start, self.ledger_begin_index)
+        while start <= self.ledger_end_index:
+            batch = self.read_batch(start, 16 << 20)
+            off, data = 0, batch.data
+            for h in batch.headers():
+                if h[5] == channel:
+                    yield h[2], bytes(data[off + HEADER_SIZE : off + h[1]])
+                off += h[1]
+            start += batch.count
+
     def _tell_watchers(self, first: int, channels) -> None:
         for k, ch in enumerate(channels):
             watcher = self._watchers.get(int(ch))

@@ -35,7 +35,7 @@ def test_heartbeat_from_the_known_leader_refreshes_the_timer(h) -> None:
 @pytest.mark.parametrize(
     ("kw", "code"),
     [
-        ({"leader_id": "stranger"}, C.UNKNOWN_MEMBER),
+        ({"leader_id": "", "local_id": ""}, C.UNKNOWN_MEMBER),
         ({"leader_id": "n0", "local_id": "n0"}, C.UNEXPECTED_MEMBER),
         ({"remote_id": "n2"}, C.UNKNOWN_MEMBER),
         ({"group": "other"}, C.UNKNOWN_GROUP),
@@ -46,6 +46,15 @@ def test_heartbeat_from_a_non_member_is_refused(h, kw, code) -> None:
     resp, actions = el.handle_heartbeat(h.hb_req(el, "n1", **kw), 0)
     assert resp.code is code and resp.term == 4
     assert actions == [] and el.role is Role.CANDIDATE
+
+
+def test_a_leader_outside_the_configuration_is_followed(h) -> None:
+    """Raft §4.2.1 (issue 22): this member's newest configuration may be an uncommitted one
+    that the leader is about to cut, or this member the one being added."""
+    el = h.make(term=4)
+    resp, _ = el.handle_heartbeat(h.hb_req(el, "n1", leader_id="stranger", local_id="stranger"), 0)
+    assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and el.state.leader_id == "stranger"
+    assert el.state.vote_for == "stranger"  # following spends the vote of the term
 
 
 def test_expired_term(h) -> None:

@@ -18,9 +18,10 @@ the clock past it with ``tick``/``run`` on that member.
 
 Commands (one per block; ``#`` lines are comments)::
 
-    add-nodes N [pre-vote=false] [preferred=ID] [sync-flush]
+    add-nodes N [pre-vote=false] [preferred=ID] [sync-flush] [voters=A,B,...]
                                      members n0..nN-1, empty memory stores; sync-flush:
-                                     every acknowledgement waits for a flush
+                                     every acknowledgement waits for a flush; voters: the
+                                     first configuration (the others start outside it)
     tick MS [NODE ...]               advance the clock MS ms in 10 ms steps, ticking NODEs
                                      and running their timers (all live members by
                                      default); prints what they sent
@@ -37,7 +38,10 @@ Commands (one per block; ``#`` lines are comments)::
                                      as a round at once, or queued while rounds wait
     propose-n NODE N                 a client appends N generated bodies on NODE
     transfer NODE TARGET             ask the leader NODE to hand leadership to TARGET
+    change NODE OP MEMBER [OLD]      a configuration change on the leader NODE (add,
+                                     add_learner, promote, replace OLD, remove)
     partition A,B C,...              only members of the same side reach each other
+    cut-pushes NODE ...              replication to NODEs is lost (votes still pass)
     heal                             every link works again
     crash NODE / restart NODE        stop a member (its store and term survive) / start it
     restart-checker NODE             NODE's checker process dies and starts again empty
@@ -243,10 +247,12 @@ class Env:
         self.nodes: dict[str, Node] = {}
         self.down: set[str] = set()
         self.sides: list[set[str]] | None = None
+        self.no_pushes: set[str] = set()  # members no replication reaches
         self.flight: list[Msg] = []
         self.out: list[str] = []
         self.disks: dict[str, tuple[MemoryStore, MemoryTermStore]] = {}
         self.ids: list[str] = []
+        self.voters: list[str] = []  # the first configuration's (the others start outside)
         self.election = ElectionConfig(**TIMERS)
         self.replication = ReplicationConfig()
         self.sync = False
@@ -332,9 +338,12 @@ class Env:
                 self.election = replace(self.election, preferred_leader_ids=value)
             elif key == "sync-flush":
                 self.sync = True
+            elif key == "voters":
+                self.voters = value.split(",")
             else:
                 raise ValueError(f"unknown option {opt!r}")
         self.ids = [f"n{i}" for i in range(int(n))]
+        self.voters = self.voters or list(self.ids)
         for mid in self.ids:
             self.disks[mid] = (MemoryStore(StoreConfig()), MemoryTermStore())
             self._start(mid)
@@ -345,11 +354,12 @@ class Env:
         store.defer_sync = self.sync  # flushes are the cores' to ask for
         rng = random.Random(int(mid[1:]))  # each member's timers, the same every run
         logic = MemberLogic(
-            GROUP, mid, self.ids, store, self.election, self.replication, terms, rng=rng
+            GROUP, mid, self.voters, store, self.election, self.replication, terms, rng=rng
         )
-        peers = [p for p in self.ids if p != mid]
+        members = list(logic.config_log.latest().members)
+        peers = [p for p in members if p != mid]
         dispatchers = {p: DispatcherLogic(GROUP, mid, p, self.replication) for p in peers}
-        checker = CheckerLogic(GROUP, mid, self.ids, self.replication)
+        checker = CheckerLogic(GROUP, mid, members, self.replication)
         core = MemberCore(logic, rpc_timeout_ms=RPC_MS, sync=self.sync, tick_ms=STEP_MS)
         node = Node(mid, logic, dispatchers, checker, core)
         supervisor = core.supervisor
@@ -450,6 +460,12 @@ class Env:
 
     def cmd_heal(self) -> None:
         self.sides = None
+        self.no_pushes = set()
+
+    def cmd_cut_pushes(self, *to: str) -> None:
+        """Replication to (and answers from) members ``to`` is lost, elections still pass:
+        a member that votes but learns no entry (``heal`` ends it)."""
+        self.no_pushes = set(to)
 
     def _send(self, msg: Msg) -> None:
         self.flight.append(msg)
@@ -471,7 +487,8 @@ class Env:
         raise AssertionError("messages still in flight after 100 rounds")
 
     def _deliver(self, m: Msg) -> None:
-        if not self._reaches(m.src, m.dst):
+        push = isinstance(m.payload, PushEntryRequest) or isinstance(m.request, PushEntryRequest)
+        if not self._reaches(m.src, m.dst) or (push and m.dst in self.no_pushes):
             self.say(f"{m.src}->{m.dst} {describe(m.payload)} DROPPED")
             caller, callee, req = (m.src, m.dst, m.payload) if m.request is None else (
                 m.dst, m.src, m.request)  # fmt: skip
@@ -592,6 +609,19 @@ class Env:
             return None
         if isinstance(a, sv.Ping):
             return {k: "ok" for k in a.keys}
+        if isinstance(a, sv.Helpers):  # the Ray member's _helpers: one dispatcher per member
+            for gone in [p for p in node.drivers if p not in a.peers]:
+                del node.drivers[gone], node.dispatchers[gone]
+            for p in a.peers:
+                if p not in node.drivers:
+                    d = node.dispatchers[p] = DispatcherLogic(GROUP, node.id, p, self.replication)
+                    node.drivers[p] = DispatcherDriver(d, _DispatcherPorts(self, node, p))
+                    node.drivers[p].attach(ScriptLoop(self, node))
+                    node.supervisor.pids[("dispatcher", p)] = 0
+            return None
+        if isinstance(a, sv.CheckerConfigure):
+            node.checker_driver.deliver(ck.Configure(a.term, a.info))
+            return None
         raise TypeError(f"{a!r} has no transport in the script environment")
 
     def _flush(self, node: Node) -> sv.Failed | None:
@@ -655,6 +685,19 @@ class Env:
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one round, sent on by the round path."""
         self._step(node, mc.WriteRound())
+
+    def cmd_change(self, mid: str, op: str, member: str, replaces: str = "") -> None:
+        """An operator's configuration change on the leader ``mid`` (``Op``: add,
+        add_learner, promote, replace, remove)."""
+        node = self.nodes[mid]
+        self.tokens += 1
+        try:
+            self._step(node, mc.ChangeMembers(op, member, self.tokens, replaces))
+        except LedgerError as exc:
+            self.say(f"{mid} refuses: {exc.code.name}")
+            return
+        self.say(f"{mid} takes {op} {member}")
+        self._settle()
 
     def cmd_transfer(self, mid: str, target: str) -> None:
         node = self.nodes[mid]

@@ -13,6 +13,7 @@ from rayledger.actors.checker_logic import (
     BecomeLeader,
     CheckerDriver,
     CheckerLogic,
+    Configure,
     GraphBegin,
     GraphEnd,
     GraphReport,
@@ -59,6 +60,11 @@ class CheckerDelivery:
         if self._c_hung(node):
             return PARK
         return node.checker_driver.deliver(BecomeLeader(term, start, info))
+
+    def _c_configure(self, node: Node, term: int, info) -> bool:
+        if self._c_hung(node):
+            return PARK
+        return node.checker_driver.deliver(Configure(term, info))
 
     def _c_step_down(self, node: Node, term: int) -> list:
         if self._c_hung(node):
@@ -117,7 +123,8 @@ class CheckerDelivery:
         self.stats["checker_replaced"] += 1
         self.net.note(f"{node.id}'s checker killed: Ray starts it again")
         self._release_parked(node)
-        logic = CheckerLogic(self.group, node.id, self.ids, self.replication)
+        members = list(node.logic.config_log.latest().members)
+        logic = CheckerLogic(self.group, node.id, members, self.replication)
         node.checker = logic
         node.checker_driver = self._checker_driver(node, logic)
         self._hop(node, self._m_helper_started, node, CHECKER, None, next(_pids))

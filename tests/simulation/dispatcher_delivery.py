@@ -94,40 +94,57 @@ class DispatcherDelivery:
         return dkey(peer) in node.hung
 
     def _d_gone(self, node: Node, peer: str, gen: int) -> bool:
-        """The dispatcher process ``gen`` cannot take an answer: it hangs, or it was killed."""
+        """The dispatcher process ``gen`` cannot take an answer: it hangs, or it was killed
+        (also for good: its peer left the configuration)."""
         key = dkey(peer)
-        return key in node.hung or node.helper_gen.get(key, 0) != gen
+        return (key in node.hung or node.helper_gen.get(key, 0) != gen
+                or peer not in node.dispatcher_drivers)  # fmt: skip
+
+    @staticmethod
+    def _d_removed(node: Node, peer: str) -> bool:
+        """The member stopped this dispatcher: its peer left the configuration (issue 22)."""
+        return peer not in node.dispatcher_drivers
 
     def _d_pid(self, node: Node, peer: str):
+        if self._d_removed(node, peer):
+            return DIED
         if self._d_hung(node, peer):
             return park(dkey(peer))
         return node.helper_gen.get(dkey(peer), 0)
 
     def _d_activate(self, node: Node, peer: str, info):
+        if self._d_removed(node, peer):
+            return DIED
         if self._d_hung(node, peer):
             return park(dkey(peer))
         node.dispatcher_drivers[peer].deliver(Activate(info))
         return None
 
     def _d_deactivate(self, node: Node, peer: str, term: int):
+        if self._d_removed(node, peer):
+            return DIED
         if self._d_hung(node, peer):
             return park(dkey(peer))
         node.dispatcher_drivers[peer].deliver(Deactivate(term))
         return None
 
     def _d_on_announcement(self, node: Node, peer: str, a) -> None:
-        if not self._d_hung(node, peer):  # else lost with the process when it is killed
+        if not self._d_hung(node, peer) and not self._d_removed(
+            node, peer
+        ):  # else lost with the process when it is killed
             node.dispatcher_drivers[peer].deliver(Announced(a))
 
     def _d_on_committed(self, node: Node, peer: str, term: int, index: int) -> None:
-        if not self._d_hung(node, peer):
+        if not self._d_hung(node, peer) and not self._d_removed(node, peer):
             node.dispatcher_drivers[peer].deliver(Committed(term, index))
 
     def _d_fetch(self, node: Node, peer: str, f: Fetch, gen: int = 0):
         """A batch the cache lacks, or an entry's (term, pos): the member's fenced answer
         (lost when the dispatcher hangs or was killed meanwhile)."""
         lg = node.logic
-        driver = node.dispatcher_drivers[peer]
+        driver = node.dispatcher_drivers.get(peer)
+        if driver is None:
+            return
         self.stats[f"fetch_{f.kind}"] += 1
         if f.kind == "batch":
             args = (f.term, f.index, f.max_bytes, f.max_count)
@@ -168,7 +185,9 @@ class DispatcherDelivery:
         return data
 
     def _d_report(self, node: Node, peer: str, term: int, wm: int, gen: int = 0):
-        driver = node.dispatcher_drivers[peer]
+        driver = node.dispatcher_drivers.get(peer)
+        if driver is None:
+            return
         (committed,) = yield [lambda: self._c_report(node, term, peer, wm)]
         if self._d_gone(node, peer, gen):  # the answer waits in, or died with, the dispatcher
             self.stats["dispatcher_answers_lost"] += 1
@@ -228,12 +247,14 @@ class DispatcherDelivery:
         node.dispatcher_drivers[peer].deliver(PushAnswered(req, resp))
 
     def _d_cg_begin(self, node: Node, peer: str, term: int, gen: int):
+        if self._d_removed(node, peer):
+            return DIED
         if self._d_hung(node, peer):
             return park(dkey(peer))
         return node.dispatcher_drivers[peer].deliver(GraphBegin(term, gen))
 
     def _d_cg_end(self, node: Node, peer: str, gen: int) -> None:
-        if self._d_hung(node, peer):
+        if self._d_hung(node, peer) or self._d_removed(node, peer):
             return
         d = node.dispatchers[peer]
         if d.graph_gen == gen and d.active:
@@ -241,10 +262,14 @@ class DispatcherDelivery:
         node.dispatcher_drivers[peer].deliver(GraphEnd(gen))
 
     def _d_cg_push(self, node: Node, peer: str, g: GraphRound) -> tuple:
+        if self._d_removed(node, peer):
+            return DIED
         return node.dispatcher_drivers[peer].deliver(GraphPush(g))
 
     def _d_cg_ack(self, node: Node, peer: str, answered) -> tuple:
         (gen, term, rounds), answers = answered
+        if self._d_removed(node, peer):
+            return DIED
         d = node.dispatchers[peer]
         for key, resp, origin in answers:
             if origin != (node.id, term):

@@ -105,6 +105,7 @@ from .invariants import Invariants
 from .machine_delivery import MachineDelivery
 from .member_delivery import MemberDelivery
 from .member_lifecycle import MemberLifecycle
+from .membership_changes import MembershipChanges
 from .network import (
     FaultConfig,
     FaultInjector,
@@ -195,6 +196,7 @@ class SimResult:
 
 
 class GroupSim(
+    MembershipChanges,
     MemberLifecycle,
     SimDisk,
     LocalTransport,
@@ -252,6 +254,8 @@ class GroupSim(
         lease_partitions: float = 0.0,
         wake_on_election: bool = False,
         machine: str | None = None,
+        spares: int = 0,
+        membership: bool = False,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -294,7 +298,12 @@ class GroupSim(
         self.lost_from: dict[str, int] = {}
         self._next_flush_ms: dict[str, int] = {}
         self._durable_end: dict[str, int] = {}  # a crashed member's: what is on its disk
-        self.ids = [f"n{i}" for i in range(n)]
+        # issue 22: ``spares`` processes start outside the first configuration (of the
+        # first ``n``); with ``membership`` an operator changes the configuration meanwhile
+        self.ids = [f"n{i}" for i in range(n + spares)]
+        self.voters0 = self.ids[:n]
+        self.committed_configs: dict[int, object] = {}
+        self._init_membership(seed, membership and faults is not False)
         self._init_network(network, rpc_timeout_ms)
         self._tmp = (
             tempfile.mkdtemp(prefix="rayledger-sim-", dir=SIM_TMP) if store_kind == "file" else None
@@ -719,10 +728,13 @@ class GroupSim(
         self._transfer_step(now)
         self._restore_links(now)
         self._flush_step(now)
+        self._membership_step(now)
         self._drain(now)
         if self.machine_path is not None:
             self._machines_step()
         self.check_invariants()
+        if self.steps % 500 == 0 and len(self.ids) > self.n:
+            self.check_configurations()
 
     def heal(self) -> None:
         self.clients_on = False
@@ -732,6 +744,7 @@ class GroupSim(
         self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
         self._stop_helper_faults()
         self._next_transfer_ms = None
+        self._next_change_ms = None
         self._heal_disks()
         self._lease_cuts.clear()
         if self.injector is not None:
@@ -757,6 +770,7 @@ class GroupSim(
             self.fail(f"no convergence within {converge_within_ms} ms after healing")
         converge_ms = self.clock.now_ms - start
         self.check_invariants()
+        self.check_configurations()
         self.final_check()
         if self.machine_path is not None:
             self.check_machines()

@@ -33,7 +33,10 @@ class HelperFaults:
         if not alive:
             return
         mid = rng.choice(leaders if leaders and rng.random() < 0.5 else alive)
-        peer = rng.choice([p for p in self.ids if p != mid])
+        peers = sorted(self.members[mid].node.dispatchers)
+        if not peers:
+            return
+        peer = rng.choice(peers)
         if rng.random() < DISPATCHER_KILL_SHARE:
             self.kill_dispatcher(mid, peer)
         else:

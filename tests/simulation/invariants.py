@@ -150,14 +150,24 @@ class Invariants:
     # ================================================================ convergence
 
     def converged(self) -> bool:
-        """One leader followed by all; every log identical and fully committed; clients answered."""
-        alive = [m for m in self.members.values() if m.alive]
-        if len(alive) != self.n:
+        """One leader followed by all; every log identical and fully committed; clients answered.
+        With configuration changes (issue 22): every member of the leader's configuration,
+        which is committed with no plan left (members outside it may lag for good)."""
+        members = self.current_members()
+        if members is None:
+            return False
+        alive = [self.members[m] for m in members if self.members[m].alive]
+        if len(alive) != len(members) or (len(self.ids) == self.n and len(alive) != self.n):
             return False
         leaders = [m for m in alive if m.state.is_leader]
         if len(leaders) != 1:
             return False
         leader = leaders[0]
+        clog = leader.node.logic.config_log
+        if clog.latest().joining or clog.pending(leader.store.committed_index):
+            return False
+        if leader.node.book.config_queued:
+            return False
         node = leader.node
         term = leader.state.current_term
         end = leader.store.ledger_end_index
@@ -182,10 +192,12 @@ class Invariants:
         if self.acked_unseen and not self.durability_void:
             self.fail(f"acknowledged but never committed: {sorted(self.acked_unseen)[:10]}")
         logs = {}
+        # the members of the configuration (issue 22): those outside it may lag for good
+        members = [self.members[m] for m in self.current_members() or self.ids]
         # compacted logs begin where each member's snapshots let them: compare from the
         # highest begin (the entries below it are checked as committed, step by step)
-        common = max(m.store.ledger_begin_index for m in self.members.values())
-        for m in self.members.values():
+        common = max(m.store.ledger_begin_index for m in members)
+        for m in members:
             store = m.store
             start = max(common, store.ledger_begin_index)
             data = store.read_batch(start).data if store.ledger_end_index >= start else b""
@@ -201,7 +213,7 @@ class Invariants:
                     self.stats["diverged_after_power_loss"] += 1
                     return
                 self.fail(f"logs differ after convergence: {mid} {got[:2]} vs {first[:2]}")
-        store = next(iter(self.members.values())).store
+        store = members[0].store
         bodies: dict[bytes, int] = {}
         key = self._body_key  # as the client sent it: without a state machine's stamps
         committed = store.get_range(store.ledger_begin_index, store.committed_index + 1)
@@ -210,7 +222,7 @@ class Invariants:
             committed = [seen[i] for i in range(store.ledger_begin_index) if i in seen]
             committed += store.get_range(store.ledger_begin_index, store.committed_index + 1)
         for e in committed:
-            if not e.body:
+            if not e.body or e.channel:  # a term's first entry, a configuration
                 continue
             k = key(e.body)
             if k in bodies:

@@ -213,6 +213,13 @@ class MemberDelivery:
                 yield 5
             got = slot[0]
             return sv.Failed("no answer", timeout=True) if got is None else got
+        if isinstance(a, sv.Helpers):
+            self._m_helpers(node, a.peers)  # membership_changes.py
+            return None
+        if isinstance(a, sv.CheckerConfigure):
+            call = [lambda: self._c_configure(node, a.term, a.info)]
+            (r,) = yield Timed(a.timeout_ms, call)
+            return self._failed(r)
         if isinstance(a, sv.MachineRole):
             return (yield from self._m_role(node))  # machine_delivery.py
         if isinstance(a, sv.WaitMachine):

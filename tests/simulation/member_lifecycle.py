@@ -12,6 +12,7 @@ from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.member_core import MemberCore
 from rayledger.election import FileTermStore, MemoryTermStore
+from rayledger.election.configuration import FileConfigStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
 from .node_state import Node, SimMember
@@ -47,19 +48,21 @@ class MemberLifecycle:
         logic = MemberLogic(
             self.group,
             mid,
-            self.ids,
+            self.voters0,
             m.store,
             self.election,
             self.replication,
             m.term_store,
             rng=random.Random(self.rng.getrandbits(64)),
+            config_store=FileConfigStore(m.data_dir) if m.data_dir else m.config_store,
         )
+        members = list(logic.config_log.latest().members)
         dispatchers = {
             p: DispatcherLogic(self.group, mid, p, self.replication, self.cache_bytes)
-            for p in self.ids
+            for p in members
             if p != mid
         }
-        checker = CheckerLogic(self.group, mid, self.ids, self.replication)
+        checker = CheckerLogic(self.group, mid, members, self.replication)
         m.incarnation += 1
         m.node = Node(mid, m.incarnation, logic, dispatchers, checker)
         m.node.checker_driver = self._checker_driver(m.node, checker)
@@ -180,9 +183,10 @@ class MemberLifecycle:
         toward a quorum; what was committed among them must be on the disks of a quorum of
         the others (a copy counted before it was flushed is how an acknowledged append is
         lost)."""
-        others = [x for x in self.ids if x != mid]
+        voters = self.voters_at(seen)
+        others = [x for x in voters if x != mid]
         holders = [x for x in others if self._durable_end_of(x) >= seen]
-        if len(holders) < len(self.ids) // 2 + 1:
+        if len(holders) < len(voters) // 2 + 1:
             self.fail(
                 f"{mid} lost committed entries {lost_from}..{seen} to a power loss with "
                 f"sync_flush, and only {holders} of the others hold {seen} on disk: a copy "

@@ -19,6 +19,7 @@ from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
 from rayledger.actors.supervision import Supervisor
 from rayledger.election import TermStore
+from rayledger.election.configuration import MemoryConfigStore
 from rayledger.storage import LogStore
 
 
@@ -143,6 +144,8 @@ class SimMember:
     machine_high: int = -1  # the highest index its machine was ever given (across restarts)
     rebases: list[int] = field(default_factory=list)  # where its machine rebased (in order)
     hooked: LogStore | None = None  # the store its machine's pre_append hook is on
+    # its saved configurations (issue 22; a file member's are its data dir's)
+    config_store: MemoryConfigStore = field(default_factory=MemoryConfigStore)
 
     @property
     def alive(self) -> bool:

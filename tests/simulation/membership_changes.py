@@ -1,0 +1,139 @@
+"""Configuration changes in the whole-group simulation (issue 22): an operator's changes
+on whoever leads -- add a member (a learner promoted once caught up), add a learner,
+replace a voter, remove a member, promote a learner -- interleaved with every other
+fault, and the checks that go with them.
+
+Every process of the run exists from the start: members outside the first configuration
+(``spares``) start from it as non-members, as a member the Ray group starts for
+``add_member`` does, and never campaign; a removed member keeps running (and must never
+disrupt the group).  The decisions are the shipped cores' (``MemberCore`` steps
+``ChangeMembers``; the leader's ``Membership`` promotes and removes on its own); this file
+only picks what an operator asks, when, and on which member.
+"""
+
+from __future__ import annotations
+
+import random
+
+from rayledger.actors import member_core as mc
+from rayledger.actors.dispatcher_logic import DispatcherLogic
+from rayledger.actors.membership import Op
+from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
+from rayledger.storage import LedgerError
+
+from .node_state import NeedWatch, Node
+
+CHANGE_MEAN_MS = 900  # between two operator changes, on average
+
+
+class MembershipChanges:
+    """The operator's changes and the configuration checks (a mixin of
+    :class:`~.group_sim.GroupSim`)."""
+
+    def _init_membership(self, seed: int, on: bool) -> None:
+        self._member_rng = random.Random(seed * 7919 + 97)
+        self._next_change_ms: int | None = (
+            int(self._member_rng.expovariate(1 / CHANGE_MEAN_MS)) + 300 if on else None
+        )
+        self.config_checked: dict[str, int] = {}  # member -> committed index checked
+
+    def _membership_step(self, now: int) -> None:
+        """Now and then an operator asks the member it believes leads for a change."""
+        if self._next_change_ms is None or now < self._next_change_ms:
+            return
+        rng = self._member_rng
+        self._next_change_ms = now + int(rng.expovariate(1 / CHANGE_MEAN_MS)) + 1
+        leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
+        if not leaders:
+            return
+        node = rng.choice(leaders).node
+        latest = node.logic.config_log.latest()
+        outside = [p for p in self.ids if p not in latest]
+        voters, learners = list(latest.voters), list(latest.learners)
+        choices = []
+        if outside:
+            choices += ["add", "add_learner"]
+            if len(voters) > 1:
+                choices += ["replace"]
+        if learners:
+            choices += ["promote", "remove_learner"]
+        if len(voters) > 2:
+            choices += ["remove"]
+        if not choices:
+            return
+        what = rng.choice(choices)
+        if what in ("add", "add_learner"):
+            op, member, old = (Op.ADD if what == "add" else Op.ADD_LEARNER), rng.choice(outside), ""
+        elif what == "replace":
+            op, member, old = Op.REPLACE, rng.choice(outside), rng.choice(voters)
+        elif what == "promote":
+            op, member, old = Op.PROMOTE, rng.choice(learners), ""
+        elif what == "remove_learner":
+            op, member, old = Op.REMOVE, rng.choice(learners), ""
+        else:
+            op, member, old = Op.REMOVE, rng.choice(voters), ""
+        try:
+            self._step(node, mc.ChangeMembers(op, member, None, old))
+        except LedgerError as exc:
+            self.stats[f"change_refused_{exc.code.name}"] += 1
+            return
+        self.stats[f"change_{op}"] += 1
+        self.net.note(f"OPERATOR {node.id} takes {op} {member}" + (f" for {old}" if old else ""))
+
+    # -- the members' helpers follow their configuration ---------------------------------
+    def _m_helpers(self, node: Node, peers: tuple[str, ...]) -> None:
+        """``LeadershipPart._helpers``: a dispatcher per member, none for members gone."""
+        for gone in [p for p in node.dispatchers if p not in peers]:
+            del node.dispatchers[gone], node.dispatcher_drivers[gone], node.need_watch[gone]
+        for p in peers:
+            if p not in node.dispatchers:  # a new process: answers to an older one are lost
+                key = f"dispatcher:{p}"
+                node.helper_gen[key] = node.helper_gen.get(key, 0) + 1
+                d = DispatcherLogic(self.group, node.id, p, self.replication, self.cache_bytes)
+                node.dispatchers[p] = d
+                node.dispatcher_drivers[p] = self._dispatcher_driver(node, p, d)
+                node.need_watch[p] = NeedWatch()
+                node.supervisor.pids.setdefault(("dispatcher", p), node.incarnation)
+
+    # -- checks ----------------------------------------------------------------------------
+    def voters_at(self, index: int) -> tuple[str, ...]:
+        """The voters in effect at ``index``, as the live member that committed the most
+        has them (the first configuration's without configuration changes)."""
+        if len(self.ids) == self.n:
+            return tuple(self.ids)
+        alive = [m for m in self.members.values() if m.alive]
+        if not alive:
+            return tuple(self.voters0)
+        best = max(alive, key=lambda m: m.store.committed_index)
+        return best.node.logic.config_log.at(index).voters
+
+    def current_members(self) -> tuple[str, ...] | None:
+        """The members of the configuration the leader acts on (None: no single leader)."""
+        leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
+        if len(leaders) != 1:
+            return None
+        return leaders[0].node.logic.config_log.latest().members
+
+    def check_configurations(self) -> None:
+        """Each live member's configurations are those its log holds (the watch misses no
+        append, truncation or reset), and the committed ones agree with every other
+        member's: what a member committed is a prefix of what any later leader holds."""
+        for m in self.members.values():
+            if not m.alive:
+                continue
+            clog = m.node.logic.config_log
+            store = m.store
+            held = [
+                (i, Configuration.decode(body))
+                for i, body in store.channel_entries(CONFIG_CHANNEL, store.ledger_begin_index)
+            ]
+            mine = [(i, c) for i, c in clog.entries if i >= store.ledger_begin_index]
+            if held != mine:
+                self.fail(f"{m.id}'s configurations {mine} are not those its log holds {held}")
+            committed = store.committed_index
+            for i, c in mine:
+                if i > committed:
+                    break
+                seen = self.committed_configs.setdefault(i, c)
+                if seen != c:
+                    self.fail(f"{m.id} committed configuration {c} at {i}, another {seen}")
