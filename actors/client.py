@@ -542,13 +542,20 @@ class LedgerClient:
     ) -> Entry:
         """The committed entry at ``index``.  ``consistency``: ``"linearizable"`` (read index,
         the default), ``"lease"`` or ``"committed"`` (see actors/reads.py); ``member`` serves
-        the read from that member (or ``"any"``) instead of the leader."""
+        the read from that member (or ``"any"``) instead of the leader.
+
+        Every entry of the log comes back, as the log holds it: a term's first entry has an
+        empty body, and a configuration entry (issue 22: a membership change, written by
+        the group) has ``channel == CONFIG_CHANNEL``
+        (:mod:`rayledger.election.configuration`) and its JSON as body; a client's entry
+        has ``channel == 0``, so ``[e for e in entries if not e.channel]`` keeps those."""
         return self._read_call("get", index, consistency=consistency, member=member)
 
     def read(
         self, start: int, stop: int, consistency: str = "linearizable", member: str | None = None
     ) -> list[Entry]:
-        """Committed entries with ``start <= index < stop`` (as :meth:`get`)."""
+        """Committed entries with ``start <= index < stop`` (as :meth:`get`: configuration
+        entries included, told by their ``channel``)."""
         return self._read_call("read", start, stop, consistency=consistency, member=member)
 
     def committed_index(self, consistency: str = "linearizable", member: str | None = None) -> int:

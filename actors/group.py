@@ -21,7 +21,7 @@ from rayledger.storage.metafile import ensure_writable_dir
 from .client import LedgerClient
 from .config import LedgerConfig
 from .faults import LinkFaults, load_faults, save_faults
-from .membership import Membership, Op, check_live_quorum, check_node, choose_node, fresh_id
+from .membership import Membership, Op, check_live_quorum, check_node, choose_node
 from .naming import NAMESPACE, actor_name, group_members
 from .placement import alive_nodes, forget_node, member_nodes, spawn_member
 from .types import MemberStatus
@@ -137,20 +137,29 @@ class LedgerGroup:
         self._members = list(c.members)
         self._roles = {m: c.role_of(m) or "" for m in c.members}
 
-    def _change(self, op: str, member: str, replaces: str = "", timeout_s: float = 60.0) -> int:
+    def _change(self, op: str, member: str, replaces: str = "", timeout_s: float = 60.0) -> None:
         """One configuration change on whoever leads, following NOT_LEADER and hand-overs
-        (a leader to leave hands over first) until ``timeout_s``."""
+        (a leader to leave hands over first) until ``timeout_s``.  A try whose outcome is
+        unknown (a leader lost meanwhile) is followed by a look at the latest
+        configuration: a change already there is not asked for twice."""
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
+        tried = False
         while time.monotonic() < deadline:
             left = max(0.5, deadline - time.monotonic())
+            if tried and self._applied(op, member, replaces):
+                return
+            tried = True
             try:
                 leader = self.wait_for_leader(min(left, 30.0))
-                return ray.get(self._handles[leader].change_members.remote(op, member, replaces),
-                               timeout=left)  # fmt: skip
+                ray.get(self._handles[leader].change_members.remote(op, member, replaces),
+                        timeout=left)  # fmt: skip
+                return
             except LedgerError as exc:
                 retry = (ResponseCode.NOT_LEADER, ResponseCode.LEADER_TRANSFERRING,
-                         ResponseCode.LEADER_NOT_READY, ResponseCode.TIMEOUT)  # fmt: skip
+                         ResponseCode.LEADER_NOT_READY, ResponseCode.TIMEOUT,
+                         ResponseCode.APPEND_OUTCOME_UNKNOWN, ResponseCode.TERM_CHANGED,
+                         ResponseCode.WAIT_QUORUM_ACK_TIMEOUT)  # fmt: skip
                 if exc.code not in retry:
                     raise
                 last = exc
@@ -158,6 +167,22 @@ class LedgerGroup:
                 last = exc
             time.sleep(0.1)
         raise LedgerError.of(ResponseCode.TIMEOUT, f"{op} {member}: no answer in time: {last}")
+
+    def _applied(self, op: str, member: str, replaces: str) -> bool:
+        """Whether the latest configuration already holds change ``op`` on ``member``."""
+        try:
+            latest = Configuration.from_doc(self.membership()["latest"])
+        except LedgerError:
+            return False
+        if op == Op.REMOVE:
+            return member not in latest
+        if op == Op.REPLACE:
+            return latest.replacement_of(replaces) == member or (
+                replaces not in latest and member in latest
+            )
+        if op == Op.PROMOTE:
+            return latest.is_voter(member)
+        return member in latest
 
     def _wait_config(self, done, what: str, timeout_s: float) -> Configuration:
         deadline = time.monotonic() + timeout_s
@@ -172,11 +197,13 @@ class LedgerGroup:
                                      f"{what} not committed within {timeout_s}s: {doc}")  # fmt: skip
             time.sleep(0.1)
 
-    def _place(self, node_id: str | None, exclude: Iterable[str] = ()) -> str | None:
+    def _place(self, node_id: str | None) -> str | None:
         """The node for a new member: ``node_id`` checked, or a live node hosting no member
         of this group (the only node of a one-node cluster); NODE_UNAVAILABLE if none."""
         alive = alive_nodes()
-        nodes = member_nodes(self.name, [m for m in self._members if m not in set(exclude)])
+        # a member's node counts as taken even when it is the one being replaced: Ray may
+        # still report a lost node alive for a while
+        nodes = member_nodes(self.name, self._members)
         if node_id is not None:
             return check_node(node_id, alive, nodes)
         node = choose_node(alive, nodes)
@@ -227,7 +254,7 @@ class LedgerGroup:
         self.refresh()
         latest = Configuration.from_doc(self.membership()["latest"])
         if member_id is None:
-            member_id = fresh_id(latest.members, group_members(self.name))
+            member_id = latest.fresh_id(group_members(self.name))
         op = Op.ADD_LEARNER if learner else Op.ADD
         proposed = Membership(self_id="").propose(latest, op, member_id)  # refuses bad ids
         if member_id in group_members(self.name):
@@ -277,9 +304,9 @@ class LedgerGroup:
                 raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER,
                                      f"{old!r} is not a member of {self.name!r}")  # fmt: skip
             if member_id is None:
-                member_id = fresh_id(latest.members, group_members(self.name))
+                member_id = latest.fresh_id(group_members(self.name))
             proposed = Membership(self_id="").propose(latest, Op.REPLACE, member_id, old)
-            node = self._place(node_id, exclude=[old])
+            node = self._place(node_id)
             self._spawn(member_id, proposed, node)
             try:
                 self._change(Op.REPLACE, member_id, old, timeout_s=timeout_s)
@@ -302,8 +329,10 @@ class LedgerGroup:
         config: LedgerConfig | None = None,
         *,
         spread: bool = True,
+        nodes: Sequence[str] | None = None,
     ) -> LedgerGroup:
-        """Start a group; every argument is checked before any actor starts."""
+        """Start a group; every argument is checked before any actor starts.  Members go
+        one per node, round robin over the live nodes (``nodes``: over these node ids)."""
         if not isinstance(name, str) or not name or "/" in name:
             raise _bad(f"group name must be a non-empty string without '/', got {name!r}")
         ids = _member_ids(members)
@@ -321,10 +350,17 @@ class LedgerGroup:
         # One member per node when there are several (round robin over live nodes). The
         # affinity is hard, as a member's disk is on its host: when a node is gone its
         # member stays down (a host failure), while a crashed process restarts in place.
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")) if spread else []
+        alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+        explicit = nodes is not None
+        if nodes is not None:
+            for node in nodes:
+                check_node(node, alive, {})  # NODE_UNAVAILABLE: not a live node
+            nodes = list(nodes)
+        else:
+            nodes = alive if spread else []
         handles = []
         for i, m in enumerate(ids):
-            node = nodes[i % len(nodes)] if len(nodes) > 1 else None
+            node = nodes[i % len(nodes)] if len(nodes) > 1 or (explicit and nodes) else None
             handles.append(spawn_member(name, m, ids, config, store_dir, node))
         try:
             ray.get([h.start.remote() for h in handles])

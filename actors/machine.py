@@ -10,10 +10,12 @@ so the simulation runs the same code:
   and made durable itself (-1 for none).  The member replays committed entries after it,
   so ``apply`` sees every committed entry in order, at most once per lifetime.
 * ``apply(entries)`` with committed entries in index order (a term's first entry has an
-  empty body: machines usually skip empty bodies).
+  empty body: machines usually skip empty bodies).  A group's configuration entries
+  (issue 22, on their own channel) are the group's, not the machine's: ``apply`` never
+  sees them, so the indexes it is given skip theirs.
 * ``pre_append(index, pos, body)`` on the leader, before the write: it may rewrite the
   ``bytearray`` body in place with the same length (DLedger's AppendHook; RocketMQ stamps
-  the physical offset this way).
+  the physical offset this way).  Not called for a configuration entry.
 * ``on_role_change(role, term)``, and ``ready_to_lead()``: appends are refused with
   LEADER_NOT_READY until it says True (RocketMQ waits until dispatch caught up).
 * ``query(request)`` answers ``client.query(request, consistency=...)`` once the member has

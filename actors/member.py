@@ -57,6 +57,7 @@ from .member_core import (
     PeerProgress,
     Push,
     Run,
+    SpawnDone,
 )
 from .member_election import ElectionPart
 from .member_leadership import LeadershipPart
@@ -264,7 +265,10 @@ class MemberActor:
         stepped it: answers and messages at once, the actions of its processes on the main
         loop.  Returns the next action of process ``follow`` (its caller goes on with it)."""
         ctx = self.ctx
-        on_main = asyncio.get_running_loop() is ctx.loop
+        try:
+            on_main = asyncio.get_running_loop() is ctx.loop
+        except RuntimeError:  # a compiled graph's thread: no loop of its own
+            on_main = False
         if out.finished or out.written is not None:  # the append calls' futures: main loop
             if on_main:
                 self._rounds_out(out)
@@ -308,14 +312,29 @@ class MemberActor:
         """Start a member to replace one whose node is lost (the core chose the node), then
         ask the core to add it as that member's replacement."""
         store_dir = store_dir_of(self.config.store.data_dir)
+        h, ok = None, False
         try:
             h = spawn_member(self.group, spawn.member, list(spawn.config.members), self.config,
                              store_dir, spawn.node, spawn.config.to_doc())  # fmt: skip
             await asyncio.wait_for(h.start.remote(), 60)
-            await self.change_members("replace", spawn.member, spawn.replaces)
+            while True:  # its term's first entry may not have committed yet: a moment
+                try:
+                    await self.change_members("replace", spawn.member, spawn.replaces)
+                    break
+                except LedgerError as exc:
+                    if exc.code != ResponseCode.LEADER_NOT_READY:
+                        raise
+                    await asyncio.sleep(0.2)
+            ok = True
         except Exception as exc:
             log.error("[%s] could not replace %s with %s on node %s: %r", self.self_id,
                       spawn.replaces, spawn.member, spawn.node, exc)  # fmt: skip
+            if h is not None:  # not a member: it must not linger
+                try:
+                    ray.kill(h, no_restart=True)
+                except Exception:
+                    pass
+        self._carry(self.ctx.step(SpawnDone(spawn.member, ok)))
 
     async def _watch_nodes(self) -> None:
         """On the leader with ``replace_lost_after_s``: Ray's view of the nodes, each second,
@@ -553,16 +572,15 @@ class MemberActor:
             req = replace(req, batch=batch)
         fut = self._loop.create_future()
         out = self.ctx.step(Push(req, fut))
-        if out.flush_first:  # acknowledge only what is on disk
+        own = [a for a in out.answers if a[0] is fut]
+        out.answers = [a for a in out.answers if a[0] is not fut]
+        if out.flush_first and own:  # acknowledge only what is on disk
             await self._loop.run_in_executor(None, self.store.flush)
-        for f, resp in out.answers:
-            if f is fut:
-                set_result(fut, resp)
-            else:
-                self._resolve([(f, resp)])
-        if out.installed:
-            self._offer(out.installed)
-        self.reads.commits_moved()
+        for f, resp in own:
+            set_result(f, resp)
+        # the rest like any Out: other answers (after their flush), the processes a push
+        # starts (a configuration entry reconfigures the helpers), snapshots installed
+        self._carry(out)
         return await fut
 
     def cg_push(self, pushed):
@@ -571,16 +589,22 @@ class MemberActor:
         answers = []
         now = now_ms()
         done, flush = [], False
+        rest = []
         with self._lock:
             for key, req in wire:
                 out = self.ctx.core.step(Push(req, ("cg", key)), now)
                 done += out.answers
                 flush = flush or out.flush_first
+                out.answers, out.flush_first = [], False
+                rest.append(out)
             if self._late:
                 answers += self._late
                 self._late = []
         if flush:
             self.store.flush()  # the graph's thread waits for the disk, not the member
+        for out in rest:  # what else the pushes started, carried out on the main loop
+            if out.run or out.installed or out.sends or out.notes:
+                self.ctx.loop.call_soon_threadsafe(self._carry, out)
         for tok, resp in done:
             if type(tok) is tuple:
                 answers.append((tok[1], resp))

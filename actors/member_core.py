@@ -218,10 +218,20 @@ class ClusterView:
     member_nodes: dict
 
 
+@dataclass(frozen=True, slots=True)
+class SpawnDone:
+    """The transport started the member of a :class:`~.membership.Spawn` and it was added
+    (``ok``), or either failed (the member was stopped again)."""
+
+    member: str
+    ok: bool
+
+
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
     | ClientAppend | WriteRound | Resolved | Answered | HelperStarted | GraphFallback | StepDown
     | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline | ChangeMembers | ClusterView
+    | SpawnDone
 )  # fmt: skip
 
 
@@ -342,6 +352,8 @@ class MemberCore:
                 self._change(ev, now_ms, out)
             case ClusterView():
                 self._cluster(ev, now_ms, out)
+            case SpawnDone():
+                self.membership.spawn_done(ev.member, ev.ok)
             case TransferOrder():
                 resp, actions = lg.elector.transfer_leadership(ev.target, now_ms)
                 out.reply = (resp, lg.elector.transferring)

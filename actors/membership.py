@@ -57,16 +57,12 @@ class Spawn:
     config: Configuration
 
 
-def choose_node(
-    alive_nodes: Iterable[str],
-    member_nodes: Mapping[str, str | None],
-    exclude: Iterable[str] = (),
-) -> str | None:
+def choose_node(alive_nodes: Iterable[str], member_nodes: Mapping[str, str | None]) -> str | None:
     """A live node for a new member: one that hosts no member of this group (the first in
-    order), or -- on a one-node cluster -- that node; None when every live node of several
-    already hosts one."""
+    order; a lost member's node counts as taken, Ray may report it alive for a while), or --
+    on a one-node cluster -- that node; None when every live node of several hosts one."""
     alive = sorted(set(alive_nodes))
-    taken = {n for m, n in member_nodes.items() if n is not None and m not in set(exclude)}
+    taken = {n for n in member_nodes.values() if n is not None}
     free = [n for n in alive if n not in taken]
     if free:
         return free[0]
@@ -101,15 +97,6 @@ def check_live_quorum(after: Configuration, alive_members: Iterable[str]) -> Con
     return after
 
 
-def fresh_id(members: Iterable[str], taken: Iterable[str] = ()) -> str:
-    """The first ``n<k>`` that no member (nor anything in ``taken``) uses."""
-    used = set(members) | set(taken)
-    k = 0
-    while f"n{k}" in used:
-        k += 1
-    return f"n{k}"
-
-
 @dataclass
 class Membership:
     """One leader's membership decisions: the learners' progress (from their dispatchers),
@@ -121,7 +108,9 @@ class Membership:
     match: dict[str, int] = field(default_factory=dict)  # peer -> index it stores
     dead_since: dict[str, int] = field(default_factory=dict)  # member -> first seen dead
     waiting: tuple[str, ...] = ()  # lost members with no free node to replace them on
+    spawn_wait_ms: int = 120_000  # one replacement at a time, each given this long to start
     _spawned: set[str] = field(default_factory=set)  # member ids started for a replacement
+    _spawning: tuple[str, int] | None = None  # (member, give up at) started, not yet added
 
     # -- what an operator asks ---------------------------------------------------------
     def propose(
@@ -197,6 +186,12 @@ class Membership:
         this group (:attr:`waiting` lists those that wait for one)."""
         if self.replace_lost_after_ms is None:
             return None
+        if self._spawning is not None:
+            member, until = self._spawning
+            if member in current or now_ms >= until:
+                self._spawning = None  # added (it is in the configuration), or given up
+            else:
+                return None  # one replacement at a time
         alive = set(alive_nodes)
         lost = []
         for m in current.members:
@@ -211,16 +206,23 @@ class Membership:
         for m in lost:
             if current.replacement_of(m) is not None:
                 continue  # its replacement is under way
-            node = choose_node(alive, member_nodes, exclude=lost)
+            node = choose_node(alive, member_nodes)
             if node is None:
                 self.waiting = tuple(x for x in lost if current.replacement_of(x) is None)
                 return None
-            new = fresh_id(current.members, [*member_nodes, *self._spawned, *taken_ids])
+            new = current.fresh_id([*member_nodes, *self._spawned, *taken_ids])
             self._spawned.add(new)
+            self._spawning = (new, now_ms + self.spawn_wait_ms)
             log.warning("[%s] replaces %s (its node is lost) with %s on node %s",
                         self.self_id, m, new, node)  # fmt: skip
             return Spawn(new, node, m, current.with_learner(new, replaces=m))
         return None
+
+    def spawn_done(self, member: str, ok: bool) -> None:
+        """The transport started ``member`` and asked for it to be added (``ok``), or could
+        not: the next view of the nodes may try again (with another id)."""
+        if not ok and self._spawning is not None and self._spawning[0] == member:
+            self._spawning = None
 
     def lost_count(self, current: Configuration) -> int:
         """Members whose node is dead for the whole wait and not replaced yet."""
@@ -237,5 +239,4 @@ __all__ = [
     "check_live_quorum",
     "check_node",
     "choose_node",
-    "fresh_id",
 ]

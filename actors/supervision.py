@@ -386,13 +386,14 @@ class Supervisor:
         for gone in [p for p in self.peers if p not in peers and p != self.self_id]:
             self.pids.pop(("dispatcher", gone), None)
         self.peers = [self.self_id, *peers]
-        yield Helpers(tuple(peers))
         term = self.logic.leading_term
-        if not self.logic.leads(term):
-            return
-        ready = self.logic.ready_term == term
+        leads = self.logic.leads(term)
+        ready = leads and self.logic.ready_term == term
         if ready and self.fast_path:
-            yield FastStop()
+            yield FastStop()  # before a dispatcher in its graph stops
+        yield Helpers(tuple(peers))
+        if not leads or not self.logic.leads(term):
+            return
         answer = yield CheckerConfigure(term, self.logic.leader_info(), self.rpc_ms)
         if isinstance(answer.value, Failed):  # a restarted checker is set up again whole
             log.warning("[%s] term=%d: checker not reconfigured: %s", self.self_id, term,

@@ -48,6 +48,9 @@ class Configuration:
     voters: tuple[str, ...]
     learners: tuple[str, ...] = ()
     joining: tuple[tuple[str, str], ...] = ()
+    # the smallest k such that no member named n<k> ever belonged to the group: ids are never
+    # reused (a former member's data directory may still be there), even after compaction
+    next_id: int = 0
 
     def __post_init__(self) -> None:
         every = (*self.voters, *self.learners)
@@ -60,12 +63,22 @@ class Configuration:
         for new, _old in self.joining:
             if new not in every:
                 raise _bad(ResponseCode.UNEXPECTED_ARGUMENT, f"{new!r} joins but is no member")
+        object.__setattr__(self, "next_id", _next_id(self.next_id, every))
 
     @classmethod
     def of(
-        cls, voters: Iterable[str], learners: Iterable[str] = (), joining: Iterable = ()
+        cls,
+        voters: Iterable[str],
+        learners: Iterable[str] = (),
+        joining: Iterable = (),
+        next_id: int = 0,
     ) -> Configuration:
-        return cls(tuple(voters), tuple(learners), tuple((n, o) for n, o in joining))
+        return cls(tuple(voters), tuple(learners), tuple((n, o) for n, o in joining), next_id)
+
+    def fresh_id(self, taken: Iterable[str] = ()) -> str:
+        """A member id never used in this group (``n<k>``), nor in ``taken``."""
+        k = _next_id(self.next_id, (*self.members, *taken))
+        return f"n{k}"
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -113,7 +126,8 @@ class Configuration:
             raise _bad(ResponseCode.CONFIG_CHANGE_IN_PROGRESS,
                        f"{replaces!r} is being replaced already")  # fmt: skip
         plan = ((member, replaces),) if promote or replaces else ()
-        return Configuration(self.voters, (*self.learners, member), self.joining + plan)
+        return Configuration(self.voters, (*self.learners, member), self.joining + plan,
+                             self.next_id)  # fmt: skip
 
     def with_voter(self, member: str) -> Configuration:
         """``member`` votes from now on: a learner promoted, or a new member added as a
@@ -122,7 +136,7 @@ class Configuration:
             raise _bad(ResponseCode.UNEXPECTED_MEMBER, f"{member!r} votes already")
         learners = tuple(m for m in self.learners if m != member)
         joining = tuple((n, o) for n, o in self.joining if n != member or o)
-        return Configuration((*self.voters, member), learners, joining)
+        return Configuration((*self.voters, member), learners, joining, self.next_id)
 
     def without(self, member: str) -> Configuration:
         """``member`` leaves; the plans it was in end (it was replaced, or its replacement
@@ -135,6 +149,7 @@ class Configuration:
             tuple(m for m in self.voters if m != member),
             tuple(m for m in self.learners if m != member),
             tuple((n, o) for n, o in self.joining if member not in (n, o)),
+            self.next_id,
         )
 
     def voter_change(self, other: Configuration) -> int:
@@ -146,11 +161,14 @@ class Configuration:
         doc: dict = {"voters": list(self.voters), "learners": list(self.learners)}
         if self.joining:
             doc["joining"] = [list(p) for p in self.joining]
+        if self.next_id:
+            doc["next_id"] = self.next_id
         return doc
 
     @classmethod
     def from_doc(cls, doc: dict) -> Configuration:
-        return cls.of(doc["voters"], doc.get("learners", ()), doc.get("joining", ()))
+        return cls.of(doc["voters"], doc.get("learners", ()), doc.get("joining", ()),
+                      int(doc.get("next_id", 0)))  # fmt: skip
 
     def encode(self) -> bytes:
         return json.dumps(self.to_doc(), separators=(",", ":")).encode()
@@ -164,6 +182,15 @@ class Configuration:
             raise _bad(
                 ResponseCode.CORRUPT_LOG, f"a configuration entry that is none: {exc}"
             ) from None
+
+
+def _next_id(start: int, members: Iterable[str]) -> int:
+    """``start``, or past the highest ``n<k>`` among ``members``."""
+    k = start
+    for m in members:
+        if len(m) > 1 and m[0] == "n" and m[1:].isdigit():
+            k = max(k, int(m[1:]) + 1)
+    return k
 
 
 def check_change(

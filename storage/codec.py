@@ -86,7 +86,12 @@ def _signed(v: int) -> int:
 
 @dataclass(slots=True, frozen=True)
 class Entry:
-    """One log entry as callers see it."""
+    """One log entry as callers see it.
+
+    ``channel`` is DLedger's header field: 0 for a client's entry (a term's first entry,
+    with an empty body, among them); a group's configuration entry (issue 22) is on
+    ``rayledger.election.configuration.CONFIG_CHANNEL``, its body the configuration's
+    JSON -- group data, not a client's, which readers of client data skip or mark."""
 
     index: int
     term: int

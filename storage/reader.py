@@ -13,7 +13,9 @@ the segment sizes the store was written with.
 
 :meth:`StoreReader.read_table` turns a range straight into a pyarrow table
 (``index``, ``term``, ``pos``, ``body``) with numpy, with no Python object per
-entry; this is the block format of the Spark reader.
+entry; this is the block format of the Spark reader.  Its ``channel`` argument keeps
+only the entries of one header channel: the Spark reader passes 0, the client entries,
+so a group's configuration entries (issue 22, on their own channel) are left out.
 """
 
 from __future__ import annotations
@@ -239,15 +241,29 @@ class StoreReader:
             )
         return heads
 
-    def read_table(self, start: int, stop: int):
-        """Entries ``start <= i < stop`` as a pyarrow table (index, term, pos, body)."""
-        return _concat([t for t in self.iter_tables(start, stop)])
+    def read_table(self, start: int, stop: int, channel: int | None = None):
+        """Entries ``start <= i < stop`` as a pyarrow table (index, term, pos, body);
+        ``channel``: only the entries of that header channel (None: every entry)."""
+        return _concat([t for t in self.iter_tables(start, stop, channel=channel)])
 
-    def iter_tables(self, start: int, stop: int, max_bytes: int = MAX_TABLE_BYTES):
-        """Entries ``start <= i < stop`` as pyarrow tables of at most ``max_bytes`` of bodies."""
+    def iter_tables(
+        self,
+        start: int,
+        stop: int,
+        max_bytes: int = MAX_TABLE_BYTES,
+        channel: int | None = None,
+    ):
+        """Entries ``start <= i < stop`` as pyarrow tables of at most ``max_bytes`` of bodies;
+        ``channel``: only the entries of that header channel (a table may then hold fewer
+        rows than its index range, or none)."""
+        for table, _heads in self._tables(start, stop, max_bytes, channel):
+            yield table
+
+    def _tables(self, start: int, stop: int, max_bytes: int, channel: int | None):
+        """(table, headers of its rows) per part of ``[start, stop)``."""
         units = self.read_units(start, stop)
         if not len(units):
-            yield empty_table()
+            yield empty_table(), np.zeros(0, HEADER_DTYPE)
             return
         sizes = units["size"].astype(np.int64)
         cum = np.cumsum(sizes)
@@ -260,15 +276,20 @@ class StoreReader:
             part = units[a:b]
             buf, offsets = self._read_data(part)
             heads = self._check(buf, offsets, part)
-            yield _to_table(
+            table = _to_table(
                 buf, offsets, part["size"].astype(np.int64), part, heads, self.verify_crc
             )
+            yield _only(table, heads, channel)
             a = b
 
-    def read_entries(self, start: int, stop: int) -> list[Entry]:
-        t = self.read_table(start, stop)
-        cols = [t.column(c).to_pylist() for c in ("index", "term", "pos", "body")]
-        return [Entry(i, term, p, b) for i, term, p, b in zip(*cols, strict=True)]
+    def read_entries(self, start: int, stop: int, channel: int | None = None) -> list[Entry]:
+        """Entries ``start <= i < stop`` (each with its channel), as :meth:`read_table`."""
+        out = []
+        for t, heads in self._tables(start, stop, MAX_TABLE_BYTES, channel):
+            cols = [t.column(c).to_pylist() for c in ("index", "term", "pos", "body")]
+            cols.append(heads["channel"].tolist())
+            out += [Entry(*row) for row in zip(*cols, strict=True)]
+        return out
 
     def close(self) -> None:
         self._data.close()
@@ -300,6 +321,18 @@ def _concat(tables):
     import pyarrow as pa
 
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
+
+
+def _only(table, heads: np.ndarray, channel: int | None):
+    """``(table, heads)`` cut to the rows on ``channel`` (as they are when all are, or None)."""
+    if channel is None:
+        return table, heads
+    keep = heads["channel"] == channel
+    if keep.all():
+        return table, heads
+    import pyarrow as pa
+
+    return table.filter(pa.array(keep)), heads[keep]
 
 
 def _headers(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -355,8 +388,15 @@ def _to_table(buf, offsets, sizes, units, heads, verify_crc: bool):
     )
 
 
-def batch_to_table(data: bytes, first_index: int, count: int, verify_crc: bool = False):
-    """An :class:`~rayledger.storage.EntryBatch`'s bytes as a pyarrow table (same columns)."""
+def batch_to_table(
+    data: bytes,
+    first_index: int,
+    count: int,
+    verify_crc: bool = False,
+    channel: int | None = None,
+):
+    """An :class:`~rayledger.storage.EntryBatch`'s bytes as a pyarrow table (same columns);
+    ``channel``: only the entries of that header channel (None: every entry)."""
     if count <= 0:
         return empty_table()
     offsets = np.empty(count, dtype=np.int64)
@@ -389,4 +429,4 @@ def batch_to_table(data: bytes, first_index: int, count: int, verify_crc: bool =
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise _corrupt(f"batch entry {first_index + bad} has a bad header")
-    return _to_table(buf, offsets, sizes, units, heads, verify_crc)
+    return _only(_to_table(buf, offsets, sizes, units, heads, verify_crc), heads, channel)[0]

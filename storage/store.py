@@ -178,7 +178,10 @@ class LogStore:
         return self.ledger_end_index
 
     def add_append_hook(self, hook: AppendHook) -> None:
-        """Run ``hook(index, pos, body)`` on every leader append, before the CRCs are computed."""
+        """Run ``hook(index, pos, body)`` on every entry a leader appends on channel 0 (the
+        client entries, a term's empty first entry among them), before the CRCs are
+        computed.  Entries on another channel -- a group's configuration entries (issue 22)
+        -- are the group's own: no hook sees or rewrites them."""
         if not callable(hook):
             raise _err(ResponseCode.UNEXPECTED_ARGUMENT, "an append hook must be callable")
         self._hooks.append(hook)
@@ -368,7 +371,8 @@ class LogStore:
         """Append a batch at ``ledger_end_index + 1`` with ``term`` (DLedger appendAsLeader).
 
         Append hooks run on each body (with its index and position) before the
-        CRCs are computed, so what they stamp is what is stored and replicated.
+        CRCs are computed, so what they stamp is what is stored and replicated; only on
+        channel 0 (see :meth:`add_append_hook`).
         """
         bodies, sizes = self._check_bodies(bodies)
         if type(term) is not int or term < 0:
@@ -389,7 +393,7 @@ class LogStore:
             self.check_disk()
             first = self.ledger_end_index + 1
             positions = self._data.positions_for(sizes)
-            if self._hooks:
+            if self._hooks and channel == 0:
                 bodies = [bytearray(b) for b in bodies]
                 for k, body in enumerate(bodies):
                     for hook in self._hooks:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
-from . import kv, mq, ops, output
+from . import kv, member, mq, ops, output
 from .options import (
     Parser,
     add_start_options,
@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub, common)
     mq.add_commands(sub, common)
     kv.add_commands(sub, common)
+    member.add_commands(sub, common)
     return p
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rayledger.election import Role
+from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import NAMESPACE, connect
@@ -131,20 +132,33 @@ def _watch(group, args) -> int:
 
 
 # -- tail ------------------------------------------------------------------------------------
+#: How ``tail`` marks a configuration entry in its text lines (before the body).
+CONFIG_MARK = "[configuration] "
+
+
 def _entry_line(e, as_json: bool) -> str:
+    """One entry as ``tail`` prints it.  Every entry of the log is printed, as a term's
+    empty first entry (an empty body) always was: a configuration entry (issue 22, on
+    :data:`~rayledger.election.configuration.CONFIG_CHANNEL`) is marked, with
+    ``"channel"`` (0 for a client's entry) in JSON and :data:`CONFIG_MARK` before its body
+    in text, so it is never taken for a client's data."""
     try:
         body, enc = e.body.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         body, enc = e.body.hex(), "hex"
+    channel = e.channel
     if as_json:
         return json.dumps(
-            {"index": e.index, "term": e.term, "pos": e.pos, "body": body, "encoding": enc}
-        )
-    return f"{e.index}\t{e.term}\t{body}"
+            {"index": e.index, "term": e.term, "pos": e.pos, "body": body, "encoding": enc,
+             "channel": channel}
+        )  # fmt: skip
+    mark = CONFIG_MARK if channel == CONFIG_CHANNEL else f"[channel {channel}] " if channel else ""
+    return f"{e.index}\t{e.term}\t{mark}{body}"
 
 
 def cmd_tail(args) -> int:
-    """Print committed entries from ``--from``; with ``--follow``, as they commit."""
+    """Print committed entries from ``--from``; with ``--follow``, as they commit (every
+    entry, configuration entries marked: see :func:`_entry_line`)."""
     if args.start is not None and args.start < 0:
         raise LedgerError(
             ResponseCode.UNEXPECTED_ARGUMENT, f"--from must be >= 0, got {args.start}"
@@ -304,7 +318,12 @@ def add_commands(add, sub, common) -> None:
     tl = add("tail", "print committed entries, like kafka-console-consumer", cmd_tail)
     tl.add_argument("--from", dest="start", type=int, default=None, help="first index (default 0)")
     tl.add_argument("--follow", "-f", action="store_true", help="wait for new entries")
-    tl.add_argument("--json", action="store_true", help="one JSON object per entry")
+    tl.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON object per entry ("channel": 0 for a client\'s entry, '
+        f"{CONFIG_CHANNEL} for a configuration entry)",
+    )
     tl.add_argument("--max", type=int, default=None, help="stop after N entries")
     tl.add_argument("--poll", type=float, default=0.2, help="--follow: seconds between polls")
 

@@ -140,6 +140,8 @@ class KVClient:
                 continue
             stop = min(committed + 1, nxt + WATCH_READ)
             for e in self.client.read(nxt, stop, consistency="committed"):
+                if e.channel:  # a configuration entry (issue 22): the group's, no command
+                    continue
                 change = self._change(e.index, e.body, prefix)
                 if change is not None:
                     yield change

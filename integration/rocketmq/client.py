@@ -222,7 +222,10 @@ class CommitLog:
         offsets = [r.receipt for r in results]
         if None in offsets:
             stored = self.client.read(results[0].index, results[-1].index + 1, "committed")
-            offsets = [decode(e.body, verify=False).queue_offset for e in stored]
+            # only the entries of these results: a large batch goes in several calls, so a
+            # configuration entry (issue 22) or another client's append may sit between them
+            mine = {e.index: e for e in stored if not e.channel}
+            offsets = [decode(mine[r.index].body, verify=False).queue_offset for r in results]
         out = []
         for r, m, offset in zip(results, ms, offsets, strict=True):
             wrote = r.pos + HEADER_SIZE

@@ -152,7 +152,9 @@ def read_new(
     checkpoint: ConsumerCheckpoint,
     max_entries: int | None = None,
 ) -> PendingBatch:
-    """The entries committed since ``checkpoint`` (at most ``max_entries``); nothing is committed yet."""
+    """The entries committed since ``checkpoint`` (at most ``max_entries`` indexes); nothing
+    is committed yet.  Rows as :func:`~.reader.committed_dataframe` (configuration entries
+    skipped); the checkpoint moves past their indexes like any other."""
     start = checkpoint.next_index
     stop = None if max_entries is None else start + max_entries
     df, read = committed_read(spark, group, start, stop)

@@ -7,6 +7,11 @@ files).  Each chunk is written to ``_tmp-...``, renamed into place, and only the
 is the checkpoint advanced; a chunk found at or past the checkpoint on start (a
 run that died between the rename and the commit) is removed and written again,
 so a resumed export neither skips nor repeats an entry.
+
+The rows are those of :func:`~rayledger.integration.spark.reader.committed_dataframe`: a
+client entry each (a term's empty first entry included), configuration entries (issue 22)
+left out -- their indexes are missing from the ``index`` column, while chunk names and the
+checkpoint count log indexes.
 """
 
 from __future__ import annotations
@@ -70,7 +75,11 @@ def export(
     progress: bool = True,
     timeout_s: float = 30.0,
 ) -> dict[str, Any]:
-    """Export the committed entries of ``group`` from ``start`` (None: resume) to ``out``."""
+    """Export the committed entries of ``group`` from ``start`` (None: resume) to ``out``.
+
+    A row per client entry, as :func:`~.reader.committed_dataframe` reads them: a group's
+    configuration entries are skipped (their indexes are missing from ``index``).  The
+    result's ``entries`` counts the log indexes exported, ``from``/``to`` bound them."""
     from .reader import committed_read, snapshot
 
     out = Path(out).expanduser().resolve()

@@ -17,6 +17,11 @@ Where the tasks read:
   trying the members that already know ``C`` first.
 
 A member that is down simply does not answer the status call and is skipped.
+
+Rows are the client entries (channel 0), a term's empty first entry among them (an empty
+``body``).  A group's configuration entries (issue 22: membership changes, on their own
+channel, JSON bodies) are left out: the ``index`` column keeps the log's numbering, so
+their indexes are missing from it, and a range may hold fewer rows than indexes.
 """
 
 from __future__ import annotations
@@ -244,9 +249,13 @@ def snapshot(group: str | os.PathLike, timeout_s: float = 5.0) -> CommittedSnaps
 
 
 # -- Ray Data -----------------------------------------------------------------------------------
+#: The header channel of the entries read (a client's; configuration entries are left out).
+CLIENT_CHANNEL = 0
+
+
 def _read_files(data_dir: str, start: int, stop: int, verify_crc: bool) -> Iterator:
     with StoreReader(data_dir, verify_crc=verify_crc) as r:
-        yield from r.iter_tables(start, stop, max_bytes=64 * 1024 * 1024)
+        yield from r.iter_tables(start, stop, max_bytes=64 * 1024 * 1024, channel=CLIENT_CHANNEL)
 
 
 def _read_actors(
@@ -270,7 +279,9 @@ def _read_actors(
                     f"a member returned a short batch for [{a}, {b})",
                 )
                 continue
-            yield batch_to_table(batch.data, batch.first_index, batch.count, verify_crc)
+            yield batch_to_table(
+                batch.data, batch.first_index, batch.count, verify_crc, channel=CLIENT_CHANNEL
+            )
             break
         else:
             raise LedgerError.of(
@@ -317,8 +328,9 @@ def _make_datasource(snap: CommittedSnapshot, start: int, stop: int, verify_crc:
                     fn = _task(_read_files, source[0], a, b, verify_crc)
                 else:
                     fn = _task(_read_actors, handles, a, b, 16384, verify_crc)
+                # rows unknown until read: configuration entries in [a, b) are left out
                 meta = BlockMetadata(
-                    num_rows=b - a, size_bytes=None, input_files=None, exec_stats=None
+                    num_rows=None, size_bytes=None, input_files=None, exec_stats=None
                 )
                 tasks.append(
                     ReadTask(fn, meta, schema=arrow_schema(), per_task_row_limit=per_task_row_limit)
@@ -337,7 +349,9 @@ def _task(fn, *args):
 
 @dataclass
 class CommittedRead:
-    """What :func:`committed_dataset` read: entries ``[start, stop)``; ``dataset`` None when empty."""
+    """What :func:`committed_dataset` read: entries ``[start, stop)``; ``dataset`` None when
+    empty.  ``count`` is the number of indexes; the dataset's rows leave configuration
+    entries out, so it may hold fewer."""
 
     dataset: ray.data.Dataset | None
     start: int
@@ -360,7 +374,9 @@ def committed_dataset(
 ) -> CommittedRead:
     """A Ray Dataset of the committed entries ``start <= index < stop`` (clipped to the committed index).
 
-    Blocks are pyarrow tables with columns ``index, term, pos, body``.
+    Blocks are pyarrow tables with columns ``index, term, pos, body``: a row per client
+    entry (a term's empty first entry included); configuration entries are skipped, their
+    indexes missing from the ``index`` column.
     """
     if type(start) is not int or start < 0 or (stop is not None and type(stop) is not int):
         raise LedgerError.of(
@@ -416,6 +432,11 @@ def committed_dataframe(
     append acknowledged a moment before the call may be left for the next read, as with
     ``client.read(..., consistency="committed")``).  ``group`` may also be one member's
     store directory of a stopped group.
+
+    A row per client entry, a term's empty first entry included (an empty ``body``).  A
+    group's configuration entries (issue 22: its membership changes, JSON bodies on their
+    own header channel) are skipped: ``index`` keeps the log's numbering, so their indexes
+    are missing, and ``df.count()`` may be below the number of indexes read.
     """
     return committed_read(spark, group, start, stop, **kwargs)[0]
 

@@ -44,6 +44,11 @@ def test_add_replace_and_remove_while_a_client_appends(make_group) -> None:
         added = g.add_member()
         assert added == "n3" and g.roles()[added] == "voter"
         wait_until(lambda: g.status()[added].membership == "voter", 10, f"{added} to see it votes")
+        # every member leads with the new configuration's helpers (a follower's
+        # reconfiguration was once lost in MemberActor.push and held its role lock for good)
+        for target in (added, "n2"):
+            g.transfer_leadership(target)
+            assert client.append(b"led-by-" + target.encode(), timeout_s=10).index > 0
         new = g.replace_member("n1")
         assert new == "n4" and "n1" not in g.members and g.roles()[new] == "voter"
         learner = g.add_member("l1", learner=True)

@@ -146,3 +146,46 @@ def test_checkpoint_bound(small_store):
     with StoreReader(store.dir) as r:
         assert r.committed_index_on_disk() == len(bodies) - 1
     assert os.path.exists(store.dir / "checkpoint")
+
+
+def test_configuration_entries_are_left_out_on_request(tmp_path):
+    """Issue 22: ``channel=0`` keeps the client entries (a term's empty first entry among
+    them) and leaves the configuration entries out, indexes as the log's; with no channel
+    every entry comes back, with its channel."""
+    from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
+
+    cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=4096)
+    store = FileStore(cfg)
+    try:
+        cfg_at = []
+        for term in (1, 2, 3):
+            store.append_as_leader([b""], term)  # the term's first entry
+            store.append_as_leader([b"t%d-%d" % (term, k) * 20 for k in range(9)], term)
+            doc = Configuration.of(["n0", "n1"], [f"l{term}"]).encode()
+            cfg_at.append(store.append_as_leader([doc], term, channel=CONFIG_CHANNEL).first_index)
+        store.append_as_leader([b"last"], 3)
+        store.update_committed_index(store.ledger_end_index)
+        n = store.ledger_end_index + 1
+        everything = store.get_range(0, n)
+        clients = [e for e in everything if e.index not in cfg_at]
+        assert [e.channel for e in everything if e.index in cfg_at] == [CONFIG_CHANNEL] * 3
+        with StoreReader(store.dir, verify_crc=True) as r:
+            assert r.read_entries(0, n) == everything  # channels included
+            assert r.read_entries(0, n, channel=0) == clients
+            assert r.read_table(0, n).num_rows == n
+            t = r.read_table(0, n, channel=0)
+            assert t.column("index").to_pylist() == [e.index for e in clients]
+            assert t.column("body").to_pylist() == [e.body for e in clients]
+            assert b"" in t.column("body").to_pylist()  # the terms' empty entries stay
+            small = list(r.iter_tables(0, n, max_bytes=1, channel=0))  # one entry each
+            assert [tb.num_rows for tb in small].count(0) == 3  # the configurations
+            assert [i for tb in small for i in tb.column("index").to_pylist()] == [
+                e.index for e in clients
+            ]
+            assert r.read_table(cfg_at[0], cfg_at[0] + 1, channel=0).num_rows == 0
+        batch = store.read_batch(0)
+        full = batch_to_table(batch.data, 0, batch.count, verify_crc=True)
+        only = batch_to_table(batch.data, 0, batch.count, verify_crc=True, channel=0)
+        assert full.num_rows == n and only.equals(t)
+    finally:
+        store.close()

@@ -85,6 +85,13 @@ class MembershipChanges:
         """``LeadershipPart._helpers``: a dispatcher per member, none for members gone."""
         for gone in [p for p in node.dispatchers if p not in peers]:
             del node.dispatchers[gone], node.dispatcher_drivers[gone], node.need_watch[gone]
+            for n, chain in self._chains:  # its compiled-graph channels go with it
+                if n is node and chain.peer == gone:
+                    for e in chain.edges:
+                        e.items.clear()
+            fp = node.fast.logic if node.fast is not None else None
+            if fp is not None and fp.graph is not None and gone in fp.graph:
+                self._hop(node, self._fp_fallback, node, fp.gen, f"dispatcher to {gone} stopped")
         for p in peers:
             if p not in node.dispatchers:  # a new process: answers to an older one are lost
                 key = f"dispatcher:{p}"

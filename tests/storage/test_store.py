@@ -342,6 +342,27 @@ def test_hooks_stamp_before_crc_and_replicate(make_store):
     assert follower.read_batch(0).data == leader.read_batch(0).data
 
 
+def test_hooks_leave_configuration_entries_alone(make_store):
+    """Issue 22: a configuration entry is the group's; a machine's pre_append never sees it."""
+    from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
+
+    store = make_store()
+    seen = []
+
+    def stamp(index: int, pos: int, body: bytearray) -> None:
+        seen.append(index)
+        body[:1] = b"X"[: len(body)]
+
+    store.add_append_hook(stamp)
+    doc = Configuration.of(["n0", "n1"], ["n2"]).encode()
+    store.append_as_leader([b"a", b""], 1)  # a client's entry, a term's empty one
+    store.append_as_leader([doc], 1, channel=CONFIG_CHANNEL)
+    store.append_as_leader([b"b"], 1)
+    assert seen == [0, 1, 3]
+    assert [store.get(i).body for i in (0, 1, 3)] == [b"X", b"", b"X"]
+    assert store.get(2).body == doc and store.get(2).channel == CONFIG_CHANNEL
+
+
 def test_hooked_entries_survive_reopen(tmp_path):
     cfg = small_config(tmp_path / "s")
     s = FileStore(cfg)
