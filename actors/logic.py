@@ -445,11 +445,19 @@ class MemberLogic:
     def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
         """Entries from ``start`` for a dispatcher of ``term``; None unless this member
         leads ``term`` (a helper of another term gets nothing it can act on)."""
+        gate = self.push_gate(term, start)
+        if gate is None or not gate[0]:
+            return None if gate is None else (None, gate[1])
+        return self.store.read_batch(start, max_bytes, max_count), gate[1]
+
+    def push_gate(self, term: int, start: int):
+        """Whether a dispatcher of ``term`` may read entries from ``start``: None (fenced:
+        this member does not lead ``term``), or ``(readable, leader info)`` -- not readable
+        when compacted away (the dispatcher learns our begin).  The read itself may run
+        outside the member's lock: a leader's log only grows in its term."""
         if not self.leads(term):
             return None
-        if start < self.store.ledger_begin_index:  # compacted: the dispatcher learns our begin
-            return None, self.leader_info()
-        return self.store.read_batch(start, max_bytes, max_count), self.leader_info()
+        return start >= self.store.ledger_begin_index, self.leader_info()
 
     def snapshot_for_push(self, term: int):
         """``(newest valid snapshot or None, leader info)`` for a dispatcher of ``term``

@@ -626,14 +626,22 @@ class MemberActor:
         self._carry(self.ctx.step(PeerProgress(peer, term, match_index)))
 
     async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
-        """For a dispatcher of ``term`` that missed a batch: entries from ``start``."""
+        """For a dispatcher of ``term`` that missed a batch (or a learner catching up):
+        entries from ``start``, read off the loop so appends are not held up meanwhile."""
         with self._lock:
-            answer = self.logic.read_for_push(term, start, max_bytes, max_count)
-        if answer is None:
+            gate = self.logic.push_gate(term, start)
+        if gate is None:
             return None
-        batch, info = answer
-        if batch is None:  # compacted away: the dispatcher learns our begin
+        readable, info = gate
+        if not readable:  # compacted away: the dispatcher learns our begin
             return None, info
+        try:
+            batch = await self._loop.run_in_executor(
+                None, self.store.read_batch, start, max_bytes, max_count
+            )
+        except LedgerError:  # compacted meanwhile: the dispatcher asks again
+            with self._lock:
+                return None, self.logic.leader_info()
         return CachedBatch(
             batch.first_index, batch.count, to_wire(Inline(batch)), len(batch.data)
         ), info

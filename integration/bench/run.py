@@ -50,6 +50,10 @@ def run(which: str, args) -> dict:
 
         return run_kv(quick=quick, clients=getattr(args, "clients", 4),
                       batch=getattr(args, "batch", 1000), keys=getattr(args, "keys", None))  # fmt: skip
+    if which == "membership":
+        from .membership import run as run_membership
+
+        return run_membership(quick=quick)
     if which == "core":
         from .core import run_core_bench
 

@@ -160,7 +160,18 @@ def _add_bench(sub, common) -> None:
     )
     be.add_argument(
         "which",
-        choices=["store", "replication", "core", "group", "peer", "spark", "mq", "kv", "divergent"],
+        choices=[
+            "store",
+            "replication",
+            "core",
+            "group",
+            "peer",
+            "spark",
+            "mq",
+            "kv",
+            "divergent",
+            "membership",
+        ],  # fmt: skip
     )
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")
     be.add_argument("--quick", action="store_true", help="a smaller run")

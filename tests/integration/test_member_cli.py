@@ -104,7 +104,9 @@ def list_until(member_here, g, members, cond, wait_s: float = 30.0) -> dict[str,
 
 
 def one_leader(rows) -> bool:
-    return sorted(r[1] for r in rows.values()).count("LEADER") == 1 and all(
+    """One member leads, the others follow it, every one answers."""
+    raft = sorted(r[1] for r in rows.values())
+    return raft == ["FOLLOWER"] * (len(raft) - 1) + ["LEADER"] and all(
         r[-1] == "yes" for r in rows.values()
     )
 
@@ -116,6 +118,11 @@ WAIT = ["--timeout", "150"]
 def test_list_add_remove_and_replace(make_group, member_here):
     group = make_group()
     g = g_args(group)
+    # A leadership change after a membership change stalls the group as the code stands
+    # (the new leader's dispatchers never activate; reported with this command), and
+    # replacing the leader hands leadership over: n1 is not to lead when it is replaced.
+    if group.wait_for_leader() == "n1":
+        group.transfer_leadership("n0", timeout_s=30)
 
     out = member_here("list", *g)
     assert any(x.split() == ["MEMBER", "ROLE", "RAFT", "TERM", "END", "COMMITTED", "ALIVE"]
@@ -147,11 +154,6 @@ def test_list_add_remove_and_replace(make_group, member_here):
     assert f"removed l1 from group {group.name}" in ok(member_here("remove", *g, "l1", *WAIT))
     assert "l1" not in listed(member_here("list", *g), ["l1"])
 
-    # A member started at run time that comes to lead stalls the group here (its
-    # dispatchers never activate; reported with this command).  Replacing the leader hands
-    # leadership to the new member, so n1 is replaced while n0 or n2 leads.
-    if group.wait_for_leader() not in ("n0", "n2"):
-        group.transfer_leadership("n0", timeout_s=30)
     new = ok(member_here("replace", *g, "n1", *WAIT))[-1]
     assert new not in ("n0", "n1", "n2", "n3", "l1") and new.startswith("n")
     rows = listed(member_here("list", *g), ["n0", "n1", "n2", "n3", new])
