@@ -67,7 +67,9 @@ def cmd_get(args) -> int:
         )
     for e in entries:
         body = e.body.decode("utf-8", "backslashreplace")
-        say(json.dumps({"index": e.index, "term": e.term, "pos": e.pos, "body": body}))
+        # "channel": 0 for a client's entry, CONFIG_CHANNEL for a configuration (issue 22)
+        say(json.dumps({"index": e.index, "term": e.term, "pos": e.pos, "body": body,
+                        "channel": e.channel}))  # fmt: skip
     return 0
 
 

@@ -14,7 +14,9 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.ray
+# ~100 s: in the chaos set since test_multinode_membership.py loses three hosts (a leader's
+# among them) with a client appending throughout, in every CI run
+pytestmark = [pytest.mark.ray, pytest.mark.chaos]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

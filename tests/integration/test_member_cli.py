@@ -118,11 +118,9 @@ WAIT = ["--timeout", "150"]
 def test_list_add_remove_and_replace(make_group, member_here):
     group = make_group()
     g = g_args(group)
-    # A leadership change after a membership change stalls the group as the code stands
-    # (the new leader's dispatchers never activate; reported with this command), and
-    # replacing the leader hands leadership over: n1 is not to lead when it is replaced.
-    if group.wait_for_leader() == "n1":
-        group.transfer_leadership("n0", timeout_s=30)
+    # n1 leads: `member replace n1` replaces the leader (it hands over to the new member)
+    if group.wait_for_leader() != "n1":
+        group.transfer_leadership("n1", timeout_s=30)
 
     out = member_here("list", *g)
     assert any(x.split() == ["MEMBER", "ROLE", "RAFT", "TERM", "END", "COMMITTED", "ALIVE"]
@@ -159,6 +157,7 @@ def test_list_add_remove_and_replace(make_group, member_here):
     rows = listed(member_here("list", *g), ["n0", "n1", "n2", "n3", new])
     assert sorted(rows) == sorted(["n0", "n2", "n3", new]) and rows[new][0] == "voter", rows
     assert "n1" not in LedgerGroup.get(group.name).members
+    assert LedgerGroup.get(group.name).wait_for_leader() in ("n0", "n2", "n3", new)
 
 
 def test_bad_input_is_one_coded_line(make_group, member_here):

@@ -295,14 +295,19 @@ class MemberDelivery:
     def _m_cg_push(self, node: Node, pushed) -> tuple:
         """``MemberActor.cg_push``: a follower takes the pushes of a graph execution."""
         carry, wire = pushed
-        done, flush = [], False
+        done, flush, rest = [], False, []
         for key, req in wire:
             out = node.core.step(mc.Push(req, CgToken(key, (req.leader_id, req.term))),
                                  self.clock.now_ms)  # fmt: skip
             done += out.answers
             flush = flush or out.flush_first
+            out.answers, out.flush_first = [], False
+            rest.append(out)
         if flush and self._disk_flush_now(node) is not None:
             done = []  # the graph's thread waits for the disk; a failed flush answers none
+        for out in rest:  # what else the pushes started, carried out on the member's loop
+            if out.run or out.installed or out.sends or out.notes:
+                self._hop(node, self._carry, node, out)
         answers = []
         for tok, resp in done:
             if type(tok) is CgToken:
