@@ -53,6 +53,11 @@ def _member_ids(members: int | Sequence[str]) -> list[str]:
     return ids
 
 
+def _left(deadline: float) -> float:
+    """Seconds left until ``deadline`` (a call's one budget, however many waits it has)."""
+    return max(0.5, deadline - time.monotonic())
+
+
 class LedgerGroup:
     """A handle on a group of :class:`~.member.MemberActor`; cheap to create, any driver can hold one."""
 
@@ -251,25 +256,32 @@ class LedgerGroup:
         group): it joins as a learner, gets the log (or the leader's snapshot), and --
         unless ``learner`` -- is promoted to voter once within ``promote_lag`` entries of
         the leader.  Returns its id (``member_id``, or a fresh ``n<k>``)."""
+        deadline = time.monotonic() + timeout_s
         self.refresh()
         latest = Configuration.from_doc(self.membership()["latest"])
         if member_id is None:
             member_id = latest.fresh_id(group_members(self.name))
         op = Op.ADD_LEARNER if learner else Op.ADD
-        proposed = Membership(self_id="").propose(latest, op, member_id)  # refuses bad ids
-        if member_id in group_members(self.name):
-            raise LedgerError.of(ResponseCode.UNEXPECTED_MEMBER,
-                                 f"an actor of member {member_id!r} runs already")  # fmt: skip
-        node = self._place(node_id)
-        self._spawn(member_id, proposed, node)
-        try:
-            self._change(op, member_id, timeout_s=timeout_s)
-        except Exception:
-            self._drop(member_id)
-            raise
         role = "learner" if learner else "voter"
+        # an add interrupted earlier: the member is a learner, planned to vote as asked
+        resumed = latest.is_learner(member_id) and (
+            learner or latest.plan_of(member_id) == ""
+        ) and member_id in group_members(self.name)  # fmt: skip
+        if not resumed:
+            proposed = Membership(self_id="").propose(latest, op, member_id)  # refuses bad ids
+            if member_id in group_members(self.name):
+                raise LedgerError.of(ResponseCode.UNEXPECTED_MEMBER,
+                                     f"an actor of member {member_id!r} runs already")  # fmt: skip
+            node = self._place(node_id)
+            self._spawn(member_id, proposed, node)
+            try:
+                self._change(op, member_id, timeout_s=_left(deadline))
+            except Exception:
+                if not self._applied(op, member_id, ""):  # else it may still commit: keep it
+                    self._drop(member_id)
+                raise
         self._wait_config(lambda c: c.role_of(member_id) == role, f"{member_id} as {role}",
-                          timeout_s)  # fmt: skip
+                          _left(deadline))  # fmt: skip
         return member_id
 
     def remove_member(self, member_id: str, timeout_s: float = 60.0) -> None:
@@ -277,12 +289,14 @@ class LedgerGroup:
         Refused, with nothing changed: an unknown member (UNKNOWN_MEMBER), the last voter
         (ILLEGAL_MEMBER_STATE), a change that leaves no majority of live voters
         (NO_LIVE_QUORUM), another change in flight (CONFIG_CHANGE_IN_PROGRESS)."""
+        deadline = time.monotonic() + timeout_s
         latest = Configuration.from_doc(self.membership()["latest"])
         after = latest.without(member_id)
         alive = [m for m, s in self.status().items() if s.alive]
         check_live_quorum(after, alive)
-        self._change(Op.REMOVE, member_id, timeout_s=timeout_s)
-        self._wait_config(lambda c: member_id not in c, f"removal of {member_id}", timeout_s)
+        self._change(Op.REMOVE, member_id, timeout_s=_left(deadline))
+        self._wait_config(lambda c: member_id not in c, f"removal of {member_id}",
+                          _left(deadline))  # fmt: skip
         self._drop(member_id)
 
     def replace_member(
@@ -296,9 +310,13 @@ class LedgerGroup:
         member of this group, else -- one node -- that node): a learner, caught up,
         promoted, then ``old`` removed, all carried on by the leader.  Safe to run again
         when interrupted: it picks up the replacement under way.  Returns the new id."""
+        deadline = time.monotonic() + timeout_s
         doc = self.membership()
         latest = Configuration.from_doc(doc["latest"])
         new = latest.replacement_of(old)
+        if new is not None and member_id not in (None, new):
+            raise LedgerError.of(ResponseCode.CONFIG_CHANGE_IN_PROGRESS,
+                                 f"{old!r} is being replaced by {new!r} already")  # fmt: skip
         if new is None:
             if old not in latest:
                 raise LedgerError.of(ResponseCode.UNKNOWN_MEMBER,
@@ -309,13 +327,15 @@ class LedgerGroup:
             node = self._place(node_id)
             self._spawn(member_id, proposed, node)
             try:
-                self._change(Op.REPLACE, member_id, old, timeout_s=timeout_s)
+                self._change(Op.REPLACE, member_id, old, timeout_s=_left(deadline))
             except Exception:
-                self._drop(member_id)
+                if not self._applied(Op.REPLACE, member_id, old):  # else it may commit yet
+                    self._drop(member_id)
                 raise
             new = member_id
-        self._wait_config(lambda c: old not in c and c.is_voter(new),
-                          f"replacement of {old} by {new}", timeout_s)  # fmt: skip
+        role = latest.role_of(old)  # a learner's replacement stays a learner
+        self._wait_config(lambda c: old not in c and c.role_of(new) == role,
+                          f"replacement of {old} by {new}", _left(deadline))  # fmt: skip
         self._drop(old)
         return new
 

@@ -163,6 +163,8 @@ class Membership:
             if current.is_learner(new):
                 # caught up, as its dispatcher reported in this term (no report: nothing yet)
                 if new in self.match and self.match[new] >= end_index - self.promote_lag:
+                    if old and current.is_learner(old):  # a learner's replacement stays one
+                        return current.without(old)
                     log.info("[%s] promotes %s (stores %d of %d)", self.self_id, new,
                              self.match.get(new, -1), end_index)  # fmt: skip
                     return current.with_voter(new)

@@ -106,7 +106,13 @@ def cmd_bench(args) -> int:
 #: The next step to suggest for each error code a user can meet at the command line.
 NEXT_STEP: dict[ResponseCode, str] = {
     ResponseCode.UNKNOWN_GROUP: "see the running groups with `rayledger list`",
-    ResponseCode.UNKNOWN_MEMBER: "see the members with `rayledger status --group G`",
+    ResponseCode.UNKNOWN_MEMBER: "see the members with `rayledger member list --group G`",
+    ResponseCode.UNEXPECTED_MEMBER: "see the members with `rayledger member list --group G`",
+    ResponseCode.CONFIG_CHANGE_IN_PROGRESS: "wait for the change under way: "
+    "`rayledger member list --group G`",
+    ResponseCode.NODE_UNAVAILABLE: "pick a live node hosting no member (`ray status`), or "
+    "add a node",
+    ResponseCode.NO_LIVE_QUORUM: "bring members back first (`rayledger status --group G`)",
     ResponseCode.NETWORK_ERROR: "start Ray with `ray start --head` or pass --address",
     ResponseCode.INDEX_OUT_OF_BOUNDS: "check the range with `rayledger status --group G`",
     ResponseCode.UNEXPECTED_ARGUMENT: "see `rayledger COMMAND --help`",
