@@ -1,0 +1,116 @@
+"""The leader's membership decisions (actors/membership.py), without Ray: what a request
+becomes, when a learner is promoted and a replaced member removed, which lost members get
+a replacement and where."""
+
+from __future__ import annotations
+
+import pytest
+from rayledger.actors.membership import (
+    Membership,
+    Op,
+    Spawn,
+    Transfer,
+    check_live_quorum,
+    check_node,
+    choose_node,
+)
+from rayledger.election.configuration import Configuration
+from rayledger.storage import LedgerError, ResponseCode
+
+C0 = Configuration.of(["n0", "n1", "n2"])
+
+
+def _code(fn) -> ResponseCode:
+    with pytest.raises(LedgerError) as e:
+        fn()
+    return e.value.code
+
+
+def test_requests_become_single_server_configurations() -> None:
+    m = Membership("n0")
+    add = m.propose(C0, Op.ADD, "n3")
+    assert add.learners == ("n3",) and add.joining == (("n3", ""),) and add.voters == C0.voters
+    assert m.propose(C0, Op.ADD_LEARNER, "l1").joining == ()
+    rep = m.propose(C0, Op.REPLACE, "n3", "n1")
+    assert rep.joining == (("n3", "n1"),) and rep.replacement_of("n1") == "n3"
+    assert m.propose(C0, Op.REMOVE, "n2").voters == ("n0", "n1")
+    assert m.propose(add, Op.PROMOTE, "n3").voters == ("n0", "n1", "n2", "n3")
+    # the leader itself leaves: it hands over first, to the voter that stores the most
+    m.progress("n1", 10)
+    m.progress("n2", 12)
+    assert m.propose(C0, Op.REMOVE, "n0") == Transfer("n2")
+
+
+def test_bad_requests_are_refused_with_their_code() -> None:
+    m = Membership("n0")
+    assert _code(lambda: m.propose(C0, Op.ADD, "n1")) == ResponseCode.UNEXPECTED_MEMBER
+    assert _code(lambda: m.propose(C0, Op.REMOVE, "nx")) == ResponseCode.UNKNOWN_MEMBER
+    assert _code(lambda: m.propose(C0, "grow", "n3")) == ResponseCode.UNEXPECTED_ARGUMENT
+    assert _code(lambda: m.propose(C0, Op.ADD, "a/b")) == ResponseCode.UNEXPECTED_ARGUMENT
+    assert _code(lambda: m.propose(C0, Op.REPLACE, "n3", "nx")) == ResponseCode.UNKNOWN_MEMBER
+    assert _code(lambda: m.propose(C0, Op.PROMOTE, "n1")) == ResponseCode.ILLEGAL_MEMBER_STATE
+    one = Configuration.of(["n0"])
+    assert _code(lambda: m.propose(one, Op.REMOVE, "n0")) == ResponseCode.ILLEGAL_MEMBER_STATE
+    rep = m.propose(C0, Op.REPLACE, "n3", "n1")
+    code = _code(lambda: m.propose(rep, Op.REPLACE, "n4", "n1"))
+    assert code == ResponseCode.CONFIG_CHANGE_IN_PROGRESS
+
+
+def test_a_plan_is_carried_out_in_single_steps() -> None:
+    m = Membership("n0", promote_lag=100)
+    rep = m.propose(C0, Op.REPLACE, "n3", "n1")
+    assert m.due(rep, 1000) is None  # no progress report from n3 yet
+    m.progress("n3", 850)
+    assert m.due(rep, 1000) is None  # 150 behind
+    m.progress("n3", 950)
+    promoted = m.due(rep, 1000)
+    assert promoted.is_voter("n3") and promoted.voter_change(rep) == 1
+    removed = m.due(promoted, 1000)
+    assert "n1" not in removed and removed.joining == () and removed.voter_change(promoted) == 1
+    assert m.due(removed, 1000) is None
+    # the member to leave leads: it hands leadership to its replacement first
+    assert Membership("n1").due(promoted, 1000) == Transfer("n3")
+
+
+def test_a_learners_replacement_stays_a_learner() -> None:
+    m = Membership("n0", promote_lag=10)
+    with_learner = C0.with_learner("l1")
+    rep = m.propose(with_learner, Op.REPLACE, "l2", "l1")
+    m.progress("l2", 100)
+    after = m.due(rep, 100)
+    assert after.voters == C0.voters and after.learners == ("l2",) and after.joining == ()
+
+
+def test_ids_are_never_reused() -> None:
+    c = C0.with_learner("n3").with_voter("n3").without("n3")
+    assert c.fresh_id() == "n4" and Configuration.decode(c.encode()).next_id == 4
+
+
+def test_lost_members_are_replaced_on_a_free_node_one_at_a_time() -> None:
+    m = Membership("n0", replace_lost_after_ms=1000)
+    nodes = {"n0": "A", "n1": "B", "n2": "C"}
+    assert m.lost(C0, ["A", "C", "D"], nodes, 0) is None  # B dead, not for long yet
+    spawn = m.lost(C0, ["A", "C", "D"], nodes, 1500)
+    assert spawn == Spawn("n3", "D", "n1", C0.with_learner("n3", replaces="n1"))
+    assert m.lost(C0, ["A", "C", "D"], nodes, 1600) is None  # one at a time
+    m.spawn_done("n3", ok=False)  # it failed: the next view tries again, another id
+    again = m.lost(C0, ["A", "C", "D"], nodes, 1700)
+    assert again.member == "n4" and again.node == "D"
+    # no free node: it waits and says so
+    m2 = Membership("n0", replace_lost_after_ms=0)
+    assert m2.lost(C0, ["A", "C"], nodes, 0) is None and m2.waiting == ("n1",)
+    assert m2.lost_count(C0) == 1
+    assert Membership("n0").lost(C0, ["A"], nodes, 10**9) is None  # healing off
+
+
+def test_nodes_and_live_quorum_checks() -> None:
+    nodes = {"n0": "A", "n1": "B"}
+    assert choose_node(["A", "B", "C"], nodes) == "C"
+    assert choose_node(["A", "B"], nodes) is None
+    assert choose_node(["A"], {"n0": "A"}) == "A"  # one node: that node
+    assert check_node("C", ["A", "B", "C"], nodes) == "C"
+    assert _code(lambda: check_node("Z", ["A", "B"], nodes)) == ResponseCode.NODE_UNAVAILABLE
+    assert _code(lambda: check_node("A", ["A", "B"], nodes)) == ResponseCode.NODE_UNAVAILABLE
+    after = C0.without("n2")
+    assert check_live_quorum(after, ["n0", "n1"]) == after
+    assert _code(lambda: check_live_quorum(after, ["n0"])) == ResponseCode.NO_LIVE_QUORUM
