@@ -124,6 +124,10 @@ class LeaderView:
         if info.configs:
             self.configs = info.configs
 
+    def is_learner(self, peer: str) -> bool:
+        """Whether ``peer`` is a learner in the leader's latest configuration."""
+        return bool(self.configs) and self.configs[-1][1].is_learner(peer)
+
     def config_at(self, index: int) -> bytes | None:
         """The leader's configuration in effect at ``index`` (a reset sends it along)."""
         return config_at(self.configs, index).encode() if self.configs else None

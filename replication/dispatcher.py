@@ -414,7 +414,9 @@ class EntryDispatcher:
         """DLedger checkQuotaAndWait: a follower lagging more than the throttle point
         gets at most ``peer_push_quota`` bytes per second, so it cannot starve the others."""
         cfg = self.config
-        if self._quota_bytes < cfg.peer_push_quota and now_ms - self._quota_window_ms < 1000:
+        learner = getattr(log_, "is_learner", None)
+        quota = cfg.learner_push_quota if learner and learner(self.peer_id) else cfg.peer_push_quota
+        if self._quota_bytes < quota and now_ms - self._quota_window_ms < 1000:
             return True  # within this second's budget: no need to measure the lag
         if now_ms - self._quota_window_ms >= 1000:
             self._quota_window_ms = now_ms

@@ -100,6 +100,7 @@ def test_bench_plot_is_for_group_only(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.chaos  # a smoke run of the benchmark (~30 s): outside CI's budget
 def test_bench_peer():
     r = bench("peer")
     for side in ("pysyncobj", "rayledger"):
@@ -109,6 +110,7 @@ def test_bench_peer():
 
 
 @pytest.mark.ray
+@pytest.mark.chaos  # a smoke run of the benchmark (~30 s): outside CI's budget
 def test_bench_mq():
     r = bench("mq")
     for key in ("raw_batch_entries_per_s", "produce_batch_msgs_per_s", "produce_vs_raw",
@@ -120,5 +122,6 @@ def test_bench_mq():
 
 
 @pytest.mark.spark
+@pytest.mark.chaos  # a smoke run of the benchmark (~30 s): outside CI's budget
 def test_bench_spark():
     assert bench("spark")["rows_per_s"] > 0

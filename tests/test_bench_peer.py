@@ -16,6 +16,7 @@ psutil = pytest.importorskip("psutil")
 from rayledger.integration.bench.peer import FIGURES, run_pysyncobj  # noqa: E402
 
 
+@pytest.mark.chaos  # ~30 s of PySyncObj elections: outside CI's budget
 def test_run_pysyncobj_quick_gives_positive_figures_and_leaves_no_process():
     me = psutil.Process(os.getpid())
     before = {c.pid for c in me.children(recursive=True)}
