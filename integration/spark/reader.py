@@ -226,6 +226,8 @@ def snapshot(group: str | os.PathLike, timeout_s: float = 5.0) -> CommittedSnaps
         except Exception as exc:  # a member dying right now
             log.debug("member %s/%s skipped: %s", group, m, exc)
             continue
+        if st.membership == "removed":  # left the configuration (issue 22): not a source
+            continue
         views.append(
             MemberView(
                 m,
