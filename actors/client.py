@@ -115,9 +115,13 @@ class LedgerClient:
         max_in_flight: int = 4,
         max_batch_entries: int = 20_000,
         max_batch_bytes: int = 4 << 20,
+        discover: bool = True,
     ):
         self.group = group
         self.members = list(members)
+        # look the group's members up again when none of these leads (members are added
+        # and removed while a group runs); False keeps the client to ``members``
+        self.discover = discover
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
         self.max_batch_entries = max_batch_entries
@@ -148,6 +152,8 @@ class LedgerClient:
     def _refresh_members(self) -> None:
         """The group's members as its named actors say now (members are added and removed
         while the group runs: issue 22); kept as they were when none is found."""
+        if not self.discover:
+            return
         try:
             found = group_members(self.group)
         except Exception:  # the GCS is unreachable for a moment

@@ -123,11 +123,13 @@ class LedgerGroup:
         """Follow the committed configuration: handles for members added (by any driver, or
         a leader replacing a lost member), none for members removed."""
         self._refreshed = time.monotonic()
-        refs = {m: h.membership.remote() for m, h in self._handles.items()}
+        refs = [h.membership.remote() for h in self._handles.values()]
+        # all at once, a second at most: a dead member (a lost node) must not slow every look
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0) if refs else ([], [])
         best = None
-        for _m, ref in refs.items():
+        for ref in ready:
             try:
-                doc = ray.get(ref, timeout=2.0)
+                doc = ray.get(ref, timeout=0.1)
             except Exception:
                 continue
             if best is None or doc["committed_index"] > best["committed_index"]:
@@ -294,6 +296,9 @@ class LedgerGroup:
         after = latest.without(member_id)
         alive = [m for m, s in self.status().items() if s.alive]
         check_live_quorum(after, alive)
+        if self.leader_id() == member_id:  # hand leadership to a live voter that stays first
+            target = next(v for v in after.voters if v in alive)
+            self.transfer_leadership(target, timeout_s=min(30.0, _left(deadline)))
         self._change(Op.REMOVE, member_id, timeout_s=_left(deadline))
         self._wait_config(lambda c: member_id not in c, f"removal of {member_id}",
                           _left(deadline))  # fmt: skip

@@ -63,6 +63,7 @@ GROUP_FIGURES = (
 
 
 @pytest.mark.ray
+@pytest.mark.chaos  # a smoke run of the main benchmark (~37 s): outside CI's budget
 def test_bench_group(tmp_path):
     png = tmp_path / "group.png"
     r = bench("group", "--plot", str(png), "--load-seconds", "1")

@@ -107,7 +107,7 @@ def test_minority_leader_cannot_commit_and_is_truncated_after_heal(make_group):
     assert out.append(c, b"before") is not None, out
     g.partition({old}, set(others))
     # the isolated leader takes the append into its log but cannot commit it
-    stuck = LedgerClient(g.name, [old], timeout_s=5)
+    stuck = LedgerClient(g.name, [old], timeout_s=5, discover=False)
     assert out.append(stuck, b"never-committed", timeout_s=5) is None, "a minority committed"
     new = g.wait_for_leader(timeout_s=30, exclude=old)
     assert new in others

@@ -53,7 +53,9 @@ def test_add_replace_and_remove_while_a_client_appends(make_group) -> None:
         assert new == "n4" and "n1" not in g.members and g.roles()[new] == "voter"
         learner = g.add_member("l1", learner=True)
         assert g.roles()[learner] == "learner"
-        g.remove_member("n3")
+        g.transfer_leadership("n3")
+        g.remove_member("n3")  # the leader: it hands leadership over first
+        assert g.wait_for_leader() != "n3"
         assert g.members == ["n0", "n2", "n4", "l1"]
     finally:
         stop.set()
