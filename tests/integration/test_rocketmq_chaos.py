@@ -252,6 +252,7 @@ def test_produce_and_consume_through_a_follower_restart_and_a_partition(commitlo
     run_with_faults(log, faults)
 
 
+@pytest.mark.chaos  # ~20 s; the follower-restart-and-partition test above runs in CI
 def test_produce_and_consume_under_the_chaos_nemesis(commitlog):
     seed = int(os.environ.get("RAYLEDGER_CHAOS_SEED", "7"))
     nemesis = Nemesis(commitlog.group, random.Random(seed))
