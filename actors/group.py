@@ -53,6 +53,18 @@ def _member_ids(members: int | Sequence[str]) -> list[str]:
     return ids
 
 
+def _stop(handle: Any) -> None:
+    """Close a member actor (its store flushed), then kill it for good; best effort."""
+    try:
+        ray.get(handle.close.remote(), timeout=5)
+    except Exception:
+        pass
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:
+        pass
+
+
 def _left(deadline: float) -> float:
     """Seconds left until ``deadline`` (a call's one budget, however many waits it has)."""
     return max(0.5, deadline - time.monotonic())
@@ -236,14 +248,7 @@ class LedgerGroup:
             self._attach(member)
             h = self._handles.pop(member, None)
         if h is not None:
-            try:
-                ray.get(h.close.remote(), timeout=5)
-            except Exception:
-                pass
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:
-                pass
+            _stop(h)
         save_faults(self.name, member, LinkFaults())
         forget_node(self.name, member)
 
@@ -624,15 +629,9 @@ class LedgerGroup:
                 save_faults(self.name, m, LinkFaults())  # forget its faults
             except Exception:
                 pass
-        for h in self._handles.values():
-            try:
-                ray.get(h.close.remote(), timeout=5)
-            except Exception:
-                pass
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:
-                pass
+        for m, h in self._handles.items():
+            _stop(h)
+            forget_node(self.name, m)
         if delete_data and self.store_dir:
             shutil.rmtree(Path(self.store_dir) / self.name, ignore_errors=True)
         log.info("group %s shut down", self.name)

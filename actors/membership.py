@@ -227,7 +227,8 @@ class Membership:
             self._spawning = None
 
     def lost_count(self, current: Configuration) -> int:
-        """Members whose node is dead for the whole wait and not replaced yet."""
+        """Members whose node Ray reports dead, not being replaced yet (the
+        ``rayledger_members_lost`` figure)."""
         return sum(
             1 for m in current.members if m in self.dead_since and current.replacement_of(m) is None
         )

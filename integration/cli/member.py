@@ -147,6 +147,17 @@ def cmd_replace(args) -> int:
     return 0
 
 
+def _new_member_options(sp, metavar: str, id_help: str) -> None:
+    """``--id`` and ``--node`` of a command that starts a member (add, replace)."""
+    sp.add_argument("--id", dest="member_id", metavar=metavar, default=None, help=id_help)
+    sp.add_argument(
+        "--node",
+        dest="node_id",
+        default=None,
+        help="Ray node id to run it on (default: a live node hosting no member of the group)",
+    )
+
+
 def add_commands(sub, common) -> None:
     """``rayledger member SUBCOMMAND``, each on one group (--group/--address/--timeout)."""
     member = sub.add_parser(
@@ -176,15 +187,7 @@ def add_commands(sub, common) -> None:
         "gets the log (or the leader's snapshot), and is promoted to voter once caught up "
         "-- unless --learner, when it stays a learner.",
     )
-    ad.add_argument(
-        "--id", dest="member_id", metavar="ID", default=None, help="its id (default: next n<k>)"
-    )
-    ad.add_argument(
-        "--node",
-        dest="node_id",
-        default=None,
-        help="Ray node id to run it on (default: a live node hosting no member of the group)",
-    )
+    _new_member_options(ad, "ID", "its id (default: next n<k>)")
     ad.add_argument("--learner", action="store_true", help="stay a learner (never votes)")
 
     rm = described(
@@ -202,12 +205,4 @@ def add_commands(sub, common) -> None:
         "it is safe to run again when interrupted: it picks up the replacement under way.",
     )
     rp.add_argument("old", metavar="OLD", help="the member to replace")
-    rp.add_argument(
-        "--id", dest="member_id", metavar="NEW", default=None, help="the new member's id"
-    )
-    rp.add_argument(
-        "--node",
-        dest="node_id",
-        default=None,
-        help="Ray node id for the new member (default: a live node hosting no member)",
-    )
+    _new_member_options(rp, "NEW", "the new member's id (default: next n<k>)")
