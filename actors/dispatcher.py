@@ -21,12 +21,14 @@ from dataclasses import replace
 import ray
 from rayledger.replication import PushEntryRequest
 from rayledger.storage import LedgerError, ResponseCode
+from rayledger.storage.reader import StoreReader
 
 from .aioloop import AsyncioLoop
 from .config import LedgerConfig
 from .dispatcher_logic import (
     Activate,
     Announced,
+    CachedBatch,
     Committed,
     Deactivate,
     DispatcherDriver,
@@ -44,6 +46,7 @@ from .graph_events import GraphBegin, GraphEnd
 from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
 from .naming import NAMESPACE, actor_name
+from .wire import to_wire
 
 log = logging.getLogger("rayledger.actors")
 
@@ -86,6 +89,7 @@ class EntryDispatcherActor:
         self.checker = checker
         self.faults = LinkFaults()
         self._follower = None
+        self._reader: StoreReader | None = None  # the leader's files, for committed entries
         self._metrics = PeerMetrics(group, self_id, peer_id)
 
     def _attach(self) -> None:
@@ -162,8 +166,34 @@ class EntryDispatcherActor:
         return self.driver.deliver(GraphAck(answered))
 
     # -- the calls ---------------------------------------------------------------------------
+    def _committed_from_files(self, f: Fetch):
+        """Committed entries ``f`` allows read from the leader's files (this actor runs on
+        its node), or None: a memory store, or files that do not hold them (compacted)."""
+        if self._reader is None:
+            data_dir = self.config.store.data_dir
+            if data_dir is None:
+                return None
+            try:
+                self._reader = StoreReader(data_dir)
+            except LedgerError:
+                return None
+        count = min(f.max_count, f.committed - f.index + 1)
+        try:
+            batch = self._reader.read_batch(f.index, f.max_bytes, count)
+        except LedgerError as exc:
+            log.debug("[%s->%s] term=%d committed read at %d failed: %s", self.self_id,
+                      self.peer_id, f.term, f.index, exc)  # fmt: skip
+            return None
+        return CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)), None
+
     async def _fetch(self, f: Fetch) -> None:
         try:
+            if f.kind == "batch" and f.committed >= f.index:
+                loop = asyncio.get_running_loop()
+                answer = await loop.run_in_executor(None, self._committed_from_files, f)
+                if answer is not None:
+                    self.driver.deliver(Fetched(f, answer))
+                    return
             if f.kind == "batch":
                 answer = await self.member.read_for_push.remote(
                     f.term, f.index, f.max_bytes, f.max_count
@@ -206,7 +236,8 @@ class EntryDispatcherActor:
             elif batch is None:
                 ref = self._follower.push.remote(req, None)
             elif isinstance(batch.payload, Inline):
-                ref = self._follower.push.remote(replace(req, batch=batch.payload.batch), None)
+                inline = to_wire(batch.payload.batch)
+                ref = self._follower.push.remote(replace(req, batch=inline), None)
             else:  # the follower's argument: Ray resolves it there, once
                 ref = self._follower.push.remote(replace(req, batch=None), batch.payload.ref)
             resp = await asyncio.wait_for(ref, self.config.rpc_timeout_ms / 1000)

@@ -198,13 +198,21 @@ class LeaderView:
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Ask the member (fenced by ``term``) for a batch from ``index``, an entry's
-    (term, pos), or its newest snapshot: what the :class:`LeaderView` lacks."""
+    (term, pos), or its newest snapshot: what the :class:`LeaderView` lacks.
+
+    ``committed`` >= ``index`` (a batch): entries ``index..committed`` are committed, so
+    they may be read without the fence, straight from the leader's files where the
+    transport can (its dispatcher runs on the leader's node).  Committed entries are never
+    rewritten, in this member's log or any later leader's, so those bytes are the log's
+    whatever happens to the term meanwhile -- and a follower far behind (a learner catching
+    up) then costs the leader's process nothing."""
 
     term: int
     kind: str  # "batch" | "meta" | "snapshot"
     index: int
     max_bytes: int
     max_count: int
+    committed: int = -1
 
 
 # ====================================================================== events in
@@ -450,12 +458,13 @@ class DispatcherLogic:
 
     def _took_batch(self, term: int, answer) -> None:
         """A fenced :meth:`MemberLogic.read_for_push` answer (None: the member stopped
-        leading ``term``)."""
+        leading ``term``), or committed entries read from the leader's files (no info)."""
         self.fetching = False
         if answer is None or term != self.term:
             return
         batch, info = answer
-        self.view.learn(info)
+        if info is not None:
+            self.view.learn(info)
         if batch is not None and batch.count:
             self.view.add(batch)
 
@@ -585,12 +594,14 @@ class DispatcherLogic:
             if now_ms >= self._fetch_after:
                 self.fetching = True
                 cfg = self.config
+                committed = self.view.committed_index
                 out.fetch = Fetch(
                     self.term,
                     need.kind,
                     need.index,
                     cfg.max_batch_push_bytes,
                     need.count or cfg.max_batch_push_count,
+                    committed if need.kind == "batch" and need.index <= committed else -1,
                 )
             else:
                 wake = _earliest(wake, self._fetch_after)

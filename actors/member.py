@@ -68,6 +68,7 @@ from .placement import alive_nodes, member_nodes, record_node, spawn_member, sto
 from .ray_compat import install_loop_registry, reset_loops
 from .read_path import AskLeader, WaitCommitted
 from .types import MemberStatus
+from .wire import from_wire
 
 log = logging.getLogger("rayledger.actors")
 
@@ -191,7 +192,11 @@ class MemberActor:
             record_node(self.group, self.self_id, ray.get_runtime_context().get_node_id())
         except Exception as exc:  # the leader cannot replace this member if its node dies
             log.warning("[%s] could not record its node: %r", self.self_id, exc)
-        if self._replay_ahead() > REPLAY_DEFERS_HELPERS:
+        with self._lock:
+            runs = self.ctx.core.supervisor.runs_helpers()
+        if not runs:
+            pass  # a learner: its helpers start when it is promoted (Supervisor.runs_helpers)
+        elif self._replay_ahead() > REPLAY_DEFERS_HELPERS:
             asyncio.ensure_future(self._helpers_after_replay())
         else:
             self._create_helpers()
@@ -225,9 +230,10 @@ class MemberActor:
         ctx.checker = QuorumAckCheckerActor.options(**helper).remote(
             self.group, self.self_id, self.peers, self.config, self._me
         )
-        for peer in self.peers:
-            if peer != self.self_id:
-                ctx.dispatchers[peer] = self._new_dispatcher(peer)
+        with self._lock:
+            peers = self.ctx.core.supervisor.dispatcher_peers()
+        for peer in peers:
+            ctx.dispatchers[peer] = self._new_dispatcher(peer)
         ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
 
     def _new_dispatcher(self, peer: str):
@@ -568,8 +574,8 @@ class MemberActor:
     @ray.method(enable_task_events=False)
     async def push(self, req: PushEntryRequest, batch=None):
         """A push from the leader's dispatcher (a large batch arrives from the object store)."""
-        if batch is not None:
-            req = replace(req, batch=batch)
+        if batch is not None or req.batch is not None:
+            req = replace(req, batch=from_wire(batch if batch is not None else req.batch))
         fut = self._loop.create_future()
         out = self.ctx.step(Push(req, fut))
         own = [a for a in out.answers if a[0] is fut]

@@ -22,6 +22,7 @@ import ray
 from . import member_core as mc
 from . import round_path as rp
 from . import supervision as sv
+from . import wire
 from .checker_logic import Resolution
 from .dispatcher_logic import Inline, Payload, Ref
 from .fastpath import FastPath
@@ -39,7 +40,7 @@ def to_wire(payload: Payload) -> Payload:
     """A round's bytes as Ray carries them: inline up to ``INLINE_BYTES``, else one object
     in the store (:class:`Ref`) that each follower's push resolves as its argument."""
     if isinstance(payload, Inline) and len(payload.batch.data) > INLINE_BYTES:
-        return Ref(ray.put(payload.batch))
+        return Ref(ray.put(wire.to_wire(payload.batch)))
     return payload
 
 

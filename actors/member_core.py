@@ -425,6 +425,12 @@ class MemberCore:
         out.notes += [a for a in actions if isinstance(a, RoleChange | TransferOutcome)]
         if role_changed and self.role_queue.role_changed():
             self._next_exclusive(now_ms, out)
+        if role_changed and self.logic.config_log.latest().learners:
+            # a leader keeps dispatchers for the learners too, a follower none: bring them in
+            # line after the role change (behind it: a learner's dispatcher starting must
+            # not hold up the term's helpers)
+            if self.role_queue.reconfigured():
+                self._next_exclusive(now_ms, out)
 
     def _write(self, fast: bool, now_ms: int, out: MemberOut) -> None:
         """Group commit: the queued appends become one store batch and one round."""

@@ -92,7 +92,7 @@ class LeadershipPart(Part):
                 self.appends.fast_start(a.term)
             return None
         if isinstance(a, sv.Helpers):
-            self._helpers(a.peers)
+            self._helpers(a.peers, a.start)
             return None
         if isinstance(a, sv.CheckerConfigure):
             try:
@@ -104,13 +104,15 @@ class LeadershipPart(Part):
             return None
         raise TypeError(f"unknown supervision action {a!r}")
 
-    def _helpers(self, peers: tuple[str, ...]) -> None:
+    def _helpers(self, peers: tuple[str, ...], start: bool = True) -> None:
         """One dispatcher per member of the configuration other than this one: new ones for
         members added, those of members gone killed; the checker learns the list."""
         ctx = self.ctx
         with self._lock:
             ctx.peers[:] = self.logic.config_log.latest().members
         if ctx.checker is None:  # helpers deferred (member.py): created from ctx.peers
+            if start:
+                ctx.ensure_helpers()  # a learner promoted (or a replay deferred them)
             return
         for gone in [p for p in ctx.dispatchers if p not in peers]:
             d = ctx.dispatchers.pop(gone)

@@ -184,9 +184,11 @@ class Ready:
 class Helpers:
     """The members of the configuration changed (issue 22): keep exactly one dispatcher per
     member in ``peers`` other than this one -- create those added, stop and drop those gone --
-    and tell the checker the dispatchers.  Answered None."""
+    and tell the checker the dispatchers.  ``start``: helpers not started yet (a learner's,
+    see :meth:`Supervisor.runs_helpers`) start now.  Answered None."""
 
     peers: tuple[str, ...]
+    start: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +257,7 @@ class Supervisor:
         self.machine = machine
         self.fast_path = fast_path and len(self.peers) > 1
         self.pids: dict[HelperKey, int] = {}
+        self.peers = [self.self_id, *self.dispatcher_peers()]  # those it keeps helpers for
 
     # -- helpers and their timing ------------------------------------------------------------
     def keys(self) -> tuple[HelperKey, ...]:
@@ -370,6 +373,32 @@ class Supervisor:
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
             yield Ready(term, self.fast_path, watching=self.machine)
 
+    def runs_helpers(self) -> bool:
+        """Whether this member keeps a checker and a dispatcher per member ready.
+
+        Only a voter does.  A learner cannot lead, and a checker and three dispatchers
+        starting take a two-core host about two cores for a second -- right when the
+        learner joins and its catch-up should cost the voters' rounds as little as
+        possible.  (Nor does a member its latest configuration leaves out: a learner whose
+        reset carried the configuration from before it was added, until its own entry
+        arrives.)  They start when it is promoted (:meth:`reconfigure`); a voter keeps them
+        ready, so that taking office costs no process start."""
+        return self.logic.config_log.latest().is_voter(self.self_id)
+
+    def dispatcher_peers(self) -> tuple[str, ...]:
+        """The members this one keeps a dispatcher for: none on a learner (see
+        :meth:`runs_helpers`), the other voters on a follower -- ready for when it leads --
+        and every other member on a leader.  A follower keeps none for a learner: it would
+        be one more process starting on each follower's host as the learner joins, for a
+        term that may never come; a follower that takes office starts them after it is
+        ready (:meth:`MemberCore` queues a reconfiguration behind the role change)."""
+        if not self.runs_helpers():
+            return ()
+        config = self.logic.config_log.latest()
+        leads = self.logic.leads(self.logic.leading_term)
+        return tuple(p for p in config.members
+                     if p != self.self_id and (leads or not config.is_learner(p)))  # fmt: skip
+
     def reconfigure(self) -> Process:
         """Bring the helpers in line with the latest configuration (under the role lock)."""
         return Process("reconfigure", self._reconfigure(), exclusive=True)
@@ -380,8 +409,7 @@ class Supervisor:
         and the dispatchers added are set up for its term (waiting for them to boot, like a
         new term's).  A leader on the compiled path leaves it (its graph has the old
         followers) and starts it again."""
-        config = self.logic.config_log.latest()
-        peers = [p for p in config.members if p != self.self_id]
+        peers = list(self.dispatcher_peers())
         added = [p for p in peers if p not in self.peers]
         for gone in [p for p in self.peers if p not in peers and p != self.self_id]:
             self.pids.pop(("dispatcher", gone), None)
@@ -391,7 +419,7 @@ class Supervisor:
         ready = leads and self.logic.ready_term == term
         if ready and self.fast_path:
             yield FastStop()  # before a dispatcher in its graph stops
-        yield Helpers(tuple(peers))
+        yield Helpers(tuple(peers), self.runs_helpers())
         if not leads or not self.logic.leads(term):
             return
         answer = yield CheckerConfigure(term, self.logic.leader_info(), self.rpc_ms)

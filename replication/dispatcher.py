@@ -29,6 +29,7 @@ States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
 from __future__ import annotations
 
 import logging
+import math
 from enum import Enum
 from logging import DEBUG, INFO, WARNING
 from typing import Any
@@ -101,8 +102,12 @@ class EntryDispatcher:
         self._last_push_ms = _NEVER  # DLedger lastPushCommitTimeMs
         self._commit_sent = -1
         self._last_leak_check_ms = _NEVER
-        self._quota_window_ms = _NEVER
-        self._quota_bytes = 0
+        self._tokens: float = (
+            config.max_batch_push_bytes
+        )  # the pacing bucket (bytes), see _paced_allows
+        self._tokens_ms = _NEVER
+        self._paced = False  # the push being built is paced (it spends tokens)
+        self._rate = config.peer_push_quota  # bytes/s the bucket refills at (learner or not)
         self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
         # the follower's conflict hint (its term, that term's first index) still to apply to
         # _compare_index; applied when the next COMPARE is built, where reads may be retried
@@ -170,8 +175,7 @@ class EntryDispatcher:
             self._commit_sent = -1
             self._last_push_ms = _NEVER
             self._backoff_until = _NEVER
-            self._quota_window_ms = _NEVER
-            self._quota_bytes = 0
+            self._tokens, self._tokens_ms = self.config.max_batch_push_bytes, _NEVER
             self._install, self._installed = None, -1
             self._change_state(DispatcherState.COMPARE, -1, force=True)
 
@@ -380,9 +384,10 @@ class EntryDispatcher:
         while self._write_index <= end and len(inflight) < cfg.max_pending_pushes:
             start = self._write_index
             try:
-                if not self._quota_allows(now_ms, end, log_):
-                    break
+                # the batch first: one the leader's cache lacks is fetched while the pace waits
                 batch = log_.read_batch(start, cfg.max_batch_push_bytes, cfg.max_batch_push_count)
+                if not self._pace_allows(now_ms, end, log_):
+                    break
             except NotCached as exc:
                 self.need = exc  # send what was built; the shell fetches the rest
                 break
@@ -391,7 +396,8 @@ class EntryDispatcher:
             out.append(self._append_request(batch, nbytes, log_))
             inflight.add(start, last, nbytes, now_ms)
             self._write_index = last + 1
-            self._quota_bytes += nbytes
+            if self._paced:
+                self._tokens -= nbytes
 
     def _commit_request(self, log_: LeaderLog) -> PushEntryRequest:
         """Unlike DLedger, a COMMIT names an entry the follower is known to hold (like Raft's
@@ -410,23 +416,50 @@ class EntryDispatcher:
         self._event(DEBUG, "send", first, push=req.type.value, last=req.last_index)
         return req
 
-    def _quota_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
-        """DLedger checkQuotaAndWait: a follower lagging more than the throttle point
-        gets at most ``peer_push_quota`` bytes per second, so it cannot starve the others."""
-        cfg = self.config
+    def _quota(self, log_: LeaderLog) -> int:
         learner = getattr(log_, "is_learner", None)
-        quota = cfg.learner_push_quota if learner and learner(self.peer_id) else cfg.peer_push_quota
-        if self._quota_bytes < quota and now_ms - self._quota_window_ms < 1000:
-            return True  # within this second's budget: no need to measure the lag
-        if now_ms - self._quota_window_ms >= 1000:
-            self._quota_window_ms = now_ms
-            self._quota_bytes = 0
+        if learner is not None and learner(self.peer_id):
+            return self.config.learner_push_quota
+        return self.config.peer_push_quota
+
+    def _refill(self, now_ms: int, quota: int) -> None:
+        if self._tokens_ms == _NEVER:
+            self._tokens_ms = now_ms
+        elif now_ms > self._tokens_ms:
+            cap = self.config.max_batch_push_bytes
+            self._tokens = min(cap, self._tokens + (now_ms - self._tokens_ms) * quota / 1000)
+            self._tokens_ms = now_ms
+
+    def _pace_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
+        """DLedger's checkQuotaAndWait, smoothed: a follower lagging more than the throttle
+        point (a learner: always -- its catch-up must never hold back the voters' rounds)
+        gets at most its quota of bytes per second, so it cannot starve the others.
+
+        DLedger lets a second's whole quota go at once and then waits out the second; here
+        a token bucket refills continuously and holds one batch's worth at most, and a
+        batch goes once it is full, so the pushes are spread evenly over the second instead
+        of arriving as one burst that stalls every process on the host meanwhile.  Only
+        paced pushes spend tokens; the lag is measured only when they have run out."""
+        self._rate = quota = self._quota(log_)
+        self._refill(now_ms, quota)
+        self._paced = True
+        if self._tokens >= self.config.max_batch_push_bytes:
             return True
-        lag = log_.get_pos(end) - log_.get_pos(self._write_index)
-        if lag <= cfg.peer_push_throttle_point:
-            return True
-        self._event(DEBUG, "append.quota", self._write_index, lag_bytes=lag)
+        learner = getattr(log_, "is_learner", None)
+        if learner is None or not learner(self.peer_id):
+            lag = log_.get_pos(end) - log_.get_pos(self._write_index)
+            if lag <= self.config.peer_push_throttle_point:
+                self._paced = False
+                return True
+        self._event(DEBUG, "append.paced", self._write_index, tokens=self._tokens)
         return False
+
+    def _pace_due_ms(self) -> int | None:
+        """When the bucket is full again (None: it is)."""
+        short = self.config.max_batch_push_bytes - self._tokens
+        if short <= 0 or self._tokens_ms == _NEVER:
+            return None
+        return self._tokens_ms + math.ceil(short * 1000 / max(1, self._rate))
 
     def next_wakeup_ms(self, now_ms: int) -> int | None:
         """When :meth:`next_requests` may next have something to send without a new event
@@ -441,8 +474,9 @@ class EntryDispatcher:
             oldest = self._inflight.oldest()
             if oldest is not None:
                 due = min(due, oldest.sent_ms + cfg.max_push_timeout_ms + 1)
-            if self._quota_bytes >= cfg.peer_push_quota:
-                due = min(due, self._quota_window_ms + 1000)
+            paced = self._pace_due_ms()
+            if paced is not None:
+                due = min(due, paced)
         elif self._ctrl is not None:
             due = self._ctrl_sent_ms + cfg.compare_timeout_ms + 1
         else:

@@ -139,6 +139,10 @@ class FileStore(LogStore):
         self._cut_seq = 0  # _seq of the last truncate/reset
         self._inflight: list = []  # segments the flush thread is syncing right now
         self._last_checkpoint: dict | None = None
+        self._cp_lock = (
+            threading.Lock()
+        )  # one checkpoint write at a time (see _checkpoint_unlocked)
+        self._cp_seq = 0  # checkpoints written so far
         self._disk_ratio_fn = self._fs_disk_ratio
         self._disk_ratio_cache = (0.0, -1e9)
         try:
@@ -472,16 +476,44 @@ class FileStore(LogStore):
         )
 
     # -- durability -------------------------------------------------------------------
-    def _checkpoint(self, force: bool = False) -> None:
-        """Write the checkpoint (atomically) if it changed; call with the lock held."""
-        cp = {
+    def _checkpoint_doc(self) -> dict:
+        return {
             "base": list(self._base),
             "end_index": self.ledger_end_index,
             "committed_index": min(self.committed_index, self.flushed_index),
             "flushed_pos": self.flushed_pos,
             "flushed_index": self.flushed_index,
         }
+
+    def _checkpoint(self, force: bool = False) -> None:
+        """Write the checkpoint (atomically) if it changed; call with the lock held (a
+        truncate, reset or compaction: what it changed must be on disk before it goes on)."""
+        cp = self._checkpoint_doc()
         if force or cp != self._last_checkpoint:
+            with self._cp_lock:
+                self._cp_seq += 1
+                atomic_write_json(self.dir / CHECKPOINT, cp)
+                self._last_checkpoint = cp
+
+    def _checkpoint_unlocked(self) -> None:
+        """The flush thread's periodic checkpoint, written *without* the store lock.
+
+        Its fsyncs can take hundreds of milliseconds while another process on the host
+        writes a lot (a learner catching up at 100 MB/s: ext4 commits its journal with that
+        data first) -- under the lock every append of this member waited for them.  The
+        document is taken under the lock and written under ``_cp_lock`` only; a checkpoint
+        written meanwhile under the lock (:meth:`_checkpoint`) is newer, and this one is
+        then dropped instead of overwriting it."""
+        with self._lock:
+            if self._closed:
+                return
+            cp, seq = self._checkpoint_doc(), self._cp_seq
+            if cp == self._last_checkpoint:
+                return
+        with self._cp_lock:
+            if self._cp_seq != seq:
+                return
+            self._cp_seq += 1
             atomic_write_json(self.dir / CHECKPOINT, cp)
             self._last_checkpoint = cp
 
@@ -538,9 +570,7 @@ class FileStore(LogStore):
                     self._flush_once()
                 now = time.monotonic()
                 if now - last_cp >= self.config.checkpoint_interval_ms / 1000:
-                    with self._lock:
-                        if not self._closed:
-                            self._checkpoint()
+                    self._checkpoint_unlocked()
                     last_cp = now
                 if now - last_clean >= 10:
                     self.clean()

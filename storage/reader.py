@@ -36,6 +36,7 @@ from .codec import (
     INDEX_DTYPE,
     INDEX_UNIT,
     Entry,
+    EntryBatch,
     blank_size,
 )
 from .errors import LedgerError, ResponseCode
@@ -205,8 +206,33 @@ class StoreReader:
             raise _corrupt(f"{self.dir}: index unit of entry {start + bad} is damaged or missing")
         return units
 
-    def _read_data(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The entries' bytes back to back (segment padding dropped) and each one's offset in them."""
+    def read_batch(self, start: int, max_bytes: int, max_count: int) -> EntryBatch:
+        """Entries from ``start`` exactly as the member's store would push them (its
+        :meth:`~rayledger.storage.LogStore.read_batch`): at least one, then up to
+        ``max_bytes`` / ``max_count``.  The caller bounds ``max_count`` by an index it
+        knows is committed (a leader's dispatcher catching a follower up, issue 22): the
+        headers are checked against the index units, the bodies are the follower's to
+        verify."""
+        if max_count <= 0 or max_bytes <= 0:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT,
+                                 f"max_bytes and max_count must be positive: {max_bytes}, {max_count}")  # fmt: skip
+        want = min(max_count, 1024)  # index units read ahead, doubled while the bytes allow
+        while True:
+            units = self.read_units(start, start + want)
+            cum = np.cumsum(units["size"].astype(np.int64))
+            if cum[-1] > max_bytes or want == max_count:
+                break
+            want = min(max_count, want * 2)
+        count = max(1, int(np.searchsorted(cum, max_bytes, side="right")))
+        units = units[:count]
+        raw = self._read_raw(units)
+        buf = np.frombuffer(raw, dtype=np.uint8)
+        offsets = np.concatenate(([0], cum[: count - 1]))
+        self._check(buf, offsets, units)
+        return EntryBatch(start, count, raw)
+
+    def _read_raw(self, units: np.ndarray) -> bytes:
+        """The entries' bytes back to back (segment padding dropped)."""
         pos = units["pos"].astype(np.int64)
         size = units["size"].astype(np.int64)
         end = pos + size
@@ -218,7 +244,12 @@ class StoreReader:
         for a, b in zip(run_first.tolist(), run_last.tolist(), strict=True):
             p0, p1 = int(pos[a]), int(end[b])
             parts.append(self._data.read_span(p0, p1 - p0))  # may end exactly on a segment end
-        buf = np.frombuffer(parts[0] if len(parts) == 1 else b"".join(parts), dtype=np.uint8)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _read_data(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The entries' bytes back to back (segment padding dropped) and each one's offset in them."""
+        size = units["size"].astype(np.int64)
+        buf = np.frombuffer(self._read_raw(units), dtype=np.uint8)
         offsets = (
             np.concatenate(([0], np.cumsum(size)[:-1])) if len(size) else np.zeros(0, np.int64)
         )

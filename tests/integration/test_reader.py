@@ -56,6 +56,24 @@ def test_reads_match_the_store_for_every_range(small_store):
                 assert got == want, (a, b)
 
 
+def test_batches_are_the_stores_pushes_byte_for_byte(small_store):
+    """A leader's dispatcher reads committed batches from the files (issue 22): exactly what
+    the member's store would push, across segment ends, within both bounds."""
+    store, bodies = small_store
+    n = len(bodies)
+    with StoreReader(store.dir) as r:
+        for start in range(0, n, 3):
+            for max_bytes, max_count in ((1, 5), (700, 100), (5000, 7), (1 << 30, n - start)):
+                got = r.read_batch(start, max_bytes, min(max_count, n - start))
+                want = store.read_batch(start, max_bytes, min(max_count, n - start))
+                assert (got.first_index, got.count, got.data) == (
+                    want.first_index, want.count, want.data
+                ), (start, max_bytes, max_count)  # fmt: skip
+        with pytest.raises(LedgerError) as e:
+            r.read_batch(n, 1000, 5)  # nothing on disk there
+        assert e.value.code in (ResponseCode.INDEX_OUT_OF_BOUNDS, ResponseCode.CORRUPT_LOG)
+
+
 def test_small_tables_cover_the_range_once(small_store):
     store, bodies = small_store
     with StoreReader(store.dir) as r:

@@ -423,13 +423,32 @@ def test_quota_throttles_a_lagging_follower() -> None:
         peer_push_throttle_point=5000,
         peer_push_quota=3000,
         max_pending_pushes=1000,
+        max_push_timeout_ms=60_000,  # no answers come: no resends meanwhile
     )
     to_empty_follower(d, log)
     first = d.next_requests(0, log)
-    assert sum(r.batch_bytes for r in first) == 3000  # the first second's budget
-    assert d.next_requests(999, log) == []
-    second = d.next_requests(1000, log)
-    assert sum(r.batch_bytes for r in second) == 3000 and second[0].first_index == 30
+    assert sum(r.batch_bytes for r in first) == 1000  # one batch's worth of tokens at most
+    assert d.next_requests(300, log) == []
+    assert d.next_wakeup_ms(300) == 334  # when the bucket holds a batch again
+    sent = [(t, r.batch_bytes) for t in range(1, 3000) for r in d.next_requests(t, log)]
+    # the quota spread evenly: one 1000-byte push every third of a second, never a burst
+    times = [t for t, _ in sent]
+    assert times[0] == 334 and all(
+        333 <= b - a <= 335 for a, b in zip(times, times[1:], strict=False)
+    )
+    assert {n for _, n in sent} == {1000} and len(sent) == 8
+
+
+def test_learner_is_paced_whatever_its_lag() -> None:
+    log = store_with([1] * 40, size=52)
+    d = dispatcher(max_batch_push_bytes=1000, peer_push_throttle_point=5000,
+                   peer_push_quota=1000, learner_push_quota=2000)  # fmt: skip
+    to_empty_follower(d, log)
+    log.is_learner = lambda peer: True  # 4 KB behind, under the throttle point: paced anyway
+    first = d.next_requests(0, log)
+    assert sum(r.batch_bytes for r in first) == 1000
+    assert d.next_requests(400, log) == []
+    assert sum(r.batch_bytes for r in d.next_requests(501, log)) == 1000  # at 2000 B/s
 
 
 def test_quota_does_not_slow_a_follower_that_keeps_up() -> None:

@@ -76,6 +76,10 @@ class MemberLifecycle:
             lease_ms=LedgerConfig(election=self.election).lease_ms(),
         )
         m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)
+        # MemberActor._create_helpers: dispatchers for the members the core keeps them for
+        keep = m.node.core.supervisor.dispatcher_peers()
+        for p in [p for p in dispatchers if p not in keep]:
+            del dispatchers[p], m.node.need_watch[p]
         m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})
         m.node.dispatcher_drivers = {
             p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()
