@@ -443,6 +443,8 @@ class DispatcherLogic:
         wm = self._fold(req, resp, now_ms)
         if wm is not None:
             self._report_due = True
+            if self.view.is_learner(self.peer_id):  # not reported: the elector hears it here
+                self._note_progress(self.term, wm, now_ms)
         return wm
 
     def _fold(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
@@ -605,7 +607,10 @@ class DispatcherLogic:
                 )
             else:
                 wake = _earliest(wake, self._fetch_after)
-        if self._report_due and not self.reporting:
+        # a learner's mark counts toward no commit: the checker hears of it once the
+        # learner votes (the report stays due meanwhile), not at every push it answers --
+        # a call into the process every round of the voters waits on
+        if self._report_due and not self.reporting and not self.view.is_learner(self.peer_id):
             if now_ms >= self._report_after:
                 self._report_due = False
                 self.reporting = True

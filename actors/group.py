@@ -83,6 +83,7 @@ class LedgerGroup:
         self.store_dir = store_dir
         self.config = config
         self._handles: dict[str, Any] = {}
+        self._leader_hint: str | None = None  # the member that led at the last look
         for m in self._members:
             self._attach(m)
         self._pids: dict[str, int] = {}  # processes this handle paused
@@ -110,26 +111,40 @@ class LedgerGroup:
 
     def membership(self, timeout_s: float = 5.0) -> dict:
         """The leader's view (else any member's): ``latest`` (the configuration it acts
-        on), ``committed``, and ``waiting`` (lost members with no node to replace them on)."""
+        on), ``committed``, and ``waiting`` (lost members with no node to replace them on).
+
+        One call in the common case: the member that led at the last look first, then the
+        one each answer names as leader.  (A look through :meth:`status` asks every member
+        for its whole status: ``replace_member`` polling it ten times a second cost the
+        group's appends more than the learner it waited for.)"""
         order = list(self._handles)
-        leader = self._leader_quick()
-        if leader in order:
-            order.remove(leader)
-            order.insert(0, leader)
+        if self._leader_hint in order:
+            order.remove(self._leader_hint)
+            order.insert(0, self._leader_hint)
         last: Exception | None = None
-        for m in order:
+        fallback = None
+        tried: set[str] = set()
+        while order:
+            m = order.pop(0)
+            if m in tried:
+                continue
+            tried.add(m)
             try:
-                return ray.get(self._handles[m].membership.remote(), timeout=timeout_s)
+                doc = ray.get(self._handles[m].membership.remote(), timeout=timeout_s)
             except Exception as exc:
                 last = exc
+                continue
+            if doc.get("leads"):
+                self._leader_hint = m
+                return doc
+            fallback = fallback or doc
+            hint = doc.get("leader_id")
+            if hint in self._handles and hint not in tried:
+                order.insert(0, hint)
+        if fallback is not None:
+            return fallback
         raise LedgerError.of(ResponseCode.UNKNOWN_GROUP,
                              f"no member of {self.name!r} answers: {last}")  # fmt: skip
-
-    def _leader_quick(self) -> str | None:
-        try:
-            return self.leader_id()
-        except Exception:
-            return None
 
     def refresh(self) -> None:
         """Follow the committed configuration: handles for members added (by any driver, or

@@ -481,7 +481,12 @@ class MemberActor:
         with self._lock:
             clog = self.logic.config_log
             committed = clog.committed(self.store.committed_index)
+            st = self.logic.state
             return {
+                "member": self.self_id,
+                "leads": st.is_leader,
+                "leader_id": st.leader_id,
+                "term": st.current_term,
                 "latest": clog.latest().to_doc(),
                 "latest_index": clog.latest_index(),
                 "committed": committed.to_doc(),
