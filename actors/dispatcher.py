@@ -46,6 +46,7 @@ from .graph_events import GraphBegin, GraphEnd
 from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
 from .naming import NAMESPACE, actor_name
+from .priority import set_background
 from .wire import to_wire
 
 log = logging.getLogger("rayledger.actors")
@@ -68,6 +69,9 @@ class _RayPorts:
 
     def progress(self, term: int, wm: int) -> None:
         self.a.member.on_peer_progress.remote(self.a.peer_id, term, wm)
+
+    def priority(self, background: bool) -> None:
+        set_background(background)
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)

@@ -304,6 +304,9 @@ class DispatcherReady:
     fetch: Fetch | None = None
     report: tuple[int, int] | None = None  # (term, water mark) for the checker
     progress: tuple[int, int] | None = None  # (term, match index) for the member's elector
+    # run in the background from now on (True: the follower is a learner catching up, whose
+    # pushes must take only CPU the voters' rounds leave) or in the foreground (False)
+    background: bool | None = None
     wake_at_ms: int | None = None
 
 
@@ -337,6 +340,7 @@ class DispatcherLogic:
         self._graph_sent: dict[tuple, PushEntryRequest] = {}
         self._graph_keys = itertools.count()
         self._outbox: list[PushEntryRequest] = []
+        self._background = False  # what the last Ready said about the follower (a learner)
 
     @property
     def active(self) -> bool:
@@ -625,6 +629,9 @@ class DispatcherLogic:
                     out.progress = (self.term, self._progress_wm)
             else:
                 wake = _earliest(wake, self._progress_at)
+        background = self.view.is_learner(self.peer_id)
+        if background != self._background:
+            self._background = out.background = background
         out.wake_at_ms = wake
         return out
 
@@ -643,6 +650,8 @@ class DispatcherPorts(Protocol):
     def report(self, term: int, wm: int) -> None: ...  # -> Reported
 
     def progress(self, term: int, wm: int) -> None: ...  # to the member; no answer
+
+    def priority(self, background: bool) -> None: ...  # this dispatcher's CPU share
 
 
 class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
@@ -692,4 +701,6 @@ class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
             ports.report(*r.report)
         if r.progress is not None:
             ports.progress(*r.progress)
+        if r.background is not None:
+            ports.priority(r.background)
         return r.wake_at_ms

@@ -65,6 +65,7 @@ from .member_reads import ReadPart
 from .metrics import MemberMetrics
 from .naming import now_ms
 from .placement import alive_nodes, member_nodes, record_node, spawn_member, store_dir_of
+from .priority import set_background
 from .ray_compat import install_loop_registry, reset_loops
 from .read_path import AskLeader, WaitCommitted
 from .types import MemberStatus
@@ -194,8 +195,8 @@ class MemberActor:
             log.warning("[%s] could not record its node: %r", self.self_id, exc)
         with self._lock:
             runs = self.ctx.core.supervisor.runs_helpers()
-        if not runs:
-            pass  # a learner: its helpers start when it is promoted (Supervisor.runs_helpers)
+        if not runs:  # a learner: its helpers start when it is promoted (Supervisor.runs_helpers)
+            set_background(True)  # and it catches up on CPU the voters leave (priority.py)
         elif self._replay_ahead() > REPLAY_DEFERS_HELPERS:
             asyncio.ensure_future(self._helpers_after_replay())
         else:

@@ -21,6 +21,7 @@ from rayledger.storage import LedgerError
 from . import supervision as sv
 from .member_appends import AppendPart
 from .member_context import MemberContext, Part
+from .priority import set_background
 
 log = logging.getLogger("rayledger.actors")
 
@@ -110,6 +111,7 @@ class LeadershipPart(Part):
         ctx = self.ctx
         with self._lock:
             ctx.peers[:] = self.logic.config_log.latest().members
+        set_background(not start)  # a learner catches up on CPU the voters leave (priority.py)
         if ctx.checker is None:  # helpers deferred (member.py): created from ctx.peers
             if start:
                 ctx.ensure_helpers()  # a learner promoted (or a replay deferred them)

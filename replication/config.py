@@ -23,8 +23,9 @@ class ReplicationConfig:
     max_pending_pushes: int = 1000  # pushes in flight per follower (pipelining window)
     peer_push_throttle_point: int = 300 * 1024 * 1024  # lag in bytes above which the quota applies
     peer_push_quota: int = 20 * 1024 * 1024  # bytes per second to a lagging follower
-    # ... and to a lagging learner (issue 22): a member being added catches up faster
-    learner_push_quota: int = 50 * 1024 * 1024
+    # ... and to a learner, whatever its lag (issue 22): a member being added catches up
+    # faster, its pushes paced evenly, and on CPU the voters leave (actors/priority.py)
+    learner_push_quota: int = 150 * 1024 * 1024
     compare_timeout_ms: int = 3000  # a COMPARE/TRUNCATE unanswered this long is sent again
     commit_push_interval_ms: int = (
         1000  # a COMMIT goes out at least this often when no entries flow

@@ -192,6 +192,9 @@ class _DispatcherPorts:
         node, peer = self.node, self.peer
         self.env._soon(node, self.env._peer_progress, node, peer, term, wm)
 
+    def priority(self, background: bool) -> None:
+        pass  # no processes to schedule here
+
 
 class _CheckerPorts:
     """The checker's messages to its member and the dispatchers: node-local calls."""

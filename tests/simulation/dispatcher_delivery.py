@@ -81,6 +81,9 @@ class _SimDispatcherPorts:
         sim, node = self.sim, self.node
         sim._hop(node, sim._m_on_peer_progress, node, self.peer, term, wm)
 
+    def priority(self, background: bool) -> None:
+        pass  # no processes to schedule here
+
 
 class DispatcherDelivery:
     """Calls to a node's dispatchers (a mixin of :class:`~.group_sim.GroupSim`)."""
