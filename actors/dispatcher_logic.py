@@ -50,6 +50,10 @@ FETCH_RETRY_MS = 50
 REPORT_RETRY_MS = 50
 """After a failed report to the checker, the next try waits this long."""
 
+LEARNER_REPORT_MS = 250
+"""A learner's water mark goes to the checker at most this often (it counts toward no
+commit; the checker must only have it when the learner is promoted)."""
+
 
 _UNKNOWN = object()
 
@@ -341,6 +345,7 @@ class DispatcherLogic:
         self._graph_keys = itertools.count()
         self._outbox: list[PushEntryRequest] = []
         self._background = False  # what the last Ready said about the follower (a learner)
+        self._last_report_ms = -(1 << 62)
 
     @property
     def active(self) -> bool:
@@ -431,6 +436,8 @@ class DispatcherLogic:
             view.ledger_end_index = last
         if a.committed > view.committed_index:
             view.committed_index = a.committed
+        if a.configs:  # a configuration round: a learner promoted reports from now on
+            view.configs = a.configs
         return self.core.write_index == a.first
 
     def _on_committed(self, term: int, index: int) -> bool:
@@ -611,16 +618,20 @@ class DispatcherLogic:
                 )
             else:
                 wake = _earliest(wake, self._fetch_after)
-        # a learner's mark counts toward no commit: the checker hears of it once the
-        # learner votes (the report stays due meanwhile), not at every push it answers --
-        # a call into the process every round of the voters waits on
-        if self._report_due and not self.reporting and not self.view.is_learner(self.peer_id):
-            if now_ms >= self._report_after:
+        # a learner's mark counts toward no commit: the checker hears of it every
+        # LEARNER_REPORT_MS (it has it when the learner is promoted), not at every push the
+        # learner answers -- a call into the process every round of the voters waits on
+        if self._report_due and not self.reporting:
+            after = self._report_after
+            if self.view.is_learner(self.peer_id):
+                after = max(after, self._last_report_ms + LEARNER_REPORT_MS)
+            if now_ms >= after:
+                self._last_report_ms = now_ms
                 self._report_due = False
                 self.reporting = True
                 out.report = (self.term, self.core.water_mark)
             else:
-                wake = _earliest(wake, self._report_after)
+                wake = _earliest(wake, after)
         if self._progress_at is not None:
             if now_ms >= self._progress_at:
                 self._progress_at = None

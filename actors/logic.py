@@ -148,6 +148,9 @@ class Announcement:
     nbytes: int
     edges: tuple[int, int]  # positions of the first and the last entry
     committed: int
+    # the leader's configurations (ConfigLog.frozen) when the round holds a configuration
+    # entry: its dispatchers learn of a learner promoted (or added) with the round itself
+    configs: tuple = ()
 
     def followed_by(self, b: Announcement) -> Announcement:
         """This round and the next one as one (their entries are contiguous); both carry
@@ -161,6 +164,7 @@ class Announcement:
             nbytes=self.nbytes + b.nbytes,
             edges=(self.edges[0], b.edges[1]),
             committed=max(self.committed, b.committed),
+            configs=b.configs or self.configs,
         )
 
 
@@ -434,6 +438,9 @@ class MemberLogic:
             nbytes=len(a.data),
             edges=(a.positions[0], a.positions[-1]),
             committed=self.store.committed_index,
+            configs=self.config_log.frozen()
+            if self.config_log.latest_index() >= a.first_index
+            else (),
         )
 
     def on_committed(self, term: int, index: int) -> None:

@@ -3,6 +3,8 @@ shells (and in the simulation's copies of them)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rayledger.actors.checker_logic import (
     COMMIT_NOTICE_MS,
     AddRound,
@@ -12,29 +14,36 @@ from rayledger.actors.checker_logic import (
     StepDown,
 )
 from rayledger.actors.dispatcher_logic import (
+    LEARNER_REPORT_MS,
     PROGRESS_MS,
     REPORT_RETRY_MS,
     Activate,
+    Announced,
     DispatcherLogic,
+    Inline,
     PushAnswered,
     Reported,
 )
-from rayledger.actors.logic import LeaderInfo
+from rayledger.actors.logic import Announcement, LeaderInfo
+from rayledger.election.configuration import Configuration
 from rayledger.replication import PushEntryResponse, ReplicationConfig
-from rayledger.storage import ResponseCode
+from rayledger.storage import EntryBatch, ResponseCode
 
 CFG = ReplicationConfig()
 PEERS = ["n0", "n1", "n2"]
 INFO = LeaderInfo(term=2, begin=0, end=4, end_term=2, end_pos=400, committed=3, water_mark=4)
 
 
-def _caught_up(d: DispatcherLogic, now: int) -> None:
-    """Answer the dispatcher's first push with a follower that holds everything."""
-    reqs = d.ready(now).pushes
+def _caught_up(d: DispatcherLogic, now: int):
+    """Answer the dispatcher's first push with a follower that holds everything; returns
+    the Ready that pushed it."""
+    ready = d.ready(now)
+    reqs = ready.pushes
     assert reqs, "the dispatcher pushes on activation"
     resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
                              index=reqs[0].first_index, end_index=4)  # fmt: skip
     d.step(PushAnswered(reqs[0], resp), now)
+    return ready
 
 
 def test_a_failed_report_is_sent_again_after_its_backoff() -> None:
@@ -63,6 +72,40 @@ def test_a_dispatcher_set_up_again_reports_its_mark_to_the_restarted_checker() -
     assert d.ready(3).report is None  # nothing new to report
     d.step(Activate(INFO), 0)  # the supervisor's restore after the checker restarted
     assert d.ready(4).report == (2, 4)
+
+
+def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
+    """A learner's mark counts toward no commit, so it reaches the checker every
+    LEARNER_REPORT_MS only -- and at once when the round promoting it is announced: the
+    bench's heal run hung when the promotion could only commit with the new voter's mark
+    (one voter lost) and the dispatcher, with a stale configuration, never reported it."""
+    learner = Configuration(voters=("n0", "n2"), learners=("n1",))
+    promoted = Configuration(voters=("n0", "n1", "n2"))
+    d = DispatcherLogic("g", "n0", "n1", CFG)
+    d.step(Activate(dataclasses.replace(INFO, configs=((-1, learner),))), 0)
+    assert _caught_up(d, 0).background is True  # a learner's pushes: in the background
+    first = d.ready(1)
+    assert first.report == (2, 4)
+    d.step(Reported(2, 4, committed=3), 2)
+
+    def round_at(index: int, now: int, configs: tuple = ()):
+        """The leader announces round ``index`` and the learner stores it."""
+        batch = EntryBatch(index, 1, b"x" * 40)  # the bytes are never looked at here
+        a = Announcement(2, index, 1, Inline(batch), 40, (index * 100,) * 2, 3, configs)
+        d.step(Announced(a), now)
+        r = d.ready(now)
+        (push,) = [p for p in r.pushes if p.first_index == index]
+        resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
+                                 index=index, end_index=index)  # fmt: skip
+        d.step(PushAnswered(push, resp), now)
+        return r
+
+    round_at(5, 3)  # the mark rises: its report is held back for LEARNER_REPORT_MS
+    held = d.ready(5)
+    assert held.report is None and held.wake_at_ms <= 1 + LEARNER_REPORT_MS
+    promotion = round_at(6, 6, configs=((-1, learner), (6, promoted)))
+    assert promotion.background is False  # a voter's pushes: in the foreground again
+    assert promotion.report == (2, 5)  # and its mark went to the checker at once
 
 
 def test_a_fresh_dispatcher_reports_nothing_before_its_follower_answers() -> None:
