@@ -7,12 +7,31 @@ a user of the group needs only this package.
 from rayledger import storage as _storage
 from rayledger.storage import *  # noqa: F403  (re-exported: see storage.__all__)
 
-from .client import LedgerClient
 from .config import LedgerConfig
-from .group import LedgerGroup
-from .types import AppendResult, MemberStatus
 
-__all__ = [
+_LAZY = {
+    "LedgerClient": ".client",
+    "LedgerGroup": ".group",
+    "AppendResult": ".types",
+    "MemberStatus": ".types",
+}
+
+
+def __getattr__(name: str):
+    """The group and client load on first use: a helper actor's process (a dispatcher, a
+    checker) imports this package for its own module only, and a process starting while a
+    learner catches up should cost the host as little as possible (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [  # noqa: F405 -- the lazy names resolve through __getattr__
     *_storage.__all__,
     "AppendResult",
     "LedgerClient",
