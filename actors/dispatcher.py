@@ -94,6 +94,7 @@ class EntryDispatcherActor:
         self.faults = LinkFaults()
         self._follower = None
         self._reader: StoreReader | None = None  # the leader's files, for committed entries
+        self._file_reads = 0
         self._metrics = PeerMetrics(group, self_id, peer_id)
 
     def _attach(self) -> None:
@@ -122,6 +123,7 @@ class EntryDispatcherActor:
                 "graph": lg.graph_gen,
                 "installs": core.installs,
                 "last_install": core.last_install,  # (index, bytes, ms from first chunk)
+                "file_reads": self._file_reads,  # committed batches read from the files
             }
 
     # -- from the member and the checker -------------------------------------------------
@@ -183,11 +185,15 @@ class EntryDispatcherActor:
                 return None
         count = min(f.max_count, f.committed - f.index + 1)
         try:
+            self._reader.refresh()
+            if f.index < self._reader.begin_index():  # compacted: the member says so, fenced
+                return None
             batch = self._reader.read_batch(f.index, f.max_bytes, count)
         except LedgerError as exc:
             log.debug("[%s->%s] term=%d committed read at %d failed: %s", self.self_id,
                       self.peer_id, f.term, f.index, exc)  # fmt: skip
             return None
+        self._file_reads += 1
         return CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)), None
 
     async def _fetch(self, f: Fetch) -> None:

@@ -580,8 +580,10 @@ class MemberActor:
     @ray.method(enable_task_events=False)
     async def push(self, req: PushEntryRequest, batch=None):
         """A push from the leader's dispatcher (a large batch arrives from the object store)."""
-        if batch is not None or req.batch is not None:
-            req = replace(req, batch=from_wire(batch if batch is not None else req.batch))
+        got = batch if batch is not None else req.batch
+        wired = from_wire(got)  # a numpy array's data back as a memoryview (wire.py)
+        if batch is not None or wired is not got:
+            req = replace(req, batch=wired)
         fut = self._loop.create_future()
         out = self.ctx.step(Push(req, fut))
         own = [a for a in out.answers if a[0] is fut]

@@ -25,8 +25,9 @@ def to_wire(batch: EntryBatch) -> EntryBatch:
     return batch
 
 
-def from_wire(batch: EntryBatch | None) -> EntryBatch | None:
-    """A batch as it arrived (a numpy array's data back as a memoryview of it)."""
-    if batch is not None and isinstance(batch.data, np.ndarray):
+def from_wire(batch):
+    """A batch as it arrived (a numpy array's data back as a memoryview of it); anything
+    else as it is (a snapshot chunk's bytes arrive the same way)."""
+    if isinstance(getattr(batch, "data", None), np.ndarray):
         return replace(batch, data=memoryview(batch.data))
     return batch

@@ -70,6 +70,8 @@ class _Files:
         except FileNotFoundError:
             names = []
         self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
+        for start in [st for st in self._fds if st not in self.starts]:
+            os.close(self._fds.pop(start))  # deleted (compacted): never pin its disk space
 
     def _fd(self, start: int) -> int:
         fd = self._fds.get(start)
@@ -159,6 +161,13 @@ class StoreReader:
         self.verify_crc = verify_crc
         self._data = _Files(self.dir / "data")
         self._index = _Files(self.dir / "index")
+
+    def refresh(self) -> None:
+        """Look at the directory again: segments created since, and none of those deleted
+        since (their files are closed, so a long-lived reader never pins a compacted
+        segment's disk space)."""
+        self._data.refresh()
+        self._index.refresh()
 
     # -- metadata ----------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ group while a client appends, and the coded refusals that change nothing."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -68,6 +69,47 @@ def test_add_replace_and_remove_while_a_client_appends(make_group) -> None:
     other = LedgerGroup.get(g.name)
     assert other.members == g.members
     assert LedgerClient.connect(g.name).append(b"late").index > end
+
+
+def _policy(pid: int) -> int:
+    return os.sched_getscheduler(pid)
+
+
+def test_a_learner_catches_up_from_the_leaders_files_in_the_background(make_group) -> None:
+    """The catch-up path of issue 22 on Ray: the leader's dispatcher reads the committed
+    batches from the leader's files (the leader's process serves none of them), batches
+    larger than 64 KiB cross as numpy arrays, and the learner and that dispatcher run in
+    SCHED_IDLE until the learner votes."""
+    g = make_group(3)
+    leader = g.wait_for_leader()
+    client = g.client()
+    body = os.urandom(64 << 10)
+    acked = {}
+    for _ in range(12):  # 3 MiB, committed before the learner joins
+        for r, b in zip(client.append_batch([body] * 4), [body] * 4, strict=True):
+            acked[r.index] = b
+    learner = g.add_member("l1", learner=True)
+    end = client.committed_index()
+    wait_until(lambda: g.status()[learner].ledger_end_index >= end, 30, "the learner to catch up")
+    progress = ray.get(g.handle(leader).peer_progress.remote())[learner]
+    assert progress["file_reads"] >= 1, progress
+    background = os.geteuid() == 0  # where a process may leave SCHED_IDLE again (priority.py)
+    pids = ray.get(g.handle(leader).helper_pids.remote())
+    learner_pid = ray.get(g.handle(learner).info.remote())["pid"]
+    if background:
+        assert _policy(learner_pid) == os.SCHED_IDLE
+        assert _policy(pids[f"dispatcher:{learner}"]) == os.SCHED_IDLE
+    voter = g.add_member()  # promoted once caught up: back in the foreground
+    assert g.roles()[voter] == "voter"
+    voter_pid = ray.get(g.handle(voter).info.remote())["pid"]
+    leader = g.wait_for_leader()
+    pids = ray.get(g.handle(leader).helper_pids.remote())
+    wait_until(lambda: _policy(voter_pid) == os.SCHED_OTHER, 10, f"{voter} to leave SCHED_IDLE")
+    wait_until(lambda: _policy(pids[f"dispatcher:{voter}"]) == os.SCHED_OTHER, 10,
+               f"the dispatcher for {voter} to leave SCHED_IDLE")  # fmt: skip
+    if background:
+        assert _policy(learner_pid) == os.SCHED_IDLE  # still a learner
+    assert_consistent(g, acked)
 
 
 def test_refused_changes_leave_the_configuration_as_it_was(make_group) -> None:

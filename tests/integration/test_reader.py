@@ -74,6 +74,21 @@ def test_batches_are_the_stores_pushes_byte_for_byte(small_store):
         assert e.value.code in (ResponseCode.INDEX_OUT_OF_BOUNDS, ResponseCode.CORRUPT_LOG)
 
 
+def test_a_long_lived_reader_lets_go_of_deleted_segments(small_store):
+    """A leader's dispatcher keeps its reader for the term: segments the leader compacts
+    away are closed at the next refresh (their disk space is never pinned), and the
+    reader's begin moves with them."""
+    store, _ = small_store
+    with StoreReader(store.dir) as r:
+        r.read_batch(0, 1 << 20, 50)
+        first = r._data.starts[0]
+        assert first in r._data._fds
+        os.remove(store.dir / "data" / f"{first:020d}")
+        r.refresh()
+        assert first not in r._data._fds and first not in r._data.starts
+        assert r.begin_index() > 0
+
+
 def test_small_tables_cover_the_range_once(small_store):
     store, bodies = small_store
     with StoreReader(store.dir) as r:
