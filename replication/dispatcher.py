@@ -102,9 +102,8 @@ class EntryDispatcher:
         self._last_push_ms = _NEVER  # DLedger lastPushCommitTimeMs
         self._commit_sent = -1
         self._last_leak_check_ms = _NEVER
-        self._tokens: float = (
-            config.max_batch_push_bytes
-        )  # the pacing bucket (bytes), see _paced_allows
+        # the pacing bucket, in bytes (see _pace_allows)
+        self._tokens: float = config.max_batch_push_bytes
         self._tokens_ms = _NEVER
         self._paced = False  # the push being built is paced (it spends tokens)
         self._rate = config.peer_push_quota  # bytes/s the bucket refills at (learner or not)
