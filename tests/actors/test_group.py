@@ -156,6 +156,7 @@ def test_a_transfer_answers_with_its_outcome(make_group):
         g.heal()
 
 
+@pytest.mark.chaos  # 16 s: the CI budget (five voters losing two run in the simulation too)
 def test_five_members_survive_two_failures(make_group):
     g = make_group(members=5)
     leader = g.wait_for_leader()
