@@ -147,6 +147,20 @@ class Membership:
         """The voter that stores the most of the leader's log (to hand leadership to)."""
         return max(voters, key=lambda v: (self.match.get(v, -1), v))
 
+    def _successor(self, current: Configuration, new: str, end_index: int) -> str | None:
+        """Whom a leader about to leave hands leadership to: its replacement when that one
+        is caught up in this term, else the voter caught up the furthest; None while no
+        voter's progress in this term is known yet (ask again).  Handing over to a
+        replacement that fell behind after its promotion -- again and again, each time the
+        leader was re-elected in its term, while it could not win an election -- wedged
+        the group (seed 93306)."""
+        lag = end_index - self.promote_lag
+        known = {v: m for v, m in self.match.items() if m >= lag}  # reported in this term
+        if new in known:
+            return new
+        ready = [v for v in current.voters if v != self.self_id and v in known]
+        return self._best(ready) if ready else None
+
     # -- what the leader changes on its own ------------------------------------------------
     def progress(self, peer: str, match_index: int) -> None:
         self.match[peer] = max(self.match.get(peer, -1), match_index)
@@ -170,7 +184,8 @@ class Membership:
                     return current.with_voter(new)
             elif old and old in current:
                 if old == self.self_id:
-                    return Transfer(new)
+                    target = self._successor(current, new, end_index)
+                    return None if target is None else Transfer(target)
                 return current.without(old)
         return None
 
