@@ -47,7 +47,7 @@ from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
 from .naming import NAMESPACE, actor_name
 from .priority import set_background
-from .wire import to_wire
+from .wire import out_of_band
 
 log = logging.getLogger("rayledger.actors")
 
@@ -246,7 +246,7 @@ class EntryDispatcherActor:
             elif batch is None:
                 ref = self._follower.push.remote(req, None)
             elif isinstance(batch.payload, Inline):
-                inline = to_wire(batch.payload.batch)
+                inline = out_of_band(batch.payload.batch)
                 ref = self._follower.push.remote(replace(req, batch=inline), None)
             else:  # the follower's argument: Ray resolves it there, once
                 ref = self._follower.push.remote(replace(req, batch=None), batch.payload.ref)

@@ -69,7 +69,7 @@ from .priority import set_background
 from .ray_compat import install_loop_registry, reset_loops
 from .read_path import AskLeader, WaitCommitted
 from .types import MemberStatus
-from .wire import from_wire
+from .wire import as_received
 
 log = logging.getLogger("rayledger.actors")
 
@@ -581,7 +581,7 @@ class MemberActor:
     async def push(self, req: PushEntryRequest, batch=None):
         """A push from the leader's dispatcher (a large batch arrives from the object store)."""
         got = batch if batch is not None else req.batch
-        wired = from_wire(got)  # a numpy array's data back as a memoryview (wire.py)
+        wired = as_received(got)  # a numpy array's data back as a memoryview (wire.py)
         if batch is not None or wired is not got:
             req = replace(req, batch=wired)
         fut = self._loop.create_future()

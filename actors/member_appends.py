@@ -40,7 +40,7 @@ def to_wire(payload: Payload) -> Payload:
     """A round's bytes as Ray carries them: inline up to ``INLINE_BYTES``, else one object
     in the store (:class:`Ref`) that each follower's push resolves as its argument."""
     if isinstance(payload, Inline) and len(payload.batch.data) > INLINE_BYTES:
-        return Ref(ray.put(wire.to_wire(payload.batch)))
+        return Ref(ray.put(wire.out_of_band(payload.batch)))
     return payload
 
 

@@ -57,7 +57,3 @@ def set_background(on: bool) -> bool:
                             os.getpid(), tid, exc)  # fmt: skip
     _state["background"] = on if ok else _state["background"]
     return ok
-
-
-def in_background() -> bool:
-    return _state["background"]

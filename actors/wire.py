@@ -10,6 +10,7 @@ member takes it back as a memoryview, which the store accepts like bytes.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from rayledger.storage import EntryBatch
@@ -17,7 +18,7 @@ from rayledger.storage import EntryBatch
 OUT_OF_BAND_BYTES = 64 * 1024  # smaller batches ride inside the call as bytes
 
 
-def to_wire(batch: EntryBatch) -> EntryBatch:
+def out_of_band(batch: EntryBatch) -> EntryBatch:
     """``batch`` as it should cross Ray (large data as a numpy array)."""
     data = batch.data
     if isinstance(data, bytes | bytearray) and len(data) > OUT_OF_BAND_BYTES:
@@ -25,7 +26,7 @@ def to_wire(batch: EntryBatch) -> EntryBatch:
     return batch
 
 
-def from_wire(batch):
+def as_received(batch: Any) -> Any:
     """A batch as it arrived (a numpy array's data back as a memoryview of it); anything
     else as it is (a snapshot chunk's bytes arrive the same way)."""
     if isinstance(getattr(batch, "data", None), np.ndarray):

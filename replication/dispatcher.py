@@ -415,11 +415,11 @@ class EntryDispatcher:
         self._event(DEBUG, "send", first, push=req.type.value, last=req.last_index)
         return req
 
-    def _quota(self, log_: LeaderLog) -> int:
+    def _to_learner(self, log_: LeaderLog) -> bool:
+        """Whether the follower is a learner in the leader's latest configuration (a log
+        that knows of no configurations: never)."""
         learner = getattr(log_, "is_learner", None)
-        if learner is not None and learner(self.peer_id):
-            return self.config.learner_push_quota
-        return self.config.peer_push_quota
+        return learner is not None and learner(self.peer_id)
 
     def _refill(self, now_ms: int, quota: int) -> None:
         if self._tokens_ms == _NEVER:
@@ -439,15 +439,16 @@ class EntryDispatcher:
         batch goes once it is full, so the pushes are spread evenly over the second instead
         of arriving as one burst that stalls every process on the host meanwhile.  Only
         paced pushes spend tokens; the lag is measured only when they have run out."""
-        self._rate = quota = self._quota(log_)
+        to_learner = self._to_learner(log_)
+        cfg = self.config
+        self._rate = quota = cfg.learner_push_quota if to_learner else cfg.peer_push_quota
         self._refill(now_ms, quota)
         self._paced = True
         if self._tokens >= self.config.max_batch_push_bytes:
             return True
-        learner = getattr(log_, "is_learner", None)
-        if learner is None or not learner(self.peer_id):
+        if not to_learner:
             lag = log_.get_pos(end) - log_.get_pos(self._write_index)
-            if lag <= self.config.peer_push_throttle_point:
+            if lag <= cfg.peer_push_throttle_point:
                 self._paced = False
                 return True
         self._event(DEBUG, "append.paced", self._write_index, tokens=self._tokens)
