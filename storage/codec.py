@@ -75,6 +75,44 @@ HEADER_DTYPE = np.dtype(
     ]
 )
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
+# Exactly-once appends (issue 24).  An entry of an idempotent client has this bit set in
+# its header's channel, and its stored body starts with SESSION: who appended it (the
+# client's id and the entry's sequence number in that client's session) and when its leader
+# wrote it (wall-clock ms, never below the stamp before it).  Every member, and every later
+# leader, reads the identities from its own log.  Readers strip both: a caller sees the
+# client's channel and exactly the bytes the client appended.
+SESSION_FLAG = 1 << 30
+SESSION = struct.Struct(">qqq")  # client id, sequence, leader stamp
+SESSION_SIZE = SESSION.size  # 24
+
+
+def logical_channel(channel: int) -> int:
+    """The channel a caller sees: the header's, without the session bit."""
+    return channel & ~SESSION_FLAG
+
+
+SESSION_DTYPE = np.dtype([("client", ">i8"), ("seq", ">i8"), ("stamp", ">i8")])
+
+
+def session_ids(data, first_index: int, channels, sizes) -> tuple[np.ndarray, np.ndarray]:
+    """``(indexes, records)`` of the entries with a session prefix in a batch's bytes
+    (entries back to back; ``channels`` and ``sizes`` from their headers): one numpy gather,
+    records of :data:`SESSION_DTYPE`."""
+    flagged = np.flatnonzero(np.asarray(channels) & SESSION_FLAG)
+    if not len(flagged):
+        return flagged, np.zeros(0, SESSION_DTYPE)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    buf = np.frombuffer(data, dtype=np.uint8)
+    raw = buf[(starts[flagged] + HEADER_SIZE)[:, None] + np.arange(SESSION_SIZE)]
+    return flagged + first_index, np.ascontiguousarray(raw).view(SESSION_DTYPE).reshape(-1)
+
+
+def body_skip(channel: int) -> int:
+    """Bytes of a stored body before the client's own: the session prefix, if any."""
+    return SESSION_SIZE if channel & SESSION_FLAG else 0
+
+
 _BLANK = struct.Struct(">ii")
 _U32 = struct.Struct(">I")
 crc32 = zlib.crc32
@@ -91,17 +129,15 @@ class Entry:
     ``channel`` is DLedger's header field: 0 for a client's entry (a term's first entry,
     with an empty body, among them); a group's configuration entry (issue 22) is on
     ``rayledger.election.configuration.CONFIG_CHANNEL``, its body the configuration's
-    JSON -- group data, not a client's, which readers of client data skip or mark."""
+    JSON -- group data, not a client's, which readers of client data skip or mark.
+    ``body`` is what the client appended: an idempotent client's session prefix (issue 24,
+    :data:`SESSION`) is not part of it, nor its bit part of ``channel``."""
 
     index: int
     term: int
     pos: int
     body: bytes
     channel: int = 0
-
-    @property
-    def size(self) -> int:
-        return HEADER_SIZE + len(self.body)
 
 
 @dataclass(slots=True, frozen=True)
@@ -178,12 +214,16 @@ def encode_entries(
     term: int,
     positions: Sequence[int],
     prev_chain_crc: int,
-    channel: int = 0,
+    channel: int | Sequence[int] = 0,
 ) -> tuple[bytes, int]:
-    """Encode a batch into one buffer; returns (data, the last chain CRC)."""
+    """Encode a batch into one buffer; returns (data, the last chain CRC).  ``channel``:
+    every entry's, or one per entry (a round of several clients' appends, issue 24)."""
     n = len(bodies)
     if len(positions) != n:
         raise ValueError(f"{n} bodies but {len(positions)} positions")
+    channels = [channel] * n if isinstance(channel, int) else list(channel)
+    if len(channels) != n:
+        raise ValueError(f"{n} bodies but {len(channels)} channels")
     if n >= _UNIFORM_MIN:
         lens = set(map(len, bodies))
         body_len = max(lens)
@@ -197,7 +237,7 @@ def encode_entries(
     append = parts.append
     chain = prev_chain_crc & 0xFFFF_FFFF
     index = first_index
-    for body, pos in zip(bodies, positions, strict=True):
+    for body, pos, ch in zip(bodies, positions, channels, strict=True):
         bcrc = crc32(body)
         chain = crc32(u32(bcrc), chain)
         n = len(body)
@@ -208,7 +248,7 @@ def encode_entries(
                 index,
                 term,
                 pos,
-                channel,
+                ch,
                 _signed(chain),
                 _signed(bcrc),
                 n,
@@ -226,7 +266,7 @@ def _encode_uniform(
     term: int,
     positions: Sequence[int],
     prev_chain_crc: int,
-    channel: int,
+    channel: int | Sequence[int],
 ) -> tuple[bytes, int]:
     """encode_entries for bodies of one length: the CRCs in two tight loops, the
     headers as one numpy record array, interleaved with the bodies in one copy."""
@@ -258,15 +298,16 @@ def decode_entry(buf, offset: int = 0) -> Entry:
     )
     if magic != ENTRY_MAGIC or size != HEADER_SIZE + body_size:
         raise LedgerError.of(ResponseCode.CORRUPT_LOG, f"bad entry header at offset {offset}")
-    start = offset + HEADER_SIZE
-    return Entry(index, term, pos, bytes(buf[start : start + body_size]), channel)
+    start = offset + HEADER_SIZE + body_skip(channel)
+    end = offset + size
+    return Entry(index, term, pos, bytes(buf[start:end]), logical_channel(channel))
 
 
 def iter_entries(buf) -> Iterator[Entry]:
     off, n = 0, len(buf)
     while off < n:
         e = decode_entry(buf, off)
-        off += e.size
+        off += HEADER.unpack_from(buf, off)[1]
         yield e
 
 

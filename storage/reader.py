@@ -35,6 +35,8 @@ from .codec import (
     HEADER_SIZE,
     INDEX_DTYPE,
     INDEX_UNIT,
+    SESSION_FLAG,
+    SESSION_SIZE,
     Entry,
     EntryBatch,
     blank_size,
@@ -327,7 +329,7 @@ class StoreReader:
         out = []
         for t, heads in self._tables(start, stop, MAX_TABLE_BYTES, channel):
             cols = [t.column(c).to_pylist() for c in ("index", "term", "pos", "body")]
-            cols.append(heads["channel"].tolist())
+            cols.append((heads["channel"] & ~SESSION_FLAG).tolist())
             out += [Entry(*row) for row in zip(*cols, strict=True)]
         return out
 
@@ -367,7 +369,7 @@ def _only(table, heads: np.ndarray, channel: int | None):
     """``(table, heads)`` cut to the rows on ``channel`` (as they are when all are, or None)."""
     if channel is None:
         return table, heads
-    keep = heads["channel"] == channel
+    keep = (heads["channel"] & ~SESSION_FLAG) == channel
     if keep.all():
         return table, heads
     import pyarrow as pa
@@ -385,33 +387,39 @@ def _headers(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndar
     return np.ascontiguousarray(rows).view(HEADER_DTYPE).reshape(-1)
 
 
-def _bodies(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Entry bytes back to back -> body bytes back to back (headers cut out)."""
+def _bodies(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, skips: np.ndarray):
+    """Entry bytes back to back -> body bytes back to back: each entry's first ``skips``
+    bytes (its header, and an idempotent client's session prefix) cut out."""
     n = len(sizes)
-    if n and (sizes == sizes[0]).all():
-        return buf.reshape(n, int(sizes[0]))[:, HEADER_SIZE:].reshape(-1)
+    if n and (sizes == sizes[0]).all() and (skips == skips[0]).all():
+        return buf.reshape(n, int(sizes[0]))[:, int(skips[0]) :].reshape(-1)
     delta = np.zeros(len(buf) + 1, dtype=np.int8)
     delta[offsets] = 1
-    delta[offsets + HEADER_SIZE] -= 1
+    delta[offsets + skips] -= 1
     in_header = np.cumsum(delta[:-1], dtype=np.int8)
     return buf[in_header == 0]
+
+
+def _skips(heads: np.ndarray) -> np.ndarray:
+    """Per entry, the bytes before the client's body: header and session prefix (issue 24)."""
+    flagged = (heads["channel"] & SESSION_FLAG) != 0
+    return HEADER_SIZE + SESSION_SIZE * flagged.astype(np.int64)
 
 
 def _to_table(buf, offsets, sizes, units, heads, verify_crc: bool):
     import pyarrow as pa
 
-    bodies = _bodies(buf, offsets, sizes)
-    lens = sizes - HEADER_SIZE
+    if verify_crc:  # over the stored body: the session prefix is part of it
+        crcs = heads["bcrc"].astype(np.int64)
+        mv = memoryview(buf)
+        for k, (a, z) in enumerate(zip(offsets.tolist(), sizes.tolist(), strict=True)):
+            if zlib.crc32(mv[a + HEADER_SIZE : a + z]) != crcs[k]:
+                raise _corrupt(f"entry {int(units['index'][k])} fails its body CRC")
+    skips = _skips(heads)
+    bodies = _bodies(buf, offsets, sizes, skips)
+    lens = sizes - skips
     body_offsets = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=body_offsets[1:])
-    if verify_crc:
-        crcs = heads["bcrc"].astype(np.int64)
-        mv = memoryview(bodies)
-        for k, (a, b) in enumerate(
-            zip(body_offsets[:-1].tolist(), body_offsets[1:].tolist(), strict=True)
-        ):
-            if zlib.crc32(mv[a:b]) != crcs[k]:
-                raise _corrupt(f"entry {int(units['index'][k])} fails its body CRC")
     body = pa.Array.from_buffers(
         pa.binary(),
         len(lens),

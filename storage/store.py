@@ -38,12 +38,15 @@ from .codec import (
     EntryBatch,
     IndexUnit,
     _signed,
+    body_skip,
     chain_crc,
     chain_crcs,
     crc32,
     decode_index,
     encode_entries,
     encode_index,
+    logical_channel,
+    session_ids,
 )
 from .config import StoreConfig
 from .errors import LedgerError, ResponseCode
@@ -131,6 +134,17 @@ class ChannelWatcher(Protocol):
     def compacted(self, begin_index: int) -> None: ...
 
 
+class SessionWatcher(Protocol):
+    """Follows the session prefixes of idempotent clients' entries (issue 24, see
+    :meth:`LogStore.watch_sessions`)."""
+
+    def appended(self, indexes: np.ndarray, records: np.ndarray) -> None: ...
+
+    def truncated(self, end_index: int) -> None: ...
+
+    def reset(self, begin_index: int) -> None: ...
+
+
 class LogStore:
     """Shared logic of the file and memory stores (use one of the subclasses)."""
 
@@ -141,6 +155,7 @@ class LogStore:
         self._lock = threading.RLock()
         self._hooks: list[AppendHook] = []
         self._watchers: dict[int, ChannelWatcher] = {}  # channel -> who follows its entries
+        self._sessions: SessionWatcher | None = None  # who follows the client sessions
         # With sync_flush, an append normally waits for its fdatasync.  A caller that holds a
         # lock others need (the member actor) sets this and calls flush() itself, unlocked.
         self.defer_sync = False
@@ -191,6 +206,27 @@ class LogStore:
         under the store's lock) and of every truncation and reset: how a member follows the
         configuration entries in its log (issue 22)."""
         self._watchers[channel] = watcher
+
+    def watch_sessions(self, watcher: SessionWatcher) -> None:
+        """Tell ``watcher`` of the session prefix of every idempotent client's entry written
+        (leader or follower append, under the store's lock) and of every truncation and
+        reset: how a member keeps its client sessions in step with its log (issue 24)."""
+        self._sessions = watcher
+
+    def session_records(self, start: int = 0):
+        """``(indexes, records)`` per stretch of the log from ``start`` to the end: the
+        session prefixes it holds (how a member finds its client sessions at a restart)."""
+        start = max(start, self.ledger_begin_index)
+        while start <= self.ledger_end_index:
+            batch = self.read_batch(start, 16 << 20)
+            heads = np.array(batch.headers(), dtype=np.int64).reshape(-1, 9)
+            yield session_ids(batch.data, batch.first_index, heads[:, 5], heads[:, 1])
+            start += batch.count
+
+    def _tell_sessions(self, data, first: int, channels, sizes) -> None:
+        indexes, records = session_ids(data, first, channels, sizes)
+        if len(indexes):
+            self._sessions.appended(indexes, records)
 
     def channel_entries(self, channel: int, start: int = 0):
         """``(index, body)`` of every entry on ``channel`` from ``start`` to the end (how a
@@ -257,7 +293,8 @@ class LogStore:
                 ResponseCode.CORRUPT_LOG,
                 f"index unit of {index} points at entry {eindex}@{epos} (size {esize} != {size})",
             )
-        return Entry(index, term, pos, buf[HEADER_SIZE:], channel)
+        return Entry(index, term, pos, buf[HEADER_SIZE + body_skip(channel) :],
+                     logical_channel(channel))  # fmt: skip
 
     def get_range(self, start: int, stop: int) -> list[Entry]:
         """Entries with ``start <= index < stop`` (clipped to what is stored)."""
@@ -367,22 +404,29 @@ class LogStore:
     def check_disk(self) -> None:
         """Raise DISK_FULL when appends must be refused (file store only)."""
 
-    def append_as_leader(self, bodies: Sequence[bytes], term: int, channel: int = 0) -> Appended:
+    def append_as_leader(
+        self, bodies: Sequence[bytes], term: int, channel: int | Sequence[int] = 0
+    ) -> Appended:
         """Append a batch at ``ledger_end_index + 1`` with ``term`` (DLedger appendAsLeader).
+        ``channel``: every entry's, or one per entry (issue 24: an idempotent client's
+        entries carry :data:`~.codec.SESSION_FLAG` and their body starts with the session
+        prefix).
 
         Append hooks run on each body (with its index and position) before the
         CRCs are computed, so what they stamp is what is stored and replicated; only on
-        channel 0 (see :meth:`add_append_hook`).
+        channel 0 (see :meth:`add_append_hook`), and on the client's part of the body.
         """
         bodies, sizes = self._check_bodies(bodies)
         if type(term) is not int or term < 0:
             raise _err(
                 ResponseCode.UNEXPECTED_ARGUMENT, f"term must be a non-negative int, got {term!r}"
             )
-        if type(channel) is not int or not -(2**31) <= channel < 2**31:
-            raise _err(
-                ResponseCode.UNEXPECTED_ARGUMENT, f"channel must be an int32, got {channel!r}"
-            )
+        channels = [channel] * len(bodies) if type(channel) is int else list(channel)
+        if len(channels) != len(bodies) or any(
+            type(c) is not int or not -(2**31) <= c < 2**31 for c in set(channels)
+        ):
+            raise _err(ResponseCode.UNEXPECTED_ARGUMENT,
+                       f"channel must be an int32 or one per body, got {channel!r}")  # fmt: skip
         with self._lock:
             self._check_writable()
             if term < self.ledger_end_term:
@@ -393,25 +437,32 @@ class LogStore:
             self.check_disk()
             first = self.ledger_end_index + 1
             positions = self._data.positions_for(sizes)
-            if self._hooks and channel == 0:
+            if self._hooks and any(logical_channel(c) == 0 for c in channels):
                 bodies = [bytearray(b) for b in bodies]
                 for k, body in enumerate(bodies):
+                    if logical_channel(channels[k]):
+                        continue
+                    skip = body_skip(channels[k])
+                    own = memoryview(body)[skip:] if skip else body
                     for hook in self._hooks:
-                        hook(first + k, positions[k], body)
+                        hook(first + k, positions[k], own)
                         if len(body) != sizes[k] - HEADER_SIZE:
                             raise _err(
                                 ResponseCode.UNEXPECTED_ARGUMENT,
                                 "an append hook changed a body's length",
                             )
             prev = 0 if self._chain is None else self._chain
-            data, chain = encode_entries(bodies, first, term, positions, prev, channel)
+            data, chain = encode_entries(bodies, first, term, positions, prev, channels)
             self._write(first, data, positions, sizes, [term] * len(sizes))
             self._chain = chain
             self.ledger_end_term = term
-            watcher = self._watchers.get(channel)
-            if watcher is not None:
+            if self._watchers:
                 for k, body in enumerate(bodies):
-                    watcher.appended(first + k, bytes(body))
+                    watcher = self._watchers.get(channels[k])
+                    if watcher is not None:
+                        watcher.appended(first + k, bytes(body))
+            if self._sessions is not None:
+                self._tell_sessions(data, first, channels, sizes)
         self.after_append()
         return Appended(first, term, positions, data)
 
@@ -454,6 +505,8 @@ class LogStore:
             self.ledger_end_term = term_floor
             if self._watchers:
                 self._tell_watchers(first_index, channels)
+            if self._sessions is not None:
+                self._tell_sessions(view, first_index, channels, sizes)
         self.after_append()
 
     def _verify_fast(self, view, first_index: int, count: int):
@@ -699,6 +752,8 @@ class LogStore:
             self._seq += 1
             for watcher in self._watchers.values():
                 watcher.truncated(end_index)
+            if self._sessions is not None:
+                self._sessions.truncated(end_index)
             self.after_truncate()
             log.info("store truncated to %d (%d entries dropped)", end_index, dropped)
             return dropped
@@ -743,6 +798,8 @@ class LogStore:
             self._seq += 1
             for watcher in self._watchers.values():
                 watcher.reset(begin_index)
+            if self._sessions is not None:
+                self._sessions.reset(begin_index)
             self.after_truncate()
             log.info("store reset to begin at %d (pos %d)", begin_index, begin_pos)
 

@@ -96,7 +96,7 @@ def _replace(group: LedgerGroup, log_mb: float) -> dict:
                 seen.setdefault("joined", now)
             if new is not None and latest.is_voter(new):
                 seen.setdefault("promoted", now)
-            time.sleep(0.05)  # one call to the leader each time (LedgerGroup.membership)
+            time.sleep(0.2)  # a call the leader serves each time: few, not to slow the probe
 
     w = threading.Thread(target=watch, daemon=True)
     w.start()

@@ -37,7 +37,7 @@ def test_uniform_encoding_matches_the_loop(monkeypatch, body_len, n):
     r = random.Random(body_len * 1000 + n)
     bodies = [r.randbytes(body_len) for _ in range(n)]
     positions = [12_345 + k * (HEADER_SIZE + body_len) for k in range(n)]
-    for prev, channel, term in ((0, 0, 0), (-123_456_789, -7, 2**40), (0x7FFF_FFFF, 2**31 - 1, 3)):
+    for prev, channel, term in ((0, 0, 0), (-123_456_789, 7, 2**40), (0x7FFF_FFFF, 2**30 - 1, 3)):
         fast = encode_entries(bodies, 2**33, term, positions, prev, channel)
         monkeypatch.setattr(codec, "_UNIFORM_MIN", 10**9)
         slow = encode_entries(bodies, 2**33, term, positions, prev, channel)
