@@ -1,0 +1,216 @@
+"""Client sessions of idempotent appends, as a member's log holds them (issue 24).
+
+An idempotent client numbers its entries 0, 1, 2, ... in a session named by its client id;
+each entry carries both, and its leader's stamp, in a prefix (``storage.codec.SESSION``).
+A :class:`SessionTable` follows those prefixes as the store writes, truncates and resets
+its log (it is the store's session watcher), so every member -- and so every future
+leader -- knows from its own log, committed or not:
+
+* each session's last sequence, so a leader takes a client's next entries in order and
+  refuses a gap or a step back;
+* where a session's latest runs of entries sit (``(first seq, first index, count)``, the
+  newest ``keep_runs``), so a retry of an append already in the log is answered with the
+  original indexes instead of being written twice;
+* when each session was last active (the stamp of its latest entry).  A session silent for
+  ``ttl_ms`` by the log's own stamps has expired: a leader refuses its appends
+  (SESSION_EXPIRED) and forgets it, which bounds the table.  Stamps come from the log, so
+  every member expires the same sessions at the same point of the log.
+
+Sans-I/O: no clock (stamps are handed in), no Ray, no store reads.  The decisions it
+returns (:class:`Verdict`) are acted on by the leader's round book (``actors/rounds.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+KEEP_RUNS = 16  # runs kept per session: a client retries at most its calls in flight
+
+
+class Verdict(enum.Enum):
+    """What a leader does with an idempotent append of ``n`` entries from ``first_seq``."""
+
+    NEW = "new"  # the session's next entries: append them
+    DUPLICATE = "duplicate"  # all in the log already: answer with where they are
+    PARTIAL = "partial"  # the first ones in the log (a call cut by a leader change)
+    GAP = "gap"  # later than the session's next: an earlier append is missing
+    EXPIRED = "expired"  # no such session (silent too long, or never started)
+    FORGOTTEN = "forgotten"  # in the log, but older than the runs kept: no answer to give
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A verdict, and for DUPLICATE / PARTIAL the ``(first index, count)`` spans of the
+    entries already in the log, in sequence order (``known`` entries in all)."""
+
+    verdict: Verdict
+    spans: tuple[tuple[int, int], ...] = ()
+    known: int = 0
+    next_seq: int = 0  # the sequence the session expects next
+
+
+@dataclass(slots=True)
+class Session:
+    last_seq: int
+    stamp: int  # the leader's stamp on its latest entry
+    runs: list[list[int]] = field(default_factory=list)  # [first seq, first index, count]
+
+
+class SessionTable:
+    """The client sessions of one member's log (see the module's docstring)."""
+
+    def __init__(self, ttl_ms: int, keep_runs: int = KEEP_RUNS):
+        if ttl_ms <= 0:
+            raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")
+        self.ttl_ms = ttl_ms
+        self.keep_runs = keep_runs
+        # client id -> session, in the order of their latest entries (oldest first)
+        self.sessions: dict[int, Session] = {}
+        self.last_stamp = 0  # the latest stamp in the log
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    # -- following the log (the store's SessionWatcher) ------------------------------------
+    def appended(self, indexes: np.ndarray, records: np.ndarray) -> None:
+        """Prefixes of entries just written (ascending indexes): runs of one client's
+        consecutive entries are taken as one."""
+        n = len(indexes)
+        if not n:
+            return
+        idx = np.asarray(indexes, dtype=np.int64)
+        client = records["client"].astype(np.int64)
+        seq = records["seq"].astype(np.int64)
+        stamp = records["stamp"].astype(np.int64)
+        brk = np.ones(n, dtype=bool)
+        brk[1:] = (
+            (client[1:] != client[:-1]) | (seq[1:] != seq[:-1] + 1) | (idx[1:] != idx[:-1] + 1)
+        )
+        starts = np.flatnonzero(brk).tolist()
+        ends = starts[1:] + [n]
+        for a, z in zip(starts, ends, strict=True):
+            self._run(int(client[a]), int(seq[a]), int(idx[a]), z - a, int(stamp[z - 1]))
+        self.last_stamp = max(self.last_stamp, int(stamp.max()))
+
+    def _run(self, client: int, first_seq: int, first_index: int, count: int, stamp: int) -> None:
+        s = self.sessions.pop(client, None)  # re-inserted last: the newest activity
+        if s is None:
+            s = Session(first_seq - 1, stamp)
+        runs = s.runs
+        last = runs[-1] if runs else None
+        if last is not None and last[0] + last[2] == first_seq and last[1] + last[2] == first_index:
+            last[2] += count
+        else:
+            runs.append([first_seq, first_index, count])
+            if len(runs) > self.keep_runs:
+                del runs[0]
+        s.last_seq = first_seq + count - 1
+        s.stamp = max(s.stamp, stamp)
+        self.sessions[client] = s
+
+    def truncated(self, end_index: int) -> None:
+        """Entries after ``end_index`` are gone: so is what the table knew of them."""
+        for client in list(self.sessions):
+            s = self.sessions[client]
+            runs = s.runs
+            if not runs or runs[-1][1] + runs[-1][2] - 1 <= end_index:
+                continue
+            while runs and runs[-1][1] > end_index:
+                first_seq = runs.pop()[0]
+                s.last_seq = first_seq - 1  # seqs are consecutive in the log
+            if runs and runs[-1][1] + runs[-1][2] - 1 > end_index:
+                runs[-1][2] = end_index - runs[-1][1] + 1
+                s.last_seq = runs[-1][0] + runs[-1][2] - 1
+            if s.last_seq < 0:  # nothing of it is left
+                del self.sessions[client]
+
+    def reset(self, begin_index: int) -> None:
+        """The log restarts empty at ``begin_index`` (a snapshot install): the sessions
+        come with the snapshot (:meth:`load`), the runs are not in this log."""
+        self.sessions.clear()
+
+    # -- what a leader decides -------------------------------------------------------------
+    def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1) -> Check:
+        """The verdict on ``n`` entries of ``client`` from ``first_seq``, the leader's stamp
+        being ``now``; ``queued``: the last sequence of this session admitted and not yet
+        written (-1: none)."""
+        s = self.sessions.get(client)
+        if s is None:  # a new session starts at 0 (its first entries may wait to be written)
+            if queued < 0:
+                return Check(Verdict.NEW if first_seq == 0 else Verdict.EXPIRED)
+            verdict = Verdict.NEW if first_seq == queued + 1 else Verdict.GAP
+            return Check(verdict, next_seq=queued + 1)
+        if s.stamp < now - self.ttl_ms:
+            return Check(Verdict.EXPIRED)
+        expected = max(s.last_seq, queued) + 1
+        if first_seq == expected:
+            return Check(Verdict.NEW, next_seq=expected)
+        if first_seq > expected:
+            return Check(Verdict.GAP, next_seq=expected)
+        if first_seq + n - 1 > s.last_seq and queued > s.last_seq:
+            return Check(Verdict.GAP, next_seq=expected)  # overlaps appends not yet written
+        last = min(first_seq + n - 1, s.last_seq)
+        spans = self._spans(s, first_seq, last)
+        if spans is None:
+            return Check(Verdict.FORGOTTEN, next_seq=expected)
+        known = last - first_seq + 1
+        verdict = Verdict.DUPLICATE if known == n else Verdict.PARTIAL
+        return Check(verdict, spans, known, expected)
+
+    @staticmethod
+    def _spans(s: Session, lo: int, hi: int) -> tuple[tuple[int, int], ...] | None:
+        """Where sequences ``lo..hi`` of session ``s`` sit, or None when not all are kept."""
+        out = []
+        want = lo
+        for first_seq, first_index, count in s.runs:
+            end = first_seq + count - 1
+            if end < want or first_seq > hi:
+                continue
+            if first_seq > want:
+                return None  # a hole: the run holding ``want`` is no longer kept
+            a = want - first_seq
+            z = min(hi, end) - first_seq
+            out.append((first_index + a, z - a + 1))
+            want = min(hi, end) + 1
+            if want > hi:
+                return tuple(out)
+        return None
+
+    def expire(self, now: int) -> list[int]:
+        """Forget the sessions silent since before ``now - ttl_ms``; their client ids."""
+        cut = now - self.ttl_ms
+        gone = []
+        for client, s in self.sessions.items():  # oldest activity first
+            if s.stamp >= cut:
+                break
+            gone.append(client)
+        for client in gone:
+            del self.sessions[client]
+        return gone
+
+    def next_stamp(self, wall_ms: int) -> int:
+        """The stamp a leader writes now: its wall clock, never below the log's latest."""
+        return max(wall_ms, self.last_stamp)
+
+    # -- snapshots and size ----------------------------------------------------------------
+    def dump(self) -> dict:
+        """The table as plain data (a snapshot carries it)."""
+        return {
+            "ttl_ms": self.ttl_ms,
+            "last_stamp": self.last_stamp,
+            "sessions": [
+                [c, s.last_seq, s.stamp, [list(r) for r in s.runs]]
+                for c, s in self.sessions.items()
+            ],  # fmt: skip
+        }
+
+    def load(self, doc: dict) -> None:
+        self.last_stamp = int(doc["last_stamp"])
+        self.sessions = {int(c): Session(int(q), int(t), [list(map(int, r)) for r in runs])
+                         for c, q, t, runs in doc["sessions"]}  # fmt: skip
+
+
+__all__ = ["KEEP_RUNS", "Check", "Session", "SessionTable", "Verdict"]

@@ -1,0 +1,118 @@
+"""The client-session table (issue 24): what a leader decides for an idempotent append,
+from what its log holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rayledger.replication.sessions import SessionTable, Verdict
+from rayledger.storage.codec import SESSION_DTYPE
+
+V = Verdict
+
+
+def recs(rows):
+    """(index, client, seq, stamp) rows -> what the store hands the table."""
+    arr = np.zeros(len(rows), SESSION_DTYPE)
+    for k, (_, c, q, t) in enumerate(rows):
+        arr[k] = (c, q, t)
+    return np.array([r[0] for r in rows], dtype=np.int64), arr
+
+
+def write(t: SessionTable, rows):
+    t.appended(*recs(rows))
+
+
+def test_runs_merge_and_duplicates_point_at_the_originals():
+    t = SessionTable(ttl_ms=1000)
+    write(t, [(0, 7, 0, 10), (1, 7, 1, 10), (2, 9, 0, 10), (3, 7, 2, 11), (4, 7, 3, 11)])
+    assert t.sessions[7].last_seq == 3 and t.sessions[7].runs == [[0, 0, 2], [2, 3, 2]]
+    assert t.check(7, 4, 2, now=20).verdict is V.NEW
+    c = t.check(7, 1, 2, now=20)
+    assert (c.verdict, c.spans, c.known) == (V.DUPLICATE, ((1, 1), (3, 1)), 2)
+    c = t.check(7, 3, 3, now=20)
+    assert (c.verdict, c.spans, c.known, c.next_seq) == (V.PARTIAL, ((4, 1),), 1, 4)
+    assert t.check(7, 6, 1, now=20).verdict is V.GAP
+    assert t.check(9, 1, 1, now=20).verdict is V.NEW
+    assert t.check(5, 0, 3, now=20).verdict is V.NEW  # a new session
+    assert t.check(5, 1, 3, now=20).verdict is V.EXPIRED  # a session the log does not hold
+
+
+def test_queued_appends_count_before_they_are_written():
+    t = SessionTable(ttl_ms=1000)
+    assert t.check(3, 5, 1, now=0, queued=4).verdict is V.NEW  # 0..4 queued in this turn
+    assert t.check(3, 7, 1, now=0, queued=4).verdict is V.GAP
+    write(t, [(0, 3, 0, 1)])
+    assert t.check(3, 2, 1, now=1, queued=1).verdict is V.NEW
+    assert t.check(3, 1, 2, now=1, queued=1).verdict is V.GAP  # overlaps what is not written
+
+
+def test_a_truncation_forgets_what_it_cut():
+    t = SessionTable(ttl_ms=1000)
+    write(t, [(i, 1, i, 5) for i in range(6)] + [(6, 2, 0, 5), (7, 1, 6, 5)])
+    t.truncated(3)
+    assert t.sessions[1].last_seq == 3 and t.sessions[1].runs == [[0, 0, 4]]
+    assert 2 not in t.sessions  # its only entry was cut: the session is new again
+    assert t.check(1, 4, 1, now=5).verdict is V.NEW
+    write(t, [(4, 1, 4, 6)])  # the same seq again, at the same index: one run
+    assert t.sessions[1].runs == [[0, 0, 5]]
+
+
+def test_sessions_expire_by_the_logs_stamps_oldest_first():
+    t = SessionTable(ttl_ms=100)
+    write(t, [(0, 1, 0, 0), (1, 2, 0, 50), (2, 3, 0, 120)])
+    assert t.check(1, 1, 1, now=120).verdict is V.EXPIRED  # silent 120 ms > 100
+    assert t.check(2, 1, 1, now=120).verdict is V.NEW
+    assert t.expire(now=151) == [1, 2] and list(t.sessions) == [3]
+    write(t, [(3, 3, 1, 200)])
+    assert t.next_stamp(150) == 200  # a leader's clock behind the log: the log's stamp
+    assert t.next_stamp(250) == 250
+
+
+def test_runs_beyond_those_kept_are_forgotten_not_rewritten():
+    t = SessionTable(ttl_ms=1000, keep_runs=2)
+    write(t, [(2 * i, 1, i, 0) for i in range(4)])  # four runs of one entry
+    assert t.check(1, 0, 1, now=0).verdict is V.FORGOTTEN
+    assert t.check(1, 3, 1, now=0).verdict is V.DUPLICATE
+
+
+def test_dump_and_load_give_the_same_table():
+    t = SessionTable(ttl_ms=1000)
+    write(t, [(0, 1, 0, 3), (1, 2, 0, 4), (2, 1, 1, 5)])
+    u = SessionTable(ttl_ms=1000)
+    u.load(t.dump())
+    assert u.dump() == t.dump() and list(u.sessions) == list(t.sessions)
+
+
+def test_refuses_a_ttl_that_cannot_hold():
+    with pytest.raises(ValueError):
+        SessionTable(ttl_ms=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=30),
+       st.integers(0, 60))  # fmt: skip
+def test_the_table_answers_as_the_log_it_follows(calls, cut):
+    """Against a plain model: appends of clients 0..3 in order, a truncation, then every
+    possible retry is answered from exactly the entries still in the log."""
+    t = SessionTable(ttl_ms=10**9)
+    log, nxt = [], {}
+    for client, n in calls:
+        q = nxt.get(client, 0)
+        assert t.check(client, q, n, now=0).verdict is V.NEW
+        rows = [(len(log) + k, client, q + k, 0) for k in range(n)]
+        write(t, rows)
+        log += [(client, q + k) for k in range(n)]
+        nxt[client] = q + n
+    t.truncated(cut - 1)
+    log = log[:cut]
+    where = {e: i for i, e in enumerate(log)}
+    for client in range(4):
+        held = sorted(q for c, q in log if c == client)
+        for q in held:
+            c = t.check(client, q, 1, now=0)
+            assert c.verdict is V.DUPLICATE and c.spans == ((where[(client, q)], 1),)
+        nxt_seq = held[-1] + 1 if held else 0
+        assert t.check(client, nxt_seq, 1, now=0).verdict is V.NEW
