@@ -46,6 +46,7 @@ from rayledger.replication import (
 )
 from rayledger.replication.admission import not_leader
 from rayledger.replication.install import InstallReceiver
+from rayledger.replication.sessions import recover_sessions
 from rayledger.storage import (
     Appended,
     EntryBatch,
@@ -218,6 +219,9 @@ class MemberLogic:
                                  config=self.config_log)  # fmt: skip
         self.state.attach_log(store)  # the store owns the log end; the state reads it
         store.watch_channel(CONFIG_CHANNEL, ConfigWatch(self.config_log))
+        # idempotent clients' sessions as this log holds them (issue 24): any member that
+        # leads next answers a retry from its own log
+        self.sessions = recover_sessions(store, replication.client_session_ttl_ms)
         self.elector = Elector(self.state, election, rng or random.Random())
         self.handler = EntryHandler(group, self_id, self.state, store, replication)
         self.leading_term = -1  # the term whose helpers were told to start

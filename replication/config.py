@@ -37,6 +37,9 @@ class ReplicationConfig:
         1000  # follower: a queued out-of-order push older than this is a gap
     )
     install_chunk_bytes: int = 8 * 1024 * 1024  # a snapshot goes to a follower in chunks this big
+    # an idempotent client's session silent this long (by its leaders' stamps) expires: its
+    # appends are refused with SESSION_EXPIRED and the members forget it (issue 24)
+    client_session_ttl_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -56,7 +56,8 @@ class Check:
 class Session:
     last_seq: int
     stamp: int  # the leader's stamp on its latest entry
-    runs: list[list[int]] = field(default_factory=list)  # [first seq, first index, count]
+    # [first seq, first index, count, stamp of its last entry], oldest first
+    runs: list[list[int]] = field(default_factory=list)
 
 
 class SessionTable:
@@ -103,8 +104,9 @@ class SessionTable:
         last = runs[-1] if runs else None
         if last is not None and last[0] + last[2] == first_seq and last[1] + last[2] == first_index:
             last[2] += count
+            last[3] = stamp
         else:
-            runs.append([first_seq, first_index, count])
+            runs.append([first_seq, first_index, count, stamp])
             if len(runs) > self.keep_runs:
                 del runs[0]
         s.last_seq = first_seq + count - 1
@@ -112,7 +114,9 @@ class SessionTable:
         self.sessions[client] = s
 
     def truncated(self, end_index: int) -> None:
-        """Entries after ``end_index`` are gone: so is what the table knew of them."""
+        """Entries after ``end_index`` are gone: so is what the table knew of them (their
+        stamps too, so every member expires sessions at the same point of the log)."""
+        cut = False
         for client in list(self.sessions):
             s = self.sessions[client]
             runs = s.runs
@@ -124,8 +128,14 @@ class SessionTable:
             if runs and runs[-1][1] + runs[-1][2] - 1 > end_index:
                 runs[-1][2] = end_index - runs[-1][1] + 1
                 s.last_seq = runs[-1][0] + runs[-1][2] - 1
-            if s.last_seq < 0:  # nothing of it is left
+            cut = True
+            if not runs:  # nothing kept of it is left
                 del self.sessions[client]
+                continue
+            s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
+        if cut:  # back in the order of their latest entries
+            self.sessions = dict(sorted(self.sessions.items(), key=lambda kv: kv[1].stamp))
+            self.last_stamp = max((x.stamp for x in self.sessions.values()), default=0)
 
     def reset(self, begin_index: int) -> None:
         """The log restarts empty at ``begin_index`` (a snapshot install): the sessions
@@ -165,7 +175,7 @@ class SessionTable:
         """Where sequences ``lo..hi`` of session ``s`` sit, or None when not all are kept."""
         out = []
         want = lo
-        for first_seq, first_index, count in s.runs:
+        for first_seq, first_index, count, _stamp in s.runs:
             end = first_seq + count - 1
             if end < want or first_seq > hi:
                 continue
@@ -213,4 +223,15 @@ class SessionTable:
                          for c, q, t, runs in doc["sessions"]}  # fmt: skip
 
 
-__all__ = ["KEEP_RUNS", "Check", "Session", "SessionTable", "Verdict"]
+def recover_sessions(store, ttl_ms: int) -> SessionTable:
+    """The table of the log ``store`` holds (a restart), then kept in step with it: the
+    store tells it of every session prefix written, every truncation and reset."""
+    table = SessionTable(ttl_ms)
+    for indexes, records in store.session_records(store.ledger_begin_index):
+        table.appended(indexes, records)
+    table.expire(table.last_stamp)
+    store.watch_sessions(table)
+    return table
+
+
+__all__ = ["KEEP_RUNS", "Check", "Session", "SessionTable", "Verdict", "recover_sessions"]

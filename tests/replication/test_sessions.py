@@ -28,7 +28,7 @@ def write(t: SessionTable, rows):
 def test_runs_merge_and_duplicates_point_at_the_originals():
     t = SessionTable(ttl_ms=1000)
     write(t, [(0, 7, 0, 10), (1, 7, 1, 10), (2, 9, 0, 10), (3, 7, 2, 11), (4, 7, 3, 11)])
-    assert t.sessions[7].last_seq == 3 and t.sessions[7].runs == [[0, 0, 2], [2, 3, 2]]
+    assert t.sessions[7].last_seq == 3 and t.sessions[7].runs == [[0, 0, 2, 10], [2, 3, 2, 11]]
     assert t.check(7, 4, 2, now=20).verdict is V.NEW
     c = t.check(7, 1, 2, now=20)
     assert (c.verdict, c.spans, c.known) == (V.DUPLICATE, ((1, 1), (3, 1)), 2)
@@ -53,11 +53,11 @@ def test_a_truncation_forgets_what_it_cut():
     t = SessionTable(ttl_ms=1000)
     write(t, [(i, 1, i, 5) for i in range(6)] + [(6, 2, 0, 5), (7, 1, 6, 5)])
     t.truncated(3)
-    assert t.sessions[1].last_seq == 3 and t.sessions[1].runs == [[0, 0, 4]]
+    assert t.sessions[1].last_seq == 3 and t.sessions[1].runs == [[0, 0, 4, 5]]
     assert 2 not in t.sessions  # its only entry was cut: the session is new again
     assert t.check(1, 4, 1, now=5).verdict is V.NEW
     write(t, [(4, 1, 4, 6)])  # the same seq again, at the same index: one run
-    assert t.sessions[1].runs == [[0, 0, 5]]
+    assert t.sessions[1].runs == [[0, 0, 5, 6]]
 
 
 def test_sessions_expire_by_the_logs_stamps_oldest_first():
@@ -116,3 +116,24 @@ def test_the_table_answers_as_the_log_it_follows(calls, cut):
             assert c.verdict is V.DUPLICATE and c.spans == ((where[(client, q)], 1),)
         nxt_seq = held[-1] + 1 if held else 0
         assert t.check(client, nxt_seq, 1, now=0).verdict is V.NEW
+
+
+def test_a_restart_rebuilds_the_table_from_the_log(tmp_path):
+    from rayledger.replication.sessions import recover_sessions
+    from rayledger.storage import FileStore, StoreConfig
+    from rayledger.storage.codec import SESSION, SESSION_FLAG
+
+    store = FileStore(StoreConfig(data_dir=str(tmp_path), data_segment_size=4096))
+    live = recover_sessions(store, ttl_ms=10_000)
+    for c in range(40):  # segments roll; a few clients, interleaved
+        bodies = [SESSION.pack(c % 3 + 1, c // 3 * 2 + k, 100 + c) + b"b" * 50 for k in range(2)]
+        store.append_as_leader(bodies, 1, [SESSION_FLAG, SESSION_FLAG])
+    store.append_as_leader([b"plain"], 1)
+    store.truncate(70)
+    store.close()
+    again = FileStore(StoreConfig(data_dir=str(tmp_path), data_segment_size=4096))
+    try:
+        rebuilt = recover_sessions(again, ttl_ms=10_000)
+        assert rebuilt.dump() == live.dump() and len(rebuilt) == 3
+    finally:
+        again.close()
