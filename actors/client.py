@@ -15,6 +15,17 @@ wait failed mid-call -- every append of that call raises
 :class:`OutcomeUnknownError` instead of risking a silent duplicate.  A call
 refused for bad input (a too-large entry, say) is split, so only the appends
 that are wrong get the error.
+
+An idempotent client (issue 24, ``idempotent=True``) gives every append an identity: its
+session's client id and the sequence numbers of its entries, assigned when the append is
+first sent, in the order calls reach Ray.  A leader writes them into the entries and
+answers a retry of entries already in its log with where they are.  So such a client
+retries an unknown outcome -- a member died, a term ended, a quorum wait timed out -- under
+the same identity, against whichever member leads, until the append's deadline;
+``OutcomeUnknownError`` is left only when the deadline runs out.  An append refused for good
+(bad input) leaves a hole in the sequence: the client then starts a new session for what it
+has not sent, and a call of the old session that meets the hole (OUT_OF_ORDER_SEQUENCE) is
+given the new one.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -39,10 +51,12 @@ from rayledger.storage import (
     NotLeaderError,
     OutcomeUnknownError,
     ResponseCode,
+    SessionError,
 )
 
 from .naming import NAMESPACE, group_members, member_handle
 from .reads import Consistency
+from .rounds import Spread
 from .types import AppendResult
 
 log = logging.getLogger("rayledger.actors")
@@ -67,6 +81,11 @@ class _Pending:
     sent: bool = False  # a call carrying it reached Ray: from then on its outcome may be unknown
     alone: bool = False  # send it in a call of its own (its batch was refused as bad input)
     last_error: Exception | None = None
+    # an idempotent client's (client id, first sequence), set when first sent and kept
+    # for its retries; ``unknown`` once a call carrying it ended with an unknown outcome
+    # (it may be in a log: it never changes identity again)
+    ident: tuple[int, int] | None = None
+    unknown: bool = False
 
 
 def _settle(p: _Pending, result: list | None = None, exc: BaseException | None = None) -> bool:
@@ -116,6 +135,7 @@ class LedgerClient:
         max_batch_entries: int = 20_000,
         max_batch_bytes: int = 4 << 20,
         discover: bool = True,
+        idempotent: bool = False,
     ):
         self.group = group
         self.members = list(members)
@@ -135,6 +155,33 @@ class LedgerClient:
         self._sender: threading.Thread | None = None
         self._closed = False
         self._backoff_until = 0.0
+        # exactly-once appends (issue 24): a session's id and the sequence of its next entry
+        self.idempotent = idempotent
+        self._send_lock = threading.Lock()  # sequences go out in the order they are numbered
+        self.client_id = 0
+        self._next_seq = 0
+        if idempotent:
+            self._new_session()
+
+    def _new_session(self) -> None:
+        """A fresh session: a random 63-bit id, sequences from 0."""
+        self.client_id = secrets.randbits(63) or 1
+        self._next_seq = 0
+
+    def _number(self, batch: list[_Pending]) -> tuple[int, int] | None:
+        """The identity of a call carrying ``batch`` (called with the send lock held): its
+        appends keep theirs (a retry goes alone), new ones get the session's next."""
+        if not self.idempotent:
+            return None
+        if batch[0].ident is not None:
+            return batch[0].ident
+        ident = (self.client_id, self._next_seq)
+        seq = self._next_seq
+        for p in batch:
+            p.ident = (self.client_id, seq)
+            seq += len(p.bodies)
+        self._next_seq = seq
+        return ident
 
     @classmethod
     def connect(cls, group: str, timeout_s: float = 30.0) -> LedgerClient:
@@ -315,14 +362,21 @@ class LedgerClient:
             if p in self._queue or not p.sent:
                 if p in self._queue:
                     self._queue.remove(p)
-                exc = self._not_taken(p)
+                exc = self._gave_up(p)
                 return exc if _settle(p, exc=exc) else p.future.exception()
-        exc = OutcomeUnknownError(
+        exc = self._unknown_at_deadline()
+        # the call's answer may land at any moment: whichever settles first is the answer
+        return exc if _settle(p, exc=exc) else p.future.exception()
+
+    def _unknown_at_deadline(self) -> OutcomeUnknownError:
+        return OutcomeUnknownError(
             ResponseCode.APPEND_OUTCOME_UNKNOWN,
             f"append to {self.group!r} did not finish before the deadline; it may still commit",
         )
-        # the call's answer may land at any moment: whichever settles first is the answer
-        return exc if _settle(p, exc=exc) else p.future.exception()
+
+    def _gave_up(self, p: _Pending) -> LedgerError:
+        """The error of an append whose deadline passed while it waited in the queue."""
+        return self._unknown_at_deadline() if p.unknown else self._not_taken(p)
 
     def _not_taken(self, p: _Pending) -> LedgerError:
         """TIMEOUT for an append no leader took before its deadline (nothing stored); the
@@ -350,13 +404,13 @@ class LedgerClient:
         now = time.monotonic()
         while q and (q[0].future.done() or q[0].deadline < now):
             p = q.popleft()
-            _settle(p, exc=self._not_taken(p))
+            _settle(p, exc=self._gave_up(p))
         if not q:
             return []
-        if q[0].alone:
+        if q[0].alone or q[0].ident is not None:  # a retry keeps its identity: alone
             return [q.popleft()]
         out, n, size = [], 0, 0
-        while q and not q[0].alone:
+        while q and not q[0].alone and q[0].ident is None:
             p = q[0]
             k = len(p.bodies)
             if out and (n + k > self.max_batch_entries or size > self.max_batch_bytes):
@@ -409,7 +463,12 @@ class LedgerClient:
                 return
         bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
         try:
-            ref = self._handle(target).append.remote(bodies, self.group, target)
+            with self._send_lock:  # numbered and handed to Ray in one order
+                ident = self._number(batch)
+                if ident is None:
+                    ref = self._handle(target).append.remote(bodies, self.group, target)
+                else:
+                    ref = self._handle(target).append.remote(bodies, self.group, target, ident)
         except ValueError as exc:  # actor not found (gone)
             self._leader = None
             self._handles.pop(target, None)
@@ -427,6 +486,12 @@ class LedgerClient:
                 p.last_error = why
                 p.sent = False
                 self._queue.appendleft(p)
+            if self.idempotent:  # the retries in sequence order: a later one first is a gap
+                head = []
+                while self._queue and self._queue[0].ident is not None:
+                    head.append(self._queue.popleft())
+                head.sort(key=lambda p: p.ident)
+                self._queue.extendleft(reversed(head))
             self._ensure_sender()  # an append sent directly has no sender thread behind it
             self._cv.notify_all()
 
@@ -440,18 +505,29 @@ class LedgerClient:
         with self._cv:
             self._in_flight -= 1
             self._cv.notify_all()
-        first, term, positions, *receipts = out
-        pos = np.frombuffer(positions, dtype=np.int64).tolist()
-        rc = receipts[0] if receipts else [None] * len(pos)
+        if isinstance(out, Spread):  # a retry answered from the log: entry by entry
+            idx = np.frombuffer(out.indexes, dtype=np.int64).tolist()
+            terms = np.frombuffer(out.terms, dtype=np.int64).tolist()
+            pos = np.frombuffer(out.positions, dtype=np.int64).tolist()
+            results = [AppendResult(i, t, q) for i, t, q in zip(idx, terms, pos, strict=True)]
+        else:
+            first, term, positions, *receipts = out
+            pos = np.frombuffer(positions, dtype=np.int64).tolist()
+            rc = receipts[0] if receipts else [None] * len(pos)
+            results = [AppendResult(first + j, term, pos[j], rc[j]) for j in range(len(pos))]
         k = 0
         for p in batch:  # one already settled (its deadline won) never stops the others
             n = len(p.bodies)
-            _settle(p, [AppendResult(first + k + j, term, pos[k + j], rc[k + j]) for j in range(n)])
+            _settle(p, results[k : k + n])
             k += n
 
     def _call_failed(self, batch: list[_Pending], target: str, exc: Exception) -> None:
         """Retry what was refused before anything was stored; everything else fails, as an
-        unknown outcome unless the member said nothing was stored."""
+        unknown outcome unless the member said nothing was stored (an idempotent client
+        retries an unknown outcome under the same identity until the deadline)."""
+        if self.idempotent and batch[0].ident is not None:
+            if self._session_failed(batch, target, exc):
+                return
         if isinstance(exc, OutcomeUnknownError):
             # stored by the leader but not acknowledged by a quorum: never retry it
             if self._leader == target:
@@ -469,6 +545,45 @@ class LedgerClient:
                     f"append to {target} failed ({type(e).__name__}); it may still commit",
                 ),
             )
+
+    def _session_failed(self, batch: list[_Pending], target: str, exc: Exception) -> bool:
+        """An idempotent call that failed: True when handled here (tried again)."""
+        unknown = isinstance(exc, OutcomeUnknownError) or not isinstance(exc, LedgerError)
+        if unknown:  # it may be in a log: the same identity again, to whoever leads
+            if self._leader == target:
+                self._leader = None
+            for p in batch:
+                p.alone = p.unknown = True
+            self._requeue(batch, exc, 0.01)
+            return True
+        if exc.code == ResponseCode.OUT_OF_ORDER_SEQUENCE:
+            with self._send_lock:
+                old = batch[0].ident[0] != self.client_id
+                for p in batch:  # of a session left behind: not stored, numbered anew
+                    if old and not p.unknown:
+                        p.ident = None
+            self._requeue(batch, exc, 0.005)  # an earlier append is on its way
+            return True
+        if exc.code == ResponseCode.SESSION_EXPIRED and not any(p.unknown for p in batch):
+            with self._send_lock:  # never possibly stored: a new session takes it
+                if batch[0].ident[0] == self.client_id:
+                    self._new_session()
+                for p in batch:
+                    p.ident = None
+            self._requeue(batch, exc)
+            return True
+        if isinstance(exc, SessionError):
+            return False  # a session refusal that cannot be mended: the caller's error
+        if exc.code not in _RETRY_BEFORE_STORE and not (
+            isinstance(exc, InvalidRequestError) and len(batch) > 1
+        ):  # refused for good: its sequences stay a hole, so what follows starts anew
+            with self._send_lock:
+                if batch[0].ident[0] == self.client_id:
+                    self._new_session()
+                    for p in self._queue:
+                        if p.ident is not None and not p.unknown:
+                            p.ident = None
+        return False
 
     def _refused(self, batch: list[_Pending], target: str, exc: LedgerError) -> None:
         if exc.code in _RETRY_BEFORE_STORE:

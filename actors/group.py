@@ -447,8 +447,10 @@ class LedgerGroup:
         group.refresh()
         return group
 
-    def client(self, timeout_s: float = 30.0) -> LedgerClient:
-        return LedgerClient(self.name, self.members, timeout_s=timeout_s)
+    def client(self, timeout_s: float = 30.0, idempotent: bool = False) -> LedgerClient:
+        """A client of this group; ``idempotent``: exactly-once appends (issue 24), retried
+        under the same identity until the deadline."""
+        return LedgerClient(self.name, self.members, timeout_s=timeout_s, idempotent=idempotent)
 
     def handle(self, member: str):
         if member not in self._handles:

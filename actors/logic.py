@@ -430,6 +430,14 @@ class MemberLogic:
             first += len(bs)
         return Round(term, appended, tuple(spans))
 
+    def existing_round(self, first: int, last: int, term: int) -> Round:
+        """Entries ``first..last`` of ``term`` already in the log, as a round to send on
+        again (a retry waits on them, issue 24): no append call of its own."""
+        store = self.store
+        data = store.read_batch(first, 1 << 62, last - first + 1).data
+        positions = [store.get_pos(i) for i in range(first, last + 1)]
+        return Round(term, Appended(first, term, positions, data), ())
+
     def announcement(self, rnd: Round) -> Announcement:
         """Round ``rnd``'s announcement, its bytes :class:`Inline` (a transport may move
         large ones to its object store, :class:`Ref`, at its boundary)."""

@@ -276,7 +276,7 @@ class MemberActor:
             on_main = asyncio.get_running_loop() is ctx.loop
         except RuntimeError:  # a compiled graph's thread: no loop of its own
             on_main = False
-        if out.finished or out.written is not None:  # the append calls' futures: main loop
+        if out.finished or out.written is not None or out.settled:  # the append calls' futures
             if on_main:
                 self._rounds_out(out)
             else:
@@ -373,6 +373,8 @@ class MemberActor:
     def _rounds_out(self, out: MemberOut) -> None:
         for fin in out.finished:
             self.appends.answer(fin)
+        if out.settled:
+            self.appends.settle(out.settled)
         if out.written is not None:
             self.appends.written(out.written)
 
@@ -434,10 +436,15 @@ class MemberActor:
 
     @ray.method(enable_task_events=False)
     async def append(
-        self, bodies: list, group: str | None = None, target: str | None = None
-    ) -> list[tuple]:
-        """Append a batch as leader (see :meth:`~.member_appends.AppendPart.append`)."""
-        return await self.appends.append(bodies, group, target)
+        self,
+        bodies: list,
+        group: str | None = None,
+        target: str | None = None,
+        ident: tuple[int, int] | None = None,
+    ):
+        """Append a batch as leader (see :meth:`~.member_appends.AppendPart.append`);
+        ``ident``: an idempotent client's (client id, first sequence), issue 24."""
+        return await self.appends.append(bodies, group, target, ident)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, r: Resolution) -> None:

@@ -13,6 +13,7 @@ once a quorum stores it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -87,22 +88,36 @@ class AppendPart(Part):
 
     # -- leader: appends ----------------------------------------------------------------------
     async def append(
-        self, bodies: list, group: str | None = None, target: str | None = None
-    ) -> list[tuple]:
+        self,
+        bodies: list,
+        group: str | None = None,
+        target: str | None = None,
+        ident: tuple[int, int] | None = None,
+    ):
         """Append a batch as leader; once a quorum stores it, returns ``(first index, term,
-        positions)`` with the positions as little-endian int64 bytes (compact to send back).
+        positions)`` with the positions as little-endian int64 bytes (compact to send back),
+        or a :class:`~.rounds.Spread` for an idempotent retry answered from the log.
 
         The batch joins the round of everything appended in the same loop turn.
         """
         fut = self.ctx.loop.create_future()
         g = group if group is not None else self.group
-        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut)))
+        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut, ident)))
         return await fut
 
     def write_round(self) -> None:
         """The loop turn ends: the queued appends become one store batch and one round."""
         fast = self.fast is not None and self.fast.active
-        self.ctx.carry(self.ctx.step(mc.WriteRound(fast)))
+        self.ctx.carry(self.ctx.step(mc.WriteRound(fast, int(time.time() * 1000))))
+
+    def settle(self, settled: list) -> None:
+        """Append calls answered outside a round: a retry's entries found in the log, or
+        its unknown outcome."""
+        for fut, value in settled:
+            if isinstance(value, BaseException):
+                set_exception(fut, value)
+            else:
+                set_result(fut, value)
 
     def perform(self, action) -> Any:
         """An action of a round (see :mod:`.round_path`), carried out at once."""

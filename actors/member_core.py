@@ -115,6 +115,7 @@ class ClientAppend:
     group: str
     target: str | None
     token: Any
+    ident: tuple[int, int] | None = None  # an idempotent client's (client id, first seq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,7 @@ class WriteRound:
     compiled path is active now)."""
 
     fast: bool = False
+    wall_ms: int = 0  # the leader's wall clock: the stamp of idempotent clients' entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,9 @@ class MemberOut:
     run: list[Run] = field(default_factory=list)
     written: Written | None = None  # the round written by this step
     finished: list[Finished] = field(default_factory=list)  # rounds that ended
+    # append calls answered outside a round (issue 24: a retry answered from the log, or
+    # its unknown outcome): (token, Spread | LedgerError)
+    settled: list[tuple[Any, Any]] = field(default_factory=list)
     write_due: bool = False  # step WriteRound at the end of this turn
     commits_moved: bool = False  # the committed index may have moved: wake what waits
     elector_moved: bool = False  # the elector's next deadline may have moved: re-arm
@@ -321,10 +326,10 @@ class MemberCore:
                 self._answers(lg.on_push(ev.req, ev.token, now_ms), out)
                 out.commits_moved = True
             case ClientAppend():
-                self.book.admit(ev.bodies, ev.group, ev.target, ev.token)
+                self.book.admit(ev.bodies, ev.group, ev.target, ev.token, ev.ident)
                 out.write_due = self.book.write_due()
             case WriteRound():
-                self._write(ev.fast, now_ms, out)
+                self._write(ev.fast, ev.wall_ms, now_ms, out)
             case Resolved():
                 self._resolve(ev.resolution, out)
             case Answered():
@@ -391,6 +396,8 @@ class MemberCore:
             pid, value = self._wake.pop(0)
             if isinstance(self._out.get(pid), Confirm):
                 self._resume(pid, value, now_ms, out)
+        if self.book.settled:
+            out.settled += self.book.take_settled()
         latest = self.logic.config_log.latest()
         if latest is not self._config:
             if latest == self._config:
@@ -432,9 +439,9 @@ class MemberCore:
             if self.role_queue.reconfigured():
                 self._next_exclusive(now_ms, out)
 
-    def _write(self, fast: bool, now_ms: int, out: MemberOut) -> None:
+    def _write(self, fast: bool, wall_ms: int, now_ms: int, out: MemberOut) -> None:
         """Group commit: the queued appends become one store batch and one round."""
-        w = self.book.write()
+        w = self.book.write(wall_ms)
         if w is None:
             return
         out.written = w

@@ -95,6 +95,7 @@ class SessionTable:
         for a, z in zip(starts, ends, strict=True):
             self._run(int(client[a]), int(seq[a]), int(idx[a]), z - a, int(stamp[z - 1]))
         self.last_stamp = max(self.last_stamp, int(stamp.max()))
+        self.expire(self.last_stamp)  # bounded: what the log's own stamps say is gone
 
     def _run(self, client: int, first_seq: int, first_index: int, count: int, stamp: int) -> None:
         s = self.sessions.pop(client, None)  # re-inserted last: the newest activity

@@ -10,6 +10,7 @@ from .errors import (
     NotLeaderError,
     OutcomeUnknownError,
     ResponseCode,
+    SessionError,
     StorageError,
 )
 from .file_store import FileStore, RecoveryReport, open_store
@@ -22,6 +23,7 @@ __all__ = [
     "EntryBatch",
     "FileStore",
     "InconsistentStateError",
+    "SessionError",
     "InvalidRequestError",
     "LedgerError",
     "LedgerTimeoutError",

@@ -2,7 +2,8 @@
 
 The codes are DLedger's ``DLedgerResponseCode`` (same names, same numbers) plus
 the few rayledger needs on top (``ENTRY_TOO_LARGE``, ``CORRUPT_LOG``,
-``APPEND_OUTCOME_UNKNOWN``, ``CORRUPT_SNAPSHOT``, ``CONFIG_CHANGE_IN_PROGRESS``).  They live in the lowest layer so that the store,
+``APPEND_OUTCOME_UNKNOWN``, ``CORRUPT_SNAPSHOT``, ``CONFIG_CHANGE_IN_PROGRESS``, the
+session codes of exactly-once appends).  They live in the lowest layer so that the store,
 the protocol cores, the actors and the client all speak one vocabulary.
 """
 
@@ -49,6 +50,11 @@ class ResponseCode(IntEnum):
     CONFIG_CHANGE_IN_PROGRESS = 429
     NODE_UNAVAILABLE = 430  # a node that is not alive, or already hosts a member of the group
     NO_LIVE_QUORUM = 431  # a change that would leave no majority of live voters
+    # exactly-once appends (issue 24): an idempotent client's session and sequence numbers
+    SESSION_EXPIRED = 432  # no such session: silent longer than client_session_ttl_ms
+    OUT_OF_ORDER_SEQUENCE = 433  # a sequence past the session's next: an earlier one is missing
+    DUPLICATE_SEQUENCE = 434  # appended long ago: its result is no longer kept
+    SEQUENCE_MISMATCH = 435  # a retry whose bodies differ from what that sequence stored
     TERM_CHANGED = 501
     INTERNAL_ERROR = 500
     TAKE_LEADERSHIP_FAILED = 502
@@ -148,6 +154,20 @@ class OutcomeUnknownError(LedgerError):
     codes = frozenset({ResponseCode.APPEND_OUTCOME_UNKNOWN})
 
 
+class SessionError(LedgerError):
+    """An idempotent append refused for its session or sequence (issue 24); nothing was
+    appended."""
+
+    codes = frozenset(
+        {
+            ResponseCode.SESSION_EXPIRED,
+            ResponseCode.OUT_OF_ORDER_SEQUENCE,
+            ResponseCode.DUPLICATE_SEQUENCE,
+            ResponseCode.SEQUENCE_MISMATCH,
+        }
+    )
+
+
 class InconsistentStateError(LedgerError):
     codes = frozenset(
         {
@@ -165,5 +185,6 @@ _SUBCLASSES: tuple[type[LedgerError], ...] = (
     StorageError,
     LedgerTimeoutError,
     OutcomeUnknownError,
+    SessionError,
     InconsistentStateError,
 )

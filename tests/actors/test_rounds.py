@@ -74,7 +74,7 @@ def test_the_pending_limit_counts_queued_and_waiting_calls(book) -> None:
     with pytest.raises(LedgerError) as e:
         book.admit([b"y"], "g", None, "over")
     assert e.value.code == C.LEADER_PENDING_FULL
-    assert [t for t, _ in book.queue] == [0, 1, 2]
+    assert [q[0] for q in book.queue] == [0, 1, 2]
 
 
 def test_a_refused_write_keeps_no_round(book) -> None:

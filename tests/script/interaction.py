@@ -678,7 +678,7 @@ class Env:
             self._settle()
         finally:
             self.nest = 1
-        if any(token == self.tokens for token, _ in node.book.queue):
+        if any(token == self.tokens for token, *_ in node.book.queue):
             self.say(f"{mid} queues {' '.join(bodies)}")
 
     def cmd_propose_n(self, mid: str, n: str) -> None:

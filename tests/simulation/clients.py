@@ -4,9 +4,12 @@ member they believe leads, over delayed actor calls, and the checks on every ans
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rayledger.storage import ResponseCode
+
+_SESSION_CODES = frozenset({ResponseCode.SESSION_EXPIRED, ResponseCode.OUT_OF_ORDER_SEQUENCE,
+                            ResponseCode.DUPLICATE_SEQUENCE, ResponseCode.SEQUENCE_MISMATCH})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -15,6 +18,7 @@ class ClientAppend:
     req_id: int
     target: str
     bodies: tuple[bytes, ...]
+    ident: tuple[int, int] | None = None  # an idempotent client's (session, first seq)
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,8 @@ class ClientReply:
     last_index: int = -1
     term: int = -1
     leader_id: str | None = None
+    # a retry answered from the log (issue 24): each entry's index and term
+    spread: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,10 @@ class Client:
     next_at: int = 0
     outstanding: tuple[int, tuple[bytes, ...], int] | None = None  # (req id, bodies, sent at)
     seq: int = 0
+    session: int = 0  # issue 24: its client id (0: not idempotent)
+    next_seq: int = 0  # the sequence of its next new append
+    ident: tuple[int, int] | None = None  # of the append outstanding
+    retries: int = 0  # of the append outstanding
 
 
 class Clients:
@@ -81,9 +91,12 @@ class Clients:
             if c.outstanding is not None:
                 if now - c.outstanding[2] > self.client_timeout_ms:
                     self._inflight_clients.pop(c.outstanding[0], None)
+                    c.believed = self.rng.choice(self.ids)
+                    if c.session:  # the same append again, under the same identity
+                        self._retry(c, c.outstanding[1], now)
+                        continue
                     c.outstanding = None
                     self.unknown_outcomes += 1
-                    c.believed = self.rng.choice(self.ids)
                     c.next_at = now
                 continue
             if not self.clients_on or now < c.next_at:
@@ -107,7 +120,21 @@ class Clients:
                 )
             c.outstanding = (req_id, bodies, now)
             self._inflight_clients[req_id] = c
-            self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, bodies))
+            c.ident, c.retries = None, 0
+            if c.session:
+                c.ident = (c.session, c.next_seq)
+                c.next_seq += len(bodies)
+            msg = ClientAppend(c.id, req_id, c.believed, bodies, c.ident)
+            self._to_client(c.id, c.believed, msg)
+
+    def _retry(self, c: Client, bodies: tuple[bytes, ...], now: int) -> None:
+        """An idempotent client sends its append again (a new call, the same identity)."""
+        req_id = next(self._req_ids)
+        c.outstanding = (req_id, bodies, now)
+        c.retries += 1
+        self.stats["idempotent_retries"] += 1
+        self._inflight_clients[req_id] = c
+        self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, bodies, c.ident))
 
     def _readers_step(self, now: int) -> None:
         rng = self._read_rng
@@ -199,14 +226,19 @@ class Clients:
         if reply.code == ResponseCode.SUCCESS:
             if self._next_transfer_ms is not None and self._wander_rng.random() < 0.2:
                 c.believed = self._wander_rng.choice(self.ids)  # finds a new leader sooner
-            if reply.last_index - reply.first_index + 1 != len(bodies):
-                self.fail(
-                    f"append {reply.req_id} acknowledged {reply.first_index}..{reply.last_index} for {len(bodies)} bodies"
-                )
+            where = reply.spread or [
+                (reply.first_index + k, reply.term)
+                for k in range(reply.last_index - reply.first_index + 1)
+            ]
+            if len(where) != len(bodies):
+                self.fail(f"append {reply.req_id} acknowledged {where} for {len(bodies)} bodies")
+            if reply.spread is not None:
+                self.stats["retries_answered_from_the_log"] += 1
             if any(self._leads_below(mid, reply.term) for mid in self.ids):
                 self.stats["acked_beside_old_leader"] += 1
             for k, body in enumerate(bodies):
-                index = reply.first_index + k
+                index, term = where[k]
+                reply = replace(reply, term=term)
                 if index in self.acked and not self.durability_void:
                     self.fail(
                         f"index {index} acknowledged twice ({self.acked[index]!r} and {body!r})"
@@ -222,13 +254,19 @@ class Clients:
                         f"append {reply.req_id} acknowledged at {index} (term {reply.term}) but committed {got}"
                     )
             return
-        if reply.code in (
+        if reply.code in _SESSION_CODES:
+            if not self.durability_void:  # (a power loss may drop a session's entries)
+                self.fail(f"{c.id}'s append {reply.req_id} {c.ident} refused: {reply.code.name}")
+            self.stats["session_refusals_after_power_loss"] += 1
+        elif reply.code in (
             ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
             ResponseCode.TERM_CHANGED,
             ResponseCode.NOT_LEADER,
         ):
-            self.unknown_outcomes += reply.code != ResponseCode.NOT_LEADER
+            self.unknown_outcomes += reply.code != ResponseCode.NOT_LEADER and not c.session
         if reply.leader_id is not None and reply.leader_id in self.members:
             c.believed = reply.leader_id
         elif reply.code != ResponseCode.LEADER_PENDING_FULL:
             c.believed = self.rng.choice(self.ids)
+        if c.session and reply.code not in _SESSION_CODES:  # not written, or not known to be
+            self._retry(c, bodies, now)

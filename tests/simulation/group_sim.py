@@ -256,6 +256,7 @@ class GroupSim(
         machine: str | None = None,
         spares: int = 0,
         membership: bool = False,
+        idempotent: bool = False,
         group: str = "g",
         label: str = "",
         test_name: str = "",
@@ -317,7 +318,7 @@ class GroupSim(
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
         self.client_timeout_ms = client_timeout_ms  # a writer then asks another member
-        self._init_clients(clients, client_interval_ms, max_bodies)
+        self._init_clients(clients, client_interval_ms, max_bodies, idempotent)
         self.injector: FaultInjector | None = None
         faults = SIM_FAULTS if faults is None else faults
         if faults is not False:
@@ -429,12 +430,21 @@ class GroupSim(
             self._start(mid)
 
     def _init_clients(
-        self, clients: int, client_interval_ms: tuple[int, int], max_bodies: int
+        self,
+        clients: int,
+        client_interval_ms: tuple[int, int],
+        max_bodies: int,
+        idempotent: bool = False,
     ) -> None:
         self.clients = [
             Client(f"c{k}", self.rng.choice(self.ids), next_at=self.rng.randint(0, 50))
             for k in range(clients)
         ]
+        # issue 24: clients with sessions retry an unknown outcome under the same identity
+        # until it is answered; the committed log must hold each of their bodies once
+        self.idempotent = idempotent
+        for k, c in enumerate(self.clients):
+            c.session = k + 1 if idempotent else 0
         self.client_interval_ms = client_interval_ms
         self.max_bodies = max_bodies
         self.clients_on = True

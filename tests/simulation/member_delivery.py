@@ -3,6 +3,7 @@ client appends written as rounds, and the answers of the helpers and the fast pa
 
 from __future__ import annotations
 
+import numpy as np
 from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
@@ -36,6 +37,8 @@ class MemberDelivery:
         """``MemberActor``'s carrying out of a :class:`MemberOut`."""
         for fin in out.finished:
             self._answer_round(node, fin)
+        for (client, req_id), value in out.settled:  # retries answered from the log
+            self._to_client(node.id, client, _settled_reply(req_id, value, node.id))
         w = out.written
         if w is not None:
             if w.error is not None:
@@ -256,7 +259,8 @@ class MemberDelivery:
 
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
         """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""
-        ev = mc.ClientAppend(list(msg.bodies), self.group, msg.target, (msg.client, msg.req_id))
+        ev = mc.ClientAppend(list(msg.bodies), self.group, msg.target, (msg.client, msg.req_id),
+                             msg.ident)  # fmt: skip
         try:
             self._step(node, ev)
         except LedgerError as exc:
@@ -267,7 +271,8 @@ class MemberDelivery:
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one store batch and one round, sent on
         by the shipped round path (:class:`~rayledger.actors.round_path.RoundPath`)."""
-        self._step(node, mc.WriteRound(node.fast is not None and node.fast.logic.active))
+        fast = node.fast is not None and node.fast.logic.active
+        self._step(node, mc.WriteRound(fast, self.clock.now_ms))  # the sim's clock stamps
 
     def _announce_plain(self, node: Node, a: Announcement) -> None:
         for p in node.dispatchers:
@@ -323,3 +328,14 @@ class MemberDelivery:
     def _m_on_graph_fallback(self, node: Node, items: list) -> None:
         """Rounds queued or in flight in an abandoned graph travel again as plain calls."""
         self._step(node, mc.GraphFallback(items))
+
+
+def _settled_reply(req_id: int, value, member: str) -> ClientReply:
+    """A retry's answer from the log (:class:`~rayledger.actors.rounds.Spread`), or its error."""
+    if isinstance(value, LedgerError):
+        return ClientReply(req_id, value.code, leader_id=value.leader_id)
+    idx = np.frombuffer(value.indexes, dtype=np.int64).tolist()
+    terms = np.frombuffer(value.terms, dtype=np.int64).tolist()
+    spread = tuple(zip(idx, terms, strict=True))
+    return ClientReply(req_id, ResponseCode.SUCCESS, idx[0], idx[-1], max(terms), member,
+                       spread=spread)  # fmt: skip
