@@ -15,7 +15,9 @@ index from its own term's leader or checker.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +48,7 @@ from rayledger.replication import (
 )
 from rayledger.replication.admission import not_leader
 from rayledger.replication.install import InstallReceiver
-from rayledger.replication.sessions import recover_sessions
+from rayledger.replication.sessions import SESSIONS_FILE, recover_sessions
 from rayledger.storage import (
     Appended,
     EntryBatch,
@@ -232,9 +234,28 @@ class MemberLogic:
         self.snapshots: SnapshotSource | None = None
 
     def take_snapshots(self, source: SnapshotSource) -> None:
-        """The member's machine takes snapshots: offer them, and take them from leaders."""
+        """The member's machine takes snapshots: offer them, and take them from leaders.
+        Each carries the client sessions at its index (issue 24): a log compacted up to
+        one is rebuilt from it, and so is a log reset to one installed from a leader."""
         self.snapshots = source
         self.handler.installs = InstallReceiver(self.self_id, source.store)
+        self.handler.on_reset = self._sessions_from_snapshot
+        if self.store.ledger_begin_index > 0:  # what was compacted lives on in a snapshot
+            self._sessions_from_snapshot(self.store.ledger_begin_index)
+
+    def _sessions_from_snapshot(self, begin: int) -> None:
+        """The sessions of the newest snapshot at or above ``begin - 1``, and the log's
+        entries after it."""
+        metas = [m for m in self.snapshots.store.list() if m.index >= begin - 1]
+        if not metas:
+            return
+        meta = max(metas, key=lambda m: m.index)
+        try:
+            with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return  # a snapshot from before exactly-once appends
+        self.sessions.rebuild(doc, self.store.session_records(meta.index + 1))
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:

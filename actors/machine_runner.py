@@ -12,12 +12,15 @@ pool, futures and timers."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rayledger.election import Role
+from rayledger.replication.sessions import SESSIONS_FILE
 from rayledger.storage import Entry
 
 from . import supervision as sv
@@ -124,12 +127,16 @@ class MachineRunner:
         m, snaps = self.member, self.applier.snapshots
         loop = asyncio.get_running_loop()
         tmp = None
+        with m._lock:  # the client sessions as of the cut travel with it (issue 24)
+            sessions = m.logic.sessions.at(index)
         try:
             writer = await cut
             if writer is None:
                 raise RuntimeError("the machine's snapshot() returned no writer")
             tmp = snaps.begin(index, term)
             await loop.run_in_executor(None, writer, tmp)
+            with open(os.path.join(tmp, SESSIONS_FILE), "w") as f:
+                json.dump(sessions, f)
             await loop.run_in_executor(None, snaps.commit, tmp, index, term)
             with m._lock:
                 gone, m.store.keep_from = self.core.snapshot_done(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,8 @@ class EntryHandler:
         self.matched_index = -1
         self._last_abnormal_check = _NEVER
         self.installs: InstallReceiver | None = None  # set when the member takes snapshots
+        # told the new begin after a reset (the member loads what its snapshot carries)
+        self.on_reset: Callable[[int], None] | None = None
         self._now_ms = 0  # the time of the push or tick being handled
 
     @property
@@ -398,6 +401,8 @@ class EntryHandler:
             if req.reset:
                 if not (store.is_empty and store.ledger_begin_index == index):
                     store.reset(index, req.entry_pos)
+                    if self.on_reset is not None:
+                        self.on_reset(index)
                 if req.config is not None:  # what the leader's log had below its begin
                     self.state.config.reset(Configuration.decode(req.config), index - 1)
                 matched = index - 1

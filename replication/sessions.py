@@ -218,10 +218,30 @@ class SessionTable:
             ],  # fmt: skip
         }
 
+    def at(self, index: int) -> dict:
+        """The table as the log up to ``index`` makes it (a snapshot at ``index`` carries
+        this): what later entries added is left out, as a truncation would."""
+        copy = SessionTable(self.ttl_ms, self.keep_runs)
+        copy.load(self.dump())
+        copy.truncated(index)
+        return copy.dump()
+
+    def rebuild(self, doc: dict | None, records) -> None:
+        """Start again from a snapshot's table (``doc``; None: empty) and the log's session
+        prefixes after the snapshot (``records``: ``(indexes, records)`` stretches)."""
+        self.sessions, self.last_stamp = {}, 0
+        if doc is not None:
+            self.load(doc)
+        for indexes, recs in records:
+            self.appended(indexes, recs)
+
     def load(self, doc: dict) -> None:
         self.last_stamp = int(doc["last_stamp"])
         self.sessions = {int(c): Session(int(q), int(t), [list(map(int, r)) for r in runs])
                          for c, q, t, runs in doc["sessions"]}  # fmt: skip
+
+
+SESSIONS_FILE = "rayledger-sessions.json"  # a state machine's snapshot carries the table
 
 
 def recover_sessions(store, ttl_ms: int) -> SessionTable:
@@ -235,4 +255,12 @@ def recover_sessions(store, ttl_ms: int) -> SessionTable:
     return table
 
 
-__all__ = ["KEEP_RUNS", "Check", "Session", "SessionTable", "Verdict", "recover_sessions"]
+__all__ = [
+    "KEEP_RUNS",
+    "SESSIONS_FILE",
+    "Check",
+    "Session",
+    "SessionTable",
+    "Verdict",
+    "recover_sessions",
+]

@@ -138,3 +138,14 @@ def test_a_restart_rebuilds_the_table_from_the_log(tmp_path):
         assert rebuilt.dump() == live.dump() and len(rebuilt) == 3
     finally:
         again.close()
+
+
+def test_the_table_at_an_index_is_what_the_log_up_to_it_makes():
+    t = SessionTable(ttl_ms=1000)
+    write(t, [(0, 1, 0, 1), (1, 1, 1, 2), (2, 2, 0, 3), (3, 1, 2, 4)])
+    at = t.at(1)
+    assert [s[:3] for s in at["sessions"]] == [[1, 1, 2]] and at["last_stamp"] == 2
+    assert t.sessions[1].last_seq == 2  # the table itself is untouched
+    u = SessionTable(ttl_ms=1000)
+    u.rebuild(at, [recs([(2, 2, 0, 3), (3, 1, 2, 4)])])
+    assert u.dump() == t.dump()

@@ -1,0 +1,84 @@
+"""Client sessions travel with a state machine's snapshots (issue 24): a member whose log
+starts after a snapshot -- installed from a leader, or compacted -- knows the sessions of
+the entries it no longer holds, and answers a retry of them from its log."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from rayledger.actors.logic import MemberLogic
+from rayledger.election import ElectionConfig, MemoryTermStore
+from rayledger.replication import ReplicationConfig
+from rayledger.replication.sessions import SESSIONS_FILE, Verdict
+from rayledger.storage import EntryBatch, FileStore, StoreConfig
+from rayledger.storage.codec import SESSION, SESSION_FLAG
+from rayledger.storage.snapshots import SnapshotStore
+
+
+class Shelf:
+    def __init__(self, directory):
+        self.store = SnapshotStore(directory)
+
+
+def _logic(path, sub: str) -> MemberLogic:
+    store = FileStore(StoreConfig(data_dir=str(path / sub), data_segment_size=1 << 16))
+    return MemberLogic("g", sub, ["a", "b", "c"], store, ElectionConfig(), ReplicationConfig(),
+                       MemoryTermStore(term=1))  # fmt: skip
+
+
+@pytest.fixture
+def leader(tmp_path):
+    m = _logic(tmp_path, "a")
+    for k in range(30):  # three clients, interleaved, ten calls of two entries each
+        client = k % 3 + 1
+        bodies = [SESSION.pack(client, k // 3 * 2 + j, 1000 + k) + b"v%d" % k for j in range(2)]
+        m.store.append_as_leader(bodies, 1, [SESSION_FLAG] * 2)
+    m.store.update_committed_index(m.store.ledger_end_index)
+    yield m
+    m.store.close()
+
+
+def _snapshot(m: MemberLogic, shelf: Shelf, index: int) -> None:
+    tmp = shelf.store.begin(index, 1)
+    with open(os.path.join(tmp, SESSIONS_FILE), "w") as f:  # as the machine runner does
+        json.dump(m.sessions.at(index), f)
+    shelf.store.commit(tmp, index, 1)
+
+
+def test_a_follower_reset_to_an_installed_snapshot_knows_its_sessions(leader, tmp_path):
+    shelf = Shelf(tmp_path / "snaps-b")
+    _snapshot(leader, shelf, 39)
+    f = _logic(tmp_path, "b")
+    try:
+        f.take_snapshots(shelf)
+        f.store.reset(40, leader.store.get_pos(40))  # the leader's TRUNCATE with reset ...
+        f.handler.on_reset(40)  # ... and what the handler then tells the member
+        data = leader.store.read_batch(40, 1 << 30, 20).data
+        f.store.append_as_follower(EntryBatch(40, 20, data))
+        assert f.sessions.dump() == leader.sessions.dump()
+        c = f.sessions.check(2, 0, 2, now=f.sessions.last_stamp)  # held only in the snapshot
+        assert c.verdict is Verdict.DUPLICATE and c.spans == ((2, 2),)  # k=1: entries 2, 3
+    finally:
+        f.store.close()
+
+
+def test_a_restart_after_compaction_rebuilds_from_the_snapshot(leader, tmp_path):
+    shelf = Shelf(tmp_path / "snaps-a")
+    _snapshot(leader, shelf, 29)
+    want = leader.sessions.dump()
+    m = _logic(tmp_path, "c")
+    try:
+        m.store.reset(30, leader.store.get_pos(30))  # a log that begins after the snapshot
+        m.store.append_as_follower(
+            EntryBatch(30, 30, leader.store.read_batch(30, 1 << 30, 30).data)
+        )
+        m.store.close()
+        again = _logic(tmp_path, "c")  # restarted: the scan finds only entries 30..59
+        assert again.sessions.dump() != want
+        again.take_snapshots(shelf)  # the machine attaches its snapshots
+        assert again.sessions.dump() == want
+        again.store.close()
+    finally:
+        m.store.close()
