@@ -16,7 +16,7 @@ wait failed mid-call -- every append of that call raises
 refused for bad input (a too-large entry, say) is split, so only the appends
 that are wrong get the error.
 
-An idempotent client (issue 24, ``idempotent=True``) gives every append an identity: its
+An idempotent client (issue 24; the default, ``idempotent=False`` opts out) gives every append an identity: its
 session's client id and the sequence numbers of its entries, assigned when the append is
 first sent, in the order calls reach Ray.  A leader writes them into the entries and
 answers a retry of entries already in its log with where they are.  So such a client
@@ -135,7 +135,7 @@ class LedgerClient:
         max_batch_entries: int = 20_000,
         max_batch_bytes: int = 4 << 20,
         discover: bool = True,
-        idempotent: bool = False,
+        idempotent: bool = True,
     ):
         self.group = group
         self.members = list(members)
@@ -160,6 +160,7 @@ class LedgerClient:
         self._send_lock = threading.Lock()  # sequences go out in the order they are numbered
         self.client_id = 0
         self._next_seq = 0
+        self.retried = 0  # appends sent again after an unknown outcome
         if idempotent:
             self._new_session()
 
@@ -554,6 +555,7 @@ class LedgerClient:
                 self._leader = None
             for p in batch:
                 p.alone = p.unknown = True
+            self.retried += len(batch)
             self._requeue(batch, exc, 0.01)
             return True
         if exc.code == ResponseCode.OUT_OF_ORDER_SEQUENCE:

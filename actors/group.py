@@ -447,9 +447,10 @@ class LedgerGroup:
         group.refresh()
         return group
 
-    def client(self, timeout_s: float = 30.0, idempotent: bool = False) -> LedgerClient:
-        """A client of this group; ``idempotent``: exactly-once appends (issue 24), retried
-        under the same identity until the deadline."""
+    def client(self, timeout_s: float = 30.0, idempotent: bool = True) -> LedgerClient:
+        """A client of this group: exactly-once appends (issue 24), an unknown outcome
+        retried under the same identity until the deadline; ``idempotent=False`` keeps the
+        smallest entries and leaves unknown outcomes to the caller."""
         return LedgerClient(self.name, self.members, timeout_s=timeout_s, idempotent=idempotent)
 
     def handle(self, member: str):

@@ -4,8 +4,11 @@
 2. append ``--entries`` entries from ``--clients`` threads (each with its own
    :class:`~rayledger.actors.LedgerClient`, batches of ``--batch``), with a progress bar;
 3. half-way, kill the leader's process and time the new leader's take-over while
-   the writes go on (appends that end in ``OutcomeUnknownError`` are counted as
-   unknown, never retried);
+   the writes go on.  The clients are idempotent (issue 24): a call the kill cut short is
+   sent again, under the same identity, to the new leader, which answers the entries it
+   already holds with where they are and appends the rest -- so no append ends unknown
+   (an ``OutcomeUnknownError`` would mean a client's 15 s deadline ran out) and none is
+   written twice;
 4. check that every acknowledged append is committed on every member, with the
    same body at the acknowledged index, exactly once, and that the members' logs agree;
 5. start Spark through RayDP and aggregate the committed log (entries and bytes per
@@ -50,6 +53,7 @@ class Workload:
     errors: Counter = field(default_factory=Counter)
     first_ack_after_kill: float | None = None
     done_entries: int = 0
+    retried: int = 0  # appends the clients sent again after an unknown outcome
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -138,6 +142,8 @@ def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> flo
                 _record(work, batches[i], results, unknown, kill_state)
                 progress(len(batches[i]))
         finally:
+            with work.lock:
+                work.retried += client.retried
             client.close()  # no send loop left to call a dead actor at exit
 
     threads = [
@@ -318,6 +324,7 @@ def _summary(
         f"{acked} / {len(work.unknown)} / {len(work.failed)}",
     )
     t.add_row("clients x batch", f"{args.clients} x {args.batch}")
+    t.add_row("appends retried after the kill (same identity)", f"{work.retried}")
     t.add_row(
         "append phase",
         f"{append_s:.1f} s, {acked / append_s:,.0f} acked entries/s" if append_s else "-",
@@ -400,7 +407,9 @@ def _append_phase(group, args) -> tuple[Workload, float, dict[str, Any], list[Ch
     checks = [
         Check("a new leader took over", new_leader, kill.get("error", "")),
         Check("writes continued after the kill", work.first_ack_after_kill is not None),
-    ]
+        Check("no append of unknown outcome (the clients retried them)", not work.unknown,
+              f"{len(work.unknown)} unknown, {work.retried} retried"),
+    ]  # fmt: skip
     return work, append_s, kill, checks
 
 

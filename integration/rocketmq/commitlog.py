@@ -37,7 +37,7 @@ import numpy as np
 from rayledger.actors.machine import MachineContext, StateMachine
 from rayledger.election import Role
 from rayledger.storage import Entry, LedgerError, ResponseCode
-from rayledger.storage.codec import HEADER, HEADER_SIZE
+from rayledger.storage.codec import HEADER, HEADER_SIZE, SESSION_FLAG, body_skip
 
 from .consumequeue import ConsumeQueue, tag_hash
 from .keyindex import KeyIndex, split_keys
@@ -72,6 +72,14 @@ def _is_record(body: bytes | bytearray) -> bool:
     """Whether ``body`` claims to be a record (its magic code); see ``_route`` for whether
     it is one."""
     return len(body) >= 92 and _unpack_i(body, 4)[0] == MAGIC_CODE
+
+
+def _prefixed(data, heads: np.ndarray) -> bool:
+    """Whether any entry starting at ``heads`` in ``data`` has a session prefix (an
+    idempotent producer's, issue 24): its channel, 32 bytes into its header, says."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    channels = buf[(heads + 32)[:, None] + np.arange(4)].copy().view(">i4").reshape(-1)
+    return bool((channels & SESSION_FLAG).any())
 
 
 def _route(body: bytes | bytearray) -> tuple[str, int, int] | None:
@@ -364,13 +372,14 @@ class CommitLogMachine(StateMachine):
         base = int(phys[0]) - HEADER_SIZE  # the first entry's position
         if len(data) == int(phys[-1] + sizes[-1]) - base:  # one run: no segment padding
             starts = phys - base
-            return data, np.stack([starts, starts + sizes], axis=1)
+            if not _prefixed(data, starts - HEADER_SIZE):  # else each body is further in
+                return data, np.stack([starts, starts + sizes], axis=1)
         wanted, at, out = set(indexes.tolist()), 0, []
         unpack = HEADER.unpack_from
-        while at < len(data):
-            _magic, size, index = unpack(data, at)[:3]
+        while at < len(data):  # an idempotent producer's entry starts with its session prefix
+            _magic, size, index, _term, _pos, channel = unpack(data, at)[:6]
             if index in wanted:
-                out.append((at + HEADER_SIZE, at + size))
+                out.append((at + HEADER_SIZE + body_skip(channel), at + size))
             at += size
         return data, np.array(out, np.int64).reshape(-1, 2)
 

@@ -34,11 +34,13 @@ log = logging.getLogger("rayledger.tests.chaos")
 
 def chaos_run(g: LedgerGroup, seed: int, steps: int) -> Outcomes:
     """Writers (three threads on one shared client, one on a second client) append while
-    the nemesis runs; then heal, resume everything and check the history."""
+    the nemesis runs; then heal, resume everything and check the history.  The clients
+    are idempotent (issue 24): every append whose call a fault cut short is retried under
+    its identity, so none may end unknown and none may commit twice."""
     out = Outcomes()
-    shared, second = g.client(timeout_s=30), g.client(timeout_s=30)
-    writers = [Writer(shared, f"s{seed}-{k}", out) for k in range(3)]
-    writers.append(Writer(second, f"t{seed}", out))
+    shared, second = g.client(timeout_s=60), g.client(timeout_s=60)
+    writers = [Writer(shared, f"s{seed}-{k}", out, timeout_s=60) for k in range(3)]
+    writers.append(Writer(second, f"t{seed}", out, timeout_s=60))
     nemesis = Nemesis(g, random.Random(seed))
     g.wait_for_leader(timeout_s=30)
     for w in writers:
@@ -64,6 +66,8 @@ def chaos_run(g: LedgerGroup, seed: int, steps: int) -> Outcomes:
     print(f"seed {seed} members {len(g.members)}: {out} faults {nemesis.done}")
     assert nemesis.kinds_done() == set(KINDS), f"seed {seed}: not every fault kind ran"
     assert len(out.acked) > 10, f"seed {seed}: too few appends acknowledged: {out}"
+    assert not out.unknown, f"seed {seed}: idempotent appends of unknown outcome: {out}"
+    assert not out.failed, f"seed {seed}: appends refused: {out}"
     try:
         check_history(g, out, LedgerClient(g.name, g.members, timeout_s=60))
     except AssertionError:

@@ -102,7 +102,7 @@ def test_append_async_from_a_coroutine_and_from_a_ray_actor(make_group):
 def test_coalesced_appends_in_flight_when_the_leader_dies_are_unknown_never_retried(make_group):
     g = make_group()
     leader = g.wait_for_leader()
-    c = g.client(timeout_s=20)
+    c = g.client(timeout_s=20, idempotent=False)  # a plain client's outcomes
     c.append(b"before")
     acked, unknown, errors = {}, [], []
     stop = threading.Event()

@@ -11,10 +11,9 @@ import time
 import numpy as np
 import pytest
 import ray
+from groupcheck import Outcomes, Writer, check_history, stop_writers
 from rayledger.actors.rounds import Spread
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode, SessionError
-
-from .groupcheck import Outcomes, Writer, check_history, stop_writers
 
 pytestmark = pytest.mark.ray
 C = ResponseCode
@@ -29,6 +28,7 @@ def _spread(out) -> list[tuple[int, int, int]]:
 
 def test_a_retry_gets_the_original_and_bad_identities_append_nothing(make_group):
     g = make_group(members=3)
+    g.client(idempotent=False).append(b"ready")  # the leader has taken office
     leader = g.wait_for_leader()
     h = g.handle(leader)
     first, term, pos = ray.get(h.append.remote([b"a", b"bb"], g.name, None, (77, 0)))

@@ -27,7 +27,7 @@ def test_a_round_stored_but_not_sent_on_is_an_unknown_outcome(make_group):
 
     g = make_group(members=3)
     leader = g.wait_for_leader()
-    c = g.client(timeout_s=30)
+    c = g.client(timeout_s=30, idempotent=False)  # a plain client: the outcome is its own
     first = c.append(b"before")
     ray.get(g.handle(leader).__ray_call__.remote(_fail_the_next_send))
     t0 = time.monotonic()
