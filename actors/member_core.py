@@ -396,7 +396,8 @@ class MemberCore:
             pid, value = self._wake.pop(0)
             if isinstance(self._out.get(pid), Confirm):
                 self._resume(pid, value, now_ms, out)
-        if self.book.settled:
+        self.book.settle_joins()  # retries answered once their entries commit, however
+        if self.book.settled:  # the committed index moved (a commit notice, a follower's)
             out.settled += self.book.take_settled()
         latest = self.logic.config_log.latest()
         if latest is not self._config:

@@ -38,7 +38,7 @@ import numpy as np
 from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.replication.sessions import Verdict
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
-from rayledger.storage.codec import SESSION, SESSION_FLAG, SESSION_SIZE
+from rayledger.storage.codec import SESSION, SESSION_FLAG, SESSION_SIZE, crc32, session_ids
 
 from .checker_logic import Resolution
 from .logic import MemberLogic, Round
@@ -184,13 +184,18 @@ class RoundBook:
         self._queued[client] = seq + len(bodies) - 1
 
     def _same_bodies(self, spans, bodies: Sequence[bytes]) -> None:
-        """A retry must carry what its sequences stored; SEQUENCE_MISMATCH otherwise."""
+        """A retry must carry what its sequences stored (the CRC-32 in each entry's prefix:
+        an append hook may have stamped the stored body since); SEQUENCE_MISMATCH else."""
         store = self.logic.store
         k = 0
         for first, count in spans:
-            for e in store.get_range(first, first + count):
-                if e.body != bodies[k]:
-                    raise LedgerError.of(ResponseCode.SEQUENCE_MISMATCH, f"entry {e.index} "
+            batch = store.read_batch(first, 1 << 62, count)
+            heads = batch.headers()
+            _, recs = session_ids(batch.data, first, [h[5] for h in heads],
+                                  [h[1] for h in heads])  # fmt: skip
+            for j, crc in enumerate(recs["crc"].tolist()):
+                if crc != crc32(bodies[k]):
+                    raise LedgerError.of(ResponseCode.SEQUENCE_MISMATCH, f"entry {first + j} "
                                          "holds other bytes under this sequence")  # fmt: skip
                 k += 1
 
@@ -217,7 +222,7 @@ class RoundBook:
         pos = np.array([store.get_pos(int(i)) for i in idx], dtype=np.int64)
         return Spread(idx.tobytes(), terms.tobytes(), pos.tobytes())
 
-    def _settle_joins(self) -> None:
+    def settle_joins(self) -> None:
         """Retries whose entries committed are answered; those of a term this member no
         longer leads get an unknown outcome (a later leader may still commit them)."""
         if not self._joins:
@@ -315,7 +320,8 @@ class RoundBook:
                 channels += [0] * len(bodies)
                 continue
             client, seq = ident
-            calls.append((None, [pack(client, seq + k, stamp) + b for k, b in enumerate(bodies)]))
+            calls.append((None, [pack(client, seq + k, stamp, crc32(b)) + b
+                                 for k, b in enumerate(bodies)]))  # fmt: skip
             channels += [SESSION_FLAG] * len(bodies)
         return calls, channels
 
@@ -358,7 +364,7 @@ class RoundBook:
         if r.committed is not None:
             self.logic.on_committed(r.term, r.committed)
         done = [f for rid, code in r.outcomes if (f := self.finish(rid, code)) is not None]
-        self._settle_joins()
+        self.settle_joins()
         return done
 
     def waiting(self, rid: int) -> bool:

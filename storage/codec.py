@@ -77,13 +77,15 @@ HEADER_DTYPE = np.dtype(
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 # Exactly-once appends (issue 24).  An entry of an idempotent client has this bit set in
 # its header's channel, and its stored body starts with SESSION: who appended it (the
-# client's id and the entry's sequence number in that client's session) and when its leader
-# wrote it (wall-clock ms, never below the stamp before it).  Every member, and every later
-# leader, reads the identities from its own log.  Readers strip both: a caller sees the
-# client's channel and exactly the bytes the client appended.
+# client's id and the entry's sequence number in that client's session), when its leader
+# wrote it (wall-clock ms, never below the stamp before it) and the CRC-32 of the body as
+# the client sent it (an append hook may stamp the stored body; a retry is checked
+# against what the client sent).  Every member, and every later leader, reads the
+# identities from its own log.  Readers strip both: a caller sees the client's channel
+# and exactly the bytes the client appended.
 SESSION_FLAG = 1 << 30
-SESSION = struct.Struct(">qqq")  # client id, sequence, leader stamp
-SESSION_SIZE = SESSION.size  # 24
+SESSION = struct.Struct(">qqqI")  # client id, sequence, leader stamp, CRC-32 as sent
+SESSION_SIZE = SESSION.size  # 28
 
 
 def logical_channel(channel: int) -> int:
@@ -91,7 +93,7 @@ def logical_channel(channel: int) -> int:
     return channel & ~SESSION_FLAG
 
 
-SESSION_DTYPE = np.dtype([("client", ">i8"), ("seq", ">i8"), ("stamp", ">i8")])
+SESSION_DTYPE = np.dtype([("client", ">i8"), ("seq", ">i8"), ("stamp", ">i8"), ("crc", ">u4")])
 
 
 def session_ids(data, first_index: int, channels, sizes) -> tuple[np.ndarray, np.ndarray]:

@@ -140,3 +140,21 @@ def test_a_session_silent_past_its_ttl_expires(book) -> None:
         book.admit([b"c"], "g", None, "late", (9, 1))
     assert e.value.code == C.SESSION_EXPIRED
     assert 9 not in book.logic.sessions.sessions  # forgotten: the table stays bounded
+
+
+def test_a_body_an_append_hook_stamped_still_matches_its_retry(book) -> None:
+    """The RocketMQ layer stamps offsets into a body as it is written: the retry carries
+    the body as sent, and is checked against the CRC the prefix keeps of it."""
+
+    def stamp(index, pos, body):
+        body[0:1] = b"#"
+
+    book.logic.store.add_append_hook(stamp)
+    book.admit([b"abc"], "g", None, "t1", (9, 0))
+    book.finish(_round(book).rid, C.SUCCESS)
+    assert book.logic.store.get(1).body == b"#bc"
+    book.admit([b"abc"], "g", None, "again", (9, 0))
+    [(token, value)] = book.take_settled()
+    assert token == "again" and _where(value) == [(1, 3)]
+    with pytest.raises(SessionError):
+        book.admit([b"#bc"], "g", None, "other", (9, 0))

@@ -33,7 +33,7 @@ def leader(tmp_path):
     m = _logic(tmp_path, "a")
     for k in range(30):  # three clients, interleaved, ten calls of two entries each
         client = k % 3 + 1
-        bodies = [SESSION.pack(client, k // 3 * 2 + j, 1000 + k) + b"v%d" % k for j in range(2)]
+        bodies = [SESSION.pack(client, k // 3 * 2 + j, 1000 + k, 0) + b"v%d" % k for j in range(2)]
         m.store.append_as_leader(bodies, 1, [SESSION_FLAG] * 2)
     m.store.update_committed_index(m.store.ledger_end_index)
     yield m

@@ -42,6 +42,7 @@ class Produced:
     acked: dict[tuple[str, int], list[tuple[int, bytes, str]]] = field(default_factory=dict)
     unknown: set[bytes] = field(default_factory=set)
     put: set[bytes] = field(default_factory=set)
+    refused: list[tuple[bytes, object, str]] = field(default_factory=list)  # said: not stored
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self) -> int:
@@ -72,6 +73,7 @@ class Producer(threading.Thread):
                 elif r.outcome_unknown:  # UNKNOWN_ERROR, or OS_PAGECACHE_BUSY after a
                     self.out.unknown.add(body)  # quorum timeout: it may still commit
                 else:  # refused: nothing stored (no leader, a failover in progress)
+                    self.out.refused.append((body, r.status, r.error))
                     assert r.status in (
                         PutMessageStatus.SERVICE_NOT_AVAILABLE,
                         PutMessageStatus.OS_PAGECACHE_BUSY,
@@ -183,7 +185,10 @@ def check_queues(log: CommitLog, out: Produced) -> dict[tuple[str, int], list]:
     acked = {b for v in out.acked.values() for _o, b, _m in v}
     assert not [b for b, n in every.items() if n > 1], "a message stored twice"
     assert set(every) <= out.put, "a message nobody put"
-    assert acked <= set(every) and set(every) <= acked | out.unknown
+    assert acked <= set(every), "an acknowledged message is missing"
+    refused = {b: (st, why) for b, st, why in out.refused}
+    stored_refused = {b: refused[b] for b in set(every) - acked - out.unknown if b in refused}
+    assert set(every) <= acked | out.unknown, f"refused, yet stored: {stored_refused}"
     # put order: within a producer, acked messages of one queue have increasing offsets
     for k, puts in out.acked.items():
         for prefix in {b.split(b"-")[0] for _o, b, _m in puts}:

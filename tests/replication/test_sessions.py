@@ -17,7 +17,7 @@ def recs(rows):
     """(index, client, seq, stamp) rows -> what the store hands the table."""
     arr = np.zeros(len(rows), SESSION_DTYPE)
     for k, (_, c, q, t) in enumerate(rows):
-        arr[k] = (c, q, t)
+        arr[k] = (c, q, t, 0)
     return np.array([r[0] for r in rows], dtype=np.int64), arr
 
 
@@ -127,7 +127,7 @@ def test_a_restart_rebuilds_the_table_from_the_log(tmp_path):
     store = FileStore(StoreConfig(data_dir=str(tmp_path), data_segment_size=4096))
     live = recover_sessions(store, ttl_ms=10_000)
     for c in range(40):  # segments roll; a few clients, interleaved
-        bodies = [SESSION.pack(c % 3 + 1, c // 3 * 2 + k, 100 + c) + b"b" * 50 for k in range(2)]
+        bodies = [SESSION.pack(c % 3 + 1, c // 3 * 2 + k, 100 + c, 0) + b"b" * 50 for k in range(2)]
         store.append_as_leader(bodies, 1, [SESSION_FLAG, SESSION_FLAG])
     store.append_as_leader([b"plain"], 1)
     store.truncate(70)

@@ -39,10 +39,10 @@ def _mixed(store, term: int = 1):
     own = [b"plain-0", b"a" * 300, b"", b"bb", b"plain-1", b"{}"]
     ch = [0, SESSION_FLAG, SESSION_FLAG, SESSION_FLAG, 0, CONFIG]
     stored = [
-        b if not c & SESSION_FLAG else SESSION.pack(7, seq, 1_000 + seq) + b
+        b if not c & SESSION_FLAG else SESSION.pack(7, seq, 1_000 + seq, 0) + b
         for seq, (b, c) in enumerate(zip(own, ch, strict=True))
     ]
-    stored[1:4] = [SESSION.pack(7, k, 1_000) + own[1 + k] for k in range(3)]
+    stored[1:4] = [SESSION.pack(7, k, 1_000, 0) + own[1 + k] for k in range(3)]
     return store.append_as_leader(stored, term, ch), own, [0, 0, 0, 0, 0, CONFIG]
 
 
@@ -93,7 +93,7 @@ def test_an_append_hook_sees_only_the_clients_bytes(store):
 
 def test_session_records_match_the_prefixes():
     s = MemoryStore(small_config())
-    stored = [SESSION.pack(c, q, 5) + b"x" * q for c in (1, 2) for q in range(20)]
+    stored = [SESSION.pack(c, q, 5, 0) + b"x" * q for c in (1, 2) for q in range(20)]
     s.append_as_leader(stored, 1, SESSION_FLAG)
     ix, recs = (
         np.concatenate([a for a, _ in s.session_records()]),
@@ -102,4 +102,4 @@ def test_session_records_match_the_prefixes():
     assert ix.tolist() == list(range(40))
     assert recs["client"].tolist() == [1] * 20 + [2] * 20
     assert recs["seq"].tolist() == list(range(20)) * 2
-    assert SESSION_SIZE == 24
+    assert SESSION_SIZE == 28
