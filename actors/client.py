@@ -365,19 +365,26 @@ class LedgerClient:
                     self._queue.remove(p)
                 exc = self._gave_up(p)
                 return exc if _settle(p, exc=exc) else p.future.exception()
-        exc = self._unknown_at_deadline()
+        exc = self._unknown_at_deadline(p)
         # the call's answer may land at any moment: whichever settles first is the answer
         return exc if _settle(p, exc=exc) else p.future.exception()
 
-    def _unknown_at_deadline(self) -> OutcomeUnknownError:
-        return OutcomeUnknownError(
-            ResponseCode.APPEND_OUTCOME_UNKNOWN,
-            f"append to {self.group!r} did not finish before the deadline; it may still commit",
+    def _unknown_at_deadline(self, p: _Pending) -> OutcomeUnknownError:
+        """The deadline passed on an append that may be in a log; the code of the unknown
+        outcome that made it retry, if a member gave one (e.g. WAIT_QUORUM_ACK_TIMEOUT)."""
+        last = p.last_error
+        code = last.code if isinstance(last, OutcomeUnknownError) else None
+        exc = OutcomeUnknownError(
+            code or ResponseCode.APPEND_OUTCOME_UNKNOWN,
+            f"append to {self.group!r} did not finish before the deadline; it may still commit"
+            + (f" (last: {last})" if last is not None else ""),
         )
+        exc.__cause__ = last
+        return exc
 
     def _gave_up(self, p: _Pending) -> LedgerError:
         """The error of an append whose deadline passed while it waited in the queue."""
-        return self._unknown_at_deadline() if p.unknown else self._not_taken(p)
+        return self._unknown_at_deadline(p) if p.unknown else self._not_taken(p)
 
     def _not_taken(self, p: _Pending) -> LedgerError:
         """TIMEOUT for an append no leader took before its deadline (nothing stored); the
