@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-KEEP_RUNS = 16  # runs kept per session: a client retries at most its calls in flight
+KEEP_RUNS = 8  # runs kept per session: a client retries at most its calls in flight (4)
 
 
 class Verdict(enum.Enum):

@@ -11,6 +11,13 @@ Figures (``--json`` prints them as one object):
   driver gets from ``append_async``);
 - ``batch_entries_per_s`` / ``batch_p50_ms`` / ``batch_p99_ms``: ``clients`` clients
   each appending batches of ``batch`` entries;
+- exactly-once appends (issue 24): the figures above are of plain clients
+  (``idempotent=False``); ``idempotent_single_p50_ms`` / ``_p99_ms`` and
+  ``idempotent_batch_entries_per_s`` are the same loads through idempotent clients (the
+  default), measured right after the plain ones, with ``idempotent_batch_cost`` (the
+  share of batch throughput lost) and ``idempotent_single_p50_extra_ms``; goal: at most
+  10 % and 1 ms.  ``session_table_mib_10k_clients``: the memory of the client-session
+  table a member keeps for 10,000 clients with the most runs it keeps (8) each;
 - ``failover_s`` (``LedgerConfig.fast()``) and ``failover_default_timers_s`` (DLedger's
   timers): SIGKILL the leader, time until the first acknowledged append;
 - ``idle_cpu_cores`` / ``idle_processes``: CPU used by the group's processes (members,
@@ -40,6 +47,7 @@ from concurrent.futures import wait
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup
 from rayledger.election import ElectionConfig
+from rayledger.replication.sessions import KEEP_RUNS
 from rayledger.storage import ResponseCode, StoreConfig
 
 
@@ -72,8 +80,10 @@ def _in_threads(target, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -> dict:
-    c = group.client()
+def _single(
+    group: LedgerGroup, n: int, body: int, series: dict | None = None, idempotent: bool = False
+) -> dict:
+    c = group.client(idempotent=idempotent)
     c.append(b"warm")
     lat = []
     payload = os.urandom(body)
@@ -81,13 +91,14 @@ def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -
         t0 = time.perf_counter()
         c.append(payload)
         lat.append((time.perf_counter() - t0) * 1000)
-    if series is not None:
+    if series is not None and not idempotent:
         series["latency_ms"]["single append, 1 client"] = lat
-    return {"single_p50_ms": _pct(lat, 0.5), "single_p99_ms": _pct(lat, 0.99)}
+    pre = "idempotent_" if idempotent else ""
+    return {f"{pre}single_p50_ms": _pct(lat, 0.5), f"{pre}single_p99_ms": _pct(lat, 0.99)}
 
 
 def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> dict:
-    c = group.client()
+    c = group.client(idempotent=False)
     c.append(b"warm")
     payload = os.urandom(body)
     lats: list[list[float]] = [[] for _ in range(threads)]
@@ -110,7 +121,7 @@ def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> 
 
 
 def _pipelined(group: LedgerGroup, depth: int, seconds: float, body: int) -> dict:
-    c = group.client()
+    c = group.client(idempotent=False)
     c.append(b"warm")
     payload = os.urandom(body)
     inflight: dict = {}
@@ -139,21 +150,31 @@ def _pipelined(group: LedgerGroup, depth: int, seconds: float, body: int) -> dic
 
 
 def _batches(
-    group: LedgerGroup, clients: int, rounds: int, batch: int, body: int, series: dict | None = None
+    group: LedgerGroup,
+    clients: int,
+    rounds: int,
+    batch: int,
+    body: int,
+    series: dict | None = None,
+    idempotent: bool = False,
 ) -> dict:
     payload = [os.urandom(body) for _ in range(batch)]
     errors: list[Exception] = []
     lat: list[float] = []
 
     def worker(_k: int) -> None:
-        c = group.client()
+        c = group.client(idempotent=idempotent)
         for _ in range(rounds):
             _timed(lambda: c.append_batch(payload), lat, errors)
 
-    group.client().append_batch(payload)  # warm up every hop
+    group.client(idempotent=idempotent).append_batch(payload)  # warm up every hop
     dt = _in_threads(worker, clients)
     if series is not None:
         series["latency_ms"][f"batch of {batch}, {clients} clients"] = lat
+    if idempotent:
+        return {"idempotent_batch_entries_per_s": round(len(lat) * batch / dt),
+                "idempotent_batch_p50_ms": _pct(lat, 0.5),
+                "idempotent_batch_errors": len(errors)}  # fmt: skip
     return {
         "batch_clients": clients,
         "batch_size": batch,
@@ -162,6 +183,46 @@ def _batches(
         "batch_p99_ms": _pct(lat, 0.99),
         "batch_errors": len(errors),
     }
+
+
+def _idempotent(g: LedgerGroup, out: dict, n: int, clients: int, rounds: int, batch: int,
+                body: int) -> None:  # fmt: skip
+    """The single and batch loads again through idempotent clients, right after the plain
+    ones (this machine's speed drifts over minutes), and what idempotence costs."""
+    out.update(_single(g, n, body, idempotent=True))
+    out.update(_batches(g, clients, rounds, batch, body, idempotent=True))
+    out["idempotent_batch_cost"] = round(
+        1 - out["idempotent_batch_entries_per_s"] / max(1, out["batch_entries_per_s"]), 3
+    )
+    out["idempotent_single_p50_extra_ms"] = round(
+        out["idempotent_single_p50_ms"] - out["single_p50_ms"], 2
+    )
+    out["session_table_mib_10k_clients"] = session_table_mib(10_000)
+
+
+def session_table_mib(clients: int, runs: int = KEEP_RUNS) -> float:
+    """MiB a member's client-session table takes for ``clients`` sessions of ``runs`` runs
+    each (every entry its own run: the most a session keeps), measured with tracemalloc."""
+    import tracemalloc
+
+    import numpy as np
+    from rayledger.replication.sessions import SessionTable
+    from rayledger.storage.codec import SESSION_DTYPE
+
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    table = SessionTable(ttl_ms=3_600_000, keep_runs=runs)
+    for r in range(runs):  # clients interleaved: one entry of each, so one run each time
+        idx = np.arange(r * clients, (r + 1) * clients, dtype=np.int64)
+        recs = np.zeros(clients, SESSION_DTYPE)
+        recs["client"] = np.arange(1, clients + 1)
+        recs["seq"] = r
+        recs["stamp"] = 1_000 + r
+        table.appended(idx, recs)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(table) == clients
+    return round(used / (1 << 20), 2)
 
 
 def _group_pids(group: LedgerGroup) -> list[int]:
@@ -256,7 +317,8 @@ def _measure(
     rounds = 5 if quick else 40
     g.wait_for_leader(timeout_s=60)
     term = _max_term(g)
-    out = _single(g, 100 if quick else 500, body, series)
+    n_single = 100 if quick else 500
+    out = _single(g, n_single, body, series)
     load_s = load_s or (3 if quick else 10)
     out.update(_concurrent(g, threads, load_s, body))
     out["load_seconds"] = load_s
@@ -265,6 +327,7 @@ def _measure(
         return out
     out.update(_pipelined(g, 256, 3 if quick else 10, body))
     out.update(_batches(g, clients, rounds, batch, body, series))
+    _idempotent(g, out, n_single, clients, rounds, batch, body)
     out["term_changes_under_load"] = _max_term(g) - term
     out.update(_reads(g, min(threads, 16), 2 if quick else 5))
     if series is not None:

@@ -58,8 +58,10 @@ def test_a_follower_reset_to_an_installed_snapshot_knows_its_sessions(leader, tm
         data = leader.store.read_batch(40, 1 << 30, 20).data
         f.store.append_as_follower(EntryBatch(40, 20, data))
         assert f.sessions.dump() == leader.sessions.dump()
-        c = f.sessions.check(2, 0, 2, now=f.sessions.last_stamp)  # held only in the snapshot
-        assert c.verdict is Verdict.DUPLICATE and c.spans == ((2, 2),)  # k=1: entries 2, 3
+        # client 2's calls k = 1, 4, 7, ...: the oldest kept (8 runs) is k = 7, entries
+        # 14, 15 -- held only in the snapshot
+        c = f.sessions.check(2, 4, 2, now=f.sessions.last_stamp)
+        assert c.verdict is Verdict.DUPLICATE and c.spans == ((14, 2),)
     finally:
         f.store.close()
 
