@@ -185,14 +185,15 @@ class LedgerClient:
         return ident
 
     @classmethod
-    def connect(cls, group: str, timeout_s: float = 30.0) -> LedgerClient:
-        """A client for a running group, from any driver or Ray job."""
+    def connect(cls, group: str, timeout_s: float = 30.0, idempotent: bool = True) -> LedgerClient:
+        """A client for a running group, from any driver or Ray job (``idempotent``: see
+        the module's docstring)."""
         if not ray.is_initialized():
             ray.init(address="auto", namespace=NAMESPACE)
         members = group_members(group)
         if not members:
             raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no group named {group!r} is running")
-        return cls(group, members, timeout_s=timeout_s)
+        return cls(group, members, timeout_s=timeout_s, idempotent=idempotent)
 
     def _handle(self, member: str):
         return member_handle(self._handles, self.group, member)
