@@ -443,14 +443,16 @@ class LogStore:
                     if logical_channel(channels[k]):
                         continue
                     skip = body_skip(channels[k])
-                    own = memoryview(body)[skip:] if skip else body
+                    own = bytearray(body[skip:]) if skip else body  # a hook sees a bytearray
                     for hook in self._hooks:
                         hook(first + k, positions[k], own)
-                        if len(body) != sizes[k] - HEADER_SIZE:
+                        if len(own) != sizes[k] - HEADER_SIZE - skip:
                             raise _err(
                                 ResponseCode.UNEXPECTED_ARGUMENT,
                                 "an append hook changed a body's length",
                             )
+                    if skip:
+                        body[skip:] = own
             prev = 0 if self._chain is None else self._chain
             data, chain = encode_entries(bodies, first, term, positions, prev, channels)
             self._write(first, data, positions, sizes, [term] * len(sizes))
