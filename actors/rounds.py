@@ -38,7 +38,13 @@ import numpy as np
 from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.replication.sessions import Verdict
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
-from rayledger.storage.codec import SESSION, SESSION_FLAG, SESSION_SIZE, crc32, session_ids
+from rayledger.storage.codec import (
+    SESSION_FLAG,
+    SESSION_SIZE,
+    crc32,
+    session_ids,
+    with_session,
+)
 
 from .checker_logic import Resolution
 from .logic import MemberLogic, Round
@@ -312,7 +318,6 @@ class RoundBook:
         """The calls' bodies with the session prefix on an idempotent client's entries,
         and each entry's channel."""
         stamp = self.logic.sessions.next_stamp(wall_ms)
-        pack = SESSION.pack
         calls, channels = [], []
         for _, bodies, ident in queue:
             if ident is None:
@@ -320,8 +325,7 @@ class RoundBook:
                 channels += [0] * len(bodies)
                 continue
             client, seq = ident
-            calls.append((None, [pack(client, seq + k, stamp, crc32(b)) + b
-                                 for k, b in enumerate(bodies)]))  # fmt: skip
+            calls.append((None, with_session(bodies, client, seq, stamp)))
             channels += [SESSION_FLAG] * len(bodies)
         return calls, channels
 

@@ -110,6 +110,29 @@ def session_ids(data, first_index: int, channels, sizes) -> tuple[np.ndarray, np
     return flagged + first_index, np.ascontiguousarray(raw).view(SESSION_DTYPE).reshape(-1)
 
 
+def with_session(bodies: Sequence[bytes], client: int, first_seq: int, stamp: int) -> list:
+    """``bodies`` each behind its session prefix (sequences from ``first_seq``): a batch
+    of equal bodies is built as one numpy array and handed out as row views."""
+    crcs = list(map(crc32, bodies))
+    n = len(bodies)
+    size = len(bodies[0])
+    if n < _UNIFORM_MIN or any(len(b) != size for b in bodies):
+        pack = SESSION.pack
+        return [pack(client, first_seq + k, stamp, crcs[k]) + bytes(b)
+                for k, b in enumerate(bodies)]  # fmt: skip
+    width = SESSION_SIZE + size
+    out = np.empty((n, width), dtype=np.uint8)
+    head = out[:, :SESSION_SIZE].view(SESSION_DTYPE)[:, 0]
+    head["client"] = client
+    head["seq"] = np.arange(first_seq, first_seq + n, dtype=np.int64)
+    head["stamp"] = stamp
+    head["crc"] = crcs
+    if size:
+        out[:, SESSION_SIZE:] = np.frombuffer(b"".join(bodies), dtype=np.uint8).reshape(n, size)
+    flat = memoryview(out.reshape(-1))
+    return [flat[k * width : (k + 1) * width] for k in range(n)]
+
+
 def body_skip(channel: int) -> int:
     """Bytes of a stored body before the client's own: the session prefix, if any."""
     return SESSION_SIZE if channel & SESSION_FLAG else 0

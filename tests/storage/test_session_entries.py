@@ -103,3 +103,13 @@ def test_session_records_match_the_prefixes():
     assert recs["client"].tolist() == [1] * 20 + [2] * 20
     assert recs["seq"].tolist() == list(range(20)) * 2
     assert SESSION_SIZE == 28
+
+
+def test_bodies_with_their_session_prefix_either_way():
+    from rayledger.storage.codec import with_session
+
+    for bodies in ([b"x" * 40] * 9, [b"a", b"bb", b""] * 3, [b"q" * 7] * 3, [b""] * 12):
+        got = [bytes(b) for b in with_session(bodies, 5, 100, 77)]
+        want = [SESSION.pack(5, 100 + k, 77, __import__("zlib").crc32(b)) + b
+                for k, b in enumerate(bodies)]  # fmt: skip
+        assert got == want
