@@ -76,11 +76,15 @@ class SessionTable:
         return len(self.sessions)
 
     # -- following the log (the store's SessionWatcher) ------------------------------------
-    def appended(self, indexes: np.ndarray, records: np.ndarray) -> None:
+    def appended(self, indexes, records) -> None:
         """Prefixes of entries just written (ascending indexes): runs of one client's
-        consecutive entries are taken as one."""
+        consecutive entries are taken as one.  numpy arrays (``records`` of
+        ``SESSION_DTYPE``), or for a few entries lists (``(client, seq, stamp, crc)``)."""
         n = len(indexes)
         if not n:
+            return
+        if isinstance(records, list):
+            self._rows(indexes, records)
             return
         idx = np.asarray(indexes, dtype=np.int64)
         client = records["client"].astype(np.int64)
@@ -96,6 +100,25 @@ class SessionTable:
             self._run(int(client[a]), int(seq[a]), int(idx[a]), z - a, int(stamp[z - 1]))
         self.last_stamp = max(self.last_stamp, int(stamp.max()))
         self.expire(self.last_stamp)  # bounded: what the log's own stamps say is gone
+
+    def _rows(self, indexes: list[int], rows: list[tuple]) -> None:
+        """:meth:`appended` for a few entries, in plain Python."""
+        a = 0
+        n = len(rows)
+        while a < n:
+            client, seq, _stamp, _crc = rows[a]
+            z = a + 1
+            while (
+                z < n
+                and rows[z][0] == client
+                and rows[z][1] == seq + (z - a)
+                and (indexes[z] == indexes[a] + (z - a))
+            ):
+                z += 1
+            self._run(client, seq, indexes[a], z - a, rows[z - 1][2])
+            a = z
+        self.last_stamp = max(self.last_stamp, max(r[2] for r in rows))
+        self.expire(self.last_stamp)
 
     def _run(self, client: int, first_seq: int, first_index: int, count: int, stamp: int) -> None:
         s = self.sessions.pop(client, None)  # re-inserted last: the newest activity
@@ -130,8 +153,11 @@ class SessionTable:
                 runs[-1][2] = end_index - runs[-1][1] + 1
                 s.last_seq = runs[-1][0] + runs[-1][2] - 1
             cut = True
-            if not runs:  # nothing kept of it is left
-                del self.sessions[client]
+            if not runs:
+                if s.last_seq < 0:  # nothing of it is left in the log
+                    del self.sessions[client]
+                # else its older entries are still there, in runs no longer kept: it goes
+                # on from them (a retry of one is FORGOTTEN, never written again)
                 continue
             s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
         if cut:  # back in the order of their latest entries

@@ -110,6 +110,19 @@ def session_ids(data, first_index: int, channels, sizes) -> tuple[np.ndarray, np
     return flagged + first_index, np.ascontiguousarray(raw).view(SESSION_DTYPE).reshape(-1)
 
 
+def session_rows(data, first_index: int, channels, sizes) -> tuple[list, list]:
+    """:func:`session_ids` for a few entries, in plain Python (numpy costs more per call
+    than it saves there): ``(indexes, [(client, seq, stamp, crc), ...])``."""
+    idx, rows, at = [], [], 0
+    unpack = SESSION.unpack_from
+    for k, (ch, size) in enumerate(zip(channels, sizes, strict=True)):
+        if ch & SESSION_FLAG:
+            idx.append(first_index + k)
+            rows.append(unpack(data, at + HEADER_SIZE))
+        at += size
+    return idx, rows
+
+
 def with_session(bodies: Sequence[bytes], client: int, first_seq: int, stamp: int) -> list:
     """``bodies`` each behind its session prefix (sequences from ``first_seq``): a batch
     of equal bodies is built as one numpy array and handed out as row views."""

@@ -23,9 +23,10 @@ class Follow:
         self.seen: list[tuple[int, int, int, int]] = []  # (index, client, seq, stamp)
         self.cuts: list[tuple[str, int]] = []
 
-    def appended(self, indexes, records):
-        self.seen += [(int(i), int(r["client"]), int(r["seq"]), int(r["stamp"]))
-                      for i, r in zip(indexes, records, strict=True)]  # fmt: skip
+    def appended(self, indexes, records):  # numpy records, or tuples for a few entries
+        rows = [(r["client"], r["seq"], r["stamp"]) if not isinstance(r, tuple) else r[:3]
+                for r in records]  # fmt: skip
+        self.seen += [(int(i), *map(int, r)) for i, r in zip(indexes, rows, strict=True)]
 
     def truncated(self, end_index):
         self.cuts.append(("truncated", end_index))
