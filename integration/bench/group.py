@@ -14,9 +14,10 @@ Figures (``--json`` prints them as one object):
 - exactly-once appends (issue 24): the figures above are of plain clients
   (``idempotent=False``); ``idempotent_single_p50_ms`` / ``_p99_ms`` and
   ``idempotent_batch_entries_per_s`` are the same loads through idempotent clients (the
-  default), in three pairs alternating with plain clients, with
-  ``idempotent_batch_cost`` (the share of batch throughput lost, median over the pairs)
-  and ``idempotent_single_p50_extra_ms`` (likewise); goal: at most 10 % and 1 ms.  ``session_table_mib_10k_clients``: the memory of the client-session
+  default), call by call in turn with plain ones (``interleaved_plain_*``), with
+  ``idempotent_batch_cost`` (the share of batch throughput lost) and
+  ``idempotent_single_p50_extra_ms`` (the median of the paired differences); goal: at
+  most 10 % and 1 ms.  ``session_table_mib_10k_clients``: the memory of the client-session
   table a member keeps for 10,000 clients with the most runs it keeps (8) each;
 - ``failover_s`` (``LedgerConfig.fast()``) and ``failover_default_timers_s`` (DLedger's
   timers): SIGKILL the leader, time until the first acknowledged append;
@@ -80,10 +81,8 @@ def _in_threads(target, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _single(
-    group: LedgerGroup, n: int, body: int, series: dict | None = None, idempotent: bool = False
-) -> dict:
-    c = group.client(idempotent=idempotent)
+def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -> dict:
+    c = group.client(idempotent=False)
     c.append(b"warm")
     lat = []
     payload = os.urandom(body)
@@ -91,11 +90,9 @@ def _single(
         t0 = time.perf_counter()
         c.append(payload)
         lat.append((time.perf_counter() - t0) * 1000)
-    if series is not None and not idempotent:
+    if series is not None:
         series["latency_ms"]["single append, 1 client"] = lat
-    pre = "idempotent_" if idempotent else ""
-    return {f"{pre}single_p50_ms": _pct(lat, 0.5), f"{pre}single_p99_ms": _pct(lat, 0.99),
-            "_lat": lat}  # fmt: skip
+    return {"single_p50_ms": _pct(lat, 0.5), "single_p99_ms": _pct(lat, 0.99)}
 
 
 def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> dict:
@@ -157,25 +154,20 @@ def _batches(
     batch: int,
     body: int,
     series: dict | None = None,
-    idempotent: bool = False,
 ) -> dict:
     payload = [os.urandom(body) for _ in range(batch)]
     errors: list[Exception] = []
     lat: list[float] = []
 
     def worker(_k: int) -> None:
-        c = group.client(idempotent=idempotent)
+        c = group.client(idempotent=False)
         for _ in range(rounds):
             _timed(lambda: c.append_batch(payload), lat, errors)
 
-    group.client(idempotent=idempotent).append_batch(payload)  # warm up every hop
+    group.client(idempotent=False).append_batch(payload)  # warm up every hop
     dt = _in_threads(worker, clients)
     if series is not None:
         series["latency_ms"][f"batch of {batch}, {clients} clients"] = lat
-    if idempotent:
-        return {"idempotent_batch_entries_per_s": round(len(lat) * batch / dt),
-                "idempotent_batch_p50_ms": _pct(lat, 0.5),
-                "idempotent_batch_errors": len(errors)}  # fmt: skip
     return {
         "batch_clients": clients,
         "batch_size": batch,
@@ -187,34 +179,44 @@ def _batches(
 
 
 def _idempotent(g: LedgerGroup, out: dict, n: int, clients: int, rounds: int, batch: int,
-                body: int, pairs: int = 3) -> None:  # fmt: skip
-    """The single and batch loads through idempotent clients and plain ones, in
-    alternating pairs (this machine's speed drifts over minutes): what idempotence costs
-    is the median over the pairs."""
+                body: int) -> None:  # fmt: skip
+    """The single and batch loads through idempotent and plain clients, call by call in
+    turn (this machine's speed drifts by up to 2x over minutes, which buries a
+    difference of a few percent between runs taken one after the other)."""
+    payload = os.urandom(body)
+    plain, idem = g.client(idempotent=False), g.client(idempotent=True)
+    plain.append(payload)
+    idem.append(payload)
     lat: dict[bool, list[float]] = {False: [], True: []}
-    extra, ratio, rate = [], [], {False: [], True: []}
-    for _ in range(pairs):
-        got = {}
-        for idem in (False, True):
-            got[idem] = _single(g, max(20, n // pairs), body, idempotent=idem)
-            lat[idem] += got[idem]["_lat"]
-        extra.append(got[True]["idempotent_single_p50_ms"] - got[False]["single_p50_ms"])
-        b = {idem: _batches(g, clients, max(2, rounds // pairs), batch, body, idempotent=idem)
-             for idem in (False, True)}  # fmt: skip
-        plain, idem_rate = (
-            b[False]["batch_entries_per_s"],
-            b[True]["idempotent_batch_entries_per_s"],
-        )
-        rate[False].append(plain)
-        rate[True].append(idem_rate)
-        ratio.append(idem_rate / max(1, plain))
+    for i in range(n):
+        for c, k in ((plain, False), (idem, True)) if i % 2 else ((idem, True), (plain, False)):
+            t0 = time.perf_counter()
+            c.append(payload)
+            lat[k].append((time.perf_counter() - t0) * 1000)
     out["idempotent_single_p50_ms"] = _pct(lat[True], 0.5)
     out["idempotent_single_p99_ms"] = _pct(lat[True], 0.99)
-    out["idempotent_pairs_single_p50_ms"] = [_pct(lat[False], 0.5), _pct(lat[True], 0.5)]
-    out["idempotent_single_p50_extra_ms"] = round(statistics.median(extra), 2)
-    out["idempotent_batch_entries_per_s"] = round(statistics.median(rate[True]))
-    out["idempotent_pairs_batch_entries_per_s"] = [rate[False], rate[True]]
-    out["idempotent_batch_cost"] = round(1 - statistics.median(ratio), 3)
+    out["interleaved_plain_single_p50_ms"] = _pct(lat[False], 0.5)
+    out["idempotent_single_p50_extra_ms"] = round(
+        statistics.median(y - x for x, y in zip(lat[False], lat[True], strict=True)), 2
+    )
+    bodies = [os.urandom(body) for _ in range(batch)]
+    blat: dict[bool, list[float]] = {False: [], True: []}
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        cs = {False: g.client(idempotent=False), True: g.client(idempotent=True)}
+        for i in range(rounds):
+            for idem_ in (i + k) % 2 == 0, (i + k) % 2 == 1:
+                t0 = time.perf_counter()
+                cs[idem_].append_batch(bodies)
+                with lock:
+                    blat[idem_].append(time.perf_counter() - t0)
+
+    _in_threads(worker, clients)
+    rate = {k: round(clients * batch / statistics.mean(v)) for k, v in blat.items()}
+    out["idempotent_batch_entries_per_s"] = rate[True]
+    out["interleaved_plain_batch_entries_per_s"] = rate[False]
+    out["idempotent_batch_cost"] = round(1 - rate[True] / rate[False], 3)
     out["session_table_mib_10k_clients"] = session_table_mib(10_000)
 
 
@@ -337,7 +339,6 @@ def _measure(
     term = _max_term(g)
     n_single = 100 if quick else 500
     out = _single(g, n_single, body, series)
-    del out["_lat"]
     load_s = load_s or (3 if quick else 10)
     out.update(_concurrent(g, threads, load_s, body))
     out["load_seconds"] = load_s
