@@ -160,7 +160,7 @@ class LedgerClient:
         self._send_lock = threading.Lock()  # sequences go out in the order they are numbered
         self.client_id = 0
         self._next_seq = 0
-        self.retried = 0  # appends sent again after an unknown outcome
+        self.retried = 0  # entries sent again after an unknown outcome
         if idempotent:
             self._new_session()
 
@@ -563,7 +563,7 @@ class LedgerClient:
                 self._leader = None
             for p in batch:
                 p.alone = p.unknown = True
-            self.retried += len(batch)
+            self.retried += sum(len(p.bodies) for p in batch)
             self._requeue(batch, exc, 0.01)
             return True
         if exc.code == ResponseCode.OUT_OF_ORDER_SEQUENCE:

@@ -53,7 +53,7 @@ class Workload:
     errors: Counter = field(default_factory=Counter)
     first_ack_after_kill: float | None = None
     done_entries: int = 0
-    retried: int = 0  # appends the clients sent again after an unknown outcome
+    retried: int = 0  # entries the clients sent again after an unknown outcome
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -324,7 +324,7 @@ def _summary(
         f"{acked} / {len(work.unknown)} / {len(work.failed)}",
     )
     t.add_row("clients x batch", f"{args.clients} x {args.batch}")
-    t.add_row("appends retried after the kill (same identity)", f"{work.retried}")
+    t.add_row("entries sent again after the kill (same identity)", f"{work.retried}")
     t.add_row(
         "append phase",
         f"{append_s:.1f} s, {acked / append_s:,.0f} acked entries/s" if append_s else "-",
