@@ -74,7 +74,7 @@ def _append_one(client, bodies: list[bytes], work: Workload) -> tuple[list | Non
     for _attempt in range(3):
         try:
             return client.append_batch(bodies), False
-        except OutcomeUnknownError as exc:  # may have committed: never retried
+        except OutcomeUnknownError as exc:  # the client retried it until its deadline
             with work.lock:
                 work.unknown.extend(bodies)
                 work.errors[exc.code.name] += 1
