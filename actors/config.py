@@ -49,6 +49,10 @@ class LedgerConfig:
     # rides out a slow reboot but not a lost host.
     promote_lag: int = 1000
     replace_lost_after_s: float | None = 60.0
+    # exactly-once appends (issue 24): an idempotent client's session silent this long, by
+    # its leaders' stamps, expires (its appends then get SESSION_EXPIRED); None keeps the
+    # replication layer's ``client_session_ttl_ms`` (1 h)
+    client_session_ttl_s: float | None = None
 
     def replace_lost_after_ms(self) -> int | None:
         s = self.replace_lost_after_s
@@ -96,6 +100,14 @@ class LedgerConfig:
                 ResponseCode.UNEXPECTED_ARGUMENT,
                 f"replace_lost_after_s must be None or >= 0 and promote_lag an int >= 0, got "
                 f"{lost!r} and {self.promote_lag!r}",
+            )
+        ttl = self.client_session_ttl_s
+        if ttl is not None:
+            if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl >= 0.001:
+                raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT,
+                                     f"client_session_ttl_s must be > 0, got {ttl!r}")  # fmt: skip
+            self.replication = dataclasses.replace(
+                self.replication, client_session_ttl_ms=int(ttl * 1000)
             )
         if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:
             raise LedgerError.of(

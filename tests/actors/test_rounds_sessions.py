@@ -158,3 +158,14 @@ def test_a_body_an_append_hook_stamped_still_matches_its_retry(book) -> None:
     assert token == "again" and _where(value) == [(1, 3)]
     with pytest.raises(SessionError):
         book.admit([b"#bc"], "g", None, "other", (9, 0))
+
+
+def test_the_session_ttl_is_a_group_setting() -> None:
+    from rayledger.actors import LedgerConfig
+
+    assert LedgerConfig().replication.client_session_ttl_ms == 3_600_000
+    assert LedgerConfig(client_session_ttl_s=90).replication.client_session_ttl_ms == 90_000
+    for bad in (0, -1, "1", True):
+        with pytest.raises(LedgerError) as e:
+            LedgerConfig(client_session_ttl_s=bad)
+        assert e.value.code == C.UNEXPECTED_ARGUMENT
