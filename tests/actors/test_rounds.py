@@ -19,15 +19,20 @@ from rayledger.storage import (
 C = ResponseCode
 
 
-@pytest.fixture
-def book() -> RoundBook:
+def leader_book(replication: ReplicationConfig) -> RoundBook:
+    """The round book of a member that leads term 3 and has taken office."""
     store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
-    m = MemberLogic("g", "n0", ["n0", "n1", "n2"], store, ElectionConfig(),
-                    ReplicationConfig(max_pending_requests_num=2), MemoryTermStore(term=3))  # fmt: skip
+    m = MemberLogic("g", "n0", ["n0", "n1", "n2"], store, ElectionConfig(), replication,
+                    MemoryTermStore(term=3))  # fmt: skip
     m.state.change_to_leader(3)
     m.leadership()
     assert m.mark_ready(3)
     return RoundBook(m)
+
+
+@pytest.fixture
+def book() -> RoundBook:
+    return leader_book(ReplicationConfig(max_pending_requests_num=2))
 
 
 def test_appends_of_one_turn_become_one_round(book) -> None:

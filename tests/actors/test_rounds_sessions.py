@@ -6,31 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.logic import MemberLogic
 from rayledger.actors.rounds import RoundBook, Spread
-from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import (
     LedgerError,
-    MemoryStore,
     OutcomeUnknownError,
     ResponseCode,
     SessionError,
-    StoreConfig,
 )
+from test_rounds import leader_book
 
 C = ResponseCode
 
 
 @pytest.fixture
 def book() -> RoundBook:
-    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
-    m = MemberLogic("g", "n0", ["n0", "n1", "n2"], store, ElectionConfig(),
-                    ReplicationConfig(), MemoryTermStore(term=3))  # fmt: skip
-    m.state.change_to_leader(3)
-    m.leadership()
-    assert m.mark_ready(3)
-    return RoundBook(m)
+    return leader_book(ReplicationConfig())
 
 
 def _round(book: RoundBook, wall_ms: int = 1000):
