@@ -582,11 +582,18 @@ class LedgerClient:
                     p.ident = None
             self._requeue(batch, exc)
             return True
-        if isinstance(exc, SessionError):
-            return False  # a session refusal that cannot be mended: the caller's error
-        if exc.code not in _RETRY_BEFORE_STORE and not (
-            isinstance(exc, InvalidRequestError) and len(batch) > 1
-        ):  # refused for good: its sequences stay a hole, so what follows starts anew
+        final = isinstance(exc, SessionError) or (
+            exc.code not in _RETRY_BEFORE_STORE
+            and not (isinstance(exc, InvalidRequestError) and len(batch) > 1)
+        )
+        if final and any(p.unknown for p in batch):
+            # an earlier try may have stored it: whatever this one says, that is unknown
+            self._fail(batch, lambda e=exc: OutcomeUnknownError(
+                e.code, f"a retry was refused ({e.code.name}: {e.message}) after an unknown "
+                "outcome; the append may still commit"))  # fmt: skip
+            return True
+        if final and not isinstance(exc, SessionError):
+            # refused for good: its sequences stay a hole, so what follows starts anew
             with self._send_lock:
                 if batch[0].ident[0] == self.client_id:
                     self._new_session()
