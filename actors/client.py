@@ -16,9 +16,9 @@ wait failed mid-call -- every append of that call raises
 refused for bad input (a too-large entry, say) is split, so only the appends
 that are wrong get the error.
 
-An idempotent client (issue 24; the default, ``idempotent=False`` opts out) gives every append an identity: its
-session's client id and the sequence numbers of its entries, assigned when the append is
-first sent, in the order calls reach Ray.  A leader writes them into the entries and
+An idempotent client (issue 24; the default, ``idempotent=False`` opts out) gives every
+append an identity: its session's client id and the sequence numbers of its entries,
+assigned when the append is first sent, in the order calls reach Ray.  A leader writes them into the entries and
 answers a retry of entries already in its log with where they are.  So such a client
 retries an unknown outcome -- a member died, a term ended, a quorum wait timed out -- under
 the same identity, against whichever member leads, until the append's deadline;

@@ -396,8 +396,11 @@ class MemberCore:
             pid, value = self._wake.pop(0)
             if isinstance(self._out.get(pid), Confirm):
                 self._resume(pid, value, now_ms, out)
-        self.book.settle_joins()  # retries answered once their entries commit, however
-        if self.book.settled:  # the committed index moved (a commit notice, a follower's)
+        # retries waiting on entries in the log: answered once those commit, or failed once
+        # the term is over, whichever event of this step did it (a resolution settles them
+        # too; this catches the rest, at the cost of one empty-list check a step)
+        self.book.settle_joins()
+        if self.book.settled:
             out.settled += self.book.take_settled()
         latest = self.logic.config_log.latest()
         if latest is not self._config:

@@ -42,7 +42,7 @@ from rayledger.storage.codec import (
     SESSION_FLAG,
     SESSION_SIZE,
     crc32,
-    session_ids,
+    session_rows,
     with_session,
 )
 
@@ -121,7 +121,7 @@ _REFUSED = {
     Verdict.GAP: (ResponseCode.OUT_OF_ORDER_SEQUENCE, "an earlier append of the session is "
                   "not in the log; the session expects sequence {next}"),
     Verdict.EXPIRED: (ResponseCode.SESSION_EXPIRED, "the session is unknown here: silent "
-                      "longer than client_session_ttl_ms, or never started at 0"),
+                      "longer than client_session_ttl_s, or never started at 0"),
     Verdict.FORGOTTEN: (ResponseCode.DUPLICATE_SEQUENCE, "appended long ago; where it went is "
                         "no longer kept"),
 }  # fmt: skip
@@ -197,9 +197,9 @@ class RoundBook:
         for first, count in spans:
             batch = store.read_batch(first, 1 << 62, count)
             heads = batch.headers()
-            _, recs = session_ids(batch.data, first, [h[5] for h in heads],
-                                  [h[1] for h in heads])  # fmt: skip
-            for j, crc in enumerate(recs["crc"].tolist()):
+            _, rows = session_rows(batch.data, first, [h[5] for h in heads],
+                                   [h[1] for h in heads])  # fmt: skip
+            for j, (_client, _seq, _stamp, crc) in enumerate(rows):
                 if crc != crc32(bodies[k]):
                     raise LedgerError.of(ResponseCode.SEQUENCE_MISMATCH, f"entry {first + j} "
                                          "holds other bytes under this sequence")  # fmt: skip

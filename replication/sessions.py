@@ -275,8 +275,7 @@ def recover_sessions(store, ttl_ms: int) -> SessionTable:
     store tells it of every session prefix written, every truncation and reset."""
     table = SessionTable(ttl_ms)
     for indexes, records in store.session_records(store.ledger_begin_index):
-        table.appended(indexes, records)
-    table.expire(table.last_stamp)
+        table.appended(indexes, records)  # (expiring what the log's stamps say is gone)
     store.watch_sessions(table)
     return table
 

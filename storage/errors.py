@@ -51,7 +51,7 @@ class ResponseCode(IntEnum):
     NODE_UNAVAILABLE = 430  # a node that is not alive, or already hosts a member of the group
     NO_LIVE_QUORUM = 431  # a change that would leave no majority of live voters
     # exactly-once appends (issue 24): an idempotent client's session and sequence numbers
-    SESSION_EXPIRED = 432  # no such session: silent longer than client_session_ttl_ms
+    SESSION_EXPIRED = 432  # no such session: silent longer than client_session_ttl_s
     OUT_OF_ORDER_SEQUENCE = 433  # a sequence past the session's next: an earlier one is missing
     DUPLICATE_SEQUENCE = 434  # appended long ago: its result is no longer kept
     SEQUENCE_MISMATCH = 435  # a retry whose bodies differ from what that sequence stored

@@ -139,7 +139,9 @@ class SessionWatcher(Protocol):
     """Follows the session prefixes of idempotent clients' entries (issue 24, see
     :meth:`LogStore.watch_sessions`)."""
 
-    def appended(self, indexes: np.ndarray, records: np.ndarray) -> None: ...
+    def appended(self, indexes, records) -> None:
+        """numpy ``indexes`` and ``SESSION_DTYPE`` records, or for a few entries lists of
+        indexes and ``(client, seq, stamp, crc)`` tuples (``codec.session_rows``)."""
 
     def truncated(self, end_index: int) -> None: ...
 
