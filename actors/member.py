@@ -73,12 +73,6 @@ from .wire import as_received
 
 log = logging.getLogger("rayledger.actors")
 
-REPLAY_DEFERS_HELPERS = 10_000
-"""A restarted member this many committed entries ahead of its machine defers its helpers."""
-
-HELPERS_DEFER_S = 5.0
-"""...for at most this long (it creates them at once when it is elected first)."""
-
 
 @ray.remote(num_cpus=0, concurrency_groups={"election": 64}, max_concurrency=1000)
 class MemberActor:
@@ -174,15 +168,10 @@ class MemberActor:
         return self.self_id
 
     def _boot(self) -> None:
-        """Create this member's dispatchers and checker, and start maintaining state.
-
-        Ray runs an async actor's ``__init__`` on its event loop, so this also runs
-        when Ray restarts the member after its process died.  A member whose state machine
-        has a long replay ahead (a restart: the log after its snapshot) creates its helpers
-        once it caught up, or after ``HELPERS_DEFER_S`` -- or at once when it is elected
-        before: three processes starting take ~2 cores for a second here, which the replay
-        needs (a restart of a million-key store served after 3.5 s, not 2.3).
-        """
+        """Start maintaining state.  Ray runs an async actor's ``__init__`` on its event
+        loop, so this also runs when Ray restarts the member after its process died.  No
+        helper starts here: a member's checker and dispatchers start when it first takes
+        office (:meth:`.supervision.Supervisor.runs_helpers`)."""
         ctx = self.ctx
         ctx.loop = asyncio.get_running_loop()
         me = ray.get_runtime_context().current_actor
@@ -194,28 +183,11 @@ class MemberActor:
         except Exception as exc:  # the leader cannot replace this member if its node dies
             log.warning("[%s] could not record its node: %r", self.self_id, exc)
         with self._lock:
-            runs = self.ctx.core.supervisor.runs_helpers()
-        if not runs:  # a learner: its helpers start when it is promoted (Supervisor.runs_helpers)
-            set_background(True)  # and it catches up on CPU the voters leave (priority.py)
-        elif self._replay_ahead() > REPLAY_DEFERS_HELPERS:
-            asyncio.ensure_future(self._helpers_after_replay())
-        else:
-            self._create_helpers()
+            learner = not self.ctx.core.supervisor.is_voter()
+        set_background(learner)  # a learner catches up on CPU the voters leave (priority.py)
         me.run_maintainer.remote()
         if self.config.replace_lost_after_s is not None:
             asyncio.ensure_future(self._watch_nodes())
-
-    def _replay_ahead(self) -> int:
-        m = self.ctx.machine
-        return 0 if m is None else self.store.committed_index - m.core.applied
-
-    async def _helpers_after_replay(self) -> None:
-        deadline = time.monotonic() + HELPERS_DEFER_S
-        while self.ctx.checker is None and time.monotonic() < deadline:
-            if self._replay_ahead() <= REPLAY_DEFERS_HELPERS:
-                break
-            await asyncio.sleep(0.05)
-        self._create_helpers()
 
     def _create_helpers(self) -> None:
         """The checker and a dispatcher per peer, on this node (once)."""
@@ -549,8 +521,10 @@ class MemberActor:
 
     @ray.method(concurrency_group="election")
     async def helper_pids(self) -> dict[str, int | None]:
-        """Process ids of this member's checker and dispatchers (for fault injection)."""
-        self.ctx.ensure_helpers()
+        """Process ids of this member's checker and dispatchers (for fault injection); none
+        before it first took office (they start then)."""
+        if self.ctx.checker is None:
+            return {}
         refs = {"checker": self.ctx.checker.pid.remote()}
         refs.update({f"dispatcher:{p}": d.pid.remote() for p, d in self.ctx.dispatchers.items()})
         return await self._helper_answers(refs)

@@ -93,7 +93,7 @@ class LeadershipPart(Part):
                 self.appends.fast_start(a.term)
             return None
         if isinstance(a, sv.Helpers):
-            self._helpers(a.peers, a.start)
+            self._helpers(a.peers, a.start, a.background)
             return None
         if isinstance(a, sv.CheckerConfigure):
             try:
@@ -105,16 +105,18 @@ class LeadershipPart(Part):
             return None
         raise TypeError(f"unknown supervision action {a!r}")
 
-    def _helpers(self, peers: tuple[str, ...], start: bool = True) -> None:
+    def _helpers(
+        self, peers: tuple[str, ...], start: bool = True, background: bool = False
+    ) -> None:
         """One dispatcher per member of the configuration other than this one: new ones for
         members added, those of members gone killed; the checker learns the list."""
         ctx = self.ctx
         with self._lock:
             ctx.peers[:] = self.logic.config_log.latest().members
-        set_background(not start)  # a learner catches up on CPU the voters leave (priority.py)
-        if ctx.checker is None:  # helpers deferred (member.py): created from ctx.peers
+        set_background(background)  # a learner catches up on CPU the voters leave (priority.py)
+        if ctx.checker is None:  # none yet (Supervisor.runs_helpers): created from ctx.peers
             if start:
-                ctx.ensure_helpers()  # a learner promoted (or a replay deferred them)
+                ctx.ensure_helpers()
             return
         for gone in [p for p in ctx.dispatchers if p not in peers]:
             d = ctx.dispatchers.pop(gone)
@@ -130,7 +132,7 @@ class LeadershipPart(Part):
         ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
 
     def _helper_handles(self) -> dict:
-        self.ctx.ensure_helpers()  # a restarted member may still defer them (member.py)
+        self.ctx.ensure_helpers()  # a leader's: they start with its first term
         handles = {sv.CHECKER: self.ctx.checker}
         handles.update({("dispatcher", p): d for p, d in self.ctx.dispatchers.items()})
         return handles
@@ -164,7 +166,7 @@ class LeadershipPart(Part):
 
     async def _install_helpers(self, a: sv.Install) -> None:
         """Start the checker and the dispatchers (or one of them, ``a.only``) for ``a.term``."""
-        self.ctx.ensure_helpers()  # elected before its deferred helpers were created
+        self.ctx.ensure_helpers()  # its first term: they start now (Supervisor.runs_helpers)
         timeout = a.timeout_ms / 1000
         term, only = a.term, a.only
         if only in (None, "checker"):

@@ -184,11 +184,13 @@ class Ready:
 class Helpers:
     """The members of the configuration changed (issue 22): keep exactly one dispatcher per
     member in ``peers`` other than this one -- create those added, stop and drop those gone --
-    and tell the checker the dispatchers.  ``start``: helpers not started yet (a learner's,
-    see :meth:`Supervisor.runs_helpers`) start now.  Answered None."""
+    and tell the checker the dispatchers.  ``start``: helpers not started yet (a promoted
+    learner's, see :meth:`Supervisor.runs_helpers`) start now.  ``background``: a learner,
+    which catches up on CPU the voters leave (priority.py).  Answered None."""
 
     peers: tuple[str, ...]
     start: bool = True
+    background: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +259,7 @@ class Supervisor:
         self.machine = machine
         self.fast_path = fast_path and len(self.peers) > 1
         self.pids: dict[HelperKey, int] = {}
+        self.has_led = False  # helpers start with this member's first term (runs_helpers)
         self.peers = [self.self_id, *self.dispatcher_peers()]  # those it keeps helpers for
 
     # -- helpers and their timing ------------------------------------------------------------
@@ -332,6 +335,9 @@ class Supervisor:
                 yield StepDown(f"its term's first entry could not be flushed: {flushed.value.why}")
                 return
             info = replace(info, water_mark=self.logic.water_mark())  # now it may count
+        if not self.has_led:  # its first term: its helpers start now (runs_helpers)
+            self.has_led = True
+            self.peers = [self.self_id, *self.dispatcher_peers()]
         wait_ms = self.helper_wait_ms()
         known = wait_ms < HELPER_START_MS  # every helper has started before: not still booting
         now = (yield Sleep(0)).now_ms
@@ -374,15 +380,21 @@ class Supervisor:
             yield Ready(term, self.fast_path, watching=self.machine)
 
     def runs_helpers(self) -> bool:
-        """Whether this member keeps a checker and a dispatcher per member ready.
+        """Whether this member keeps a checker and a dispatcher per member.
 
-        Only a voter does.  A learner cannot lead, and a checker and three dispatchers
-        starting take a two-core host about two cores for a second -- right when the
-        learner joins and its catch-up should cost the voters' rounds as little as
-        possible.  (Nor does a member its latest configuration leaves out: a learner whose
-        reset carried the configuration from before it was added, until its own entry
-        arrives.)  They start when it is promoted (:meth:`reconfigure`); a voter keeps them
-        ready, so that taking office costs no process start."""
+        A voter does from the first time it takes office (:meth:`_start_leading` starts
+        them), and keeps them while it follows, ready for its next term.  Until then it runs
+        none: in a steady group only the leader's helpers do any work, and a follower's
+        three idle processes doubled the group's processes, memory and idle CPU (issue 25).
+        The price is paid once per member, in its first election: about a second of process
+        start before its first round.  A learner runs none either (it cannot lead; its
+        catch-up should cost the voters' rounds as little as possible), nor a member its
+        latest configuration leaves out (a learner whose reset carried the configuration
+        from before it was added, until its own entry arrives).  A promoted learner starts
+        them when it first takes office."""
+        return self.has_led and self.is_voter()
+
+    def is_voter(self) -> bool:
         return self.logic.config_log.latest().is_voter(self.self_id)
 
     def dispatcher_peers(self) -> tuple[str, ...]:
@@ -419,7 +431,7 @@ class Supervisor:
         ready = leads and self.logic.ready_term == term
         if ready and self.fast_path:
             yield FastStop()  # before a dispatcher in its graph stops
-        yield Helpers(tuple(peers), self.runs_helpers())
+        yield Helpers(tuple(peers), self.runs_helpers(), background=not self.is_voter())
         if not leads or not self.logic.leads(term):
             return
         answer = yield CheckerConfigure(term, self.logic.leader_info(), self.rpc_ms)

@@ -106,6 +106,7 @@ class EntryDispatcher:
         self._tokens: float = config.max_batch_push_bytes
         self._tokens_ms = _NEVER
         self._paced = False  # the push being built is paced (it spends tokens)
+        self._held = False  # a push waits for the bucket (the only reason to wake for it)
         self._rate = config.peer_push_quota  # bytes/s the bucket refills at (learner or not)
         self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
         # the follower's conflict hint (its term, that term's first index) still to apply to
@@ -444,6 +445,7 @@ class EntryDispatcher:
         self._rate = quota = cfg.learner_push_quota if to_learner else cfg.peer_push_quota
         self._refill(now_ms, quota)
         self._paced = True
+        self._held = False
         if self._tokens >= self.config.max_batch_push_bytes:
             return True
         if not to_learner:
@@ -451,13 +453,17 @@ class EntryDispatcher:
             if lag <= cfg.peer_push_throttle_point:
                 self._paced = False
                 return True
+        self._held = True
         self._event(DEBUG, "append.paced", self._write_index, tokens=self._tokens)
         return False
 
     def _pace_due_ms(self) -> int | None:
-        """When the bucket is full again (None: it is)."""
+        """When the bucket is full again for the push it holds back (None: it holds none
+        back).  The bucket refills only as pushes are built, so a bucket left short by the
+        last paced push, with nothing more to send, must not set a wake-up: it would be in
+        the past for good, and the dispatcher woke every millisecond on an idle group."""
         short = self.config.max_batch_push_bytes - self._tokens
-        if short <= 0 or self._tokens_ms == _NEVER:
+        if not self._held or short <= 0 or self._tokens_ms == _NEVER:
             return None
         return self._tokens_ms + math.ceil(short * 1000 / max(1, self._rate))
 

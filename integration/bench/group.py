@@ -21,8 +21,15 @@ Figures (``--json`` prints them as one object):
   table a member keeps for 10,000 clients with the most runs it keeps (8) each;
 - ``failover_s`` (``LedgerConfig.fast()``) and ``failover_default_timers_s`` (DLedger's
   timers): SIGKILL the leader, time until the first acknowledged append;
-- ``idle_cpu_cores`` / ``idle_processes``: CPU used by the group's processes (members,
-  dispatchers, checkers) while nobody appends;
+- ``ray_rtt_p50_ms``: a plain round trip between two async actors on the same Ray,
+  measured beside the single appends (before and after them), and
+  ``single_p50_over_rtt``: how many such round trips a single append costs;
+- ``concurrent_cpu_ms_per_append``: CPU time of the group's processes and of the
+  driver (where the client's threads run) during the 64-thread phase, per acked append;
+- ``idle_cpu_cores`` / ``group_processes`` / ``group_rss_mib`` / ``group_pss_mib``: CPU
+  used by the group's processes (members, dispatchers, checkers) while nobody appends,
+  how many there are and their memory (RSS counts pages shared between them once per
+  process; PSS splits them);
 - ``reads_per_s_<consistency>``: ``threads`` threads sharing one client reading single
   committed entries (``linearizable``, ``lease``, ``committed`` from the leader, and
   ``linearizable_any``: follower reads spread over every member);
@@ -81,18 +88,51 @@ def _in_threads(target, n: int) -> float:
     return time.perf_counter() - t0
 
 
+@ray.remote(num_cpus=0)
+class _Echo:
+    """One side of the plain actor round trip ``ray_rtt_p50_ms`` measures (async, as
+    members are)."""
+
+    async def ping(self) -> None:
+        return None
+
+    async def pings(self, other, n: int) -> list[float]:
+        lat = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await other.ping.remote()
+            lat.append((time.perf_counter() - t0) * 1000)
+        return lat
+
+
+def _rtts(pair, n: int) -> list[float]:
+    a, b = pair
+    return ray.get(a.pings.remote(b, n), timeout=120)
+
+
 def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -> dict:
     c = group.client(idempotent=False)
     c.append(b"warm")
+    pair = (_Echo.remote(), _Echo.remote())
+    rtt = _rtts(pair, 20 + n // 2)[20:]  # the first calls pay for connections
     lat = []
     payload = os.urandom(body)
     for _ in range(n):
         t0 = time.perf_counter()
         c.append(payload)
         lat.append((time.perf_counter() - t0) * 1000)
+    rtt += _rtts(pair, n // 2)
+    for a in pair:
+        ray.kill(a)
     if series is not None:
         series["latency_ms"]["single append, 1 client"] = lat
-    return {"single_p50_ms": _pct(lat, 0.5), "single_p99_ms": _pct(lat, 0.99)}
+    p50, rtt50 = _pct(lat, 0.5), _pct(rtt, 0.5)
+    return {
+        "single_p50_ms": p50,
+        "single_p99_ms": _pct(lat, 0.99),
+        "ray_rtt_p50_ms": rtt50,
+        "single_p50_over_rtt": round(p50 / rtt50, 2) if rtt50 else 0.0,
+    }
 
 
 def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> dict:
@@ -101,15 +141,19 @@ def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> 
     payload = os.urandom(body)
     lats: list[list[float]] = [[] for _ in range(threads)]
     errors: list[Exception] = []
+    pids = [*_group_pids(group), os.getpid()]
     stop = time.monotonic() + seconds
 
     def worker(k: int) -> None:
         while time.monotonic() < stop:
             _timed(lambda: c.append(payload), lats[k], errors)
 
+    before = _cpu_seconds(pids)
     dt = _in_threads(worker, threads)
+    cpu = _cpu_seconds(pids) - before
     all_lat = [x for lat in lats for x in lat]
     return {
+        "concurrent_cpu_ms_per_append": round(cpu * 1000 / max(1, len(all_lat)), 3),
         "concurrent_threads": threads,
         "concurrent_entries_per_s": round(len(all_lat) / dt),
         "concurrent_p50_ms": _pct(all_lat, 0.5),
@@ -263,17 +307,42 @@ def _cpu_ticks(pid: int) -> int:
         return 0
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    return sum(_cpu_ticks(p) for p in pids) / os.sysconf("SC_CLK_TCK")
+
+
+def _memory_mib(pids: list[int]) -> dict:
+    """RSS and PSS of ``pids`` summed, in MiB (``/proc/<pid>/smaps_rollup``)."""
+    kib = {"Rss:": 0, "Pss:": 0}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    key, value, *_ = line.split()
+                    if key in kib:
+                        kib[key] += int(value)
+        except OSError:
+            continue
+    return {
+        "group_rss_mib": round(kib["Rss:"] / 1024, 1),
+        "group_pss_mib": round(kib["Pss:"] / 1024, 1),
+    }
+
+
 def _idle(group: LedgerGroup, seconds: float) -> dict:
     time.sleep(1.0)  # let the last appends settle
     pids = _group_pids(group)
-    before = [_cpu_ticks(p) for p in pids]
+    before = _cpu_seconds(pids)
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
-    after = [_cpu_ticks(p) for p in pids]
-    hz = os.sysconf("SC_CLK_TCK")
-    used = sum(b - a for a, b in zip(before, after, strict=True)) / hz
-    return {"idle_cpu_cores": round(used / dt, 3), "idle_processes": len(pids)}
+    used = _cpu_seconds(pids) - before
+    return {
+        "idle_cpu_cores": round(used / dt, 3),
+        "group_processes": len(pids),
+        "idle_processes": len(pids),
+        **_memory_mib(pids),
+    }
 
 
 def _read_load(c, last: int, threads: int, seconds: float, consistency: str, member) -> dict:
@@ -373,6 +442,7 @@ def run(
     members: int = 3,
     threads: int = 64,
     sync_flush: bool = False,
+    fast_path: bool | None = None,
     body: int = 128,
     plot: str | None = None,
     load_seconds: float | None = None,
@@ -396,8 +466,10 @@ def run(
         "load_avg_1m_before": round(os.getloadavg()[0], 2),
     }
     store = StoreConfig(sync_flush=sync_flush)
+    paths = {} if fast_path is None else {"fast_path": fast_path}
     try:
-        fast = LedgerConfig.fast(store=store)
+        fast = LedgerConfig.fast(store=store, **paths)
+        out["fast_path"] = fast.fast_path
         name = f"bench-{uuid.uuid4().hex[:6]}"
         g = LedgerGroup.create(name, members, store_dir=root, config=fast)
         try:
@@ -407,7 +479,7 @@ def run(
         finally:
             g.shutdown(delete_data=True)
         if not quick and not appends_only:
-            dflt = LedgerConfig(election=ElectionConfig(), store=store)
+            dflt = LedgerConfig(election=ElectionConfig(), store=store, **paths)
             g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", members, root, dflt)
             try:
                 g2.wait_for_leader(timeout_s=60)

@@ -1,11 +1,12 @@
-"""`rayledger bench peer`: PySyncObj 0.3.17 and rayledger on the same workload, one run.
+"""`rayledger bench peer`: PySyncObj 0.3.17, etcd and rayledger on the same workload, one run.
 
-PySyncObj is the closest Python peer (Raft, pure-Python transport).  Both sides report
-``bench group``'s figures: ``single_p50_ms``/``single_p99_ms`` (one caller, sequential
-synchronous appends), ``concurrent_entries_per_s``/``concurrent_p99_ms`` (``threads``
-callers doing sequential synchronous appends for a fixed time) and
-``batch_entries_per_s`` (``clients`` callers submitting ``batch`` appends per round; PySyncObj
-has no batch call, so: asynchronous appends with callbacks).
+PySyncObj is the closest Python peer (Raft, pure-Python transport); etcd (:mod:`.etcd_peer`)
+is the reference Raft store in Go, fsyncing its WAL.  Every side runs :func:`workload`
+and reports ``bench group``'s figures: ``single_p50_ms``/``single_p99_ms`` (one caller,
+sequential synchronous appends), ``concurrent_entries_per_s``/``concurrent_p99_ms``
+(``threads`` callers doing sequential synchronous appends for a fixed time) and
+``batch_entries_per_s`` (``clients`` callers submitting ``batch`` appends per round through
+the side's batch call; PySyncObj has none, so: asynchronous appends with callbacks).
 
 Fairness notes.  Each PySyncObj node runs in a process of its own ('spawn'), as each
 rayledger member runs in a Ray worker, and keeps its log in a journal file (``journalFile``,
@@ -14,8 +15,9 @@ dumps written by a forked child (``fullDumpFile``).  The callers run inside the 
 process: PySyncObj pays no client hop, rayledger's clients reach the leader through Ray.
 PySyncObj keeps its default timers but ``appendEntriesUseBatch=False`` (by default entries
 wait for the next 100 ms heartbeat: ~100 ms per single append and 2-9x less throughput on
-this workload) and a 0.5 s connection retry.  Every wait is bounded: a stalled run yields zeros and an
-``error`` field, never a hang; PySyncObj's warnings are counted in ``pysyncobj_log``.
+this workload) and a 0.5 s connection retry.  Every wait is bounded: a stalled run yields
+zeros and an ``error`` field, never a hang; PySyncObj's warnings are counted in
+``pysyncobj_log``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("rayledger.bench")
@@ -89,7 +92,48 @@ def _make_node(addrs: list[str], index: int, workdir: str, conf: dict[str, Any])
     return PeerLedger()
 
 
-def _sync_appends(node, body: bytes, until: float, count: int, tmo: float) -> tuple:
+@dataclass(frozen=True)
+class Workload:
+    """The sizes of one run, the same for every side (pickled to PySyncObj's leader)."""
+
+    body_bytes: int = 128
+    threads: int = 64
+    clients: int = 4
+    batch: int = 1000
+    singles: int = 300
+    duration: float = 8.0
+    rounds: int = 10
+    append_timeout: float = 10.0
+
+    @classmethod
+    def sized(
+        cls, quick: bool, threads: int, clients: int, batch: int, body_bytes: int = 128
+    ) -> Workload:
+        """``--quick`` or full sizes: the phases' lengths are fixed here, the callers given."""
+        return cls(body_bytes, threads, clients, batch, singles=100 if quick else 300,
+                   duration=3.0 if quick else 8.0, rounds=3 if quick else 10,
+                   append_timeout=5.0 if quick else 10.0)  # fmt: skip
+
+    def budget(self) -> float:
+        """The bound of :func:`workload` as a whole: warm-up, singles, concurrent, batches."""
+        tmo = self.append_timeout
+        return 2 * tmo + 60 + self.duration + 10 + self.rounds * (tmo + 5)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One system under :func:`workload`, so that every side runs the very same phases.
+
+    ``append()`` makes one synchronous append, raising on failure and bounded by its own
+    timeout (an exception's first argument names the reason); ``batch(n)`` makes ``n``
+    appends through the system's batch call and returns how many were acked and why the
+    others failed."""
+
+    append: Callable[[], object]
+    batch: Callable[[int], tuple[int, list[str]]]
+
+
+def _sync_appends(append: Callable[[], object], until: float, count: int) -> tuple:
     """Sequential synchronous appends until ``count`` are tried or ``until`` passes;
     returns the latencies (ms) of the acked ones and the failure reasons of the others."""
     lat: list[float] = []
@@ -97,60 +141,78 @@ def _sync_appends(node, body: bytes, until: float, count: int, tmo: float) -> tu
     while len(lat) + len(fails) < count and time.monotonic() < until:
         t0 = time.perf_counter()
         try:
-            node.append(body, sync=True, timeout=tmo)
+            append()
             lat.append((time.perf_counter() - t0) * 1000)
-        except Exception as exc:  # SyncObjException: 'Timeout' or a FAIL_REASON code
+        except Exception as exc:  # PySyncObj: 'Timeout' or a FAIL_REASON code; etcd: a gRPC code
             fails.append(f"sync:{exc.args[0] if exc.args else exc!r}")
     return lat, fails
 
 
-def _workload(node, res_q, p: dict[str, Any]) -> None:
-    """Runs in the leader's process; sends one message per phase."""
-    body, tmo, fails = os.urandom(p["body_bytes"]), p["append_timeout"], Counter()
-    _sync_appends(node, body, time.monotonic() + tmo, 20, tmo)  # warm up
-    lat, failed = _sync_appends(node, body, time.monotonic() + 60, p["singles"], tmo)
+def workload(side: Side, w: Workload) -> Iterator[dict[str, Any]]:
+    """The three phases on ``side``, yielding each one's figures as it ends (the last one
+    also ``failures``); every phase is bounded (see :meth:`Workload.budget`)."""
+    tmo, fails = w.append_timeout, Counter()
+    _sync_appends(side.append, time.monotonic() + tmo, 20)  # warm up
+    lat, failed = _sync_appends(side.append, time.monotonic() + 60, w.singles)
     fails.update(failed)
     p50 = statistics.median(lat) if lat else 0.0
-    res_q.put(("phase", {"single_p50_ms": p50, "single_p99_ms": _percentile(lat, 0.99)}))
+    yield {"single_p50_ms": p50, "single_p99_ms": _percentile(lat, 0.99)}
 
     runs: list[tuple] = []
-    until = time.monotonic() + p["duration"]
+    until = time.monotonic() + w.duration
 
     def caller() -> None:
-        runs.append(_sync_appends(node, body, until, 1 << 40, tmo))
+        runs.append(_sync_appends(side.append, until, 1 << 40))
 
     t0 = time.perf_counter()
-    _in_threads(p["threads"], caller, until + tmo + 5)
+    _in_threads(w.threads, caller, until + tmo + 5)
     dt, lat = time.perf_counter() - t0, [x for r in runs for x in r[0]]
     for r in runs:
         fails.update(r[1])
     phase = {"concurrent_entries_per_s": len(lat) / dt, "concurrent_p99_ms": _percentile(lat, 0.99)}
-    phase["concurrent_errors"] = sum(len(r[1]) for r in runs) + p["threads"] - len(runs)
-    res_q.put(("phase", phase))
+    phase["concurrent_errors"] = sum(len(r[1]) for r in runs) + w.threads - len(runs)
+    yield phase
 
     lock, acked = threading.Lock(), [0]
 
     def submitter() -> None:
-        done, left = threading.Event(), [p["batch"]]
+        n, failed = side.batch(w.batch)
+        with lock:
+            acked[0] += n
+            fails.update(failed)
+
+    t0 = time.perf_counter()
+    for _ in range(w.rounds):
+        _in_threads(w.clients, submitter, time.monotonic() + tmo + 5)
+    phase = {"batch_entries_per_s": acked[0] / (time.perf_counter() - t0)}
+    phase["batch_errors"] = w.rounds * w.clients * w.batch - acked[0]
+    yield {**phase, "failures": dict(fails)}
+
+
+def _pysyncobj_side(node, body: bytes, tmo: float) -> Side:
+    """PySyncObj has no batch call: a batch is ``n`` asynchronous appends with callbacks."""
+
+    def append() -> None:
+        node.append(body, sync=True, timeout=tmo)
+
+    def batch(n: int) -> tuple[int, list[str]]:
+        done, lock, left, acked, fails = threading.Event(), threading.Lock(), [n], [0], []
 
         def on_result(_res: Any, err: int) -> None:
             with lock:
                 acked[0] += err == 0
-                fails.update([f"async:{err}"] if err else [])
+                fails.extend([f"async:{err}"] if err else [])
                 left[0] -= 1
                 if left[0] == 0:
                     done.set()
 
-        for _ in range(p["batch"]):
+        for _ in range(n):
             node.append(body, callback=on_result)
         done.wait(tmo)
+        with lock:
+            return acked[0], list(fails)
 
-    t0 = time.perf_counter()
-    for _ in range(p["rounds"]):
-        _in_threads(p["clients"], submitter, time.monotonic() + tmo + 5)
-    phase = {"batch_entries_per_s": acked[0] / (time.perf_counter() - t0)}
-    phase["batch_errors"] = p["rounds"] * p["clients"] * p["batch"] - acked[0]
-    res_q.put(("phase", {**phase, "failures": dict(fails)}))
+    return Side(append, batch)
 
 
 def _in_threads(n: int, target: Callable[[], None], until: float) -> None:
@@ -191,8 +253,10 @@ def _node_main(addrs: list[str], index: int, workdir: str, conf: dict, cmd_q, re
                 res_q.put(("status", index, node.isReady(), node._isLeader(), leader))
                 continue
             if cmd[0] == "run":
-                term = node._getTerm()
-                _workload(node, res_q, cmd[1])
+                term, w = node._getTerm(), cmd[1]
+                side = _pysyncobj_side(node, os.urandom(w.body_bytes), w.append_timeout)
+                for phase in workload(side, w):
+                    res_q.put(("phase", phase))
                 res_q.put(("done", {"leader_stable": node._isLeader() and node._getTerm() == term}))
             else:
                 break
@@ -265,11 +329,8 @@ def run_pysyncobj(
 ) -> dict:
     """The PySyncObj side: ``nodes`` nodes on loopback, callers in the leader's process."""
     _require_pysyncobj()
-    p: dict[str, Any] = dict(body_bytes=body_bytes, threads=threads, clients=clients, batch=batch)
-    p.update(singles=100 if quick else 300, duration=3.0 if quick else 8.0)
-    p.update(rounds=3 if quick else 10, append_timeout=5.0 if quick else 10.0)
-    tmo = p["append_timeout"]
-    budget = 2 * tmo + 60 + p["duration"] + 10 + p["rounds"] * (tmo + 5)  # every phase's bound
+    w = Workload.sized(quick, threads, clients, batch, body_bytes)
+    budget = w.budget()
     out: dict[str, Any] = {"nodes": nodes, "body_bytes": body_bytes, **dict.fromkeys(FIGURES, 0.0)}
     ctx = mp.get_context("spawn")
     workdir = tempfile.mkdtemp(prefix="rayledger-peer-")
@@ -285,7 +346,7 @@ def run_pysyncobj(
         leader = _wait_for_leader(procs, res_q, 30.0 if quick else 60.0)
         out["election_s"] = round(time.monotonic() - t0, 2)
         log.info("pysyncobj leader is node %d (%s)", leader, addrs[leader])
-        cmd_qs[leader].put(("run", p))
+        cmd_qs[leader].put(("run", w))
         deadline = time.monotonic() + budget
         for phase in ("single", "concurrent", "batch", "done"):  # noqa: B007
             while (msg := res_q.get(timeout=max(0.1, deadline - time.monotonic())))[0] == "status":
@@ -302,9 +363,25 @@ def run_pysyncobj(
         shutil.rmtree(workdir, ignore_errors=True)
     if "error" in out:
         log.warning("%s", out["error"])
+    return round_figures(out)
+
+
+def round_figures(out: dict[str, Any]) -> dict[str, Any]:
+    """Every side's figures rounded alike: throughputs to whole entries, latencies to 0.01 ms."""
     for k in FIGURES:
         out[k] = round(float(out[k]), 0 if k in THROUGHPUTS else 2)
     return out
+
+
+def ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float | None]:
+    """rayledger over the peer for throughputs, the peer over rayledger for latencies (>1:
+    rayledger better); None where either side has no positive figure (failed or skipped)."""
+    ratio: dict[str, float | None] = {}
+    for k in FIGURES:
+        a, b = (ours.get(k), peer.get(k)) if k in THROUGHPUTS else (peer.get(k), ours.get(k))
+        ok = isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0
+        ratio[k] = round(a / b, 2) if ok else None
+    return ratio
 
 
 def run(
@@ -314,31 +391,44 @@ def run(
     members: int = 3,
     threads: int = 64,
     sync_flush: bool = False,
+    fast_path: bool | None = None,
 ) -> dict:
-    """PySyncObj first, then rayledger (``bench group``), with ratios (>1: rayledger better)."""
+    """PySyncObj, then etcd (skipped, with a line on stderr, where its binary is absent),
+    then rayledger (``bench group``), with ratios per peer (>1: rayledger better). One side
+    at a time, each stopped before the next starts, so they never share the CPUs."""
     _require_pysyncobj()
+    from .etcd_peer import run_etcd
+
     peer = run_pysyncobj(quick=quick, threads=threads, clients=clients, batch=batch, nodes=members)
+    etcd = run_etcd(quick=quick, threads=threads, clients=clients, batch=batch, nodes=members)
     from .group import run as run_group
 
     kw = dict(clients=clients, batch=batch, members=members, threads=threads)
-    ours = run_group(quick=quick, sync_flush=sync_flush, appends_only=True, **kw)
-    ratio: dict[str, float | None] = {}
-    for k in FIGURES:
-        a, b = (ours.get(k), peer.get(k)) if k in THROUGHPUTS else (peer.get(k), ours.get(k))
-        ok = isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0
-        ratio[k] = round(a / b, 2) if ok else None
-    workload = dict(members=members, body_bytes=128, threads=threads, clients=clients)
+    ours = run_group(
+        quick=quick, sync_flush=sync_flush, fast_path=fast_path, appends_only=True, **kw
+    )
+    ratio, ratio_etcd = ratios(ours, peer), ratios(ours, etcd)
+    w = Workload.sized(quick, threads, clients, batch)
+    workload = dict(members=members, body_bytes=w.body_bytes, threads=threads, clients=clients)
     workload.update(batch=batch, quick=quick, rayledger_sync_flush=sync_flush)
-    workload.update(single_appends=100 if quick else 300, concurrent_s=3.0 if quick else 8.0)
+    workload.update(single_appends=w.singles, concurrent_s=w.duration)
     workload["pysyncobj"] = (
         "0.3.17, a process per node, journalFile (mmap, never fsynced) + fullDumpFile, "
         "appendEntriesUseBatch=False, callers in the leader's process, batch = async appends"
     )
+    workload["etcd"] = etcd.get("setup", etcd.get("skipped", ""))
     workload["ratio"] = "rayledger/pysyncobj (throughputs), pysyncobj/rayledger (latencies)"
+    workload["ratio_etcd"] = "rayledger/etcd (throughputs), etcd/rayledger (latencies)"
+    ran_etcd = "skipped" not in etcd
     return {
         "workload": workload,
         "pysyncobj": peer,
+        "etcd": etcd,
         "rayledger": ours,
         "ratio": ratio,
+        "ratio_etcd": ratio_etcd,
         "rayledger_ahead_on_every_figure": all(r is not None and r > 1 for r in ratio.values()),
+        "rayledger_ahead_of_etcd_on_every_figure": (
+            all(r is not None and r > 1 for r in ratio_etcd.values()) if ran_etcd else None
+        ),
     }

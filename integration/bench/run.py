@@ -13,6 +13,7 @@ def group_options(args) -> dict:
         "members": getattr(args, "members", 3),
         "threads": getattr(args, "threads", 64),
         "sync_flush": bool(getattr(args, "sync_flush", False)),
+        "fast_path": {"on": True, "off": False}.get(getattr(args, "fast_path", None) or ""),
     }
 
 

@@ -190,6 +190,12 @@ def _add_bench(sub, common) -> None:
     be.add_argument(
         "--sync-flush", action="store_true", help="group: ack only after fdatasync on a quorum"
     )
+    be.add_argument(
+        "--fast-path",
+        choices=["on", "off"],
+        default=None,
+        help="group/peer: the compiled round path on or off (default: LedgerConfig's default)",
+    )
     be.add_argument("--gib", type=float, default=1.0, help="store: size of the recovery log")
     be.add_argument(
         "--keys", type=int, default=None, help="kv: keys the store holds (default 1M, quick 100k)"

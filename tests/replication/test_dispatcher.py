@@ -457,3 +457,16 @@ def test_quota_does_not_slow_a_follower_that_keeps_up() -> None:
     to_empty_follower(d, log)
     reqs = d.next_requests(0, log)  # 4 KB behind, under the throttle point: no limit
     assert sum(r.count for r in reqs) == 40
+
+
+def test_a_bucket_left_short_with_nothing_to_send_sets_no_wake_up() -> None:
+    """The bucket refills only as pushes are built: once a learner has everything, a bucket
+    its last push left short must not wake the dispatcher (its refill time lies in the past
+    for good: the dispatcher woke every millisecond on an idle group)."""
+    log = store_with([1] * 10, size=52)  # one 1000-byte batch: the whole log
+    d = dispatcher(max_batch_push_bytes=1000, learner_push_quota=2000, max_push_timeout_ms=60_000)
+    to_empty_follower(d, log)
+    log.is_learner = lambda peer: True
+    assert sum(r.count for r in d.next_requests(0, log)) == 10  # the bucket is now empty
+    assert d.next_requests(600, log) == []  # nothing more to send
+    assert d.next_wakeup_ms(600) == 1000  # the idle COMMIT push, not the bucket's refill

@@ -651,12 +651,14 @@ class GroupSim(
 
     def _hang_step(self, now: int) -> None:
         """Seeded hangs: a live member's checker stops answering (SIGSTOP) until the member
-        kills it (its supervision) -- never on its own."""
+        kills it (its supervision) -- never on its own.  Only a member that has led has a
+        checker process (``Supervisor.runs_helpers``)."""
         if self._next_hang_ms is None or now < self._next_hang_ms:
             return
         rng = self._hang_rng
         self._next_hang_ms = now + int(rng.expovariate(1 / HANG_MEAN_MS)) + 1
-        alive = [m for m in self.ids if self.members[m].alive]
+        alive = [m for m in self.ids if self.members[m].alive
+                 and self.members[m].node.core.supervisor.has_led]  # fmt: skip
         if alive:
             self.hang_checker(rng.choice(alive))
 

@@ -165,6 +165,8 @@ class MemberDelivery:
         if isinstance(a, sv.Flush):
             return (yield from self._disk_flush(node))
         if isinstance(a, sv.Install):
+            # MemberActor._create_helpers (ensure_helpers): a member's first term starts them
+            self._m_helpers(node, node.core.supervisor.dispatcher_peers())
             if a.only is None:
                 self.net.note(
                     f"{node.id} LEADS term={a.term} from index {a.start} "
