@@ -32,6 +32,9 @@ class LedgerConfig:
     )  # for file-backed members: Ray restarts a dead member this often (-1: always)
     fast_path: bool = False  # run the steady-state round as a Ray Compiled Graph (see fastpath.py)
     fast_path_stall_ms: int | None = None  # leave the graph after this; None: heartbeat / 2
+    # tear the graph down after this long without a round (its participants spin while it
+    # lives); the next round goes as plain calls while it is built again (fastpath_logic.py)
+    fast_path_park_ms: int = 2000
     # lease reads assume members' clocks run at rates differing by at most this (see reads.py)
     max_clock_drift: float = 0.1
     # a state machine every member runs, "package.module:Class" (see machine.py)

@@ -39,6 +39,7 @@ import ray
 from .aioloop import AsyncioLoop
 from .checker_logic import Resolution
 from .fastpath_logic import (
+    PARK_MS,
     RETRY_MS,
     Began,
     Built,
@@ -80,6 +81,7 @@ class FastPath:
         on_fallback: Callable[[list], None],
         main_loop: asyncio.AbstractEventLoop,
         retry_ms: tuple[int, int] = RETRY_MS,
+        park_ms: int = PARK_MS,
     ):
         self._main = main_loop
         self.self_id = self_id
@@ -89,7 +91,9 @@ class FastPath:
         self.on_output = on_output
         self.on_fallback = on_fallback
         self._loop = asyncio.new_event_loop()
-        self.driver = FastPathDriver(FastPathLogic(len(followers), stall_ms, retry_ms), self)
+        self.driver = FastPathDriver(
+            FastPathLogic(len(followers), stall_ms, retry_ms, park_ms=park_ms), self
+        )
         self.driver.attach(AsyncioLoop(self._loop))
         self.logic = self.driver.logic
         self._to_submit: deque[tuple[Any, Execution]] = deque()
@@ -110,6 +114,10 @@ class FastPath:
     @property
     def fallbacks(self) -> int:
         return self.logic.fallbacks
+
+    @property
+    def parks(self) -> int:
+        return self.logic.parks
 
     def start(self, term: int) -> None:
         """Lead ``term``: compile its graph in the background (plain calls meanwhile)."""
@@ -208,13 +216,17 @@ class FastPath:
         self.driver.deliver(Collected(ex, out))
 
     def end(self, gen: int) -> None:
-        log.warning(
-            "[%s] term=%d: compiled path off (generation %d): %s; plain calls take over",
-            self.self_id,
-            self.logic.term,
-            gen,
-            self.logic.last_fallback,
-        )
+        if self.logic.parked:
+            log.info("[%s] term=%d: compiled path parked (generation %d, idle %d ms)",
+                     self.self_id, self.logic.term, gen, self.logic.park_ms)  # fmt: skip
+        else:
+            log.warning(
+                "[%s] term=%d: compiled path off (generation %d): %s; plain calls take over",
+                self.self_id,
+                self.logic.term,
+                gen,
+                self.logic.last_fallback,
+            )
         for d in self.dispatchers.values():
             d.cg_end.remote(gen)
         self.checker.cg_end.remote(gen)

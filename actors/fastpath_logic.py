@@ -20,14 +20,24 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from .checker_logic import Resolution
 from .pump import Driver
 
 MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
+PARK_MS = 2000  # a graph that carried no round this long is torn down (parked)
 MAX_ROUND_BYTES = 6 << 20  # larger rounds travel as plain calls
 RETRY_MS = (1000, 15000)  # backoff before building again: first, largest
+
+
+class Route(Enum):
+    """How a round offered to the compiled path travels (the answer to :class:`Admits`)."""
+
+    GRAPH = "graph"
+    PLAIN = "plain"
+    RESUME = "resume"  # plain calls, and the parked path builds its graph again now
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +96,7 @@ class Leave:
 
 @dataclass(frozen=True, slots=True)
 class Admits:
-    """Whether a round may go through the graph (answered True) or as plain calls."""
+    """How a round travels: through the graph or as plain calls (answered a :class:`Route`)."""
 
     announcement: Any
 
@@ -147,7 +157,14 @@ FastPathEvent = (
 
 
 class FastPathLogic:
-    """A leader's compiled graph over ``followers`` followers: its life and its rounds."""
+    """A leader's compiled graph over ``followers`` followers: its life and its rounds.
+
+    Parking: every participant of a live Ray Compiled Graph busy-waits on its input
+    channel (Ray 2.60's ``ReadAcquire`` spins with ``sched_yield``), about a core each, load
+    or not.  So a graph that carried no round for ``park_ms`` is torn down, and the first
+    round offered to a parked path goes as plain calls while the graph is built again
+    (about 0.2 s of compile here): an idle group costs no spinning, a loaded one keeps its
+    graph."""
 
     def __init__(
         self,
@@ -156,9 +173,15 @@ class FastPathLogic:
         retry_ms: tuple[int, int] = RETRY_MS,
         max_inflight: int = MAX_INFLIGHT,
         max_round_bytes: int = MAX_ROUND_BYTES,
+        park_ms: int = PARK_MS,
     ):
         self.followers = followers
         self.stall_ms = stall_ms
+        self.park_ms = park_ms
+        self.parked = False
+        self.parks = 0
+        self._last_round_ms = 0
+        self._live_since = 0  # when the live graph began
         self.retry_ms = retry_ms
         self.max_inflight = max_inflight
         self.max_round_bytes = max_round_bytes
@@ -192,8 +215,9 @@ class FastPathLogic:
         """Deliver one event; returns the call's direct answer (``Admits``), else None."""
         match ev:
             case Admits():
-                return self._admits(ev.announcement)
+                return self._admits(ev.announcement, now_ms)
             case Enqueue():
+                self._last_round_ms = now_ms
                 self._enqueue(ev.announcement, ev.rounds)
             case Collected():
                 self._collected(ev.ex, ev.out)
@@ -217,18 +241,44 @@ class FastPathLogic:
         return None
 
     # -- its cases -----------------------------------------------------------------------------
-    def _admits(self, announcement: Any) -> bool:
-        """Whether a round may go through the graph (else: plain calls)."""
-        return self.active and announcement.nbytes <= self.max_round_bytes
+    @property
+    def offered(self) -> bool:
+        """Whether the member offers its rounds (``Admits``): while the graph is live, and
+        while it is parked (the next round wakes it)."""
+        return self.active or self.parked
+
+    def _admits(self, announcement: Any, now_ms: int) -> Route:
+        if self.active and announcement.nbytes <= self.max_round_bytes:
+            self._last_round_ms = now_ms
+            return Route.GRAPH
+        if self.parked:
+            self.parked = False
+            self._last_round_ms = now_ms
+            if self.term >= 0 and self.enabled and self.building is None:
+                self._build_at = now_ms
+                return Route.RESUME
+        return Route.PLAIN
+
+    def _park(self) -> None:
+        """No round for ``park_ms``: tear the graph down (its participants stop spinning).
+        It served until it idled: the next failure backs off from the shortest wait."""
+        self.parks += 1
+        self._backoff = self.retry_ms[0]
+        self._out.ended = self.gen
+        self._abandon()  # nothing in flight or queued: nothing falls back
+        self.parked = True
+        self._build_at = None
 
     def _start(self, term: int, now_ms: int) -> None:
         self._stop()
+        self._last_round_ms = now_ms
         self.term = term
         self._backoff = self.retry_ms[0]
         self._build_at = now_ms
 
     def _stop(self) -> None:
         self._build_at = None
+        self.parked = False
         self.building = None
         self._abandon()
         self.term = -1
@@ -237,6 +287,7 @@ class FastPathLogic:
         """Off: fall back, build none; on: build when leading."""
         self.enabled = enabled
         if not enabled:
+            self.parked = False
             self._fallback("switched off", now_ms)
         elif self.term >= 0 and not self.active and self.building is None:
             self._build_at = now_ms
@@ -277,6 +328,8 @@ class FastPathLogic:
         self.graph = graph
         self.active = True
         self.compiles += 1
+        self._live_since = now_ms
+        self._last_round_ms = max(self._last_round_ms, now_ms)  # a full park_ms from now
 
     def _enqueue(self, announcement: Any, rounds: Sequence) -> None:
         if not self.active:  # left the graph since the member looked: plain calls
@@ -309,6 +362,11 @@ class FastPathLogic:
             return
         self.fallbacks += 1
         self.last_fallback = why
+        if now_ms - self._live_since >= self.retry_ms[1]:
+            # it served longer than the longest backoff: a stall now and then (a busy host)
+            # must not keep the path off for good; the backoff grows only for graphs that
+            # fail soon after they begin
+            self._backoff = self.retry_ms[0]
         self._out.ended = self.gen
         self._out.fallback += self._abandon()
         self._retry_later(now_ms)
@@ -336,6 +394,9 @@ class FastPathLogic:
     def ready(self, now_ms: int) -> FastPathReady:
         if self.inflight and now_ms - self.inflight[0].started >= self.stall_ms:
             self._fallback(f"an execution waited more than {self.stall_ms} ms", now_ms)
+        elif (self.active and not self.inflight and not self.queue
+              and now_ms >= self._last_round_ms + self.park_ms):  # fmt: skip
+            self._park()
         out, self._out = self._out, FastPathReady()
         wake = None
         if self._build_at is not None:
@@ -353,6 +414,9 @@ class FastPathLogic:
         if self.inflight:
             due = self.inflight[0].started + self.stall_ms
             wake = due if wake is None else min(wake, due)
+        elif self.active and not self.queue:  # idle: park then
+            idle_until = self._last_round_ms + self.park_ms
+            wake = idle_until if wake is None else min(wake, idle_until)
         out.wake_at_ms = wake
         return out
 
@@ -391,10 +455,13 @@ class FastPathDriver(Driver[FastPathLogic, FastPathPorts]):
 
     def submit(self, announcement: Any, rounds: list) -> bool:
         """Send a round through the graph; False when it must go as plain calls."""
-        if not self.deliver(Admits(announcement)):
-            return False
-        self._hop(Enqueue(announcement, rounds))
-        return True
+        route = self.deliver(Admits(announcement))
+        if route is Route.GRAPH:
+            self._hop(Enqueue(announcement, rounds))
+            return True
+        if route is Route.RESUME:  # the parked path builds its graph: run its Ready now
+            self.pump.loop.call_threadsafe(self.pump.run)
+        return False
 
     def set_enabled(self, enabled: bool) -> None:
         self._hop(SetEnabled(enabled))

@@ -516,6 +516,7 @@ class MemberActor:
             "fast_path_active": bool(f and f.active),
             "fast_path_compiles": f.compiles if f else 0,
             "fast_path_fallbacks": f.fallbacks if f else 0,
+            "fast_path_parks": f.parks if f else 0,
             "rounds_waiting": waiting,
         }
 

@@ -67,6 +67,7 @@ class AppendPart(Part):
                 self.on_resolved,
                 self._on_graph_fallback,
                 self.ctx.loop,
+                park_ms=self.config.fast_path_park_ms,
             )
         return self.fast
 
@@ -107,7 +108,7 @@ class AppendPart(Part):
 
     def write_round(self) -> None:
         """The loop turn ends: the queued appends become one store batch and one round."""
-        fast = self.fast is not None and self.fast.active
+        fast = self.fast is not None and self.fast.logic.offered  # live or parked
         self.ctx.carry(self.ctx.step(mc.WriteRound(fast, int(time.time() * 1000))))
 
     def settle(self, settled: list) -> None:

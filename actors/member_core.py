@@ -121,7 +121,7 @@ class ClientAppend:
 @dataclass(frozen=True, slots=True)
 class WriteRound:
     """The turn in which appends were queued ends: write them as one round (``fast``: the
-    compiled path is active now)."""
+    compiled path takes rounds now -- live, or parked and woken by this one)."""
 
     fast: bool = False
     wall_ms: int = 0  # the leader's wall clock: the stamp of idempotent clients' entries

@@ -330,7 +330,9 @@ def _memory_mib(pids: list[int]) -> dict:
 
 
 def _idle(group: LedgerGroup, seconds: float) -> dict:
-    time.sleep(1.0)  # let the last appends settle
+    # let the last appends settle, and a compiled graph park (its participants spin)
+    settle = 1.0 + (group.config.fast_path_park_ms / 1000 if group.config.fast_path else 0)
+    time.sleep(settle)
     pids = _group_pids(group)
     before = _cpu_seconds(pids)
     t0 = time.monotonic()

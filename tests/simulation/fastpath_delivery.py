@@ -23,6 +23,7 @@ from .node_state import Chain, Channel, Node
 from .node_transport import SimLoop
 from .sim_config import (
     FAST_PATH_COMPILE_MS,
+    FAST_PATH_PARK_MS,
     FAST_PATH_RETRY_MS,
     FAST_PATH_STALL_MS,
     FAST_PATH_SWITCH_MEAN_MS,
@@ -84,7 +85,8 @@ class FastPathDelivery:
 
     def _fp(self, node: Node) -> FastPathDriver:
         if node.fast is None:
-            logic = FastPathLogic(len(node.dispatchers), FAST_PATH_STALL_MS, FAST_PATH_RETRY_MS)
+            logic = FastPathLogic(len(node.dispatchers), FAST_PATH_STALL_MS, FAST_PATH_RETRY_MS,
+                                  park_ms=FAST_PATH_PARK_MS)  # fmt: skip
             logic.enabled = self.members[node.id].fast_enabled
             node.fast = FastPathDriver(logic, _SimFastPorts(self, node))
             node.fast.attach(SimLoop(self, node, lane="to_fast"))

@@ -273,7 +273,7 @@ class MemberDelivery:
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one store batch and one round, sent on
         by the shipped round path (:class:`~rayledger.actors.round_path.RoundPath`)."""
-        fast = node.fast is not None and node.fast.logic.active
+        fast = node.fast is not None and node.fast.logic.offered  # live or parked
         self._step(node, mc.WriteRound(fast, self.clock.now_ms))  # the sim's clock stamps
 
     def _announce_plain(self, node: Node, a: Announcement) -> None:

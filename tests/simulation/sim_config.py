@@ -99,6 +99,8 @@ FAST_PATH_STALL_MS = LedgerConfig(election=SIM_ELECTION).stall_ms()
 """The shipped ``LedgerConfig.stall_ms()``: an execution unanswered this long abandons the graph."""
 
 FAST_PATH_RETRY_MS = (100, 1500)  # fastpath_logic.RETRY_MS, scaled like the election timing
+# fastpath_logic.PARK_MS, short enough that the seeds' lulls park and wake the graph
+FAST_PATH_PARK_MS = 300
 FAST_PATH_COMPILE_MS = (20, 80)  # cg_reset on the followers + compiling
 FAST_PATH_SWITCH_MEAN_MS = 900
 TRANSFER_MEAN_MS = 1500  # how often, on average, an operator asks the leader to transfer
