@@ -29,7 +29,9 @@ Figures (``--json`` prints them as one object):
 - ``idle_cpu_cores`` / ``group_processes`` / ``group_rss_mib`` / ``group_pss_mib``: CPU
   used by the group's processes (members, dispatchers, checkers) while nobody appends,
   how many there are and their memory (RSS counts pages shared between them once per
-  process; PSS splits them);
+  process; PSS splits them); ``idle_cpu_cores_default_timers``: the same on a group with
+  DLedger's timers (heartbeat 2 s; the figures above use ``LedgerConfig.fast()``'s 100 ms,
+  whose heartbeats alone cost a few hundredths of a core);
 - ``reads_per_s_<consistency>``: ``threads`` threads sharing one client reading single
   committed entries (``linearizable``, ``lease``, ``committed`` from the leader, and
   ``linearizable_any``: follower reads spread over every member);
@@ -485,6 +487,9 @@ def run(
             g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", members, root, dflt)
             try:
                 g2.wait_for_leader(timeout_s=60)
+                g2.client(idempotent=False).append(b"warm")  # the leader's helpers started
+                idle = _idle(g2, 10)
+                out["idle_cpu_cores_default_timers"] = idle["idle_cpu_cores"]
                 out["failover_default_timers_s"] = _failover(g2)
             finally:
                 g2.shutdown(delete_data=True)
