@@ -25,13 +25,17 @@ def stats(g, member: str) -> dict:
 
 
 def wait_active(g, timeout_s: float = 60.0, compiles_at_least: int = 1) -> str:
+    """Until the leader's graph is live; an append now and then wakes a parked one."""
     deadline = time.monotonic() + timeout_s
+    poke = g.client(timeout_s=30)
     while time.monotonic() < deadline:
         leader = g.leader_id()
         if leader is not None:
             s = stats(g, leader)
             if s["fast_path_active"] and s["fast_path_compiles"] >= compiles_at_least:
                 return leader
+            if s.get("fast_path_parks"):
+                poke.append(b"poke")
         time.sleep(0.2)
     raise AssertionError(f"compiled path not active: {[stats(g, m) for m in g.members]}")
 
@@ -48,6 +52,7 @@ def test_compiled_path_carries_appends_falls_back_and_comes_back(make_group):
     # from a moment the path is active (else the pause needs no fallback: CI saw that)
     deadline = time.monotonic() + 60
     while not (s := stats(g, leader))["fast_path_active"] and time.monotonic() < deadline:
+        c.append(b"poke")  # wakes a parked graph
         time.sleep(0.2)
     assert s["fast_path_active"], s
     before = s["fast_path_fallbacks"]
@@ -66,6 +71,27 @@ def test_compiled_path_carries_appends_falls_back_and_comes_back(make_group):
     for i in range(10):
         r = c.append(b"r%d" % i)
         acked[r.index] = b"r%d" % i
+    assert_consistent(g, acked)
+
+
+def test_an_idle_graph_parks_and_the_next_round_builds_it_again(make_group):
+    """Every participant of a live graph spins on its channel (about a core each): a graph
+    idle for fast_path_park_ms is torn down, and the next append, carried by plain calls,
+    builds it again."""
+    g = make_group(config=dataclasses.replace(FAST, fast_path_park_ms=500))
+    leader = wait_active(g)
+    c = g.client()
+    acked = {c.append(b"live").index: b"live"}
+    deadline = time.monotonic() + 30
+    while not (s := stats(g, leader))["fast_path_parks"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s["fast_path_parks"] >= 1 and not s["fast_path_active"], s
+    compiles = s["fast_path_compiles"]
+    acked[c.append(b"wakes it").index] = b"wakes it"  # plain calls while it builds
+    wait_active(g, compiles_at_least=compiles + 1)
+    for i in range(20):
+        r = c.append(b"after %d" % i)
+        acked[r.index] = b"after %d" % i
     assert_consistent(g, acked)
 
 

@@ -43,8 +43,10 @@ def _supervisor() -> Supervisor:
                         MemoryTermStore(term=3))  # fmt: skip
     sup = Supervisor(logic, RoundBook(logic), PEERS, CONFIG.rpc_timeout_ms,
                      CONFIG.election.heartbeat_timeout_ms)  # fmt: skip
+    sup.has_led = True  # it led before: it runs helpers (Supervisor.runs_helpers) ...
+    sup.peers = [sup.self_id, *sup.dispatcher_peers()]
     for k in sup.keys():
-        sup.pids[k] = 100  # every helper started once: not still booting
+        sup.pids[k] = 100  # ... and every one of them started once: not still booting
     return sup
 
 

@@ -360,18 +360,26 @@ class Env:
             GROUP, mid, self.voters, store, self.election, self.replication, terms, rng=rng
         )
         members = list(logic.config_log.latest().members)
-        peers = [p for p in members if p != mid]
-        dispatchers = {p: DispatcherLogic(GROUP, mid, p, self.replication) for p in peers}
         checker = CheckerLogic(GROUP, mid, members, self.replication)
         core = MemberCore(logic, rpc_timeout_ms=RPC_MS, sync=self.sync, tick_ms=STEP_MS)
-        node = Node(mid, logic, dispatchers, checker, core)
+        node = Node(mid, logic, {}, checker, core)
         supervisor = core.supervisor
         supervisor.pids.update({k: 0 for k in supervisor.keys()})  # every helper has started
-        for p, d in dispatchers.items():
-            node.drivers[p] = DispatcherDriver(d, _DispatcherPorts(self, node, p))
-            node.drivers[p].attach(ScriptLoop(self, node))
         self._install_checker(node, checker)
         self.nodes[mid] = node
+
+    def _ensure_dispatchers(self, node: Node, peers) -> None:
+        """The Ray member's ``_create_helpers``/``_helpers``: one dispatcher per peer (a
+        member's first term starts them: ``Supervisor.runs_helpers``), none for members gone;
+        in the script a helper is up at once."""
+        for gone in [p for p in node.drivers if p not in peers]:
+            del node.drivers[gone], node.dispatchers[gone]
+        for p in peers:
+            if p not in node.drivers:
+                d = node.dispatchers[p] = DispatcherLogic(GROUP, node.id, p, self.replication)
+                node.drivers[p] = DispatcherDriver(d, _DispatcherPorts(self, node, p))
+                node.drivers[p].attach(ScriptLoop(self, node))
+                node.supervisor.pids[("dispatcher", p)] = 0
 
     def _install_checker(self, node: Node, checker: CheckerLogic) -> None:
         node.checker = checker
@@ -596,6 +604,8 @@ class Env:
                 d.deliver(dl.Deactivate(a.term))
             return 0
         if isinstance(a, sv.Install):
+            if not node.dispatchers:  # its first term: its helpers start now
+                self._ensure_dispatchers(node, node.supervisor.dispatcher_peers())
             if a.only is None:
                 text = f"{node.id} leads term {a.term} from index {a.start}"
             else:
@@ -613,14 +623,7 @@ class Env:
         if isinstance(a, sv.Ping):
             return {k: "ok" for k in a.keys}
         if isinstance(a, sv.Helpers):  # the Ray member's _helpers: one dispatcher per member
-            for gone in [p for p in node.drivers if p not in a.peers]:
-                del node.drivers[gone], node.dispatchers[gone]
-            for p in a.peers:
-                if p not in node.drivers:
-                    d = node.dispatchers[p] = DispatcherLogic(GROUP, node.id, p, self.replication)
-                    node.drivers[p] = DispatcherDriver(d, _DispatcherPorts(self, node, p))
-                    node.drivers[p].attach(ScriptLoop(self, node))
-                    node.supervisor.pids[("dispatcher", p)] = 0
+            self._ensure_dispatchers(node, a.peers)
             return None
         if isinstance(a, sv.CheckerConfigure):
             node.checker_driver.deliver(ck.Configure(a.term, a.info))
