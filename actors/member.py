@@ -200,22 +200,24 @@ class MemberActor:
         # Ray restarts a helper whose process died; the new one tells its member
         # (helper_restarted), which sets it up again for the term it leads
         helper = {"scheduling_strategy": here, "max_restarts": -1}
-        ctx.checker = QuorumAckCheckerActor.options(**helper).remote(
+        checker = QuorumAckCheckerActor.options(**helper).remote(
             self.group, self.self_id, self.peers, self.config, self._me
         )
         with self._lock:
             peers = self.ctx.core.supervisor.dispatcher_peers()
         for peer in peers:
-            ctx.dispatchers[peer] = self._new_dispatcher(peer)
-        ctx.checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
+            ctx.dispatchers[peer] = self._new_dispatcher(peer, checker)
+        checker.set_dispatchers.remote(list(ctx.dispatchers.values()))
+        # last: other threads (status, helper_pids) take a set checker to mean "all there"
+        ctx.checker = checker
 
-    def _new_dispatcher(self, peer: str):
+    def _new_dispatcher(self, peer: str, checker=None):
         """A dispatcher for ``peer``, on this node (see :meth:`_create_helpers`)."""
         here = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
         return EntryDispatcherActor.options(scheduling_strategy=here, max_restarts=-1).remote(
-            self.group, self.self_id, peer, self.config, self._me, self.ctx.checker
+            self.group, self.self_id, peer, self.config, self._me, checker or self.ctx.checker
         )
 
     # -- answers to pushes ------------------------------------------------------------------
