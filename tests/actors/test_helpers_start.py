@@ -4,9 +4,6 @@ then keeps them while it follows."""
 
 from __future__ import annotations
 
-from rayledger.actors.config import LedgerConfig
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.rounds import RoundBook
 from rayledger.actors.supervision import (
     CHECKER,
     HELPER_START_MS,
@@ -15,20 +12,22 @@ from rayledger.actors.supervision import (
     Sleep,
     Supervisor,
 )
-from rayledger.election import MemoryTermStore
-from rayledger.replication import ReplicationConfig
-from rayledger.storage import MemoryStore, StoreConfig
-
-PEERS = ["n0", "n1", "n2"]
-CONFIG = LedgerConfig.fast()
+from test_stop_leading import _supervisor as supervisor
 
 
 def _supervisor() -> Supervisor:
-    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
-    logic = MemberLogic("g", "n0", PEERS, store, CONFIG.election, ReplicationConfig(),
-                        MemoryTermStore(term=3))  # fmt: skip
-    return Supervisor(logic, RoundBook(logic), PEERS, CONFIG.rpc_timeout_ms,
-                      CONFIG.election.heartbeat_timeout_ms)  # fmt: skip
+    return supervisor(led=False)
+
+
+def _first_term(sup: Supervisor) -> Install:
+    """Lead term 3: the role change's actions up to its Install."""
+    sup.logic.state.change_to_leader(3)
+    proc = sup.role_changes()
+    action = proc.start()
+    while isinstance(action, Sleep):
+        action = proc.send(Answer(0, None))
+    assert isinstance(action, Install) and action.term == 3
+    return action
 
 
 def test_a_member_that_never_led_runs_no_helpers() -> None:
@@ -39,12 +38,7 @@ def test_a_member_that_never_led_runs_no_helpers() -> None:
 
 def test_its_first_term_starts_them_and_waits_for_them_to_boot() -> None:
     sup = _supervisor()
-    sup.logic.state.change_to_leader(3)
-    proc = sup.role_changes()
-    action = proc.start()
-    while isinstance(action, Sleep):
-        action = proc.send(Answer(0, None))
-    assert isinstance(action, Install) and action.term == 3
+    action = _first_term(sup)
     assert sup.runs_helpers() and sup.dispatcher_peers() == ("n1", "n2")
     assert set(sup.keys()) == {CHECKER, ("dispatcher", "n1"), ("dispatcher", "n2")}
     # new processes: the first try gets the whole start-up window, not one RPC time-out
@@ -53,10 +47,6 @@ def test_its_first_term_starts_them_and_waits_for_them_to_boot() -> None:
 
 def test_a_member_that_led_keeps_them_while_it_follows() -> None:
     sup = _supervisor()
-    sup.logic.state.change_to_leader(3)
-    proc = sup.role_changes()
-    action = proc.start()
-    while isinstance(action, Sleep):
-        action = proc.send(Answer(0, None))
+    _first_term(sup)
     sup.logic.state.change_to_follower(3, "n1")  # stepped down (a transfer, say)
     assert sup.runs_helpers() and sup.dispatcher_peers() == ("n1", "n2")

@@ -37,12 +37,15 @@ PEERS = ["n0", "n1", "n2"]
 CONFIG = LedgerConfig.fast()
 
 
-def _supervisor() -> Supervisor:
+def _supervisor(led: bool = True) -> Supervisor:
+    """n0's supervisor; ``led``: it led before, so it runs helpers, every one started once."""
     store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
     logic = MemberLogic("g", "n0", PEERS, store, CONFIG.election, ReplicationConfig(),
                         MemoryTermStore(term=3))  # fmt: skip
     sup = Supervisor(logic, RoundBook(logic), PEERS, CONFIG.rpc_timeout_ms,
                      CONFIG.election.heartbeat_timeout_ms)  # fmt: skip
+    if not led:
+        return sup
     sup.has_led = True  # it led before: it runs helpers (Supervisor.runs_helpers) ...
     sup.peers = [sup.self_id, *sup.dispatcher_peers()]
     for k in sup.keys():
