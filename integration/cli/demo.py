@@ -120,12 +120,15 @@ def _kill_leader(group, kill_state: dict) -> None:
         deadline = time.monotonic() + 30
         while True:
             new = group.wait_for_leader(timeout_s=max(0.1, deadline - time.monotonic()))
-            if group.status()[new].term > term:
+            new_term = group.status()[new].term
+            if new_term > term:
                 break
             if time.monotonic() > deadline:
                 raise LedgerError.of(ResponseCode.TIMEOUT, f"no leader after term {term} in 30s")
             time.sleep(0.05)
-        kill_state.update(new=new, failover_s=time.monotonic() - kill_state["at"])
+        kill_state.update(
+            new=new, new_term=new_term, failover_s=time.monotonic() - kill_state["at"]
+        )
     except LedgerError as exc:
         kill_state.update(new=None, failover_s=None, error=str(exc))
 
@@ -338,7 +341,10 @@ def _summary(
         "append phase",
         f"{append_s:.1f} s, {acked / append_s:,.0f} acked entries/s" if append_s else "-",
     )
-    t.add_row("leader killed -> new leader", f"{kill.get('old')} -> {kill.get('new')}")
+    t.add_row(
+        "leader killed -> new leader",
+        f"{kill.get('old')} (term {kill.get('term')}) -> {kill.get('new')} (term {kill.get('new_term')})",
+    )
     t.add_row(
         "failover (kill -> new leader seen)",
         f"{kill['failover_s']:.2f} s" if kill.get("failover_s") else "-",
@@ -409,8 +415,9 @@ def _append_phase(group, args) -> tuple[Workload, float, dict[str, Any], list[Ch
     failover = kill.get("failover_s")
     say(
         f"appended: {len(work.acked)} acked, {len(work.unknown)} unknown, {len(work.failed)} "
-        f"failed in {append_s:.1f}s; leader {kill.get('old')} killed, new leader "
-        f"{kill.get('new')} after {failover if failover is not None else float('nan'):.2f}s"
+        f"failed in {append_s:.1f}s; leader {kill.get('old')} (term {kill.get('term')}) killed, "
+        f"new leader {kill.get('new')} (term {kill.get('new_term')}) after "
+        f"{failover if failover is not None else float('nan'):.2f}s"
     )
     new_leader = bool(kill.get("new"))  # a leader of a later term (_kill_leader)
     checks = [
