@@ -96,6 +96,7 @@ class MemberActor:
         self._lock = threading.RLock()
         self._started = time.time()
         self._late: list = []  # answers to compiled-path pushes that came out of order
+        self._graphs_left = 0  # graphs it left by itself (its core's leave_graphs)
         store = open_store(self.config.store)
         self.logic = MemberLogic(
             group,
@@ -283,6 +284,8 @@ class MemberActor:
         if out.spawns:
             for spawn in out.spawns:
                 asyncio.ensure_future(self._spawn(spawn))
+        if out.leave_graphs and reset_loops(self):  # the graph's loop returns on its thread
+            self._graphs_left += 1
         if out.commits_moved:
             self.reads.commits_moved()
         if out.elector_moved:
@@ -519,6 +522,9 @@ class MemberActor:
             "fast_path_compiles": f.compiles if f else 0,
             "fast_path_fallbacks": f.fallbacks if f else 0,
             "fast_path_parks": f.parks if f else 0,
+            # as a follower: the graph loops it runs, and how often it left one by itself
+            "graph_loops": len(self.__dict__.get("_cg_loops", ())),
+            "graphs_left": self._graphs_left,
             "rounds_waiting": waiting,
         }
 
@@ -590,7 +596,7 @@ class MemberActor:
         rest = []
         with self._lock:
             for key, req in wire:
-                out = self.ctx.core.step(Push(req, ("cg", key)), now)
+                out = self.ctx.core.step(Push(req, ("cg", key), graph=True), now)
                 done += out.answers
                 flush = flush or out.flush_first
                 out.answers, out.flush_first = [], False

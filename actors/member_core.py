@@ -38,7 +38,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayledger.election import RoleChange, Send, TransferOutcome
+from rayledger.election import Role, RoleChange, Send, TransferOutcome
 from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.admission import not_leader
@@ -104,6 +104,7 @@ class Push:
 
     req: PushEntryRequest
     token: Any
+    graph: bool = False  # it came through the leader's compiled graph
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +273,9 @@ class MemberOut:
     deadlines: list[tuple[int, int]] = field(default_factory=list)  # (pid, at): step Deadline
     installed: list[Any] = field(default_factory=list)  # snapshots sealed from the leader
     spawns: list[Spawn] = field(default_factory=list)  # members to start for a lost one
+    # close the loops of the compiled graph this member served: its leader is not this
+    # member's leader any more (a dead leader's loops would spin until the next one compiles)
+    leave_graphs: bool = False
 
 
 class MemberCore:
@@ -316,6 +320,7 @@ class MemberCore:
         self._procs: dict[int, sv.Process] = {}
         self._out: dict[int, Any] = {}  # the action each process waits on
         self._pids = itertools.count(1)
+        self._graph: tuple[int, str] | None = None  # (term, leader) of the graph it serves
 
     # -- the way in --------------------------------------------------------------------------
     def step(self, ev: MemberEvent, now_ms: int) -> MemberOut:  # noqa: C901 -- one case each
@@ -323,6 +328,8 @@ class MemberCore:
         lg = self.logic
         match ev:
             case Push():
+                if ev.graph:
+                    self._graph = (ev.req.term, ev.req.leader_id)
                 self._answers(lg.on_push(ev.req, ev.token, now_ms), out)
                 out.commits_moved = True
             case ClientAppend():
@@ -433,7 +440,14 @@ class MemberCore:
             return
         sends, role_changed = MemberLogic.split(actions)
         out.sends += sends
-        out.notes += [a for a in actions if isinstance(a, RoleChange | TransferOutcome)]
+        notes = [a for a in actions if isinstance(a, RoleChange | TransferOutcome)]
+        out.notes += notes
+        if self._graph is not None and any(self._left_graph(n) for n in notes):
+            log.info("[%s] term=%d: leaves the compiled graph of %s (term %d)",
+                     self.logic.self_id, self.logic.state.current_term, self._graph[1],
+                     self._graph[0])  # fmt: skip
+            self._graph = None
+            out.leave_graphs = True
         if role_changed and self.role_queue.role_changed():
             self._next_exclusive(now_ms, out)
         if role_changed and self.logic.config_log.latest().learners:
@@ -442,6 +456,13 @@ class MemberCore:
             # not hold up the term's helpers)
             if self.role_queue.reconfigured():
                 self._next_exclusive(now_ms, out)
+
+    def _left_graph(self, note: Any) -> bool:
+        """Whether a role change takes this member away from the leader whose graph it
+        serves: any other role, term or leader (a candidate's, a new term's)."""
+        return isinstance(note, RoleChange) and (
+            note.role is not Role.FOLLOWER or (note.term, note.leader_id) != self._graph
+        )
 
     def _write(self, fast: bool, wall_ms: int, now_ms: int, out: MemberOut) -> None:
         """Group commit: the queued appends become one store batch and one round."""

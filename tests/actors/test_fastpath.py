@@ -95,6 +95,31 @@ def test_an_idle_graph_parks_and_the_next_round_builds_it_again(make_group):
     assert_consistent(g, acked)
 
 
+def test_followers_leave_a_killed_leaders_graph_by_themselves(make_group):
+    """Nothing tears down a killed leader's graph, and each of its followers' loops spins
+    on a core: a follower closes its loop as soon as it stops following that leader, not
+    when (and if) a next leader compiles."""
+    g = make_group(config=dataclasses.replace(FAST, fast_path_park_ms=60_000))
+    old = wait_active(g)
+    c = g.client(timeout_s=30)
+    acked = {c.append(b"before").index: b"before"}
+    followers = [m for m in g.members if m != old]
+    assert all(stats(g, m)["graph_loops"] == 1 for m in followers)
+    g.kill(old)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        s = {m: stats(g, m) for m in followers}
+        if all(x["graph_loops"] == 0 for x in s.values()):
+            break
+        time.sleep(0.2)
+    assert all(x["graph_loops"] == 0 for x in s.values()), s
+    assert sum(x["graphs_left"] for x in s.values()) >= 1, s  # by themselves (not cg_reset)
+    for i in range(10):
+        r = c.append(b"n%d" % i)
+        acked[r.index] = b"n%d" % i
+    assert_consistent(g, acked, wait_s=60)
+
+
 @pytest.mark.chaos
 def test_next_leader_builds_its_graph_after_the_driver_dies(make_group):
     """Marked chaos: on 2 cores the spinning loops of the dead driver's graph and of the new

@@ -185,3 +185,44 @@ def test_a_committed_read_is_answered_at_once_with_the_members_own_committed_ind
     out = h.step(mc.ReadIndex(Consistency.LINEARIZABLE, "l"))  # it must ask a leader
     ((token, err),) = out.reads_done
     assert token == "l" and err.code == C.NOT_LEADER
+
+
+def _follower_of_n1() -> Host:
+    """n0 follows n1 in term 1 (n1's heartbeat made it so)."""
+    from rayledger.election.messages import HeartbeatRequest
+
+    h = Host(["n0", "n1", "n2"])
+    hb = HeartbeatRequest(group="g", local_id="n1", remote_id="n0", leader_id="n1", term=1)
+    h.step(mc.ElectionRequest(hb))  # a newer term: DLedger answers TERM_NOT_READY first
+    h.core.step(mc.Tick(), h.now)  # the term catches up (its vote requests go nowhere)
+    h.step(mc.ElectionRequest(hb))
+    assert h.logic.state.role is Role.FOLLOWER and h.logic.state.leader_id == "n1"
+    return h
+
+
+def _graph_push(h: Host, graph: bool) -> None:
+    from rayledger.replication import PushEntryRequest, PushType
+
+    req = PushEntryRequest(group="g", leader_id="n1", remote_id="n0", term=1,
+                           type=PushType.COMMIT, commit_index=-1)  # fmt: skip
+    h.step(mc.Push(req, ("cg", 1), graph=graph))
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_a_follower_leaves_its_leaders_compiled_graph_once_it_stops_following_it(graph) -> None:
+    """A dead leader's graph loops spin until something closes them: the follower closes its
+    own when it becomes a candidate (and never while it follows that leader, nor for a
+    leader it served only by plain calls)."""
+    h = _follower_of_n1()
+    _graph_push(h, graph)
+    h.now += 10
+    h.step(mc.Tick())  # still following n1
+    assert not any(o.leave_graphs for o in h.outs)
+    while h.logic.state.role is Role.FOLLOWER:  # n1 falls silent: n0 campaigns
+        h.now += 50
+        out = h.core.step(mc.Tick(), h.now)
+        assert h.now < 20_000
+    assert out.leave_graphs is graph
+    assert any(isinstance(n, RoleChange) and n.role is not Role.FOLLOWER for n in out.notes)
+    out = h.core.step(mc.Tick(), h.now + 10)
+    assert not out.leave_graphs  # once

@@ -117,6 +117,8 @@ class FastPathDelivery:
             self.net.note(f"{node.id} term={term}: compiled path not built (a follower is away)")
             node.fast.deliver(Built(build_id, term, None, "a follower is away"))
             return
+        for p in peers:
+            self._leave_graphs(p, "cg_reset")
         graph = {p: Chain(node.id, p, self.members[p].incarnation) for p in peers}
         node.fast.deliver(Built(build_id, term, graph, None))
 
@@ -174,6 +176,8 @@ class FastPathDelivery:
         keep = []
         for node, chain in self._chains:
             if node.dead:
+                if chain.live and not chain.left:  # the follower's loop spins until it leaves
+                    keep.append((node, chain))
                 continue
             for k, ch in enumerate(chain.edges):
                 while self._deliverable(ch, now):
@@ -200,6 +204,9 @@ class FastPathDelivery:
             if follower is None or follower.incarnation != chain.follower_inc:
                 self._hop(node, self._fp_fallback, node, ex.gen, f"participant {peer} failed")
                 return
+            if chain.left:  # its loop is closed: the execution fails at its channel
+                self._hop(node, self._fp_fallback, node, ex.gen, f"participant {peer} left")
+                return
             self._put(chain, 2, (ex, self._m_cg_push(follower, pushed)))
         elif k == 2:
             ex, answered = item
@@ -212,6 +219,19 @@ class FastPathDelivery:
         else:
             ex, out = item
             node.fast.deliver(Collected(ex, out))
+
+    def _leave_graphs(self, follower: str, why: str) -> int:
+        """``reset_loops`` on a follower: it leaves every graph it serves (``why``: its
+        core's ``leave_graphs``, a new leader's ``cg_reset``, its process died)."""
+        n = 0
+        for node, chain in self._chains:
+            if chain.peer == follower and not chain.left:
+                chain.left = True
+                n += 1
+                if node.dead:
+                    self.stats[f"dead_graphs_left_{why}"] += 1
+                self.net.note(f"{follower} left {node.id}'s compiled graph ({why})")
+        return n
 
     def _next_chain_ms(self) -> int | None:
         best = None

@@ -76,6 +76,8 @@ class MemberDelivery:
             self._m_offer(node, out.installed)
         if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
             self._reads_out(node, out)
+        if out.leave_graphs:
+            self._leave_graphs(node.id, "core")
         if out.elector_moved:
             self._rearm(node)
 
@@ -304,8 +306,8 @@ class MemberDelivery:
         carry, wire = pushed
         done, flush, rest = [], False, []
         for key, req in wire:
-            out = node.core.step(mc.Push(req, CgToken(key, (req.leader_id, req.term))),
-                                 self.clock.now_ms)  # fmt: skip
+            token = CgToken(key, (req.leader_id, req.term))
+            out = node.core.step(mc.Push(req, token, graph=True), self.clock.now_ms)
             done += out.answers
             flush = flush or out.flush_first
             out.answers, out.flush_first = [], False

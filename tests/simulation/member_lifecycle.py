@@ -135,6 +135,7 @@ class MemberLifecycle:
         self.rpc.forget_caller(mid)
         self.net.note(f"{mid} {kind}")
         # a graph with a participant that died fails; what was in flight to it is lost
+        self._leave_graphs(mid, "died")
         for node, chain in self._chains:
             if chain.peer == mid and not node.dead:
                 for e in chain.edges[1:3]:

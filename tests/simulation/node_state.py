@@ -58,11 +58,12 @@ class Chain:
     """One follower's chain of a graph: fast path -> dispatcher -> follower ->
     dispatcher -> checker -> fast path."""
 
-    __slots__ = ("peer", "follower_inc", "edges", "live")
+    __slots__ = ("peer", "follower_inc", "edges", "live", "left")
 
     def __init__(self, leader: str, peer: str, follower_inc: int):
         self.peer = peer
         self.live = False  # its graph went live (the helpers serve it)
+        self.left = False  # the follower closed its loop (MemberOut.leave_graphs)
         self.follower_inc = follower_inc
         self.edges = [
             Channel(leader, leader, False),

@@ -606,6 +606,31 @@ def test_fast_path_stall_falls_back_to_plain_calls() -> None:
         sim.close()
 
 
+def test_followers_leave_a_dead_leaders_graph_by_themselves() -> None:
+    """A leader dies with its graph live: nothing tears the graph down, so its followers'
+    loops would spin until a next leader compiles (``cg_reset``).  Each follower's core
+    leaves the graph as soon as it stops following that leader."""
+    sim = GroupSim(3, 8, faults=False, slow_followers=False, fast_path=True)
+    try:
+        leader = _leader(sim)
+        fp = _graph(sim, leader)
+        sim.run_for(300)
+        chains = list(fp.graph.values())
+        sim.crash(leader)
+        assert sim.run_for(5000, lambda: all(c.left for c in chains))
+        assert sim.stats["dead_graphs_left_core"] == 2, sim.stats  # not cg_reset, not a crash
+        assert _leader(sim) != leader
+        acked = len(sim.acked)
+        sim.run_for(4000)  # the clients' deadlines pass first, as on plain calls
+        assert len(sim.acked) > acked  # on plain calls: a graph needs every follower
+        sim.restart(leader)
+        sim.heal()
+        assert sim.run_for(5000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
 def test_fast_path_switches_exercise_fallbacks() -> None:
     """The seeded switches and stalls of a chaos run reach the fallback machinery."""
     totals: dict[str, int] = {}
