@@ -35,6 +35,9 @@ class LedgerConfig:
     # tear the graph down after this long without a round (its participants spin while it
     # lives); the next round goes as plain calls while it is built again (fastpath_logic.py)
     fast_path_park_ms: int = 2000
+    # rounds a leader lets wait for their quorum at once (issue 25: rounds that overlap);
+    # appends arriving while that many wait join one larger round when one ends
+    max_rounds: int = 1
     # lease reads assume members' clocks run at rates differing by at most this (see reads.py)
     max_clock_drift: float = 0.1
     # a state machine every member runs, "package.module:Class" (see machine.py)
@@ -112,6 +115,10 @@ class LedgerConfig:
             self.replication = dataclasses.replace(
                 self.replication, client_session_ttl_ms=int(ttl * 1000)
             )
+        mr = self.max_rounds
+        if isinstance(mr, bool) or not isinstance(mr, int) or not 1 <= mr <= 64:
+            raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT,
+                                 f"max_rounds must be an int in [1, 64], got {mr!r}")  # fmt: skip
         if self.maintain_interval_ms <= 0 or self.rpc_timeout_ms <= 0:
             raise LedgerError.of(
                 ResponseCode.UNEXPECTED_ARGUMENT,

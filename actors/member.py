@@ -128,6 +128,7 @@ class MemberActor:
             lease_ms=cfg.lease_ms(),
             promote_lag=cfg.promote_lag,
             replace_lost_after_ms=cfg.replace_lost_after_ms(),
+            max_rounds=cfg.max_rounds,
         )
         ctx = self.ctx = MemberContext(
             group, self_id, self.peers, self.config, self.logic, self._lock, self._metrics, sync,

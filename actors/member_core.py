@@ -51,7 +51,7 @@ from .logic import MemberLogic
 from .membership import Membership, Spawn, Transfer
 from .read_path import Confirm, ReadPath, WaitCommitted
 from .reads import Consistency, ReadIndexLogic
-from .rounds import Finished, RoundBook, Written
+from .rounds import MAX_ROUNDS, Finished, RoundBook, Written
 
 log = logging.getLogger("rayledger.actors")
 
@@ -293,12 +293,13 @@ class MemberCore:
         lease_ms: int = 0,
         promote_lag: int = 1000,
         replace_lost_after_ms: int | None = None,
+        max_rounds: int = MAX_ROUNDS,
     ):
         self.logic = logic
         self.membership = Membership(logic.self_id, promote_lag, replace_lost_after_ms)
         self._config = logic.config_log.latest()  # the configuration the helpers follow
         self._membership_of = -1  # the term whose followers' progress membership holds
-        self.book = RoundBook(logic)
+        self.book = RoundBook(logic, max_rounds)
         self.round_path = rp.RoundPath(logic, self.book, sync)
         self.supervisor = sv.Supervisor(
             logic,

@@ -447,6 +447,7 @@ def run(
     threads: int = 64,
     sync_flush: bool = False,
     fast_path: bool | None = None,
+    max_rounds: int | None = None,
     body: int = 128,
     plot: str | None = None,
     load_seconds: float | None = None,
@@ -471,9 +472,12 @@ def run(
     }
     store = StoreConfig(sync_flush=sync_flush)
     paths = {} if fast_path is None else {"fast_path": fast_path}
+    if max_rounds is not None:
+        paths["max_rounds"] = max_rounds
     try:
         fast = LedgerConfig.fast(store=store, **paths)
         out["fast_path"] = fast.fast_path
+        out["max_rounds"] = fast.max_rounds
         name = f"bench-{uuid.uuid4().hex[:6]}"
         g = LedgerGroup.create(name, members, store_dir=root, config=fast)
         try:

@@ -392,6 +392,7 @@ def run(
     threads: int = 64,
     sync_flush: bool = False,
     fast_path: bool | None = None,
+    max_rounds: int | None = None,
 ) -> dict:
     """PySyncObj, then etcd (skipped, with a line on stderr, where its binary is absent),
     then rayledger (``bench group``), with ratios per peer (>1: rayledger better). One side
@@ -405,7 +406,12 @@ def run(
 
     kw = dict(clients=clients, batch=batch, members=members, threads=threads)
     ours = run_group(
-        quick=quick, sync_flush=sync_flush, fast_path=fast_path, appends_only=True, **kw
+        quick=quick,
+        sync_flush=sync_flush,
+        fast_path=fast_path,
+        max_rounds=max_rounds,
+        appends_only=True,
+        **kw,
     )
     ratio, ratio_etcd = ratios(ours, peer), ratios(ours, etcd)
     w = Workload.sized(quick, threads, clients, batch)

@@ -14,6 +14,7 @@ def group_options(args) -> dict:
         "threads": getattr(args, "threads", 64),
         "sync_flush": bool(getattr(args, "sync_flush", False)),
         "fast_path": {"on": True, "off": False}.get(getattr(args, "fast_path", None) or ""),
+        "max_rounds": getattr(args, "max_rounds", None),
     }
 
 

@@ -196,6 +196,12 @@ def _add_bench(sub, common) -> None:
         default=None,
         help="group/peer: the compiled round path on or off (default: LedgerConfig's default)",
     )
+    be.add_argument(
+        "--max-rounds",
+        type=int,
+        default=None,
+        help="group/peer: rounds waiting for their quorum at once (default: LedgerConfig's, 1)",
+    )
     be.add_argument("--gib", type=float, default=1.0, help="store: size of the recovery log")
     be.add_argument(
         "--keys", type=int, default=None, help="kv: keys the store holds (default 1M, quick 100k)"

@@ -121,3 +121,28 @@ def test_a_configuration_change_is_a_round_of_its_own_on_its_channel(book) -> No
     assert m.state.peers == ("n0", "n1", "n2", "n3") and m.state.voters == ("n0", "n1", "n2")
     book.finish(plain.rid, C.SUCCESS)
     book.admit_config(add.with_voter("n3"), "c2")  # committed: the next one may come
+
+
+def test_with_max_rounds_two_rounds_wait_side_by_side_and_finish_in_any_order(book) -> None:
+    """``LedgerConfig.max_rounds`` (issue 25): a second round goes out while the first
+    waits; a third waits for one of them."""
+    book.max_rounds = 2
+    spans = []
+    for tok in ("t1", "t2"):
+        book.admit([tok.encode()], "g", None, tok)
+        assert book.write_due()
+        spans.append(book.write())
+    book.admit([b"t3"], "g", None, "t3")
+    assert not book.write_due()  # two rounds wait
+    assert book.finish(spans[1].rid, C.SUCCESS).ok  # the later one first
+    assert book.write_due() and book.write().tokens == ("t3",)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 65, 1.5, True, "2"])
+def test_max_rounds_out_of_range_is_a_coded_error(bad) -> None:
+    from rayledger.actors.config import LedgerConfig
+    from rayledger.storage import LedgerError
+
+    with pytest.raises(LedgerError) as err:
+        LedgerConfig(max_rounds=bad)
+    assert err.value.code == C.UNEXPECTED_ARGUMENT and "max_rounds" in err.value.message

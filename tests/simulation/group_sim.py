@@ -260,6 +260,7 @@ class GroupSim(
         group: str = "g",
         label: str = "",
         test_name: str = "",
+        max_rounds: int = MAX_ROUNDS,
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there
         are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
@@ -270,7 +271,8 @@ class GroupSim(
         and ``lease_partitions`` of those part the old leader from the group as they land
         (:meth:`_take_order_lands`).  ``wake_on_election``: an election event that brings a
         member's next deadline forward wakes its maintainer (``MemberDelivery._rearm``; off by
-        default so that the seeds of the other tests run as they did).  A writer gives an
+        default so that the seeds of the other tests run as they did).  ``max_rounds``: the
+        rounds a leader lets wait for their quorum at once (``LedgerConfig.max_rounds``).  A writer gives an
         append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
         up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
         the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all.  ``machine``:
@@ -287,6 +289,7 @@ class GroupSim(
         self.replication = replication
         self.tick_ms = tick_ms
         self.sync_flush = sync_flush
+        self.max_rounds = max_rounds
         self.wake_on_election = wake_on_election
         self.power_loss = (
             (0.5 if store_kind == "file" else 0.0) if power_loss is None else power_loss

@@ -47,6 +47,8 @@ class MemberDelivery:
                     self._to_client(node.id, client, reply)
             else:
                 node.round_born[w.rid] = self.clock.now_ms
+                if len(node.core.book.rounds) > 1:  # another still waits for its quorum
+                    self.stats["overlapped_rounds"] += 1
         if out.answers:
             if out.flush_first:
                 self._spawn(node, self._flush_then_answer(node, out.answers))

@@ -74,6 +74,7 @@ class MemberLifecycle:
             fast_path=True,  # the simulation's switch decides (SimMember.fast_enabled)
             tick_ms=self.tick_ms,
             lease_ms=LedgerConfig(election=self.election).lease_ms(),
+            max_rounds=self.max_rounds,
         )
         m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)
         # MemberActor._create_helpers: dispatchers for the members the core keeps them for

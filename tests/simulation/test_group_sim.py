@@ -91,6 +91,30 @@ def test_n3_file_sync_flush_power_loss(seed: int) -> None:
     )
 
 
+@pytest.mark.parametrize("seed", sim_seeds(40, offset=25_000))
+def test_overlapping_rounds(seed: int) -> None:
+    """Up to four rounds wait for their quorum at once (``LedgerConfig.max_rounds``),
+    under the same faults; every other fault sweep runs one at a time (the default)."""
+    kinds = ("memory", "file")
+    _run(3 + 2 * (seed % 2), seed, kinds[seed // 2 % 2], max_rounds=2 + 2 * (seed % 3 > 0),
+         client_interval_ms=(1, 20), test_name="test_overlapping_rounds")  # fmt: skip
+
+
+def test_overlapping_rounds_overlap() -> None:
+    """The sweep above is not the one-round path again: rounds do wait side by side."""
+    sim = GroupSim(3, 3, faults=False, slow_followers=True, max_rounds=4,
+                   client_interval_ms=(1, 5), clients=4)  # fmt: skip
+    try:
+        sim.run_until(3000)
+        assert sim.stats["overlapped_rounds"] > 20, sim.stats
+        assert sim.unknown_outcomes == 0 and len(sim.acked) > 200
+        sim.heal()
+        assert sim.run_for(5000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
 def test_same_term_reelection_after_power_loss_seed_20008() -> None:
     """The seed the simulation found (issue 10 §3a): n2 lost power as leader of term 1,
     restarted, was re-elected in term 1 and wrote another entry at (149, 1).  A restarted
