@@ -349,3 +349,15 @@ def test_help_for_every_subcommand(cli_here):
         assert out.returncode == 0 and "usage" in out.stdout, sub
     out = cli("mq", "produce", "--help", timeout=60)  # and once as a process
     assert out.returncode == 0 and "usage" in out.stdout
+
+
+def test_bench_flags_reach_the_group_bench() -> None:
+    """``bench group --fast-path on --max-rounds 4`` becomes the group bench's keywords
+    (issue 25: the knee of overlapping rounds is measured with them)."""
+    from rayledger.integration.bench.run import group_options
+    from rayledger.integration.cli.main import parse_args
+
+    opts = group_options(parse_args(["bench", "group", "--fast-path", "on", "--max-rounds", "4"]))
+    assert opts["fast_path"] is True and opts["max_rounds"] == 4
+    opts = group_options(parse_args(["bench", "group"]))
+    assert opts["fast_path"] is None and opts["max_rounds"] is None  # LedgerConfig's defaults
