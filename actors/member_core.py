@@ -274,7 +274,9 @@ class MemberOut:
     installed: list[Any] = field(default_factory=list)  # snapshots sealed from the leader
     spawns: list[Spawn] = field(default_factory=list)  # members to start for a lost one
     # close the loops of the compiled graph this member served: its leader is not this
-    # member's leader any more (a dead leader's loops would spin until the next one compiles)
+    # member's leader any more (a dead leader's loops would spin until the next one compiles).
+    # Ray closes every loop the actor runs: a newer leader's graph built before this member
+    # heard of its term falls back to plain calls and is built again
     leave_graphs: bool = False
 
 

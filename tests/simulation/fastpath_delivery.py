@@ -220,18 +220,15 @@ class FastPathDelivery:
             ex, out = item
             node.fast.deliver(Collected(ex, out))
 
-    def _leave_graphs(self, follower: str, why: str) -> int:
+    def _leave_graphs(self, follower: str, why: str) -> None:
         """``reset_loops`` on a follower: it leaves every graph it serves (``why``: its
         core's ``leave_graphs``, a new leader's ``cg_reset``, its process died)."""
-        n = 0
         for node, chain in self._chains:
             if chain.peer == follower and not chain.left:
                 chain.left = True
-                n += 1
                 if node.dead:
                     self.stats[f"dead_graphs_left_{why}"] += 1
                 self.net.note(f"{follower} left {node.id}'s compiled graph ({why})")
-        return n
 
     def _next_chain_ms(self) -> int | None:
         best = None

@@ -272,8 +272,8 @@ class GroupSim(
         (:meth:`_take_order_lands`).  ``wake_on_election``: an election event that brings a
         member's next deadline forward wakes its maintainer (``MemberDelivery._rearm``; off by
         default so that the seeds of the other tests run as they did).  ``max_rounds``: the
-        rounds a leader lets wait for their quorum at once (``LedgerConfig.max_rounds``).  A writer gives an
-        append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
+        rounds a leader lets wait for their quorum at once (``LedgerConfig.max_rounds``).
+        A writer gives an append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
         up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
         the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all.  ``machine``:
         every member runs a state machine ("kv" or "mq", see :mod:`.machine_delivery`) and
