@@ -273,6 +273,10 @@ class Supervisor:
         helpers' processes may still be coming up: not dead, just new)."""
         if not all(k in self.pids for k in self.keys()):
             return HELPER_START_MS
+        return self.steady_wait_ms()
+
+    def steady_wait_ms(self) -> int:
+        """The helper wait once every helper has started (:meth:`helper_wait_ms`)."""
         return max(self.heartbeat_timeout_ms, 2 * self.rpc_ms)
 
     def hand_over(self, term: int, why: str) -> HandOver:
@@ -461,7 +465,7 @@ class Supervisor:
 
     def watch(self, term: int) -> Process:
         """While this member leads ``term``, ask each helper for its pid every quarter of
-        the helper wait.  A killed helper is restarted by Ray and set up again
+        the steady helper wait (:meth:`steady_wait_ms`).  A killed helper is restarted by Ray and set up again
         (:meth:`helper_started`); one that answers nothing for the whole wait (a hung
         process, or one Ray could not restart) is replaced and costs the leadership, which
         the leader hands on rather than holding it with heartbeats while no append can
@@ -469,10 +473,12 @@ class Supervisor:
         return Process("watch", self._watch(term), exclusive=False)
 
     def _watch(self, term: int) -> Generator[Action, Answer, None]:
-        wait_ms = self.helper_wait_ms()
         now = (yield Sleep(0)).now_ms
         answered = {k: now for k in self.keys()}
         while self.logic.leads(term):
+            # asked again each time: a helper's "I started" may arrive after its term's
+            # setup answered, and the start-up wait must not outlast it (CI, stop 33)
+            wait_ms = self.helper_wait_ms()
             # a ping may take up to the whole wait: a helper slow on a loaded machine answers
             # late, and only one that answers nothing for the whole wait is lost
             pinged = yield Ping(self.keys(), wait_ms)
@@ -487,7 +493,7 @@ class Supervisor:
                 yield self.hand_over(term, f"its {kind} {peer or ''} answered nothing for "
                                            f"{wait_ms} ms")  # fmt: skip
                 return  # the hand-over ends the term: transferred, or stepped down
-            yield Sleep(wait_ms // 4)
+            yield Sleep(self.steady_wait_ms() // 4)  # the start-up wait is no reason to look less
 
     def helper_started(self, kind: str, peer: str | None, pid: int) -> Process | None:
         """Every helper says so when its process starts.  A second process for the same

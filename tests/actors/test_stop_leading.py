@@ -123,3 +123,33 @@ def test_a_watched_helper_that_stops_answering_costs_the_leadership() -> None:
     assert isinstance(actions[-2], Replace) and CHECKER in actions[-2].keys
     assert isinstance(actions[-1], HandOver) and actions[-1].term == 3
     assert sup.helper_wait_ms() <= ended <= sup.helper_wait_ms() * 3 // 2
+
+
+def test_a_watch_begun_before_a_helper_reported_its_start_still_catches_it_hanging() -> None:
+    """CI (stop 33): the checker's "I started" call reached the member after its first
+    Install had answered, so the watch began while that helper still counted as booting and
+    kept the 30 s start-up wait for the whole term: a checker SIGSTOPped later was caught
+    only after 30 s, and the Ray test gave up first.  The wait follows what is known now."""
+    sup = _supervisor()
+    del sup.pids[CHECKER]  # its start not yet heard of when the term's watch begins
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    proc = sup.watch(3)
+    action, now, hung_at = proc.start(), 0, None
+    while not isinstance(action, HandOver):
+        assert now < 60_000, f"no hand-over in sight: {action}"
+        value = None
+        if isinstance(action, Ping):
+            if hung_at is None:  # every helper answers the first ping at once
+                value = {k: "ok" for k in action.keys}
+                sup.helper_started("checker", None, 100)  # ... then its start is heard of
+                hung_at = now
+            else:  # ... and the checker hangs
+                now += action.timeout_ms
+                value = {k: "timeout" if k == CHECKER else "ok" for k in action.keys}
+        elif isinstance(action, Sleep):
+            now += action.ms
+        action = proc.send(Answer(now, value))
+    assert now - hung_at <= sup.helper_wait_ms() * 2, (now, hung_at, sup.helper_wait_ms())
