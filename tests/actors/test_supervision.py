@@ -76,7 +76,11 @@ def test_a_hung_checker_costs_the_leadership_and_writes_continue(make_group):
                 if s.alive
             ),
             30,
-            "another member to lead a newer term",
+            lambda: (
+                "another member to lead a newer term ("
+                + ", ".join(f"{m}: {s.role.name} t{s.term}" for m, s in g.status(5).items())
+                + ")"
+            ),
         )
         wait_until(
             lambda: out.acks_since(hung_at) >= 20,

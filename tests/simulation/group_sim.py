@@ -261,6 +261,7 @@ class GroupSim(
         label: str = "",
         test_name: str = "",
         max_rounds: int = MAX_ROUNDS,
+        late_start_reports: tuple[int, int] | None = None,
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there
         are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
@@ -277,7 +278,10 @@ class GroupSim(
         up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
         the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all.  ``machine``:
         every member runs a state machine ("kv" or "mq", see :mod:`.machine_delivery`) and
-        clients append its commands."""
+        clients append its commands.  ``late_start_reports``: a helper's "I started"
+        (``helper_started``) reaches its member after a seeded delay in this range, as on
+        Ray, where it is unordered with the member's own calls to the helper (None: at once,
+        so that the seeds of the other tests run as they did)."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -291,6 +295,8 @@ class GroupSim(
         self.sync_flush = sync_flush
         self.max_rounds = max_rounds
         self.wake_on_election = wake_on_election
+        self.late_start_reports = late_start_reports
+        self._start_rng = random.Random(seed * 7919 + 31)  # its own stream, like _power_rng
         self.power_loss = (
             (0.5 if store_kind == "file" else 0.0) if power_loss is None else power_loss
         )

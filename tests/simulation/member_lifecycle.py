@@ -11,10 +11,12 @@ import shutil
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.member_core import MemberCore
+from rayledger.actors.supervision import CHECKER
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.election.configuration import FileConfigStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
+from .dispatcher_delivery import dkey
 from .node_state import Node, SimMember
 from .sim_config import FLUSH_TICK_MS, PARKED_MS, SIM_STORE
 
@@ -34,6 +36,25 @@ class MemberLifecycle:
                 **SIM_STORE,
             )
         )
+
+    def _helper_up(self, node: Node, kind: str, peer: str | None) -> None:
+        """A helper's first process started: it tells its member (``helper_started``), at
+        once or, with ``late_start_reports``, after a seeded delay -- on Ray that call from
+        the helper's constructor is unordered with the member's own calls to the helper, and
+        a leader's watch that began before it kept the start-up wait (CI, stop 33).  A report
+        from a process that was replaced meanwhile is lost with it."""
+        if self.late_start_reports is None:
+            node.supervisor.pids.setdefault((kind, peer), node.incarnation)
+            return
+        gen_key = CHECKER if kind == CHECKER[0] else dkey(peer)
+        gen = node.helper_gen.get(gen_key, 0)
+
+        def report() -> None:
+            if node.helper_gen.get(gen_key, 0) == gen:
+                self._m_helper_started(node, kind, peer, node.incarnation)
+
+        lo, hi = self.late_start_reports
+        self._at(node, self.clock.now_ms + self._start_rng.randint(lo, hi), report)
 
     def _start(self, mid: str) -> None:
         m = self.members[mid]
@@ -81,7 +102,8 @@ class MemberLifecycle:
         keep = m.node.core.supervisor.dispatcher_peers()
         for p in [p for p in dispatchers if p not in keep]:
             del dispatchers[p], m.node.need_watch[p]
-        m.node.supervisor.pids.update({k: m.incarnation for k in m.node.supervisor.keys()})
+        for kind, peer in m.node.supervisor.keys():
+            self._helper_up(m.node, kind, peer)
         m.node.dispatcher_drivers = {
             p: self._dispatcher_driver(m.node, p, d) for p, d in dispatchers.items()
         }

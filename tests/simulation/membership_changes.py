@@ -100,7 +100,7 @@ class MembershipChanges:
                 node.dispatchers[p] = d
                 node.dispatcher_drivers[p] = self._dispatcher_driver(node, p, d)
                 node.need_watch[p] = NeedWatch()
-                node.supervisor.pids.setdefault(("dispatcher", p), node.incarnation)
+                self._helper_up(node, "dispatcher", p)
 
     # -- checks ----------------------------------------------------------------------------
     def voters_at(self, index: int) -> tuple[str, ...]:

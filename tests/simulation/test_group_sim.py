@@ -100,6 +100,15 @@ def test_overlapping_rounds(seed: int) -> None:
          client_interval_ms=(1, 20), test_name="test_overlapping_rounds")  # fmt: skip
 
 
+@pytest.mark.parametrize("seed", sim_seeds(20, offset=26_000))
+def test_late_start_reports(seed: int) -> None:
+    """Helpers' "I started" arrive late, as Ray may deliver them (after the member's first
+    calls to those helpers), under the same faults -- hangs and kills among them."""
+    kinds = ("memory", "file")
+    _run(3 + 2 * (seed % 2), seed, kinds[seed // 2 % 2], late_start_reports=(0, 2500),
+         test_name="test_late_start_reports")  # fmt: skip
+
+
 def test_overlapping_rounds_overlap() -> None:
     """The sweep above is not the one-round path again: rounds do wait side by side."""
     sim = GroupSim(3, 3, faults=False, slow_followers=True, max_rounds=4,
@@ -701,6 +710,34 @@ def test_hung_dispatcher_is_replaced_and_the_term_handed_on() -> None:
         assert max(sim.leaders_by_term) > term
         assert len(sim.acked) > acked
         sim.restart(next(p for p in sim.ids if not sim.members[p].alive))
+        sim.heal()
+        assert sim.run_for(8000, sim.converged)
+        sim.final_check()
+    finally:
+        sim.close()
+
+
+def test_a_helper_heard_of_late_is_watched_with_the_steady_wait() -> None:
+    """On Ray a helper's "I started" is unordered with its member's calls to it (CI, stop
+    33): the leader's setup answered, its watch began, and only then did the helpers'
+    reports arrive.  A checker that hangs afterwards is still found within a few steady
+    helper waits, not after the 30 s start-up wait the watch began with."""
+    sim = GroupSim(3, 45, faults=False, slow_followers=False, late_start_reports=(2500, 3000))
+    try:
+        leader = _leader(sim)
+        node = sim.members[leader].node
+        sup, logic = node.supervisor, node.logic
+        term = logic.state.current_term
+        assert sim.run_for(2000, lambda: logic.ready_term == term)
+        assert not all(k in sup.pids for k in sup.keys())  # ready, watched, not all heard of
+        assert sim.run_for(4000, lambda: all(k in sup.pids for k in sup.keys()))
+        assert logic.leads(term) and sim.stats["checker_replaced"] == 0
+        sim.hang_checker(leader)
+        wait = sup.steady_wait_ms()
+        assert wait < sup.helper_wait_ms() * 2
+        assert sim.run_for(3 * wait, lambda: sim.stats["checker_replaced"] == 1)
+        sim.run_for(4000)
+        assert max(sim.leaders_by_term) > term
         sim.heal()
         assert sim.run_for(8000, sim.converged)
         sim.final_check()
