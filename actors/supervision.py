@@ -259,6 +259,8 @@ class Supervisor:
         self.machine = machine
         self.fast_path = fast_path and len(self.peers) > 1
         self.pids: dict[HelperKey, int] = {}
+        # helpers that answered a call: started, whether or not their "I started" is in yet
+        self.answered: set[HelperKey] = set()
         self.has_led = False  # helpers start with this member's first term (runs_helpers)
         self.peers = [self.self_id, *self.dispatcher_peers()]  # those it keeps helpers for
 
@@ -270,8 +272,11 @@ class Supervisor:
         """How long a leader waits for a helper before it hands leadership on: one election
         timeout (at least two RPC timeouts, so one slow call is not a lost helper), or
         ``HELPER_START_MS`` while a helper has never started (at a member's start its
-        helpers' processes may still be coming up: not dead, just new)."""
-        if not all(k in self.pids for k in self.keys()):
+        helpers' processes may still be coming up: not dead, just new).  A helper has
+        started once it said so (:meth:`helper_started`) or answered a call: on Ray its "I
+        started" is unordered with the member's calls to it and may come later (CI, stop
+        33), and a helper that hangs meanwhile must not be waited for as if it booted."""
+        if not all(k in self.pids or k in self.answered for k in self.keys()):
             return HELPER_START_MS
         return self.steady_wait_ms()
 
@@ -353,6 +358,7 @@ class Supervisor:
             done = yield Install(term, change.term_start_index, info, budget)
             now = done.now_ms
             if not isinstance(done.value, Failed):
+                self.answered.update(self.keys())
                 break
             log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term,
                       done.value.why)  # fmt: skip
@@ -362,6 +368,7 @@ class Supervisor:
                 replaced = True
                 pinged = yield Ping(self.keys(), self.rpc_ms)
                 now = pinged.now_ms
+                self._heard(pinged.value)
                 silent = tuple(k for k, how in pinged.value.items() if how == "timeout")
                 if silent:  # a dead one (an error) is being restarted by Ray
                     yield self._replace(term, silent)
@@ -429,6 +436,7 @@ class Supervisor:
         added = [p for p in peers if p not in self.peers]
         for gone in [p for p in self.peers if p not in peers and p != self.self_id]:
             self.pids.pop(("dispatcher", gone), None)
+            self.answered.discard(("dispatcher", gone))
         self.peers = [self.self_id, *peers]
         term = self.logic.leading_term
         leads = self.logic.leads(term)
@@ -448,6 +456,7 @@ class Supervisor:
             while self.logic.leads(term):
                 done = yield Install(term, start, self.logic.leader_info(), self.rpc_ms, peer)
                 if not isinstance(done.value, Failed):
+                    self.answered.add(("dispatcher", peer))
                     break
                 if done.now_ms > give_up:  # the watch replaces it, or hands leadership on
                     log.error("[%s] term=%d: dispatcher for %s did not start: %s",
@@ -456,6 +465,9 @@ class Supervisor:
                 yield Sleep(RETRY_MS[1])
         if ready and self.fast_path and self.logic.leads(term):
             yield Ready(term, self.fast_path, watching=True)
+
+    def _heard(self, pings: dict[HelperKey, str]) -> None:
+        self.answered.update(k for k, how in pings.items() if how == "ok")
 
     def _replace(self, term: int, keys: tuple[HelperKey, ...]) -> Replace:
         for kind, peer in keys:
@@ -483,6 +495,7 @@ class Supervisor:
             # late, and only one that answers nothing for the whole wait is lost
             pinged = yield Ping(self.keys(), wait_ms)
             now = pinged.now_ms
+            self._heard(pinged.value)
             for k, how in pinged.value.items():
                 if how == "ok":
                     answered[k] = now

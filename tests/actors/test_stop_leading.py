@@ -153,3 +153,29 @@ def test_a_watch_begun_before_a_helper_reported_its_start_still_catches_it_hangi
             now += action.ms
         action = proc.send(Answer(now, value))
     assert now - hung_at <= sup.helper_wait_ms() * 2, (now, hung_at, sup.helper_wait_ms())
+
+
+def test_a_helper_that_answered_has_started_though_its_report_is_late() -> None:
+    """A helper whose "I started" has not arrived but which answered its term's setup has
+    started: when it hangs in a later term the leader replaces it and hands over within a
+    few steady waits, not after the 30 s allowed a helper still booting (the simulation's
+    membership seeds 93007, 93017 and 93028 with late reports wedged on it)."""
+    sup = _supervisor()
+    late = ("dispatcher", "n1")
+    del sup.pids[late]
+    m = sup.logic
+    m.state.change_to_leader(3)
+    proc = sup.role_changes()
+    action = proc.start()
+    while not isinstance(action, Ready):  # every helper answers the setup at once
+        action = proc.send(Answer(0, None))
+    assert late not in sup.pids and sup.helper_wait_ms() == sup.steady_wait_ms()
+    m.elector._change_role_to_candidate(4, 0)  # deposed, then elected again
+    while m.state.current_term < 5:
+        m.state.next_term()
+    m.elector._change_role_to_leader(5, 1000)
+    actions, ended = _run_hung(sup.role_changes(), 0)  # now nothing answers
+    replaced = [a for a in actions if isinstance(a, Replace)]
+    assert replaced and late in replaced[0].keys
+    assert isinstance(actions[-1], HandOver) and actions[-1].term == 5
+    assert ended <= 2 * sup.steady_wait_ms() + 4 * CONFIG.rpc_timeout_ms, ended

@@ -24,9 +24,9 @@ def _quiet_logs():
     logging.disable(logging.NOTSET)
 
 
-def _run(n: int, spares: int, seed: int, store_kind: str, name: str) -> GroupSim:
+def _run(n: int, spares: int, seed: int, store_kind: str, name: str, **kw) -> GroupSim:
     sim = GroupSim(n, seed, store_kind=store_kind, replication=sim_config_for(seed),
-                   spares=spares, membership=True, test_name=name)  # fmt: skip
+                   spares=spares, membership=True, test_name=name, **kw)  # fmt: skip
     try:
         sim.run()
     finally:
@@ -49,6 +49,15 @@ def test_membership_changes_file(seed: int) -> None:
 def test_membership_changes_five_voters(seed: int) -> None:
     """Five voters and three spares: more members to add, replace and remove."""
     _run(5, 3, seed, "memory", "test_membership_changes_five_voters")
+
+
+@pytest.mark.parametrize("seed", [93007, 93010, 93017, 93028, *sim_seeds(16, offset=94_000)])
+def test_membership_changes_late_start_reports(seed: int) -> None:
+    """Helpers' "I started" arrive late, as Ray may deliver them.  The first four seeds
+    wedged or stalled on it: a leader whose helper hung waited 30 s for it as if it were
+    still booting (93007, 93017, 93028), or its watch kept that wait all term (93010)."""
+    _run(3 + 2 * (seed % 2), 2 + seed % 2, seed, "memory", "test_membership_changes_late_start_reports",
+         late_start_reports=(0, 2500))  # fmt: skip
 
 
 def test_the_operator_changes_members_in_most_runs() -> None:
