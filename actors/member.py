@@ -407,10 +407,12 @@ class MemberActor:
         """Ask this member (the leader) to hand leadership to ``target``."""
         return await self.election.transfer(target)
 
-    async def helper_started(self, kind: str, peer: str | None, pid: int) -> None:
+    async def helper_started(
+        self, kind: str, peer: str | None, pid: int, restarted: bool = False
+    ) -> None:
         """Every helper says so when its process starts (see
         :meth:`~.supervision.Supervisor.helper_started`)."""
-        self._carry(self.ctx.step(HelperStarted(kind, peer, pid)))
+        self._carry(self.ctx.step(HelperStarted(kind, peer, pid, restarted)))
 
     @ray.method(enable_task_events=False)
     async def append(

@@ -145,11 +145,12 @@ class Answered:
 
 @dataclass(frozen=True, slots=True)
 class HelperStarted:
-    """A helper's process started (a second one for the same helper: Ray restarted it)."""
+    """A helper's process started (``restarted``: by Ray, after its process died)."""
 
     kind: str
     peer: str | None
     pid: int
+    restarted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,7 +375,7 @@ class MemberCore:
                 out.reply = (resp, lg.elector.transferring)
                 self._elector(actions, now_ms, out)
             case HelperStarted():
-                proc = self.supervisor.helper_started(ev.kind, ev.peer, ev.pid)
+                proc = self.supervisor.helper_started(ev.kind, ev.peer, ev.pid, ev.restarted)
                 if proc is not None and self.role_queue.restore(proc):
                     self._next_exclusive(now_ms, out)
             case GraphFallback():

@@ -261,6 +261,7 @@ class Supervisor:
         self.pids: dict[HelperKey, int] = {}
         # helpers that answered a call: started, whether or not their "I started" is in yet
         self.answered: set[HelperKey] = set()
+        self.watches = 0  # watches begun: a newer one ends the older (see _watch)
         self.has_led = False  # helpers start with this member's first term (runs_helpers)
         self.peers = [self.self_id, *self.dispatcher_peers()]  # those it keeps helpers for
 
@@ -276,9 +277,13 @@ class Supervisor:
         started once it said so (:meth:`helper_started`) or answered a call: on Ray its "I
         started" is unordered with the member's calls to it and may come later (CI, stop
         33), and a helper that hangs meanwhile must not be waited for as if it booted."""
-        if not all(k in self.pids or k in self.answered for k in self.keys()):
+        if not all(self.started(k) for k in self.keys()):
             return HELPER_START_MS
         return self.steady_wait_ms()
+
+    def started(self, key: HelperKey) -> bool:
+        """Whether helper ``key`` has started: it said so, or answered a call."""
+        return key in self.pids or key in self.answered
 
     def steady_wait_ms(self) -> int:
         """The helper wait once every helper has started (:meth:`helper_wait_ms`)."""
@@ -332,11 +337,15 @@ class Supervisor:
                         self.self_id, change.new_term, late, self.rpc_ms)  # fmt: skip
 
     def _start_leading(self, change: StartLeading) -> Generator[Action, Answer, None]:
-        """Set the helpers up for the new term, trying again while they restart.  Each try
-        waits one RPC timeout; after the first that fails, helpers that answer nothing (hung)
-        are replaced and get one more helper wait.  A leader that cannot get them working
-        hands leadership on (after ``HELPER_START_MS`` while a helper has never started: at a
-        member's start they may still be booting)."""
+        """Set the helpers up for the new term, trying again while they restart.  After a
+        try that fails, a helper that has started before (:meth:`started`) and answers no
+        ping is hung: it is replaced at once (once) and gets one more steady helper wait.  A
+        leader that cannot get its helpers working hands leadership on, after the helper
+        wait (``HELPER_START_MS`` while a helper has never started: at a member's first term
+        they may still be booting).  Each try waits one RPC timeout, or -- while no helper
+        has started yet -- the whole wait: a hung helper that started must not be waited
+        for as if it were booting (the simulation's membership seed 94010: a checker hung
+        before its member's first term, with new dispatchers still booting)."""
         term, info = change.term, change.info
         if self.sync:  # the term's first entry is on disk before we count ourselves
             flushed = yield Flush()
@@ -347,14 +356,13 @@ class Supervisor:
         if not self.has_led:  # its first term: its helpers start now (runs_helpers)
             self.has_led = True
             self.peers = [self.self_id, *self.dispatcher_peers()]
-        wait_ms = self.helper_wait_ms()
-        known = wait_ms < HELPER_START_MS  # every helper has started before: not still booting
         now = (yield Sleep(0)).now_ms
-        give_up = now + wait_ms
-        replaced = False
+        give_up = now + self.helper_wait_ms()
+        replaced: set[HelperKey] = set()
         delay = RETRY_MS[0]
         while True:
-            budget = self.rpc_ms if known else max(give_up - now, self.rpc_ms)
+            booting = not any(self.started(k) for k in self.keys())
+            budget = max(give_up - now, self.rpc_ms) if booting else self.rpc_ms
             done = yield Install(term, change.term_start_index, info, budget)
             now = done.now_ms
             if not isinstance(done.value, Failed):
@@ -364,15 +372,16 @@ class Supervisor:
                       done.value.why)  # fmt: skip
             if not self.logic.leads(term):
                 return
-            if known and not replaced:  # a hung helper: replace it at once, wait for it once
-                replaced = True
-                pinged = yield Ping(self.keys(), self.rpc_ms)
-                now = pinged.now_ms
-                self._heard(pinged.value)
-                silent = tuple(k for k, how in pinged.value.items() if how == "timeout")
-                if silent:  # a dead one (an error) is being restarted by Ray
-                    yield self._replace(term, silent)
-                    give_up = max(give_up, now + wait_ms)
+            pinged = yield Ping(self.keys(), self.rpc_ms)
+            now = pinged.now_ms
+            self._heard(pinged.value)
+            # silent and started: hung (a dead one, an error, is being restarted by Ray)
+            hung = tuple(k for k, how in pinged.value.items()
+                         if how == "timeout" and self.started(k) and k not in replaced)  # fmt: skip
+            if hung:
+                replaced.update(hung)
+                yield self._replace(term, hung)
+                give_up = max(give_up, now + self.steady_wait_ms())
             if now > give_up:
                 if self.logic.leads(term):
                     yield self.hand_over(term, "its helpers did not start")
@@ -482,42 +491,66 @@ class Supervisor:
         process, or one Ray could not restart) is replaced and costs the leadership, which
         the leader hands on rather than holding it with heartbeats while no append can
         commit."""
-        return Process("watch", self._watch(term), exclusive=False)
+        self.watches += 1
+        return Process("watch", self._watch(term, self.watches), exclusive=False)
 
-    def _watch(self, term: int) -> Generator[Action, Answer, None]:
+    def _watch(self, term: int, gen: int) -> Generator[Action, Answer, None]:
+        """Runs while ``term``'s leadership lasts (``leading_term``), not only while this
+        member is leader: a leader that steps down and is elected again in the same term
+        before its role change runs keeps the term's helpers and gets no new watch -- the
+        simulation's membership seed 93025 found such a leader behind a hung checker, its
+        rounds unanswered for good (so a hand-over does not end it either).  Each helper's
+        silence counts from when it was first asked (a dispatcher added meanwhile) and
+        ends with it (one removed)."""
         now = (yield Sleep(0)).now_ms
         answered = {k: now for k in self.keys()}
-        while self.logic.leads(term):
-            # asked again each time: a helper's "I started" may arrive after its term's
-            # setup answered, and the start-up wait must not outlast it (CI, stop 33)
-            wait_ms = self.helper_wait_ms()
-            # a ping may take up to the whole wait: a helper slow on a loaded machine answers
-            # late, and only one that answers nothing for the whole wait is lost
-            pinged = yield Ping(self.keys(), wait_ms)
+        while self.logic.leading_term == term and gen == self.watches:
+            # a ping may take up to the steady wait: a helper slow on a loaded machine answers
+            # late, and only one that answers nothing for the whole wait is lost.  A helper
+            # that has not started yet (a dispatcher just added) may take HELPER_START_MS,
+            # counted for it alone: the ping does not wait that long for the others (the
+            # simulation's membership seed 93315: a checker hung during such a ping went
+            # unnoticed for 30 s), and the others' wait is asked again each time (a helper's
+            # "I started" may arrive after its term's setup answered: CI, stop 33)
+            wait_ms = self.steady_wait_ms()
+            keys = self.keys()
+            pinged = yield Ping(keys, wait_ms)
             now = pinged.now_ms
             self._heard(pinged.value)
             for k, how in pinged.value.items():
                 if how == "ok":
                     answered[k] = now
-            silent = tuple(k for k, t in answered.items() if now - t >= wait_ms)
+            silent = tuple(k for k in keys if now - answered.setdefault(k, now)
+                           >= (wait_ms if self.started(k) else HELPER_START_MS))  # fmt: skip
             if silent and self.logic.leads(term):
                 kind, peer = silent[0]
                 yield self._replace(term, silent)
                 yield self.hand_over(term, f"its {kind} {peer or ''} answered nothing for "
-                                           f"{wait_ms} ms")  # fmt: skip
-                return  # the hand-over ends the term: transferred, or stepped down
-            yield Sleep(self.steady_wait_ms() // 4)  # the start-up wait is no reason to look less
+                                           f"{now - answered[silent[0]]} ms")  # fmt: skip
+                # the hand-over ends the term (transferred, or stepped down) -- unless this
+                # member is elected again in it: then watch on, the new processes afresh
+                answered.update(dict.fromkeys(silent, now))
+            yield Sleep(wait_ms // 4)
 
-    def helper_started(self, kind: str, peer: str | None, pid: int) -> Process | None:
-        """Every helper says so when its process starts.  A second process for the same
-        helper means Ray restarted it after its process died: set it up again for the term
-        this member leads (a restarted checker also needs the rounds in flight, which
+    def helper_started(
+        self, kind: str, peer: str | None, pid: int, restarted: bool = False
+    ) -> Process | None:
+        """Every helper says so when its process starts, and whether Ray ``restarted`` it
+        after its process died: then it is set up again for the term this member leads (a
+        restarted checker also needs the rounds in flight, which
         :meth:`RoundPath.reregister` gives it again, and every follower's water mark, which
-        each dispatcher set up again in the same term reports at once)."""
-        known = self.pids.setdefault((kind, peer), pid)
+        each dispatcher set up again in the same term reports at once).  The helper says
+        which, rather than the member telling by a second pid: a first process's report
+        may arrive after its restart's, or never -- the simulation's membership seed 93139
+        took a restart for a first start, and that dispatcher served no term again."""
+        key = (kind, peer)
+        known = self.pids.get(key)
+        if not restarted:  # a first process: nothing to set up again
+            self.pids.setdefault(key, pid)  # (known: its restart's report came first)
+            return None
+        self.pids[key] = pid
         if known == pid:
             return None
-        self.pids[(kind, peer)] = pid
         log.warning("[%s] %s helper restarted (%s), pid %d", self.self_id, kind, peer or "", pid)
         return Process("restore", self._restore(kind, peer), exclusive=True)
 

@@ -344,10 +344,22 @@ class EntryHandler:
             return False
         return store.get_term(index) == term and store.get_pos(index) == pos
 
+    def _at_snapshot_point(self, index: int) -> bool:
+        """``index`` is the last entry our snapshot covers (our log begins right after it).
+        It is committed, so every later leader holds the same entry there (Leader
+        Completeness): a follower whose log a snapshot left empty matches at that point.
+        Without this a leader that did not send the snapshot compared there, found no entry,
+        and asked for a reset below our committed index, which we refuse -- for good (the
+        simulation's install seed 70100)."""
+        store = self.store
+        return index == store.ledger_begin_index - 1 and 0 <= index <= store.committed_index
+
     def _compare(self, req: PushEntryRequest) -> PushEntryResponse:
         """Do we hold the leader's entry at ``first_index``?  (Raft: then the whole prefix matches.)"""
         index = req.first_index
-        if self._entry_matches(index, req.entry_term, req.entry_pos):
+        if self._entry_matches(index, req.entry_term, req.entry_pos) or self._at_snapshot_point(
+            index
+        ):
             self._sync_leader()
             if index > self.matched_index:
                 self.matched_index = index

@@ -53,14 +53,17 @@ def _supervisor(led: bool = True) -> Supervisor:
     return sup
 
 
-def _run_hung(proc: Process, now: int, limit: int = 200) -> tuple[list, int]:
+def _run_hung(proc: Process, now: int, limit: int = 200, until: type | None = None):
     """Run ``proc`` against helpers that never answer; returns its actions and the time
-    it ended.  A call without a time-out would hang here for good: fail the test."""
+    it ended (or gave its first ``until`` action).  A call without a time-out would hang
+    here for good: fail the test."""
     actions = []
     action = proc.start()
     while action is not None:
         assert len(actions) < limit, f"no end in sight: {actions[-5:]}"
         actions.append(action)
+        if until is not None and isinstance(action, until):
+            break
         value = None
         if isinstance(action, (CheckerStepDown, Install)):
             assert 0 < action.timeout_ms <= CONFIG.rpc_timeout_ms, action
@@ -119,10 +122,44 @@ def test_a_watched_helper_that_stops_answering_costs_the_leadership() -> None:
     m.state.change_to_leader(3)
     m.leadership()
     assert m.mark_ready(3)
-    actions, ended = _run_hung(sup.watch(3), 0)
+    actions, ended = _run_hung(sup.watch(3), 0, until=HandOver)
     assert isinstance(actions[-2], Replace) and CHECKER in actions[-2].keys
     assert isinstance(actions[-1], HandOver) and actions[-1].term == 3
     assert sup.helper_wait_ms() <= ended <= sup.helper_wait_ms() * 3 // 2
+
+
+def test_a_watch_goes_on_through_a_re_election_in_its_term() -> None:
+    """A leader that handed over, stepped down and was elected again in the same term
+    before its role change ran (no new term, so no new watch) is still watched: the
+    simulation's membership seed 93025 left such a leader behind a hung checker, its
+    rounds unanswered for good.  The watch ends with the term's leadership, or when a
+    newer watch begins."""
+    sup = _supervisor()
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    proc = sup.watch(3)
+    action, now, handed = proc.start(), 0, 0
+    while handed < 2:  # helpers never answer: replaced and handed over, again and again
+        assert now < 20_000, action
+        value = None
+        if isinstance(action, Ping):
+            now += action.timeout_ms
+            value = {k: "timeout" for k in action.keys}
+        elif isinstance(action, Sleep):
+            now += action.ms
+        elif isinstance(action, HandOver):
+            handed += 1
+            if handed == 1:  # the transfer failed: stepped down, then elected again in term 3
+                m.elector._change_role_to_candidate(3, now)
+                m.state.change_to_leader(3)
+                assert m.leadership() == [] and m.leads(3)  # no role change: same term
+        action = proc.send(Answer(now, value))
+    assert isinstance(action, Sleep)
+    newer = sup.watch(3)  # a newer watch of the term ends this one
+    assert proc.send(Answer(now + action.ms, None)) is None
+    assert isinstance(newer.start(), Sleep)
 
 
 def test_a_watch_begun_before_a_helper_reported_its_start_still_catches_it_hanging() -> None:
@@ -179,3 +216,34 @@ def test_a_helper_that_answered_has_started_though_its_report_is_late() -> None:
     assert replaced and late in replaced[0].keys
     assert isinstance(actions[-1], HandOver) and actions[-1].term == 5
     assert ended <= 2 * sup.steady_wait_ms() + 4 * CONFIG.rpc_timeout_ms, ended
+
+
+def test_a_hung_helper_that_started_is_replaced_while_new_ones_still_boot() -> None:
+    """A member's first term: its checker started long ago and hangs, its new dispatchers
+    are still booting.  The checker is replaced after one short try, not waited for with
+    the booting ones' 30 s (the simulation's membership seed 94010 wedged on that)."""
+    sup = _supervisor(led=False)
+    sup.pids[CHECKER] = 100  # the checker runs from the member's start
+    m = sup.logic
+    m.state.change_to_leader(3)
+    actions, ended = _run_hung(sup.role_changes(), 0, until=Replace)
+    replace = actions[-1]
+    assert isinstance(replace, Replace) and replace.keys == (CHECKER,), actions
+    assert ended <= 2 * CONFIG.rpc_timeout_ms + 100, ended
+
+
+def test_a_booting_helper_does_not_slow_the_watch_of_the_others() -> None:
+    """A dispatcher just added has not started yet: it may stay silent for the start-up
+    wait, but the watch still pings with the steady wait and finds a hung checker within
+    it (the simulation's membership seed 93315: a 30 s ping hid the checker's hang)."""
+    sup = _supervisor()
+    del sup.pids[("dispatcher", "n2")]  # booting: never answered, never said it started
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    actions, ended = _run_hung(sup.watch(3), 0, until=HandOver)
+    assert all(a.timeout_ms == sup.steady_wait_ms() for a in actions if isinstance(a, Ping))
+    replaced = next(a for a in actions if isinstance(a, Replace))
+    assert replaced.keys == (CHECKER, ("dispatcher", "n1"))  # not the booting one
+    assert ended <= sup.steady_wait_ms() * 3 // 2, ended

@@ -158,6 +158,28 @@ def test_truncate_reset_restarts_the_log_at_the_leaders_begin() -> None:
     assert h.matched_index == 4
 
 
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_log_a_snapshot_left_empty_matches_at_the_snapshot_point(committed) -> None:
+    """The simulation's install seed 70100: a follower whose log begins after its snapshot
+    (committed, so every later leader holds the same entry there) was compared there by a
+    leader that had not sent the snapshot, answered no match, and was asked for a reset
+    below its committed index, which it refuses: for good.  It matches there now, and the
+    leader appends from the next index.  An index not known to be committed never does."""
+    leader = store_with([1] * 5 + [2] * 3)
+    h, store, state = handler([1, 1])
+    reset = push(PushType.TRUNCATE, first_index=5, entry_term=2, entry_pos=leader.get_pos(5),
+                 reset=True)  # fmt: skip
+    assert only(h.handle_push(reset, "t", 0))[1].code == S
+    if committed:  # what a snapshot install leaves: the log's begin right after the snapshot
+        store.update_committed_index(4)
+    cmp = push(PushType.COMPARE, first_index=4, entry_term=1, entry_pos=leader.get_pos(4))
+    _, r = only(h.handle_push(cmp, "c", 0))
+    assert r.code == (S if committed else BAD), r
+    if committed:
+        _, r = only(h.handle_push(append_req(leader, 5, 3), "a", 0))
+        assert r.code == S and store.ledger_end_index == 7 and h.matched_index == 7
+
+
 @pytest.mark.parametrize("reset", [True, False])
 def test_a_late_copy_of_a_truncate_never_drops_what_we_acknowledged(reset) -> None:
     """The only ``commit.unheld`` the simulation could not put down to a power loss (seed

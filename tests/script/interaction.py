@@ -403,7 +403,7 @@ class Env:
         self._install_checker(node, CheckerLogic(GROUP, mid, self.ids, self.replication))
         node.checker_pid += 1
         self.say(f"{mid}'s checker restarted empty")
-        self._step(node, mc.HelperStarted("checker", None, node.checker_pid))
+        self._step(node, mc.HelperStarted("checker", None, node.checker_pid, restarted=True))
         self._settle()
 
     # -- time ----------------------------------------------------------------------------

@@ -127,4 +127,4 @@ class CheckerDelivery:
         logic = CheckerLogic(self.group, node.id, members, self.replication)
         node.checker = logic
         node.checker_driver = self._checker_driver(node, logic)
-        self._hop(node, self._m_helper_started, node, CHECKER, None, next(_pids))
+        self._hop(node, self._m_helper_started, node, CHECKER, None, next(_pids), True)

@@ -328,7 +328,7 @@ class DispatcherDelivery:
         fp = node.fast.logic if node.fast is not None else None
         if fp is not None and fp.graph is not None and peer in fp.graph:
             self._hop(node, self._fp_fallback, node, fp.gen, f"dispatcher to {peer} died")
-        self._hop(node, self._m_helper_started, node, "dispatcher", peer, next(_pids))
+        self._hop(node, self._m_helper_started, node, "dispatcher", peer, next(_pids), True)
 
 
 def _call(fn: Callable, *args):

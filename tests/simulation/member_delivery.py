@@ -126,9 +126,11 @@ class MemberDelivery:
                 caller, call_id = tok
                 self.rpc.reply(node.id, caller, call_id, resp)
 
-    def _m_helper_started(self, node: Node, kind: str, peer: str | None, pid: int) -> None:
+    def _m_helper_started(
+        self, node: Node, kind: str, peer: str | None, pid: int, restarted: bool = False
+    ) -> None:
         """``MemberActor.helper_started``: a restarted helper is set up again."""
-        self._step(node, mc.HelperStarted(kind, peer, pid))
+        self._step(node, mc.HelperStarted(kind, peer, pid, restarted))
 
     @staticmethod
     def _failed(value) -> sv.Failed | None:

@@ -11,12 +11,10 @@ import shutil
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
 from rayledger.actors.member_core import MemberCore
-from rayledger.actors.supervision import CHECKER
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.election.configuration import FileConfigStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
-from .dispatcher_delivery import dkey
 from .node_state import Node, SimMember
 from .sim_config import FLUSH_TICK_MS, PARKED_MS, SIM_STORE
 
@@ -41,20 +39,14 @@ class MemberLifecycle:
         """A helper's first process started: it tells its member (``helper_started``), at
         once or, with ``late_start_reports``, after a seeded delay -- on Ray that call from
         the helper's constructor is unordered with the member's own calls to the helper, and
-        a leader's watch that began before it kept the start-up wait (CI, stop 33).  A report
-        from a process that was replaced meanwhile is lost with it."""
+        a leader's watch that began before it kept the start-up wait (CI, stop 33).  A late
+        report may arrive after the report of the process that replaced it."""
         if self.late_start_reports is None:
             node.supervisor.pids.setdefault((kind, peer), node.incarnation)
             return
-        gen_key = CHECKER if kind == CHECKER[0] else dkey(peer)
-        gen = node.helper_gen.get(gen_key, 0)
-
-        def report() -> None:
-            if node.helper_gen.get(gen_key, 0) == gen:
-                self._m_helper_started(node, kind, peer, node.incarnation)
-
         lo, hi = self.late_start_reports
-        self._at(node, self.clock.now_ms + self._start_rng.randint(lo, hi), report)
+        due = self.clock.now_ms + self._start_rng.randint(lo, hi)
+        self._at(node, due, self._m_helper_started, node, kind, peer, node.incarnation)
 
     def _start(self, mid: str) -> None:
         m = self.members[mid]
