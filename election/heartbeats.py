@@ -161,7 +161,13 @@ class HeartbeatSteps(ElectorParts):
         term = rnd.term
         if rnd.max_term > term:
             self._log(WARNING, "NotTheBiggestTerm", term=term, max_term=rnd.max_term)
-            return self._change_role_to_candidate(rnd.max_term, now_ms)
+            actions = self._change_role_to_candidate(rnd.max_term, now_ms)
+            # take that term before campaigning, as a follower does on a larger heartbeat:
+            # campaigning again in this term re-elected this leader by the same voters, and a
+            # non-voter at the larger term (a learner) then deposed it again, for good (the
+            # simulation's membership seed 93151)
+            self._need_increase_term_immediately = True
+            return actions
         if st.is_quorum(rnd.succ_num):
             timers.last_succ_heartbeat_ms = now_ms
             return []

@@ -164,6 +164,22 @@ def test_leader_steps_down_on_a_larger_term(h) -> None:
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(5, Role.CANDIDATE)]
 
 
+def test_a_leader_deposed_by_a_larger_term_campaigns_in_it(h) -> None:
+    """It takes the larger term before it asks for votes: asking again in its own term got
+    it re-elected by the same voters, and a non-voter at the larger term (a learner)
+    deposed it again, for good (the simulation's membership seed 93151)."""
+    el, now = _leader(h, term=0)
+    sends = h.sends(el.tick(now))
+    h.answer_heartbeats(el, sends, C.EXPIRED_TERM, now + 1, term=5)
+    asked = []
+    t = now + 2
+    while not asked:
+        asked = [s.message for s in h.sends(el.tick(t)) if hasattr(s.message, "ledger_end_index")]
+        t += 10
+        assert t < now + 10_000
+    assert el.term == 5 and all(m.term >= 5 for m in asked), asked
+
+
 def test_leader_steps_down_when_another_leader_is_followed(h) -> None:
     el, now = _leader(h, term=0)
     sends = h.sends(el.tick(now))
