@@ -60,10 +60,8 @@ class QuorumAckCheckerActor:
             CheckerLogic(group, self_id, list(peers), config.replication), self.ports
         )
         self.logic = self.driver.logic
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        member.helper_started.remote(
-            "checker", None, os.getpid(), restarted
-        )  # restarted: set me up
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed  # set me up again
+        member.helper_started.remote("checker", None, os.getpid(), restarted)
 
     def _attach(self) -> None:
         if self.driver.pump.loop is None:

@@ -89,8 +89,8 @@ class EntryDispatcherActor:
         )
         self.logic = self.driver.logic
         self.member = member
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        member.helper_started.remote("dispatcher", peer_id, os.getpid(), restarted)  # set me up
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed  # set me up again
+        member.helper_started.remote("dispatcher", peer_id, os.getpid(), restarted)
         self.checker = checker
         self.faults = LinkFaults()
         self._follower = None

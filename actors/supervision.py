@@ -260,7 +260,7 @@ class Supervisor:
         self.fast_path = fast_path and len(self.peers) > 1
         self.pids: dict[HelperKey, int] = {}
         # helpers that answered a call: started, whether or not their "I started" is in yet
-        self.answered: set[HelperKey] = set()
+        self.heard: set[HelperKey] = set()
         self.watches = 0  # watches begun: a newer one ends the older (see _watch)
         self.has_led = False  # helpers start with this member's first term (runs_helpers)
         self.peers = [self.self_id, *self.dispatcher_peers()]  # those it keeps helpers for
@@ -277,13 +277,15 @@ class Supervisor:
         started once it said so (:meth:`helper_started`) or answered a call: on Ray its "I
         started" is unordered with the member's calls to it and may come later (CI, stop
         33), and a helper that hangs meanwhile must not be waited for as if it booted."""
-        if not all(self.started(k) for k in self.keys()):
-            return HELPER_START_MS
-        return self.steady_wait_ms()
+        return max(self.wait_for(k) for k in self.keys())
+
+    def wait_for(self, key: HelperKey) -> int:
+        """How long helper ``key`` may stay silent: the steady wait once it has started."""
+        return self.steady_wait_ms() if self.started(key) else HELPER_START_MS
 
     def started(self, key: HelperKey) -> bool:
         """Whether helper ``key`` has started: it said so, or answered a call."""
-        return key in self.pids or key in self.answered
+        return key in self.pids or key in self.heard
 
     def steady_wait_ms(self) -> int:
         """The helper wait once every helper has started (:meth:`helper_wait_ms`)."""
@@ -366,7 +368,7 @@ class Supervisor:
             done = yield Install(term, change.term_start_index, info, budget)
             now = done.now_ms
             if not isinstance(done.value, Failed):
-                self.answered.update(self.keys())
+                self.heard.update(self.keys())
                 break
             log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term,
                       done.value.why)  # fmt: skip
@@ -374,7 +376,7 @@ class Supervisor:
                 return
             pinged = yield Ping(self.keys(), self.rpc_ms)
             now = pinged.now_ms
-            self._heard(pinged.value)
+            self._hear(pinged.value)
             # silent and started: hung (a dead one, an error, is being restarted by Ray)
             hung = tuple(k for k, how in pinged.value.items()
                          if how == "timeout" and self.started(k) and k not in replaced)  # fmt: skip
@@ -445,7 +447,7 @@ class Supervisor:
         added = [p for p in peers if p not in self.peers]
         for gone in [p for p in self.peers if p not in peers and p != self.self_id]:
             self.pids.pop(("dispatcher", gone), None)
-            self.answered.discard(("dispatcher", gone))
+            self.heard.discard(("dispatcher", gone))
         self.peers = [self.self_id, *peers]
         term = self.logic.leading_term
         leads = self.logic.leads(term)
@@ -465,7 +467,7 @@ class Supervisor:
             while self.logic.leads(term):
                 done = yield Install(term, start, self.logic.leader_info(), self.rpc_ms, peer)
                 if not isinstance(done.value, Failed):
-                    self.answered.add(("dispatcher", peer))
+                    self.heard.add(("dispatcher", peer))
                     break
                 if done.now_ms > give_up:  # the watch replaces it, or hands leadership on
                     log.error("[%s] term=%d: dispatcher for %s did not start: %s",
@@ -475,8 +477,8 @@ class Supervisor:
         if ready and self.fast_path and self.logic.leads(term):
             yield Ready(term, self.fast_path, watching=True)
 
-    def _heard(self, pings: dict[HelperKey, str]) -> None:
-        self.answered.update(k for k, how in pings.items() if how == "ok")
+    def _hear(self, pings: dict[HelperKey, str]) -> None:
+        self.heard.update(k for k, how in pings.items() if how == "ok")
 
     def _replace(self, term: int, keys: tuple[HelperKey, ...]) -> Replace:
         for kind, peer in keys:
@@ -486,11 +488,11 @@ class Supervisor:
 
     def watch(self, term: int) -> Process:
         """While this member leads ``term``, ask each helper for its pid every quarter of
-        the steady helper wait (:meth:`steady_wait_ms`).  A killed helper is restarted by Ray and set up again
-        (:meth:`helper_started`); one that answers nothing for the whole wait (a hung
-        process, or one Ray could not restart) is replaced and costs the leadership, which
-        the leader hands on rather than holding it with heartbeats while no append can
-        commit."""
+        the steady helper wait (:meth:`steady_wait_ms`).  A killed helper is restarted by
+        Ray and set up again (:meth:`helper_started`); one that answers nothing for its
+        whole wait (:meth:`wait_for`: a hung process, or one Ray could not restart) is
+        replaced and costs the leadership, which the leader hands on rather than holding it
+        with heartbeats while no append can commit."""
         self.watches += 1
         return Process("watch", self._watch(term, self.watches), exclusive=False)
 
@@ -516,12 +518,11 @@ class Supervisor:
             keys = self.keys()
             pinged = yield Ping(keys, wait_ms)
             now = pinged.now_ms
-            self._heard(pinged.value)
+            self._hear(pinged.value)
             for k, how in pinged.value.items():
                 if how == "ok":
                     answered[k] = now
-            silent = tuple(k for k in keys if now - answered.setdefault(k, now)
-                           >= (wait_ms if self.started(k) else HELPER_START_MS))  # fmt: skip
+            silent = tuple(k for k in keys if now - answered.setdefault(k, now) >= self.wait_for(k))
             if silent and self.logic.leads(term):
                 kind, peer = silent[0]
                 yield self._replace(term, silent)

@@ -247,3 +247,20 @@ def test_a_booting_helper_does_not_slow_the_watch_of_the_others() -> None:
     replaced = next(a for a in actions if isinstance(a, Replace))
     assert replaced.keys == (CHECKER, ("dispatcher", "n1"))  # not the booting one
     assert ended <= sup.steady_wait_ms() * 3 // 2, ended
+
+
+def test_a_restart_is_set_up_again_though_the_first_start_was_never_heard_of() -> None:
+    """A helper says whether Ray restarted it: its first process's report may come after
+    the restart's, or never (the simulation's membership seed 93139 took such a restart
+    for a first start, and that dispatcher served no term again)."""
+    sup = _supervisor()
+    del sup.pids[CHECKER]  # the first process's report has not come
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    proc = sup.helper_started("checker", None, 555, restarted=True)
+    assert proc is not None and proc.name == "restore"
+    assert sup.helper_started("checker", None, 100) is None  # the first one's, late
+    assert sup.pids[CHECKER] == 555  # still the live process's pid, to kill if it hangs
+    assert sup.helper_started("dispatcher", "n3", 7) is None  # a first start: nothing to do

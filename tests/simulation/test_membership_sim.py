@@ -59,7 +59,8 @@ def test_membership_changes_late_start_reports(seed: int) -> None:
     wedged or stalled on it: a leader whose helper hung waited 30 s for it as if it were
     still booting (93007, 93017, 93028), or its watch kept that wait all term (93010) or
     pinged with it while a new dispatcher booted (93315); a restart's report taken for a
-    first start left a dispatcher that served no term (93139, once the others were fixed)."""
+    first start left a dispatcher that served no term (93139, at one point of this work;
+    test_stop_leading holds that case now)."""
     _run(3 + 2 * (seed % 2), 2 + seed % 2, seed, "memory", "test_membership_changes_late_start_reports",
          late_start_reports=(0, 2500))  # fmt: skip
 
