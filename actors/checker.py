@@ -88,11 +88,14 @@ class QuorumAckCheckerActor:
         return self.driver.deliver(StepDown(term))
 
     @ray.method(enable_task_events=False)
-    async def add_round(self, term: int, first: int, last: int, token, leader_mark: int) -> None:
+    async def add_round(
+        self, term: int, first: int, last: int, token, leader_mark: int, config=None
+    ) -> None:
         """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
-        counts its own copy (see :meth:`MemberLogic.water_mark`)."""
+        counts its own copy (see :meth:`MemberLogic.water_mark`); ``config``: the
+        ``(index, Configuration)`` the round holds, counted from now on."""
         self._attach()
-        self.driver.deliver(AddRound(term, first, last, token, leader_mark))
+        self.driver.deliver(AddRound(term, first, last, token, leader_mark, config))
 
     @ray.method(enable_task_events=False)
     async def report(self, term: int, peer: str, water_mark: int) -> int | None:

@@ -66,6 +66,10 @@ class AddRound:
     last: int
     token: Any
     leader_mark: int
+    # ``(index, Configuration)`` when the round holds the leader's latest configuration
+    # entry: the checker counts its voters from the round's registration on, in order with
+    # the round, instead of when the leader's role lock lets a Configure through
+    config: tuple | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,9 @@ class Resolution:
     term: int
     committed: int | None
     outcomes: list[Outcome]
+    # the index of the configuration entry whose voters the checker counts (-1: not said):
+    # the leader admits its next change only once its checker counts the latest
+    config_index: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +139,15 @@ class CheckerLogic:
         self._notice: tuple[int, int] | None = None
         self._notice_at = 0
         self.graph_gen: int | None = None
+        self.config_index = -1  # the configuration entry whose voters it counts
 
     # -- the way in ----------------------------------------------------------------------
     def step(self, ev: CheckerEvent, now_ms: int) -> Any:
         """Deliver one event; returns the call's direct answer (see each event)."""
         match ev:
             case AddRound():
+                if ev.config is not None and ev.term == self.term:
+                    self._count(*ev.config)
                 return self._add_round(ev.term, ev.first, ev.last, ev.token, now_ms,
                                        ev.leader_mark)  # fmt: skip
             case Report():
@@ -163,6 +173,7 @@ class CheckerLogic:
         self.term = term
         self._registered.clear()
         self._committed_sent = -1
+        self.config_index = -1
         failed = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
         self._configure(term, info)
         return _outcomes(failed)
@@ -170,11 +181,20 @@ class CheckerLogic:
     def _configure(self, term: int, info: Any) -> bool:
         """The leader's latest configuration (from its LeaderInfo); False when this checker
         does not serve ``term``."""
-        config = getattr(info, "configuration", None)
-        if term != self.term or config is None:
+        configs = getattr(info, "configs", ())
+        if term != self.term or not configs:
             return False
-        self.core.set_configuration(list(config.voters), list(config.learners))
+        self._count(*configs[-1])
         return True
+
+    def _count(self, index: int, config: Any) -> None:
+        """Count the voters of the configuration entry at ``index`` -- unless it counts a
+        later one already: a Configure delayed behind a round that carried a newer
+        configuration must not take the checker back."""
+        if index < self.config_index:
+            return
+        self.config_index = index
+        self.core.set_configuration(list(config.voters), list(config.learners))
 
     def _step_down(self, term: int) -> list[Outcome]:
         """Leadership of ``term`` ended: everything waiting is answered to the caller."""
@@ -252,7 +272,7 @@ class CheckerLogic:
         if self.term >= 0:
             committed, outcomes = self._check(now_ms)
             if committed is not None or outcomes:
-                resolution = Resolution(self.term, committed, outcomes)
+                resolution = Resolution(self.term, committed, outcomes, self.config_index)
             wake = self.core.next_deadline_ms()
         notice = None
         if self._notice is not None:

@@ -229,6 +229,8 @@ class MemberLogic:
         self.leading_term = -1  # the term whose helpers were told to start
         self.ready_term = -1  # the term whose helpers confirmed they started
         self.term_start_index = -1  # the index of the leading term's empty entry
+        # (term, index): the configuration entry whose voters this leader's checker counts
+        self.checker_config = (-1, -1)
         # the machine's snapshots (issue 23): offered to followers below our begin, and
         # where a follower's INSTALL chunks go; None when the member takes no snapshots
         self.snapshots: SnapshotSource | None = None
@@ -412,10 +414,27 @@ class MemberLogic:
         check_change(
             log.latest(),
             proposed,
-            pending=queued or log.pending(committed),
+            pending=queued or log.pending(committed) or not self.checker_counts_latest(),
             committed_own_term=committed >= self.term_start_index >= 0,
         )
         return proposed.encode()
+
+    def checker_counts(self, term: int, index: int) -> None:
+        """This leader's checker of ``term`` counts the voters of the configuration entry at
+        ``index`` (it said so in a resolution, or it was set up or configured with it)."""
+        if term != self.leading_term:
+            return
+        t, i = self.checker_config
+        self.checker_config = (term, max(index, i) if t == term else index)
+
+    def checker_counts_latest(self) -> bool:
+        """Whether the checker counts the log's latest configuration.  A single-server
+        change is safe while the majority counted is of the configuration before it (any
+        two majorities of configurations one change apart meet); two changes apart they
+        need not.  So the next change waits until the checker counts the latest one, however
+        long the role lock keeps a configure from it."""
+        term, index = self.checker_config
+        return term == self.leading_term and index >= self.config_log.latest_index()
 
     def write_round(
         self, calls: Sequence[tuple[Any, Sequence[bytes]]], term: int, channel: int = 0

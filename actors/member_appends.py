@@ -124,7 +124,7 @@ class AppendPart(Part):
         """An action of a round (see :mod:`.round_path`), carried out at once."""
         if isinstance(action, rp.Register):
             self.ctx.checker.add_round.remote(action.term, action.first, action.last,
-                                           action.rid, action.leader_mark)  # fmt: skip
+                                           action.rid, action.leader_mark, action.config)  # fmt: skip
             return None
         a = action.a
         try:

@@ -394,31 +394,34 @@ class MemberCore:
                 self._wake += confirmed
                 self._read_rounds(sends, now_ms, out)
             case ExpireReads():
-                sends, expired = self.reads.expire(now_ms)
+                sends, expired, confirmed = self.reads.expire(now_ms)
                 self._wake += [(pid, sv.Failed("no quorum in time", timeout=True))
                                for pid in expired]  # fmt: skip
+                self._wake += confirmed
                 self._read_rounds(sends, now_ms, out)
             case Deadline():
                 if isinstance(self._out.get(ev.pid), Confirm):
                     self._wake.append((ev.pid, sv.Failed("no quorum in time", timeout=True)))
             case _:
                 raise TypeError(f"not a member event: {ev!r}")
-        while self._wake:  # confirmations, expiries, readers failed on a step-down
-            pid, value = self._wake.pop(0)
-            if isinstance(self._out.get(pid), Confirm):
-                self._resume(pid, value, now_ms, out)
-        # retries waiting on entries in the log: answered once those commit, or failed once
-        # the term is over, whichever event of this step did it (a resolution settles them
-        # too; this catches the rest, at the cost of one empty-list check a step)
-        self.book.settle_joins()
-        if self.book.settled:
-            out.settled += self.book.take_settled()
         latest = self.logic.config_log.latest()
         if latest is not self._config:
             if latest == self._config:
                 self._config = latest  # the same one again (a reset names it): nothing to do
             else:
                 self._reconfigure(now_ms, out)
+        while self._wake:  # confirmations, expiries, readers failed on a step-down
+            pid, value = self._wake.pop(0)
+            if isinstance(self._out.get(pid), Confirm):
+                self._resume(pid, value, now_ms, out)
+        # retries waiting on entries in the log: answered once those commit, or failed once
+        # the term is over, whichever event of this step did it (a resolution settles them
+        # too; this catches the rest, at the cost of one empty-list check a step); appends
+        # queued in a term that ended are refused, never written in a later one
+        self.book.settle_term()
+        self.book.settle_joins()
+        if self.book.settled:
+            out.settled += self.book.take_settled()
         return out
 
     def next_tick_ms(self, now_ms: int) -> int:
@@ -510,7 +513,9 @@ class MemberCore:
         self._config = config = self.logic.config_log.latest()
         log.info("[%s] term=%d: acts on configuration voters=%s learners=%s", self.logic.self_id,
                  self.logic.state.current_term, config.voters, config.learners)  # fmt: skip
-        self.reads.configure(config.voters)
+        sends, confirmed = self.reads.configure(config.voters, now_ms)
+        self._wake += confirmed
+        self._read_rounds(sends, now_ms, out)
         if self.role_queue.reconfigured():
             self._next_exclusive(now_ms, out)
 

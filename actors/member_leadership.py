@@ -96,13 +96,12 @@ class LeadershipPart(Part):
             self._helpers(a.peers, a.start, a.background)
             return None
         if isinstance(a, sv.CheckerConfigure):
-            try:
-                await asyncio.wait_for(
+            try:  # False: the checker does not serve the term
+                return await asyncio.wait_for(
                     self.ctx.checker.configure.remote(a.term, a.info), rpc_s(a.timeout_ms)
                 )
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
                 return sv.Failed(repr(exc), isinstance(exc, asyncio.TimeoutError))
-            return None
         raise TypeError(f"unknown supervision action {a!r}")
 
     def _helpers(

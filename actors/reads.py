@@ -78,7 +78,6 @@ class ReadIndexLogic:
 
     def __init__(self, self_id: str, peers: list[str], lease_ms: int, round_timeout_ms: int):
         self.self_id = self_id
-        self.configure(peers)
         self.lease_ms = lease_ms
         self.round_timeout_ms = round_timeout_ms
         self._ids = itertools.count(1)
@@ -86,13 +85,29 @@ class ReadIndexLogic:
         self._waiting: list[tuple[Any, int]] = []
         self._waiting_term = -1
         self._lease = (-1, -1)  # (term, lease end in ms)
+        self.configure(peers)
 
-    def configure(self, voters: Sequence[str]) -> None:
-        """The configuration the member acts on (issue 22): a round is confirmed by a
-        majority of its voters (this leader counts when it votes); learners are not asked."""
+    def configure(self, voters: Sequence[str], now_ms: int = 0) -> tuple[list, list]:
+        """The configuration the member acts on: a round is confirmed by a majority of its
+        voters (this leader counts when it votes); learners are not asked.  Returns
+        ``(rounds to send, confirmed tickets)``.
+
+        A lease or a round's answers gathered under the old voters say nothing about the new
+        ones (a lease confirmed by {L, A} of {L, A, B} would survive two changes into
+        {L, B, N}, whose majority {B, N} never confirmed it): the lease ends, and readers of
+        a round in flight join a fresh round counted under the new voters -- which a group
+        left with this leader as its only voter confirms at once."""
         self.others = [p for p in voters if p != self.self_id]
         self.quorum = len(voters) // 2 + 1
         self._own = 1 if self.self_id in voters else 0
+        self._lease = (-1, -1)
+        rnd = self.in_flight
+        if rnd is None:
+            return [], []
+        self.in_flight = None
+        self._waiting = rnd.tickets + self._waiting
+        self._waiting_term = max(self._waiting_term, rnd.term)
+        return self._next_round(now_ms)
 
     def lease_holds(self, term: int, now_ms: int) -> bool:
         lease_term, until = self._lease
@@ -148,17 +163,17 @@ class ReadIndexLogic:
         ok = code == ResponseCode.SUCCESS and getattr(resp, "term", None) == term
         return self.on_answer(round_id, peer, ok, now_ms)
 
-    def expire(self, now_ms: int) -> tuple[list, list]:
+    def expire(self, now_ms: int) -> tuple[list, list, list]:
         """A round without a quorum after ``round_timeout_ms``: its readers give up (their
-        shell answers TIMEOUT) and waiting readers get a fresh round.  Returns ``(rounds to
-        send, expired tokens)``."""
+        shell answers TIMEOUT) and waiting readers get a fresh round -- confirmed at once
+        when this leader is now its group's only voter.  Returns ``(rounds to send, expired
+        tokens, confirmed tickets)``."""
         rnd = self.in_flight
         if rnd is None or now_ms - rnd.sent_ms < self.round_timeout_ms:
-            return [], []
+            return [], [], []
         self.in_flight = None
         sends, confirmed = self._next_round(now_ms)
-        assert not confirmed
-        return sends, [t for t, _ in rnd.tickets]
+        return sends, [t for t, _ in rnd.tickets], confirmed
 
     def step_down(self) -> list:
         """Leadership ended: every queued or in-flight reader gets nothing."""

@@ -59,6 +59,9 @@ class Register:
     last: int
     rid: int
     leader_mark: int
+    # ``(index, Configuration)``: the round holds the leader's latest configuration entry,
+    # which the checker counts from the round's registration on
+    config: tuple | None = None
 
 
 RoundAction = Announce | Submit | Register | Flush | Finish | StepDown
@@ -79,6 +82,8 @@ class RoundPath:
         rnd, rid = w.round, w.rid
         first, last, term = rnd.first_index, rnd.last_index, rnd.term
         a = self.logic.announcement(rnd)
+        config = self._config_in(first, last)
+        fast = fast and config is None  # the graph registers rounds without configurations
         if self.sync:  # followers write meanwhile; the quorum counts us once we flushed
             if isinstance((yield Announce(a)).value, Failed):
                 yield Finish([(rid, ResponseCode.INTERNAL_ERROR)])  # stored, not sent on
@@ -94,7 +99,13 @@ class RoundPath:
             if isinstance((yield Announce(a)).value, Failed):
                 yield Finish([(rid, ResponseCode.INTERNAL_ERROR)])  # stored, not sent on
                 return
-        yield Register(term, first, last, rid, self.logic.water_mark())
+        yield Register(term, first, last, rid, self.logic.water_mark(), config)
+
+    def _config_in(self, first: int, last: int) -> tuple | None:
+        """The log's latest configuration entry when it lies in ``first..last``."""
+        log = self.logic.config_log
+        index = log.latest_index()
+        return (index, log.latest()) if first <= index <= last else None
 
     def reregister(self, term: int) -> list[Register]:
         """A restarted checker of ``term`` was set up again: the rounds of the term still

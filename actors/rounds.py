@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from rayledger.election.configuration import CONFIG_CHANNEL
+from rayledger.replication.admission import not_leader
 from rayledger.replication.sessions import Verdict
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 from rayledger.storage.codec import (
@@ -143,6 +144,7 @@ class RoundBook:
         self._joins: list[_Join] = []
         self._reround = -1  # a retry waits on this leader's entries up to here, in no round
         self.settled: list[tuple[Any, Any]] = []  # (token, Spread | LedgerError) to answer
+        self._queue_term = -1  # the term the queued appends and changes were admitted in
 
     @property
     def outstanding(self) -> int:
@@ -159,7 +161,8 @@ class RoundBook:
     ) -> None:
         """DLedger's checks (raises LedgerError, nothing queued), then queue the append;
         an idempotent one (``ident``: client id, first sequence) as its session says."""
-        _, checked = self.logic.admit(bodies, group, target, self.outstanding)
+        term, checked = self.logic.admit(bodies, group, target, self.outstanding)
+        self._queued_in(term)
         if ident is None:
             self.queue.append((token, checked, None))
             return
@@ -257,7 +260,35 @@ class RoundBook:
         channel, before the appends queued.  One may be queued at a time, and none while one
         is uncommitted.  ``token`` None: the leader's own change, answered to no one."""
         body = self.logic.admit_config(proposed, queued=bool(self._configs))
+        self._queued_in(self.logic.state.current_term)
         self._configs.append((token, body))
+
+    def _queued_in(self, term: int) -> None:
+        """What is queued was admitted in ``term``: a queue of an older term is settled
+        first (:meth:`settle_term`), so the queue only ever holds one term's calls."""
+        if term != self._queue_term:
+            self.settle_term(force=True)
+            self._queue_term = term
+
+    def settle_term(self, force: bool = False) -> None:
+        """A term's end settles everything queued in it: appends and changes admitted but
+        not yet written get NOT_LEADER (nothing was stored, so a client may send them again,
+        under the same identity, to the next leader).  Written later, in a term this member
+        leads again, an idempotent append would land after another leader committed the
+        client's retry of it: one body committed twice.  ``force``: settle whatever is
+        queued, led or not."""
+        if not (self.queue or self._configs):
+            return
+        if not force and self.logic.leads(self._queue_term):
+            return
+        logic = self.logic
+        err = not_leader(logic.state, f"{logic.self_id} no longer leads term {self._queue_term}; "
+                         "the append was not stored")  # fmt: skip
+        tokens = [t.token if isinstance(t, _Rest) else t for t, _, _ in self.queue]
+        tokens += [t for t, _ in self._configs]
+        self.queue, self._configs = [], []
+        self._queued.clear()
+        self.settled += [(t, err) for t in tokens if t is not None]
 
     @property
     def config_queued(self) -> bool:
@@ -365,6 +396,8 @@ class RoundBook:
     def resolve(self, r: Resolution) -> list[Finished]:
         """The checker's (or the compiled graph's) answer: the committed index of
         ``r.term`` first, then the rounds that ended, in order."""
+        if r.config_index >= 0:
+            self.logic.checker_counts(r.term, r.config_index)
         if r.committed is not None:
             self.logic.on_committed(r.term, r.committed)
         done = [f for rid, code in r.outcomes if (f := self.finish(rid, code)) is not None]

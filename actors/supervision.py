@@ -369,6 +369,7 @@ class Supervisor:
             now = done.now_ms
             if not isinstance(done.value, Failed):
                 self.heard.update(self.keys())
+                self._checker_counts(term, info)
                 break
             log.error("[%s] term=%d: helpers did not start: %s", self.self_id, term,
                       done.value.why)  # fmt: skip
@@ -457,10 +458,13 @@ class Supervisor:
         yield Helpers(tuple(peers), self.runs_helpers(), background=not self.is_voter())
         if not leads or not self.logic.leads(term):
             return
-        answer = yield CheckerConfigure(term, self.logic.leader_info(), self.rpc_ms)
+        info = self.logic.leader_info()
+        answer = yield CheckerConfigure(term, info, self.rpc_ms)
         if isinstance(answer.value, Failed):  # a restarted checker is set up again whole
             log.warning("[%s] term=%d: checker not reconfigured: %s", self.self_id, term,
                         answer.value.why)  # fmt: skip
+        elif answer.value is not False:
+            self._checker_counts(term, info)
         start = self.logic.term_start_index
         for peer in added:
             give_up = (yield Sleep(0)).now_ms + HELPER_START_MS
@@ -476,6 +480,11 @@ class Supervisor:
                 yield Sleep(RETRY_MS[1])
         if ready and self.fast_path and self.logic.leads(term):
             yield Ready(term, self.fast_path, watching=True)
+
+    def _checker_counts(self, term: int, info: LeaderInfo) -> None:
+        """The checker of ``term`` was set up or configured from ``info``: it counts the
+        voters of the latest configuration ``info`` holds."""
+        self.logic.checker_counts(term, info.configs[-1][0])
 
     def _hear(self, pings: dict[HelperKey, str]) -> None:
         self.heard.update(k for k, how in pings.items() if how == "ok")
@@ -568,6 +577,8 @@ class Supervisor:
         while self.logic.leads(term):
             done = yield Install(term, start, info, self.rpc_ms, only)
             if not isinstance(done.value, Failed):
+                if only == "checker":
+                    self._checker_counts(term, info)
                 return
             log.error("[%s] term=%d: helper not restored: %s", self.self_id, term,
                       done.value.why)  # fmt: skip

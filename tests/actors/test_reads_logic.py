@@ -47,7 +47,7 @@ def test_requests_during_a_round_wait_for_the_next_one():
 def test_answers_to_an_old_round_are_ignored():
     r = logic()
     (first,), _ = r.request(3, 10, "a", 0)
-    _, expired = r.expire(1000)
+    _, expired, _ = r.expire(1000)
     assert expired == ["a"]
     (second,), _ = r.request(3, 12, "b", 1001)
     r.on_answer(first.round_id, "n1", True, 1002)
@@ -59,9 +59,44 @@ def test_expiry_only_after_the_timeout_and_then_a_fresh_round_for_waiters():
     r = logic()
     r.request(3, 10, "a", 0)
     r.request(3, 11, "b", 10)
-    assert r.expire(999) == ([], [])
-    sends, expired = r.expire(1000)
-    assert expired == ["a"] and sends[0].tickets == [("b", 11)]
+    assert r.expire(999) == ([], [], [])
+    sends, expired, confirmed = r.expire(1000)
+    assert expired == ["a"] and sends[0].tickets == [("b", 11)] and confirmed == []
+
+
+def test_a_round_after_a_change_to_a_single_voter_confirms_at_once_on_expiry():
+    """A change leaves the leader its group's only voter while a round is in flight: the
+    round's readers join a round under the new voters, which confirms at once; a reader
+    that waited behind an expired round is confirmed, not lost to an assertion."""
+    r = logic(peers=["n0", "n1", "n2"])
+    (rnd,), _ = r.request(3, 10, "a", 0)
+    r.request(3, 11, "b", 5)
+    sends, confirmed = r.configure(["n0"], 10)
+    assert sends == [] and confirmed == [("a", 10), ("b", 11)]
+    # an expiry with readers waiting while the group is a single voter confirms them too
+    r2 = logic(peers=["n0", "n1", "n2"])
+    r2.request(3, 10, "a", 0)
+    r2.request(3, 11, "b", 5)
+    r2.others, r2.quorum = [], 1  # as configure(["n0"]) would leave it, round still out
+    sends, expired, confirmed = r2.expire(1000)
+    assert expired == ["a"] and sends == [] and confirmed == [("b", 11)]
+
+
+def test_a_configuration_change_ends_the_lease_and_recounts_the_round():
+    """A lease confirmed by a majority of the old voters says nothing of the new ones: it
+    ends with the change, and a round in flight is sent again to the new voters."""
+    r = logic(peers=["n0", "n1", "n2"], lease_ms=500)
+    (rnd,), _ = r.request(3, 10, "a", 100)
+    assert r.on_answer(rnd.round_id, "n1", True, 150)[1] == [("a", 10)]
+    assert r.lease_holds(3, 200)
+    (rnd2,), _ = r.request(3, 11, "b", 210)
+    sends, confirmed = r.configure(["n0", "n2", "n3"], 220)
+    assert not r.lease_holds(3, 230) and confirmed == []
+    (again,) = sends
+    assert again.round_id != rnd2.round_id and again.tickets == [("b", 11)]
+    assert r.on_answer(rnd2.round_id, "n2", True, 230) == ([], [])  # the old round is gone
+    assert r.on_answer(again.round_id, "n1", True, 231) == ([], [])  # n1 is no voter now
+    assert r.on_answer(again.round_id, "n3", True, 232)[1] == [("b", 11)]
 
 
 def test_lease_from_the_rounds_send_time_for_its_term_only():

@@ -4,6 +4,7 @@ simulation both run it."""
 from __future__ import annotations
 
 import pytest
+from rayledger.actors.checker_logic import Resolution
 from rayledger.actors.logic import MemberLogic
 from rayledger.actors.rounds import RoundBook
 from rayledger.election import ElectionConfig, MemoryTermStore
@@ -26,6 +27,7 @@ def leader_book(replication: ReplicationConfig) -> RoundBook:
                     MemoryTermStore(term=3))  # fmt: skip
     m.state.change_to_leader(3)
     m.leadership()
+    m.checker_counts(3, m.config_log.latest_index())  # its checker was set up for the term
     assert m.mark_ready(3)
     return RoundBook(m)
 
@@ -120,7 +122,35 @@ def test_a_configuration_change_is_a_round_of_its_own_on_its_channel(book) -> No
     assert plain.tokens == ("t1",) and m.store.get(2).channel == 0
     assert m.state.peers == ("n0", "n1", "n2", "n3") and m.state.voters == ("n0", "n1", "n2")
     book.finish(plain.rid, C.SUCCESS)
-    book.admit_config(add.with_voter("n3"), "c2")  # committed: the next one may come
+    with pytest.raises(LedgerError) as e:  # committed, but the checker may count the old
+        book.admit_config(add.with_voter("n3"), "c2")  # voters: two changes apart then
+    assert e.value.code == C.CONFIG_CHANGE_IN_PROGRESS
+    book.resolve(Resolution(3, None, [], config_index=1))  # it counts the change now
+    book.admit_config(add.with_voter("n3"), "c2")  # the next one may come
+
+
+def test_queued_appends_and_changes_are_refused_when_the_term_ends(book) -> None:
+    """Nothing admitted in a term is written in another: appends and a change queued
+    behind a round when the leader is deposed get NOT_LEADER (nothing stored), so an
+    idempotent retry committed by the next leader is never written again by this one."""
+    from rayledger.election.configuration import Configuration
+
+    m = book.logic
+    m.on_committed(3, 0)
+    book.admit([b"a"], "g", None, "t1")
+    book.write_due()
+    book.write()  # a round waits
+    book.admit([b"b"], "g", None, "t2", ident=(7, 0))
+    book.admit_config(Configuration.of(["n0", "n1", "n2"], ["n3"]), "c1")
+    book.settle_term()
+    assert book.settled == [] and len(book.queue) == 1  # still leading: nothing settled
+    m.state.change_to_candidate(4)
+    book.settle_term()
+    assert [(t, e.code) for t, e in book.take_settled()] == [
+        ("t2", C.NOT_LEADER),
+        ("c1", C.NOT_LEADER),
+    ]
+    assert book.queue == [] and not book.config_queued and not book.write_due()
 
 
 def test_with_max_rounds_two_rounds_wait_side_by_side_and_finish_in_any_order(book) -> None:

@@ -592,7 +592,7 @@ class Env:
                 self._soon(node, d.deliver, dl.Announced(a.a))
             return None
         if isinstance(a, rp.Register):
-            args = (a.term, a.first, a.last, a.rid, a.leader_mark)
+            args = (a.term, a.first, a.last, a.rid, a.leader_mark, a.config)
             self._soon(node, node.checker_driver.deliver, ck.AddRound(*args))
             return None
         if isinstance(a, sv.Sleep | sv.FastStop | sv.Ready):
@@ -626,8 +626,7 @@ class Env:
             self._ensure_dispatchers(node, a.peers)
             return None
         if isinstance(a, sv.CheckerConfigure):
-            node.checker_driver.deliver(ck.Configure(a.term, a.info))
-            return None
+            return node.checker_driver.deliver(ck.Configure(a.term, a.info))
         raise TypeError(f"{a!r} has no transport in the script environment")
 
     def _flush(self, node: Node) -> sv.Failed | None:

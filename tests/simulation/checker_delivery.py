@@ -77,13 +77,14 @@ class CheckerDelivery:
         return node.helper_gen.get(CHECKER, 0)
 
     def _c_add_round(
-        self, node: Node, term: int, first: int, last: int, token, leader_mark: int
+        self, node: Node, term: int, first: int, last: int, token, leader_mark: int,
+        config=None,
     ) -> None:
         if self._c_hung(node):
             return  # lost with the process when it is killed
         if term == node.checker.term and node.checker.is_registered(token):
             self.stats["double_registered"] += 1
-        node.checker_driver.deliver(AddRound(term, first, last, token, leader_mark))
+        node.checker_driver.deliver(AddRound(term, first, last, token, leader_mark, config))
 
     def _c_report(self, node: Node, term: int, peer: str, wm: int) -> int | None:
         if self._c_hung(node):
