@@ -20,7 +20,7 @@ import logging
 import os
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rayledger.election import (
@@ -248,16 +248,28 @@ class MemberLogic:
     def _sessions_from_snapshot(self, begin: int) -> None:
         """The sessions of the newest snapshot at or above ``begin - 1``, and the log's
         entries after it."""
-        metas = [m for m in self.snapshots.store.list() if m.index >= begin - 1]
-        if not metas:
-            return
-        meta = max(metas, key=lambda m: m.index)
-        try:
-            with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
-                doc = json.load(f)
-        except FileNotFoundError:
-            return  # a snapshot from before exactly-once appends
-        self.sessions.rebuild(doc, self.store.session_records(meta.index + 1))
+        store = self.snapshots.store
+        metas = sorted((m for m in store.list() if m.index >= begin - 1),
+                       key=lambda m: m.index, reverse=True)  # fmt: skip
+        for meta in metas:
+            files = tuple(f for f in meta.files if f[0] == SESSIONS_FILE)
+            if not files:
+                return  # a snapshot from before exactly-once appends
+            # its checksum first: a damaged table could say a session is further behind
+            # than its log is, and a retry would be written twice
+            why = store.verify(replace(meta, files=files))
+            try:
+                if why is None:
+                    with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
+                        doc = json.load(f)
+                    self.sessions.rebuild(doc, self.store.session_records(meta.index + 1))
+                    return
+            except (OSError, ValueError) as exc:
+                why = repr(exc)
+            log.warning("[%s] client sessions of snapshot %d not used: %s", self.self_id,
+                        meta.index, why)  # fmt: skip
+        if metas:  # none whole: what the log holds (sessions it lacks are refused, not new)
+            self.sessions.rebuild(None, self.store.session_records(self.store.ledger_begin_index))
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:

@@ -71,6 +71,11 @@ class SessionTable:
         # client id -> session, in the order of their latest entries (oldest first)
         self.sessions: dict[int, Session] = {}
         self.last_stamp = 0  # the latest stamp in the log
+        # sessions expired by entries not known to be committed: (index of the entry whose
+        # stamp expired them, client, session).  A truncation of that entry brings them
+        # back, so every member's table is the one its log makes, whatever it once held
+        self._expired: list[tuple[int, int, Session]] = []
+        self._committed = -1
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -99,7 +104,7 @@ class SessionTable:
         for a, z in zip(starts, ends, strict=True):
             self._run(int(client[a]), int(seq[a]), int(idx[a]), z - a, int(stamp[z - 1]))
         self.last_stamp = max(self.last_stamp, int(stamp.max()))
-        self.expire(self.last_stamp)  # bounded: what the log's own stamps say is gone
+        self._expire_at(int(idx[-1]))  # bounded: what the log's own stamps say is gone
 
     def _rows(self, indexes: list[int], rows: list[tuple]) -> None:
         """:meth:`appended` for a few entries, in plain Python."""
@@ -118,7 +123,21 @@ class SessionTable:
             self._run(client, seq, indexes[a], z - a, rows[z - 1][2])
             a = z
         self.last_stamp = max(self.last_stamp, max(r[2] for r in rows))
-        self.expire(self.last_stamp)
+        self._expire_at(indexes[-1])
+
+    def _expire_at(self, index: int) -> None:
+        """Expire by the stamps up to entry ``index``, keeping what it forgot until that
+        entry is committed (:meth:`committed`)."""
+        gone = self.expire(self.last_stamp, keep=index > self._committed)
+        if gone:
+            self._expired += [(index, c, s) for c, s in gone]
+
+    def committed(self, index: int) -> None:
+        """Entries up to ``index`` are committed (never truncated): sessions they expired
+        are forgotten for good."""
+        self._committed = max(self._committed, index)
+        if self._expired and self._expired[0][0] <= index:
+            self._expired = [e for e in self._expired if e[0] > index]
 
     def _run(self, client: int, first_seq: int, first_index: int, count: int, stamp: int) -> None:
         s = self.sessions.pop(client, None)  # re-inserted last: the newest activity
@@ -126,9 +145,11 @@ class SessionTable:
             s = Session(first_seq - 1, stamp)
         runs = s.runs
         last = runs[-1] if runs else None
-        if last is not None and last[0] + last[2] == first_seq and last[1] + last[2] == first_index:
+        if (last is not None and last[0] + last[2] == first_seq
+                and last[1] + last[2] == first_index and last[3] == stamp):  # fmt: skip
+            # one stamp per run: a truncation inside a run leaves its stamp right (a run
+            # of several stamps would keep the cut entry's, which other members never had)
             last[2] += count
-            last[3] = stamp
         else:
             runs.append([first_seq, first_index, count, stamp])
             if len(runs) > self.keep_runs:
@@ -160,6 +181,12 @@ class SessionTable:
                 # on from them (a retry of one is FORGOTTEN, never written again)
                 continue
             s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
+        back = [e for e in self._expired if e[0] > end_index]
+        if back:  # expired by entries now gone: alive again, as on members that never had them
+            self._expired = [e for e in self._expired if e[0] <= end_index]
+            for _i, client, session in back:
+                self.sessions.setdefault(client, session)
+            cut = True
         if cut:  # back in the order of their latest entries
             self.sessions = dict(sorted(self.sessions.items(), key=lambda kv: kv[1].stamp))
             self.last_stamp = max((x.stamp for x in self.sessions.values()), default=0)
@@ -168,6 +195,8 @@ class SessionTable:
         """The log restarts empty at ``begin_index`` (a snapshot install): the sessions
         come with the snapshot (:meth:`load`), the runs are not in this log."""
         self.sessions.clear()
+        self._expired = []
+        self._committed = max(self._committed, begin_index - 1)
 
     # -- what a leader decides -------------------------------------------------------------
     def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1) -> Check:
@@ -216,14 +245,17 @@ class SessionTable:
                 return tuple(out)
         return None
 
-    def expire(self, now: int) -> list[int]:
-        """Forget the sessions silent since before ``now - ttl_ms``; their client ids."""
+    def expire(self, now: int, keep: bool = False) -> list:
+        """Forget the sessions silent since before ``now - ttl_ms``: their client ids, or
+        with ``keep`` their ``(client id, session)`` pairs (to bring back on a truncation)."""
         cut = now - self.ttl_ms
         gone = []
         for client, s in self.sessions.items():  # oldest activity first
             if s.stamp >= cut:
                 break
             gone.append(client)
+        if keep:
+            return [(client, self.sessions.pop(client)) for client in gone]
         for client in gone:
             del self.sessions[client]
         return gone
@@ -249,13 +281,14 @@ class SessionTable:
         this): what later entries added is left out, as a truncation would."""
         copy = SessionTable(self.ttl_ms, self.keep_runs)
         copy.load(self.dump())
+        copy._expired = [(i, c, _copy(s)) for i, c, s in self._expired]
         copy.truncated(index)
         return copy.dump()
 
     def rebuild(self, doc: dict | None, records) -> None:
         """Start again from a snapshot's table (``doc``; None: empty) and the log's session
         prefixes after the snapshot (``records``: ``(indexes, records)`` stretches)."""
-        self.sessions, self.last_stamp = {}, 0
+        self.sessions, self.last_stamp, self._expired = {}, 0, []
         if doc is not None:
             self.load(doc)
         for indexes, recs in records:
@@ -267,6 +300,10 @@ class SessionTable:
                          for c, q, t, runs in doc["sessions"]}  # fmt: skip
 
 
+def _copy(s: Session) -> Session:
+    return Session(s.last_seq, s.stamp, [list(r) for r in s.runs])
+
+
 SESSIONS_FILE = "rayledger-sessions.json"  # a state machine's snapshot carries the table
 
 
@@ -274,6 +311,7 @@ def recover_sessions(store, ttl_ms: int) -> SessionTable:
     """The table of the log ``store`` holds (a restart), then kept in step with it: the
     store tells it of every session prefix written, every truncation and reset."""
     table = SessionTable(ttl_ms)
+    table.committed(store.committed_index)
     for indexes, records in store.session_records(store.ledger_begin_index):
         table.appended(indexes, records)  # (expiring what the log's stamps say is gone)
     store.watch_sessions(table)

@@ -147,6 +147,9 @@ class SessionWatcher(Protocol):
 
     def reset(self, begin_index: int) -> None: ...
 
+    def committed(self, index: int) -> None:
+        """Entries up to ``index`` are committed: never truncated again."""
+
 
 class LogStore:
     """Shared logic of the file and memory stores (use one of the subclasses)."""
@@ -822,6 +825,8 @@ class LogStore:
                     _m, pos, size, _i, _t = self._unit(index)
                     self.committed_pos = pos + size
                 self.committed_index = index
+                if self._sessions is not None:
+                    self._sessions.committed(index)
             return self.committed_index
 
     def flush(self) -> None:

@@ -84,3 +84,33 @@ def test_a_restart_after_compaction_rebuilds_from_the_snapshot(leader, tmp_path)
         again.store.close()
     finally:
         m.store.close()
+
+
+def test_a_damaged_sessions_file_is_never_loaded(leader, tmp_path):
+    """A snapshot whose session table fails its checksum is passed over for an older whole
+    one at or past the log's begin, or for what the log itself holds: a damaged table could
+    put a session behind its log, and a retry would be written twice."""
+    shelf = Shelf(tmp_path / "snaps-d")
+    _snapshot(leader, shelf, 29)
+    _snapshot(leader, shelf, 59)
+    newest = max(shelf.store.list(), key=lambda m: m.index)
+    path = os.path.join(newest.path, SESSIONS_FILE)
+    doc = json.load(open(path))
+    for row in doc["sessions"]:
+        row[1] -= 4  # each session's last sequence set back: as if never written
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    want = leader.sessions.dump()
+    m = _logic(tmp_path, "e")
+    try:
+        m.store.reset(30, leader.store.get_pos(30))
+        m.store.append_as_follower(
+            EntryBatch(30, 30, leader.store.read_batch(30, 1 << 30, 30).data)
+        )
+        m.take_snapshots(shelf)
+        assert m.sessions.dump() == want  # from the whole snapshot at 29, not the one at 59
+        for client in (1, 2, 3):
+            s = m.sessions.sessions[client]
+            assert m.sessions.check(client, s.last_seq - 1, 1, 2000).verdict is not Verdict.NEW
+    finally:
+        m.store.close()

@@ -56,8 +56,9 @@ def test_a_truncation_forgets_what_it_cut():
     assert t.sessions[1].last_seq == 3 and t.sessions[1].runs == [[0, 0, 4, 5]]
     assert 2 not in t.sessions  # its only entry was cut: the session is new again
     assert t.check(1, 4, 1, now=5).verdict is V.NEW
-    write(t, [(4, 1, 4, 6)])  # the same seq again, at the same index: one run
-    assert t.sessions[1].runs == [[0, 0, 5, 6]]
+    write(t, [(4, 1, 4, 6)])  # the same seq again, at the same index, a later stamp
+    assert t.sessions[1].runs == [[0, 0, 4, 5], [4, 4, 1, 6]]  # one stamp per run
+    assert t.check(1, 2, 3, now=6).spans == ((2, 2), (4, 1))
 
 
 def test_sessions_expire_by_the_logs_stamps_oldest_first():
@@ -157,3 +158,36 @@ def test_the_table_at_an_index_is_what_the_log_up_to_it_makes():
     u = SessionTable(ttl_ms=1000)
     u.rebuild(at, [recs([(2, 2, 0, 3), (3, 1, 2, 4)])])
     assert u.dump() == t.dump()
+
+
+def test_sessions_expired_by_an_entry_later_truncated_come_back():
+    """A member whose log held an entry with a late stamp (a leader whose clock ran ahead)
+    expired sessions by it; once that entry is truncated its table is again the one the
+    others, which never had the entry, hold -- a retry of the session's entries is answered
+    from the log, never taken as a new session's."""
+    t = SessionTable(ttl_ms=100)
+    write(t, [(0, 1, 0, 10), (1, 1, 1, 10), (2, 2, 0, 20)])
+    t.committed(2)
+    write(t, [(3, 2, 1, 500)])  # a stamp far ahead: session 1 expires by it
+    assert 1 not in t.sessions and t.check(1, 0, 1, now=500).verdict is V.NEW
+    others = SessionTable(ttl_ms=100)
+    write(others, [(0, 1, 0, 10), (1, 1, 1, 10), (2, 2, 0, 20)])
+    t.truncated(2)
+    assert t.dump() == others.dump()
+    assert t.check(1, 0, 2, now=30).verdict is V.DUPLICATE
+    # once the expiring entry is committed, the session is gone for good
+    write(t, [(3, 2, 1, 500)])
+    t.committed(3)
+    t.truncated(3)
+    assert 1 not in t.sessions
+
+
+def test_a_snapshots_table_leaves_out_expiries_by_later_entries():
+    """The table a snapshot at ``index`` carries is the one the log up to ``index`` makes:
+    sessions expired by later, uncommitted entries are in it."""
+    t = SessionTable(ttl_ms=100)
+    write(t, [(0, 1, 0, 10), (1, 2, 0, 20)])
+    write(t, [(2, 2, 1, 500)])  # expires session 1; not committed
+    at = t.at(1)
+    assert [row[0] for row in at["sessions"]] == [1, 2]
+    assert t.at(2)["sessions"][0][0] == 2 and len(t.at(2)["sessions"]) == 1

@@ -34,6 +34,9 @@ class Follow:
     def reset(self, begin_index):
         self.cuts.append(("reset", begin_index))
 
+    def committed(self, index):
+        self.cuts.append(("committed", index))
+
 
 def _mixed(store, term: int = 1):
     """Plain, idempotent (client 7, seqs 0..2) and configuration entries in one batch."""
