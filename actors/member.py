@@ -412,6 +412,7 @@ class MemberActor:
     ) -> None:
         """Every helper says so when its process starts (see
         :meth:`~.supervision.Supervisor.helper_started`)."""
+        self.leadership.helper_started(pid)
         self._carry(self.ctx.step(HelperStarted(kind, peer, pid, restarted)))
 
     @ray.method(enable_task_events=False)

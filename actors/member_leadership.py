@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 
+import psutil
 import ray
 from rayledger.storage import LedgerError
 
@@ -36,6 +37,15 @@ class LeadershipPart(Part):
     def __init__(self, ctx: MemberContext, appends: AppendPart):
         super().__init__(ctx)
         self.appends = appends
+        # a helper's pid -> its process's start time, read when it said it started: a pid
+        # is signalled only while it still names that process (pids are reused)
+        self._started_at: dict[int, float] = {}
+
+    def helper_started(self, pid: int) -> None:
+        """A helper's process said it started: remember which process the pid names."""
+        started = _process_start(pid)
+        if started is not None:
+            self._started_at[pid] = started
 
     async def perform(self, a):  # noqa: C901 -- one branch per action, nothing else
         """Carry out one action of the core's supervision processes; returns its answer."""
@@ -155,12 +165,16 @@ class LeadershipPart(Part):
         then; otherwise the hung helper would cost this member every term it wins again."""
         handles = self._helper_handles()
         for (kind, peer), pid in zip(a.keys, a.pids, strict=True):
+            same = pid is not None and _process_start(pid) == self._started_at.get(pid)
             try:  # helpers run on this member's node: a hung process gets no Ray message
-                if pid is not None:
+                if same:
                     os.kill(pid, signal.SIGKILL)
-                else:
+                else:  # no pid, or it names another process now: Ray's kill, by handle
+                    if pid is not None:
+                        log.warning("[%s] pid %d is no longer its %s helper's: not signalled",
+                                    self.self_id, pid, kind)  # fmt: skip
                     ray.kill(handles[(kind, peer)], no_restart=False)
-            except (ProcessLookupError, ray.exceptions.RayError) as exc:  # already gone
+            except (ProcessLookupError, KeyError, ray.exceptions.RayError) as exc:  # gone
                 log.warning("[%s] could not kill its %s helper: %r", self.self_id, kind, exc)
 
     async def _install_helpers(self, a: sv.Install) -> None:
@@ -187,3 +201,12 @@ class LeadershipPart(Part):
             ),
             timeout,
         )
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (None: no such process): with the pid, it names one
+    process for good."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, ValueError):
+        return None
