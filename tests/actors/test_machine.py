@@ -95,6 +95,20 @@ def test_kv_machine_stamps_revisions_and_restarts_from_its_snapshot(tmp_path):
         again.query("what")
 
 
+def test_a_kv_snapshot_cut_after_configuration_entries_loads_at_their_index(tmp_path):
+    """A cut right after a configuration entry is at that entry's index, which the machine
+    never applied: its snapshot loads there; one holding a later state never does."""
+    kv = KvMachine()
+    kv.apply([Entry(3, 1, 30, set_command("a", 1))])
+    kv.snapshot()(str(tmp_path))  # the runner cuts at 5: entries 4 and 5 were the group's
+    again = KvMachine()
+    again.load_snapshot(str(tmp_path), 5)
+    assert again.applied == 5 and again.query({"get": "a"})[0] == 1
+    with pytest.raises(LedgerError) as e:
+        KvMachine().load_snapshot(str(tmp_path), 2)
+    assert e.value.code == ResponseCode.INCONSISTENT_STATE
+
+
 @pytest.mark.ray
 def test_a_group_runs_the_machine_on_every_member(make_group):
     config = dataclasses.replace(TEST_CONFIG, state_machine=KV)
