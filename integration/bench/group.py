@@ -24,6 +24,14 @@ Figures (``--json`` prints them as one object):
 - ``ray_rtt_p50_ms``: a plain round trip between two async actors on the same Ray,
   measured beside the single appends (before and after them), and
   ``single_p50_over_rtt``: how many such round trips a single append costs;
+- the floor (:mod:`.floor`; ``floor=False`` skips it): the single, 64-thread and batch loads
+  on a bare Ray chain of the card's shape, right after the group is shut down, through the
+  same code: ``floor_single_p50_ms``, ``floor_concurrent_entries_per_s``,
+  ``floor_cpu_ms_per_append``, ``floor_batch_entries_per_s`` (and their p50/p99/errors),
+  ``floor_actors`` (``asyncio``, or ``threaded`` with ``floor_threaded``), and each group
+  figure over the floor's: ``single_p50_over_floor``, ``concurrent_over_floor``,
+  ``cpu_over_floor``, ``batch_over_floor``, with ``floor_single_p50_over_rtt``.  Ray's cost
+  on this machine drifts by up to 2x over minutes; the ratios, taken in one run, do not;
 - ``concurrent_cpu_ms_per_append``: CPU time of the group's processes and of the
   driver (where the client's threads run) during the 64-thread phase, per acked append;
 - ``idle_cpu_cores`` / ``group_processes`` / ``group_rss_mib`` / ``group_pss_mib``: CPU
@@ -68,12 +76,12 @@ def _pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))], 2)
 
 
-def _timed(call, lat: list[float], errors: list[Exception]) -> None:
-    """Run ``call``; its latency in ms goes to ``lat``, or its LedgerError to ``errors``."""
+def _timed(call, lat: list[float], errors: list[Exception], catch=LedgerError) -> None:
+    """Run ``call``; its latency in ms goes to ``lat``, or its ``catch`` error to ``errors``."""
     t0 = time.perf_counter()
     try:
         call()
-    except LedgerError as exc:
+    except catch as exc:
         errors.append(exc)
         return
     lat.append((time.perf_counter() - t0) * 1000)
@@ -137,18 +145,21 @@ def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -
     }
 
 
-def _concurrent(group: LedgerGroup, threads: int, seconds: float, body: int) -> dict:
+def _concurrent(group, threads: int, seconds: float, body: int, pids: list[int] | None = None,
+                catch=LedgerError) -> dict:  # fmt: skip
+    """``threads`` threads sharing one client of ``group`` (a LedgerGroup, or the floor's
+    chain with its ``pids``), and the CPU of its processes and of this one per append."""
     c = group.client(idempotent=False)
     c.append(b"warm")
     payload = os.urandom(body)
     lats: list[list[float]] = [[] for _ in range(threads)]
     errors: list[Exception] = []
-    pids = [*_group_pids(group), os.getpid()]
+    pids = [*(_group_pids(group) if pids is None else pids), os.getpid()]
     stop = time.monotonic() + seconds
 
     def worker(k: int) -> None:
         while time.monotonic() < stop:
-            _timed(lambda: c.append(payload), lats[k], errors)
+            _timed(lambda: c.append(payload), lats[k], errors, catch)
 
     before = _cpu_seconds(pids)
     dt = _in_threads(worker, threads)
@@ -194,13 +205,16 @@ def _pipelined(group: LedgerGroup, depth: int, seconds: float, body: int) -> dic
 
 
 def _batches(
-    group: LedgerGroup,
+    group,
     clients: int,
     rounds: int,
     batch: int,
     body: int,
     series: dict | None = None,
+    catch=LedgerError,
 ) -> dict:
+    """``clients`` clients of ``group`` (a LedgerGroup or the floor's chain) appending
+    ``rounds`` batches each."""
     payload = [os.urandom(body) for _ in range(batch)]
     errors: list[Exception] = []
     lat: list[float] = []
@@ -208,7 +222,7 @@ def _batches(
     def worker(_k: int) -> None:
         c = group.client(idempotent=False)
         for _ in range(rounds):
-            _timed(lambda: c.append_batch(payload), lat, errors)
+            _timed(lambda: c.append_batch(payload), lat, errors, catch)
 
     group.client(idempotent=False).append_batch(payload)  # warm up every hop
     dt = _in_threads(worker, clients)
@@ -400,6 +414,11 @@ def _failover(group: LedgerGroup, deadline_s: float = 120.0) -> float:
     raise LedgerError.of(ResponseCode.TIMEOUT, f"no append succeeded {deadline_s}s after the kill")
 
 
+def _phase_sizes(quick: bool) -> tuple[int, int]:
+    """Sequential single appends, and batches per client: the group's and its floor's."""
+    return (100, 5) if quick else (500, 40)
+
+
 def _measure(
     g: LedgerGroup, quick, clients, batch, threads, body, plot: str | None, load_s: float | None,
     appends_only: bool = False,
@@ -407,10 +426,9 @@ def _measure(
     """Every figure on one group; with ``plot`` also a sweep over client counts, drawn.
     ``appends_only``: single, concurrent and batch appends alone (``bench peer``'s figures)."""
     series: dict | None = {"latency_ms": {}, "throughput": [], "batch": batch} if plot else None
-    rounds = 5 if quick else 40
+    n_single, rounds = _phase_sizes(quick)
     g.wait_for_leader(timeout_s=60)
     term = _max_term(g)
-    n_single = 100 if quick else 500
     out = _single(g, n_single, body, series)
     load_s = load_s or (3 if quick else 10)
     out.update(_concurrent(g, threads, load_s, body))
@@ -452,7 +470,11 @@ def run(
     plot: str | None = None,
     load_seconds: float | None = None,
     appends_only: bool = False,
+    floor: bool = True,
+    floor_threaded: bool = False,
 ) -> dict:
+    """Every figure on a group, then (``floor``) the same loads on the bare chain of
+    :mod:`.floor` right after the group is gone, and each figure's ratio to the floor's."""
     started = not ray.is_initialized()
     if started:
         ray.init(
@@ -486,6 +508,8 @@ def run(
             )
         finally:
             g.shutdown(delete_data=True)
+        if floor and members > 1:
+            out.update(_floor(quick, out, clients, batch, members, threads, body, floor_threaded))
         if not quick and not appends_only:
             dflt = LedgerConfig(election=ElectionConfig(), store=store, **paths)
             g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", members, root, dflt)
@@ -503,6 +527,22 @@ def run(
             ray.shutdown()
     out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
+
+
+def _floor(quick: bool, out: dict, clients: int, batch: int, members: int, threads: int,
+           body: int, threaded: bool) -> dict:  # fmt: skip
+    """The floor's figures under the group's loads, and the ratios; a floor that fails is
+    reported (``floor_error``), never at the cost of the group's figures."""
+    from .floor import FloorSizes, over_floor, run_floor
+
+    singles, rounds = _phase_sizes(quick)
+    sizes = FloorSizes(singles, threads, out["load_seconds"], clients, rounds, batch, body,
+                       followers=members - 1, threaded=threaded)  # fmt: skip
+    try:
+        figures = run_floor(sizes)
+    except Exception as exc:  # a benchmark's failure is a result
+        figures = {"floor_error": repr(exc)}
+    return {**figures, **over_floor({**out, **figures})}
 
 
 def summary(figures: list[dict], keys: list[str]) -> dict:

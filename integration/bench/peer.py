@@ -7,6 +7,9 @@ sequential synchronous appends), ``concurrent_entries_per_s``/``concurrent_p99_m
 (``threads`` callers doing sequential synchronous appends for a fixed time) and
 ``batch_entries_per_s`` (``clients`` callers submitting ``batch`` appends per round through
 the side's batch call; PySyncObj has none, so: asynchronous appends with callbacks).
+Beside them, ``floor``: the same loads on a bare Ray chain of rayledger's own shape
+(:mod:`.floor`), taken in ``bench group``'s run, so the ratios say how much of rayledger's
+cost is Ray's on this machine and how much its own.
 
 Fairness notes.  Each PySyncObj node runs in a process of its own ('spawn'), as each
 rayledger member runs in a Ray worker, and keeps its log in a journal file (``journalFile``,
@@ -384,6 +387,16 @@ def ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float | None
     return ratio
 
 
+def floor_side(ours: dict[str, Any]) -> dict[str, Any]:
+    """The floor's figures out of ``bench group``'s, named as every side's are."""
+    side = {k: ours[f"floor_{k}"] for k in FIGURES if f"floor_{k}" in ours}
+    side["cpu_ms_per_append"] = ours.get("floor_cpu_ms_per_append")
+    side["actors"] = ours.get("floor_actors")
+    if "floor_error" in ours:
+        side["error"] = ours["floor_error"]
+    return side
+
+
 def run(
     quick: bool = False,
     clients: int = 4,
@@ -393,15 +406,19 @@ def run(
     sync_flush: bool = False,
     fast_path: bool | None = None,
     max_rounds: int | None = None,
+    floor: bool = True,
+    floor_threaded: bool = False,
 ) -> dict:
     """PySyncObj, then etcd (skipped, with a line on stderr, where its binary is absent),
-    then rayledger (``bench group``), with ratios per peer (>1: rayledger better). One side
-    at a time, each stopped before the next starts, so they never share the CPUs."""
+    then rayledger (``bench group``) and its floor, with ratios per peer (>1: rayledger
+    better). One side at a time, each stopped before the next starts, so they never share
+    the CPUs."""
     _require_pysyncobj()
     from .etcd_peer import run_etcd
 
     peer = run_pysyncobj(quick=quick, threads=threads, clients=clients, batch=batch, nodes=members)
     etcd = run_etcd(quick=quick, threads=threads, clients=clients, batch=batch, nodes=members)
+    from .floor import RATIOS
     from .group import run as run_group
 
     kw = dict(clients=clients, batch=batch, members=members, threads=threads)
@@ -411,9 +428,12 @@ def run(
         fast_path=fast_path,
         max_rounds=max_rounds,
         appends_only=True,
+        floor=floor,
+        floor_threaded=floor_threaded,
         **kw,
     )
-    ratio, ratio_etcd = ratios(ours, peer), ratios(ours, etcd)
+    bare = floor_side(ours) if floor else {"skipped": "--no-floor"}
+    ratio, ratio_etcd, ratio_floor = ratios(ours, peer), ratios(ours, etcd), ratios(ours, bare)
     w = Workload.sized(quick, threads, clients, batch)
     workload = dict(members=members, body_bytes=w.body_bytes, threads=threads, clients=clients)
     workload.update(batch=batch, quick=quick, rayledger_sync_flush=sync_flush)
@@ -425,6 +445,11 @@ def run(
     workload["etcd"] = etcd.get("setup", etcd.get("skipped", ""))
     workload["ratio"] = "rayledger/pysyncobj (throughputs), pysyncobj/rayledger (latencies)"
     workload["ratio_etcd"] = "rayledger/etcd (throughputs), etcd/rayledger (latencies)"
+    workload["floor"] = bare.get("skipped") or (
+        "the card's chain on bare Ray (leader, a dispatcher per follower, followers writing to "
+        f"memory, checker), {bare.get('actors')} actors, the same client coalescing and loads"
+    )
+    workload["ratio_floor"] = "rayledger/floor (throughputs), floor/rayledger (latencies)"
     ran_etcd = "skipped" not in etcd
     return {
         "workload": workload,
@@ -433,6 +458,9 @@ def run(
         "rayledger": ours,
         "ratio": ratio,
         "ratio_etcd": ratio_etcd,
+        "floor": bare,
+        "ratio_floor": ratio_floor,
+        "over_floor": {k: ours.get(k) for k in RATIOS} if floor else {},
         "rayledger_ahead_on_every_figure": all(r is not None and r > 1 for r in ratio.values()),
         "rayledger_ahead_of_etcd_on_every_figure": (
             all(r is not None and r > 1 for r in ratio_etcd.values()) if ran_etcd else None

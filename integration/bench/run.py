@@ -15,6 +15,8 @@ def group_options(args) -> dict:
         "sync_flush": bool(getattr(args, "sync_flush", False)),
         "fast_path": {"on": True, "off": False}.get(getattr(args, "fast_path", None) or ""),
         "max_rounds": getattr(args, "max_rounds", None),
+        "floor": not getattr(args, "no_floor", False),
+        "floor_threaded": bool(getattr(args, "floor_threaded", False)),
     }
 
 

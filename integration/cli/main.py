@@ -213,6 +213,16 @@ def _add_bench(sub, common) -> None:
         help="group: length of the saturating single-append phase (default 10, quick 3)",
     )
     be.add_argument("--plot", default=None, help="group: draw latency CDF and throughput to a PNG")
+    be.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="group/peer: skip the bare Ray chain of the card's shape (the floor) and the ratios",
+    )
+    be.add_argument(
+        "--floor-threaded",
+        action="store_true",
+        help="group/peer: the floor's actors threaded (sync) instead of asyncio",
+    )
     be.set_defaults(func=cmd_bench)
 
 
