@@ -22,8 +22,10 @@ and futures, the seeded simulation with simulated time.  The core decides:
   loaded next, between batches, only when it is ahead of where the machine stands (never
   applied twice, never skipped: the machine then stands exactly at its index); a machine
   that stands below its log's begin (the log was reset to the leader's after a long
-  absence) applies nothing and waits for one, instead of failing; one that takes no
-  snapshots rebases to the log's begin (it keeps what it can rebuild from the log);
+  absence, or the snapshot that bridged the gap was found damaged at a restart) applies
+  nothing and asks the leader for one (:meth:`MachineCore.snapshot_wanted`), instead of
+  failing; one that takes no snapshots rebases to the log's begin (it keeps what it can
+  rebuild from the log);
 * **how far the log may be compacted** (:meth:`MachineCore.keep_from`): past the oldest
   snapshot kept, or past what the machine says it made durable itself.
 """
@@ -105,7 +107,7 @@ class MachineCore:
         self.max_batch = max_batch
         self.applying: Batch | Install | Rebase | None = None
         self.offered: Install | None = None  # a snapshot from the leader, loaded next
-        self.stranded = False  # it stands below its log's begin: waits for a snapshot
+        self.stranded = False  # it stands below its log's begin: asks for a snapshot
         self.failed: str | None = None  # why the machine failed (it applies no more)
         self._role: tuple[Role, int] | None = None
         self._waiting: list[tuple[int, int, Any]] = []  # (index, deadline ms, token)
@@ -129,8 +131,9 @@ class MachineCore:
         """The machine's next job: a snapshot offered by the leader, else the batch to
         apply now; None when nothing is due, a job is in flight (one at a time, in order),
         or the machine failed.  A machine that stands below its log's ``begin`` (the
-        entries it needs are gone) waits for a snapshot from the leader -- or, taking
-        none, rebases to ``begin - 1`` (:class:`Rebase`)."""
+        entries it needs are gone) waits for a snapshot from the leader (it asks for one:
+        :meth:`snapshot_wanted`) -- or, taking none, rebases to ``begin - 1``
+        (:class:`Rebase`)."""
         if self.applying is not None or self.failed is not None:
             return None
         if self.offered is not None:
@@ -150,11 +153,25 @@ class MachineCore:
             if not self.stranded:
                 self.stranded = True
                 log.warning("[%s] state machine stands at %d, below its log's begin %d: "
-                            "it waits for a snapshot from the leader", self.member,
-                            self.applied, begin)  # fmt: skip
+                            "it asks the leader for a snapshot at %d or later", self.member,
+                            self.applied, begin, begin - 1)  # fmt: skip
             return None
         self.applying = Batch(*due)
         return self.applying
+
+    def snapshot_wanted(self, begin: int) -> int:
+        """The snapshot index at or past which the machine must start again, or -1: it
+        stands below its log's ``begin`` -- the entries it needs next are gone, and the
+        snapshot that bridged them was lost (found damaged at a restart), or none came with
+        the log's reset -- and no snapshot that far is offered or loading.  The member's
+        push answers carry it, so the leader sends one though the logs match: its
+        dispatcher sends a snapshot on its own only before resetting a log."""
+        if self.snapshots is None or self.failed is not None or self.applied >= begin - 1:
+            return -1
+        pending = self.offered.index if self.offered is not None else -1
+        if isinstance(self.applying, Install):
+            pending = max(pending, self.applying.index)
+        return -1 if pending >= begin - 1 else begin - 1
 
     def offer(self, index: int, path: str) -> bool:
         """A snapshot at ``index`` was sealed from the leader: True when the machine will

@@ -44,6 +44,8 @@ class MachineRunner:
         member.store.keep_from = self.core.keep_from(self.applier.saved)
         if self.applier.shelf is not None:
             member.logic.take_snapshots(self.applier.shelf)
+            # push answers carry what the core says the machine needs from the leader
+            member.logic.handler.snapshot_wanted = self.core.snapshot_wanted
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
         self.member = member

@@ -19,7 +19,11 @@ States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
   resuming at the offset the follower holds; then the reset.  Without it a follower whose
   machine stands below the leader's begin could never apply again.  A failed or lost chunk
   goes back to TRUNCATE, which fetches the newest snapshot again (a lost chunk of the same
-  snapshot resumes where the follower stands).
+  snapshot resumes where the follower stands).  Also from APPEND, when the follower's
+  answers say its machine stands below its log's begin (``snapshot_wanted``: the snapshot
+  that bridged the gap was lost): our newest snapshot, if it reaches that far (else asked
+  again later), and then APPEND again from the water mark -- the follower's log is left
+  as it is, so no entry it acknowledged is ever dropped for it.
 * APPEND -- push batches from ``write_index``, many in flight (pipelining),
   remembering when each was sent; resend the oldest after ``max_push_timeout_ms``;
   an INCONSISTENT_STATE answer sends the dispatcher back to COMPARE.  When no
@@ -115,6 +119,12 @@ class EntryDispatcher:
         self._install: Any = None  # the snapshot being sent (index, term, files)
         self._install_offset = 0
         self._installed = -1  # the follower sealed our snapshot at this index (this term)
+        self._install_resets = True  # the install leads to a reset (else: a machine asked)
+        self._wanted = -1  # the follower's machine needs a snapshot at or past this index
+        # not before then: none of ours reached that far, or one was just sealed (answers
+        # from before the seal still ask)
+        self._wanted_after = _NEVER
+        self._wanted_commit = -1  # our committed index when none of ours reached that far
         self._install_started_ms = 0
         self.last_install: tuple[int, int, int] | None = None  # (index, bytes, ms) sent
         self.pushes_sent = 0
@@ -177,6 +187,7 @@ class EntryDispatcher:
             self._backoff_until = _NEVER
             self._tokens, self._tokens_ms = self.config.max_batch_push_bytes, _NEVER
             self._install, self._installed = None, -1
+            self._wanted, self._wanted_after, self._wanted_commit = -1, _NEVER, -1
             self._change_state(DispatcherState.COMPARE, -1, force=True)
 
     def _change_state(self, target: DispatcherState, index: int, force: bool = False) -> None:
@@ -244,7 +255,7 @@ class EntryDispatcher:
             self._apply_hint(log_, begin)
         if self._state is DispatcherState.TRUNCATE and self._needs_install(log_):
             self._install, self._install_offset = _snapshot_of(log_), 0
-            self._install_started_ms = now_ms
+            self._install_started_ms, self._install_resets = now_ms, True
             self._change_state(DispatcherState.INSTALL, self._install.index)
         if self._state is DispatcherState.INSTALL:
             return [self._install_request(now_ms, log_)]
@@ -279,6 +290,34 @@ class EntryDispatcher:
             _snapshot_of(log_)  # forget it: the next reset asks afresh
             self._installed = self._truncate_index - 1  # nothing bridges it: reset plainly
             return False
+        return True
+
+    def _machine_install_due(self, now_ms: int, log_: LeaderLog) -> bool:
+        """Whether to look for a snapshot for the follower's machine now: it asks, and our
+        last look found none that far a COMMIT interval ago with our committed index moved
+        since (a newer snapshot comes only as our machine applies more), or ten ago."""
+        if self._wanted < 0 or now_ms < self._wanted_after:
+            return False
+        idle = self._wanted_after + 9 * self.config.commit_push_interval_ms
+        return log_.committed_index > self._wanted_commit or now_ms >= idle
+
+    def _machine_install(self, now_ms: int, log_: LeaderLog) -> bool:
+        """The follower's machine needs a snapshot at or past ``_wanted`` though our logs
+        match: start sending our newest when it reaches that far (True).  None does yet
+        (the follower's own snapshots, or another leader's, went further than ours): look
+        again later (:meth:`_machine_install_due`).  May raise NotCached before any change."""
+        snap = _peek_snapshot(log_)
+        if snap is None or snap.index < self._wanted:
+            self._event(DEBUG, "install.none", self._wanted,
+                        snapshot=None if snap is None else snap.index)  # fmt: skip
+            _snapshot_of(log_)  # forget it: the next try asks afresh
+            self._wanted_after = now_ms + self.config.commit_push_interval_ms
+            self._wanted_commit = log_.committed_index
+            return False
+        self._event(INFO, "install.wanted", snap.index, wanted=self._wanted, wm=self._water_mark)
+        self._install, self._install_offset = _snapshot_of(log_), 0
+        self._install_started_ms, self._install_resets = now_ms, False
+        self._change_state(DispatcherState.INSTALL, snap.index)
         return True
 
     def _install_request(self, now_ms: int, log_: LeaderLog) -> PushEntryRequest:
@@ -330,6 +369,8 @@ class EntryDispatcher:
         nothing flows a COMMIT with our committed index."""
         if now_ms < self._backoff_until:
             return []
+        if self._machine_install_due(now_ms, log_) and self._machine_install(now_ms, log_):
+            return [self._install_request(now_ms, log_)]
         out = self._resend_overdue(now_ms, log_)
         end = log_.ledger_end_index
         self._push_new(now_ms, end, log_, out)
@@ -483,6 +524,8 @@ class EntryDispatcher:
             paced = self._pace_due_ms()
             if paced is not None:
                 due = min(due, paced)
+            if self._wanted >= 0 and self._wanted_after > now_ms:
+                due = min(due, self._wanted_after)
         elif self._ctrl is not None:
             due = self._ctrl_sent_ms + cfg.compare_timeout_ms + 1
         else:
@@ -503,6 +546,8 @@ class EntryDispatcher:
         """Feed the follower's answer to ``req`` (``None``: the call failed or timed out)."""
         if not self.active or req.term != self.term:
             return
+        if resp is not None:
+            self._note_wanted(resp)
         if req.type is PushType.APPEND:
             self._on_append_response(req, resp, now_ms)
         elif req.type in (PushType.COMPARE, PushType.TRUNCATE, PushType.INSTALL):
@@ -529,6 +574,15 @@ class EntryDispatcher:
             # the follower does not hold the entry the COMMIT named: find where we match
             self._event(WARNING, "commit.unheld", req.first_index, span=_span(resp))
             self._change_state(DispatcherState.COMPARE, -1)
+
+    def _note_wanted(self, resp: PushEntryResponse) -> None:
+        """What the follower's machine needs, as its latest answer says: nothing, or a
+        snapshot at or past an index.  (Not an index compared with what it sealed: a
+        restart may find that snapshot damaged again.)"""
+        wanted = resp.snapshot_wanted
+        if wanted >= 0 and self._wanted < 0:
+            self._event(INFO, "install.asked", wanted, span=_span(resp))
+        self._wanted = wanted
 
     def _on_append_response(
         self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
@@ -607,27 +661,43 @@ class EntryDispatcher:
         self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
     ) -> None:
         """The follower holds ``resp.index`` bytes of the snapshot: send from there, or,
-        all of it sealed, reset its log to our begin.  A follower that takes no snapshots
-        (UNSUPPORTED: it runs no machine) gets the plain reset; any other failure goes back
-        to TRUNCATE after a pause, which fetches the newest snapshot again."""
+        all of it sealed, reset its log to our begin -- or, when its machine asked for it,
+        push again from its water mark (its log matches ours).  A follower that takes no
+        snapshots (UNSUPPORTED: it runs no machine) gets the plain reset; any other failure
+        goes back to TRUNCATE after a pause, which fetches the newest snapshot again (a
+        machine's install: to APPEND, and it is tried again while the follower asks)."""
         chunk = req.snapshot
+        resets = self._install_resets
         if resp is not None and resp.code == ResponseCode.SUCCESS:
             if resp.index >= chunk.total:
                 self._installed = chunk.index
+                # answers to pushes sent before the seal may still ask: heard after a while
+                self._wanted, self._wanted_commit = -1, -1
+                self._wanted_after = now_ms + self.config.compare_timeout_ms
                 self.installs += 1
                 self.last_install = (chunk.index, chunk.total, now_ms - self._install_started_ms)
-                self._event(INFO, "install.done", chunk.index, bytes=chunk.total)
-                self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
+                self._event(INFO, "install.done", chunk.index, bytes=chunk.total, reset=resets)
+                if resets:
+                    self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
+                else:
+                    self._install = None
+                    self._change_state(DispatcherState.APPEND, self._water_mark)
             else:
                 self._install_offset = max(0, resp.index)
             return
         if resp is not None and resp.code == ResponseCode.UNSUPPORTED:
             self._event(WARNING, "install.unsupported", chunk.index)
-            self._installed = self._truncate_index - 1
+            if resets:
+                self._installed = self._truncate_index - 1
+            else:
+                self._wanted_after = now_ms + self.config.commit_push_interval_ms
         else:
             self._backoff(req, resp, now_ms)
         self._install = None
-        self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
+        if resets:
+            self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
+        else:
+            self._change_state(DispatcherState.APPEND, self._water_mark)
 
     def _backoff(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
         code = "no answer" if resp is None else ResponseCode(resp.code).name

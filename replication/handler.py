@@ -84,6 +84,9 @@ class EntryHandler:
         self.installs: InstallReceiver | None = None  # set when the member takes snapshots
         # told the new begin after a reset (the member loads what its snapshot carries)
         self.on_reset: Callable[[int], None] | None = None
+        # told our log's begin: the snapshot index at or past which our state machine must
+        # start again when it stands below the begin, else -1 (see :meth:`_resp`)
+        self.snapshot_wanted: Callable[[int], int] | None = None
         self._now_ms = 0  # the time of the push or tick being handled
 
     @property
@@ -157,6 +160,10 @@ class EntryHandler:
             index = (
                 req.first_index + req.count - 1 if req.type is PushType.APPEND else req.first_index
             )
+        # a machine stranded below our begin (its snapshot found damaged at a restart) needs
+        # a snapshot the leader sends on its own only before a reset: every answer asks
+        ask = self.snapshot_wanted
+        wanted = -1 if ask is None else ask(store.ledger_begin_index)
         return PushEntryResponse(
             group=self.group,
             remote_id=self.self_id,
@@ -166,6 +173,7 @@ class EntryHandler:
             begin_index=store.ledger_begin_index,
             end_index=store.ledger_end_index,
             count=req.count,
+            snapshot_wanted=wanted,
             **hint,
         )
 
@@ -347,10 +355,11 @@ class EntryHandler:
     def _at_snapshot_point(self, index: int) -> bool:
         """``index`` is the last entry our snapshot covers (our log begins right after it).
         It is committed, so every later leader holds the same entry there (Leader
-        Completeness): a follower whose log a snapshot left empty matches at that point.
-        Without this a leader that did not send the snapshot compared there, found no entry,
-        and asked for a reset below our committed index, which we refuse -- for good (the
-        simulation's install seed 70100)."""
+        Completeness): a COMPARE there matches, and a TRUNCATE there cuts what follows.
+        Without the first, a leader that did not send the snapshot compared there, found no
+        entry, and asked for a reset below our committed index, which we refuse; without
+        the second, a log whose first entries are an old leader's uncommitted ones matched
+        there and refused the cut: both for good."""
         store = self.store
         return index == store.ledger_begin_index - 1 and 0 <= index <= store.committed_index
 
@@ -418,7 +427,13 @@ class EntryHandler:
                 if req.config is not None:  # what the leader's log had below its begin
                     self.state.config.reset(Configuration.decode(req.config), index - 1)
                 matched = index - 1
-            elif self._entry_matches(index, req.entry_term, req.entry_pos):
+            elif self._entry_matches(index, req.entry_term, req.entry_pos) or (
+                self._at_snapshot_point(index)
+            ):
+                # at the snapshot point the log holds no entry to check, but the point is
+                # committed, so it is the leader's entry too: what follows it (an old
+                # leader's uncommitted entries) goes; the store refuses to cut below our
+                # committed index
                 store.truncate(index)
                 matched = index
             else:
@@ -436,7 +451,9 @@ class EntryHandler:
     def _install(self, req: PushEntryRequest) -> PushEntryResponse:
         """A chunk of the leader's snapshot (see :class:`~.install.InstallReceiver`); the
         answer's ``index`` is the stream offset held.  It touches no log entry: the leader
-        resets our log with a TRUNCATE once the snapshot is sealed."""
+        resets our log with a TRUNCATE once the snapshot is sealed -- or, when our machine
+        asked for it (``snapshot_wanted``), leaves our log as it is: the snapshot holds
+        committed entries only, and so does what of our log the machine applies after it."""
         if self.installs is None or req.snapshot is None:
             self._event(WARNING, "install.unsupported", req)
             return self._resp(req, ResponseCode.UNSUPPORTED, 0)

@@ -1,9 +1,10 @@
 """InstallReceiver: a follower's side of snapshot install (issue 23).
 
 When a follower needs entries below the leader's begin index (it was away while the
-group compacted its logs, or it joins with an empty disk), the leader's dispatcher sends
-its newest snapshot in INSTALL chunks (see :class:`~.dispatcher.EntryDispatcher`).  This
-object decides what the follower does with each chunk; the handler has already fenced it
+group compacted its logs, or it joins with an empty disk), or its state machine stands
+below its own log's begin (the snapshot that bridged the gap was found damaged), the
+leader's dispatcher sends its newest snapshot in INSTALL chunks (see
+:class:`~.dispatcher.EntryDispatcher`).  This object decides what the follower does with each chunk; the handler has already fenced it
 by term and leader like every push:
 
 * a chunk of another transfer (another leader term, snapshot index or snapshot term)

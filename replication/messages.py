@@ -120,6 +120,10 @@ class PushEntryResponse:
     index (at its log end when shorter) and ``conflict_index`` the first index of that
     term in its log, so the leader skips a whole term per round trip instead of one
     index; both -1 when there is no hint (an empty log, an older follower).
+
+    ``snapshot_wanted`` >= 0: the follower's state machine stands below its log's begin
+    (the snapshot that bridged the gap was lost) and can go on only from a snapshot at or
+    past that index, which the leader then sends though the logs match; -1: none needed.
     """
 
     group: str
@@ -132,3 +136,4 @@ class PushEntryResponse:
     count: int = 0
     conflict_term: int = -1
     conflict_index: int = -1
+    snapshot_wanted: int = -1

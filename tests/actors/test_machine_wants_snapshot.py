@@ -1,0 +1,90 @@
+"""A state machine stranded below its log's begin asks the leader for a snapshot
+(MachineCore.snapshot_wanted), and a dispatcher's logic fetches its leader's newest
+snapshot for it though the logs match -- stepped by hand, no Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rayledger.actors.dispatcher_logic import Activate, DispatcherLogic, Fetched, PushAnswered
+from rayledger.actors.logic import LeaderInfo
+from rayledger.actors.machine_core import Install, MachineCore
+from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+from rayledger.replication import DispatcherState, PushEntryResponse, PushType, ReplicationConfig
+from rayledger.storage import ResponseCode
+
+
+@dataclass(frozen=True)
+class Snap:
+    index: int
+    term: int
+    files: tuple = ()
+
+
+def core(applied: int = -1) -> MachineCore:
+    return MachineCore("n0", applied=applied, max_batch=5,
+                       snapshots=SnapshotPolicy(SnapshotConfig()))  # fmt: skip
+
+
+# ================================================================ MachineCore
+
+
+def test_a_machine_below_its_logs_begin_wants_a_snapshot_at_the_point_before_it() -> None:
+    c = core(applied=-1)
+    assert c.snapshot_wanted(begin=114) == 113
+    assert c.snapshot_wanted(begin=0) == -1  # its log holds everything it needs
+    assert core(applied=112).snapshot_wanted(begin=114) == 113
+    assert core(applied=113).snapshot_wanted(begin=114) == -1  # right at the begin
+
+
+def test_a_machine_that_takes_no_snapshots_or_failed_wants_none() -> None:
+    assert MachineCore("n0", applied=-1).snapshot_wanted(begin=114) == -1  # it rebases
+    c = core()
+    c.fail("boom")
+    assert c.snapshot_wanted(begin=114) == -1
+
+
+def test_it_stops_asking_once_a_snapshot_that_far_is_offered_or_loading() -> None:
+    c = core()
+    assert c.offer(50, "/50") is True  # not far enough
+    assert c.snapshot_wanted(begin=114) == 113
+    assert c.offer(2000, "/2000") is True
+    assert c.snapshot_wanted(begin=114) == -1
+    assert c.next_batch(2100, begin=114) == Install(2000, "/2000")
+    assert c.snapshot_wanted(begin=114) == -1  # loading
+    c.installed(2000, [], saved=-1)
+    assert c.snapshot_wanted(begin=114) == -1 and c.applied == 2000 and not c.stranded
+
+
+def test_a_stranded_machine_asks_until_the_snapshot_is_loaded() -> None:
+    c = core()
+    assert c.next_batch(300, begin=114) is None and c.stranded
+    assert c.snapshot_wanted(begin=114) == 113
+    assert c.offer(241, "/241")
+    assert c.next_batch(300, begin=114) == Install(241, "/241")
+    c.installed(241, [], saved=-1)
+    assert c.next_batch(300, begin=114).start == 242  # applies from its log again
+
+
+# ================================================================ DispatcherLogic
+
+INFO = LeaderInfo(term=2, begin=10, end=14, end_term=2, end_pos=1400, committed=14, water_mark=14)
+
+
+def test_the_logic_fetches_the_newest_snapshot_for_a_machine_that_asks() -> None:
+    d = DispatcherLogic("g", "n0", "n1", ReplicationConfig(install_chunk_bytes=2))
+    d.step(Activate(INFO), 0)
+    (cmp,) = d.ready(0).pushes
+    ok = PushEntryResponse("g", "n1", 2, ResponseCode.SUCCESS, index=14, begin_index=10,
+                           end_index=14)  # fmt: skip
+    d.step(PushAnswered(cmp, ok), 0)
+    assert d.core.state is DispatcherState.APPEND
+    (commit,) = d.ready(1000).pushes
+    assert commit.type is PushType.COMMIT
+    d.step(PushAnswered(commit, replace(ok, snapshot_wanted=9)), 1000)
+    r = d.ready(1000)
+    assert r.pushes == [] and r.fetch is not None and r.fetch.kind == "snapshot"
+    d.step(Fetched(r.fetch, (Snap(12, 2, (("a", 3, "h"),)), INFO)), 1001)
+    (c,) = d.ready(1001).pushes
+    assert c.type is PushType.INSTALL and c.snapshot.index == 12
+    assert d.core.state is DispatcherState.INSTALL

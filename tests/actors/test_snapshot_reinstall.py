@@ -1,0 +1,89 @@
+"""On Ray: a member whose log was reset after a snapshot install, and whose snapshots are
+all found damaged at its next start, has a machine below its log's begin.  Its log matches
+the leader's, so no reset will come; its push answers ask for a snapshot, the leader sends
+its newest, and the member serves every key again."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import ray
+from groupcheck import TEST_CONFIG, wait_until
+from rayledger.integration.kv import set_command
+from rayledger.replication import ReplicationConfig
+from rayledger.storage import LedgerError, StoreConfig
+from rayledger.storage.snapshots import SnapshotStore
+
+KV = "rayledger.integration.kv:KvMachine"
+
+
+def _keys(g, member: str) -> dict | None:
+    """Every key as ``member``'s own machine has it (None while it restarts)."""
+    try:
+        return ray.get(g.handle(member).query.remote({"keys": True}, "committed"), timeout=30)
+    except (LedgerError, ray.exceptions.RayError):
+        return None
+
+
+def _damage(snaps: SnapshotStore) -> int:
+    """Flip a byte in every snapshot; returns how many."""
+    have = snaps.list()
+    for meta in have:
+        name, size, _ = next(f for f in meta.files if f[1] > 0)
+        with open(os.path.join(meta.path, name), "r+b") as f:
+            f.seek(size // 2)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0xFF]))
+        assert snaps.verify(meta) is not None
+    return len(have)
+
+
+@pytest.mark.ray
+def test_a_machine_that_lost_its_installed_snapshot_gets_another(make_group):
+    config = dataclasses.replace(
+        TEST_CONFIG,
+        state_machine=KV,
+        snapshot_every_entries=300,
+        snapshot_keep=1,  # the log may go up to the newest snapshot
+        store=StoreConfig(data_segment_size=64 * 1024),
+        replication=ReplicationConfig(install_chunk_bytes=4096),
+        dispatcher_cache_bytes=16 * 1024,  # else the leader pushes the away member's gap from it
+    )
+    g = make_group(members=3, config=config)
+    leader = g.wait_for_leader()
+    c = g.client(timeout_s=30)
+    c.append_batch([set_command(f"before-{j}", j) for j in range(50)])
+    away = next(m for m in g.members if m != leader)
+    here = [m for m in g.members if m != away]
+    g.partition([away], here)
+    try:
+        for k in range(20):
+            c.append_batch([set_command(f"k{k}-{j}", "x" * 40) for j in range(100)])
+
+        def compacted():
+            begins = {m: g.compact(m)[m] for m in here}
+            return begins if min(begins.values()) > 100 else None
+
+        wait_until(compacted, 60, "the two members compact their logs past 100")
+    finally:
+        g.heal()
+    leader = g.wait_for_leader()
+    want = _keys(g, leader)
+    wait_until(lambda: _keys(g, away) == want, 90, f"{away} gets the snapshot and every key")
+    begin = g.status()[away].ledger_begin_index
+    assert begin > 50  # its log was reset: what its machine needs below it is gone
+
+    snaps = SnapshotStore(f"{ray.get(g.handle(away).store_dir.remote())}/snapshots", owner=False)
+    assert _damage(snaps) >= 1
+    g.kill(away)  # Ray restarts it: no snapshot verifies, its machine starts empty
+    c.append(set_command("after", 1))
+    want = _keys(g, leader)
+    wait_until(
+        lambda: _keys(g, away) == want,
+        90,
+        lambda: f"{away} serves every key again (status {g.status().get(away)})",
+    )
+    assert g.status()[away].ledger_begin_index == begin  # its log was left as it was
