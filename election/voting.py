@@ -276,9 +276,13 @@ class VotingSteps(ElectorParts):
         """DLedger's handleVote (and the pre-vote variant, which changes no state)."""
         st = self.state
         R = VoteResult
-        if not st.is_voter(req.leader_id):  # unknown, a learner, or removed: no vote
-            self._log(WARNING, "HandleVote", not_a_voter=req.leader_id)
-            return self._vote_response(req, R.REJECT_UNKNOWN_LEADER), []
+        # a vote is judged by the logs, never by this member's configuration (Raft §4.2.1):
+        # that may be stale -- a member restarted empty, or one behind a promotion -- and
+        # refusing a candidate it does not know as a voter wedged a group whose only live
+        # majority needed this vote.  A candidate outside the group's latest configuration
+        # cannot win: a majority of the configuration it counts holds the later entries
+        # that removed it (or never added it) and refuses it on the logs below; pre-vote
+        # keeps it from raising terms meanwhile
         if not self_vote and req.leader_id == st.self_id:
             self._log(WARNING, "BUG HandleVote", from_self=req.leader_id)
             return self._vote_response(req, R.REJECT_UNEXPECTED_LEADER), []
