@@ -186,7 +186,11 @@ class Membership:
                 if old == self.self_id:
                     target = self._successor(current, new, end_index)
                     return None if target is None else Transfer(target)
-                return current.without(old)
+                after = current.without(old)
+                live = [v for v in after.voters if v not in self.dead_since]
+                if len(live) < after.quorum:  # another voter's node is lost: removing a live
+                    return None  # one would leave no live majority; wait for its replacement
+                return after
         return None
 
     # -- lost nodes ----------------------------------------------------------------------
@@ -237,8 +241,11 @@ class Membership:
 
     def spawn_done(self, member: str, ok: bool) -> None:
         """The transport started ``member`` and asked for it to be added (``ok``), or could
-        not: the next view of the nodes may try again (with another id)."""
-        if not ok and self._spawning is not None and self._spawning[0] == member:
+        not: the next view of the nodes may try again (with another id).  Either way this
+        replacement is no longer starting: once added, the configuration says it replaces
+        the lost member (a second one is not started for it), and an operator may remove
+        it before the next view -- then the lost member is replaced again."""
+        if self._spawning is not None and self._spawning[0] == member:
             self._spawning = None
 
     def lost_count(self, current: Configuration) -> int:

@@ -122,3 +122,29 @@ def test_nodes_and_live_quorum_checks() -> None:
     after = C0.without("n2")
     assert check_live_quorum(after, ["n0", "n1"]) == after
     assert _code(lambda: check_live_quorum(after, ["n0"])) == ResponseCode.NO_LIVE_QUORUM
+
+
+def test_a_replacement_removed_before_the_next_view_is_replaced_again() -> None:
+    """The transport started and added the replacement, then an operator removed it before
+    the leader's next view of the nodes: the lost member gets another replacement at once,
+    not after ``spawn_wait_ms``."""
+    m = Membership("n0", replace_lost_after_ms=0)
+    nodes = {"n0": "A", "n1": "B", "n2": "C"}
+    first = m.lost(C0, ["A", "C", "D"], nodes, 0)
+    m.spawn_done(first.member, ok=True)  # added (as a learner replacing n1) ...
+    again = m.lost(C0, ["A", "C", "D", "E"], nodes, 100)  # ... and removed meanwhile
+    assert again is not None and again.replaces == "n1" and again.member != first.member
+
+
+def test_a_replaced_member_leaves_only_while_a_live_majority_stays() -> None:
+    """The last step of a replacement removes the old member only when the voters after it
+    keep a live majority: with another voter's node lost, removing a live one would leave
+    the group with no majority that can answer."""
+    m = Membership("n0", replace_lost_after_ms=10_000)
+    cfg = Configuration.of(["n0", "n1", "n2", "n4"]).with_learner("n3", replaces="n2")
+    cfg = cfg.with_voter("n3")  # five voters, n3 caught up to replace n2
+    nodes = {"n0": "A", "n1": "B", "n2": "C", "n3": "D", "n4": "E"}
+    m.lost(cfg, ["A", "C", "D"], nodes, 0)  # n1's and n4's nodes are lost
+    assert m.due(cfg, 100) is None  # {n0, n1, n3, n4}: 2 of 4 live, no majority: wait
+    m.lost(cfg, ["A", "C", "D", "E"], nodes, 1)  # n4 is back
+    assert m.due(cfg, 100) == cfg.without("n2")  # {n0, n1, n3, n4}: 3 of 4 live
