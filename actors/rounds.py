@@ -183,6 +183,10 @@ class RoundBook:
         elif c.verdict is Verdict.PARTIAL:
             self._same_bodies(c.spans, checked[: c.known])
             self._enqueue(_Rest(token, c.spans), checked[c.known :], client, c.next_seq)
+        elif c.verdict is Verdict.QUEUED:  # answered once written: ask again then
+            raise OutcomeUnknownError(ResponseCode.REPEATED_REQUEST, f"client {client} "
+                                      f"sequence {seq} waits to be written on this leader; "
+                                      "its outcome is not known yet")  # fmt: skip
         else:
             code, why = _REFUSED[c.verdict]
             raise LedgerError.of(code, f"client {client} sequence {seq}: " +

@@ -37,6 +37,7 @@ class Verdict(enum.Enum):
     DUPLICATE = "duplicate"  # all in the log already: answer with where they are
     PARTIAL = "partial"  # the first ones in the log (a call cut by a leader change)
     GAP = "gap"  # later than the session's next: an earlier append is missing
+    QUEUED = "queued"  # a retry of entries this leader admitted and has not written yet
     EXPIRED = "expired"  # no such session (silent too long, or never started)
     FORGOTTEN = "forgotten"  # in the log, but older than the runs kept: no answer to give
 
@@ -204,6 +205,9 @@ class SessionTable:
         being ``now``; ``queued``: the last sequence of this session admitted and not yet
         written (-1: none)."""
         s = self.sessions.get(client)
+        last_seq = -1 if s is None else s.last_seq
+        if last_seq < first_seq <= queued:  # the call it retries waits to be written here:
+            return Check(Verdict.QUEUED, next_seq=queued + 1)  # its outcome is not known yet
         if s is None:  # a new session starts at 0 (its first entries may wait to be written)
             if queued < 0:
                 return Check(Verdict.NEW if first_seq == 0 else Verdict.EXPIRED)

@@ -160,3 +160,16 @@ def test_the_session_ttl_is_a_group_setting() -> None:
         with pytest.raises(LedgerError) as e:
             LedgerConfig(client_session_ttl_s=bad)
         assert e.value.code == C.UNEXPECTED_ARGUMENT
+
+
+def test_a_retry_of_an_append_still_queued_is_an_unknown_outcome_not_a_gap(book) -> None:
+    """A client's retry reaches the leader while its first call still waits to be written
+    (a round in flight holds the queue): it is told the outcome is not known yet, so it asks
+    again under the same identity -- a gap would have it renumber a body about to be stored."""
+    book.admit([b"a"], "g", None, "t1", ident=(5, 0))
+    book.write_due()
+    book.write()  # a round waits
+    book.admit([b"b"], "g", None, "t2", ident=(5, 1))  # queued behind it
+    with pytest.raises(OutcomeUnknownError) as e:
+        book.admit([b"b"], "g", None, "t2-retry", ident=(5, 1))
+    assert e.value.code == C.REPEATED_REQUEST

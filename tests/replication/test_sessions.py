@@ -46,7 +46,10 @@ def test_queued_appends_count_before_they_are_written():
     assert t.check(3, 7, 1, now=0, queued=4).verdict is V.GAP
     write(t, [(0, 3, 0, 1)])
     assert t.check(3, 2, 1, now=1, queued=1).verdict is V.NEW
-    assert t.check(3, 1, 2, now=1, queued=1).verdict is V.GAP  # overlaps what is not written
+    # a retry of what is queued, not written yet: its outcome is not known yet (the client
+    # asks again), never a gap (which a client takes for "not stored": it would renumber)
+    assert t.check(3, 1, 2, now=1, queued=1).verdict is V.QUEUED
+    assert t.check(9, 0, 1, now=1, queued=0).verdict is V.QUEUED  # a new session's first
 
 
 def test_a_truncation_forgets_what_it_cut():
