@@ -16,22 +16,27 @@ wait failed mid-call -- every append of that call raises
 refused for bad input (a too-large entry, say) is split, so only the appends
 that are wrong get the error.
 
-An idempotent client (issue 24; the default, ``idempotent=False`` opts out) gives every
-append an identity: its session's client id and the sequence numbers of its entries,
-assigned when the append is first sent, in the order calls reach Ray.  A leader writes them into the entries and
-answers a retry of entries already in its log with where they are.  So such a client
+An idempotent client (the default; ``idempotent=False`` opts out) gives every append an
+identity: its session's client id and the sequence numbers of its entries, assigned when the
+append is first sent, in the order calls reach Ray.  A leader writes them into the entries
+and answers a retry of entries already in its log with where they are.  So such a client
 retries an unknown outcome -- a member died, a term ended, a quorum wait timed out -- under
 the same identity, against whichever member leads, until the append's deadline;
-``OutcomeUnknownError`` is left only when the deadline runs out.  An append refused for good
-(bad input) leaves a hole in the sequence: the client then starts a new session for what it
-has not sent, and a call of the old session that meets the hole (OUT_OF_ORDER_SEQUENCE) is
-given the new one.
+``OutcomeUnknownError`` is left when the deadline runs out, or when a leader's refusal shows
+that no retry of that identity can be answered any more.  An append that ends
+without an answer (its deadline, a refusal for good) may leave a hole in its session's
+sequences, which a leader would refuse (OUT_OF_ORDER_SEQUENCE) for every later one: the
+client then leaves the session behind, and its appends that cannot be stored anywhere go on
+in a new one, while those that may be stored keep their identity (never sent under
+another).  Those decisions are made in :mod:`.client_session` (sans-I/O, shared with the
+simulation's clients).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import secrets
 import threading
@@ -51,9 +56,19 @@ from rayledger.storage import (
     NotLeaderError,
     OutcomeUnknownError,
     ResponseCode,
-    SessionError,
 )
 
+from .client_session import (
+    RETRY_BEFORE_STORE,
+    Action,
+    Answered,
+    ClientSessions,
+    GaveUp,
+    Outcome,
+    Sending,
+    SessionOut,
+    outcome_of,
+)
 from .naming import NAMESPACE, group_members, member_handle
 from .reads import Consistency
 from .rounds import Spread
@@ -61,13 +76,7 @@ from .types import AppendResult
 
 log = logging.getLogger("rayledger.actors")
 
-_RETRY_BEFORE_STORE = {
-    ResponseCode.NOT_LEADER,
-    ResponseCode.LEADER_NOT_READY,
-    ResponseCode.LEADER_TRANSFERRING,
-    ResponseCode.LEADER_PENDING_FULL,
-    ResponseCode.DISK_FULL,
-}
+_RETRY_BEFORE_STORE = RETRY_BEFORE_STORE
 _BYTES = (bytes, bytearray, memoryview)
 
 
@@ -81,11 +90,14 @@ class _Pending:
     sent: bool = False  # a call carrying it reached Ray: from then on its outcome may be unknown
     alone: bool = False  # send it in a call of its own (its batch was refused as bad input)
     last_error: Exception | None = None
-    # an idempotent client's (client id, first sequence), set when first sent and kept
-    # for its retries; ``unknown`` once a call carrying it ended with an unknown outcome
-    # (it may be in a log: it never changes identity again)
+    # an idempotent client's (client id, first sequence) of the call carrying it last, as
+    # its session core (``LedgerClient._sessions``) numbered it
     ident: tuple[int, int] | None = None
-    unknown: bool = False
+
+
+def _random_id() -> int:
+    """A new session's client id: 63 random bits, never 0."""
+    return secrets.randbits(63) or 1
 
 
 def _settle(p: _Pending, result: list | None = None, exc: BaseException | None = None) -> bool:
@@ -155,34 +167,57 @@ class LedgerClient:
         self._sender: threading.Thread | None = None
         self._closed = False
         self._backoff_until = 0.0
-        # exactly-once appends (issue 24): a session's id and the sequence of its next entry
+        # exactly-once appends: which identity each append carries, decided by the sans-I/O
+        # core (used under ``_cv``); the send lock keeps numbering and handing to Ray in one
+        # order (a leader takes a session's sequences only in order)
         self.idempotent = idempotent
-        self._send_lock = threading.Lock()  # sequences go out in the order they are numbered
-        self.client_id = 0
-        self._next_seq = 0
+        self._send_lock = threading.Lock()
+        self._sessions = ClientSessions(_random_id) if idempotent else None
         self.retried = 0  # entries sent again after an unknown outcome
-        if idempotent:
-            self._new_session()
 
-    def _new_session(self) -> None:
-        """A fresh session: a random 63-bit id, sequences from 0."""
-        self.client_id = secrets.randbits(63) or 1
-        self._next_seq = 0
+    @property
+    def client_id(self) -> int:
+        """The id of the session new appends go in (0 for a plain client)."""
+        return self._sessions.client_id if self._sessions is not None else 0
+
+    @property
+    def sessions_started(self) -> int:
+        """Sessions this client started: one, plus one per session it left behind."""
+        return self._sessions.sessions_started if self._sessions is not None else 0
+
+    def _session_step(self, event) -> SessionOut:
+        """One event into the session core (called with ``_cv`` held); logs a session left."""
+        out = self._sessions.step(event)
+        if out.left_behind is not None:
+            log.info("client of %s: session %d left behind (%s); appends stored nowhere go on "
+                     "in session %d", self.group, out.left_behind, out.why.value, out.started)  # fmt: skip
+        return out
 
     def _number(self, batch: list[_Pending]) -> tuple[int, int] | None:
-        """The identity of a call carrying ``batch`` (called with the send lock held): its
-        appends keep theirs (a retry goes alone), new ones get the session's next."""
-        if not self.idempotent:
+        """The identity of a call carrying ``batch`` (called with the send lock and ``_cv``
+        held): an append that may be stored, or whose sequences are in line, keeps its own
+        (and goes alone); the others take the current session's next sequences."""
+        if not self.idempotent or self._sessions is None:
             return None
-        if batch[0].ident is not None:
-            return batch[0].ident
-        ident = (self.client_id, self._next_seq)
-        seq = self._next_seq
-        for p in batch:
-            p.ident = (self.client_id, seq)
-            seq += len(p.bodies)
-        self._next_seq = seq
-        return ident
+        out = self._session_step(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
+        for p, ident in zip(batch, out.idents, strict=True):
+            p.ident = ident
+        return out.ident
+
+    def _pinned(self, p: _Pending) -> bool:
+        """``p`` goes in a call of its own under its identity (called with ``_cv`` held)."""
+        return self.idempotent and self._sessions is not None and self._sessions.pinned(p)
+
+    def _maybe_stored(self, p: _Pending) -> bool:
+        """A call carrying ``p`` ended with an unknown outcome (called with ``_cv`` held)."""
+        return self._sessions is not None and self._sessions.maybe_stored(p)
+
+    def _ended(self, p: _Pending, f: concurrent.futures.Future) -> None:
+        """``p``'s future was settled (on the settling thread): when not with its results,
+        its session core hears it was given up (a deadline, a cancel, a close)."""
+        if f.cancelled() or f.exception() is not None:
+            with self._cv:
+                self._session_step(GaveUp(p))
 
     @classmethod
     def connect(cls, group: str, timeout_s: float = 30.0, idempotent: bool = True) -> LedgerClient:
@@ -200,7 +235,7 @@ class LedgerClient:
 
     def _refresh_members(self) -> None:
         """The group's members as its named actors say now (members are added and removed
-        while the group runs: issue 22); kept as they were when none is found."""
+        while the group runs); kept as they were when none is found."""
         if not self.discover:
             return
         try:
@@ -321,6 +356,8 @@ class LedgerClient:
     def _submit(self, bodies, timeout_s: float | None) -> _Pending:
         bodies = _check_bodies(bodies)
         p = _Pending(bodies, time.monotonic() + (timeout_s or self.timeout_s))
+        if self._sessions is not None:
+            p.future.add_done_callback(functools.partial(self._ended, p))
         with self._cv:
             if self._closed:
                 raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, "the client is closed")
@@ -367,6 +404,7 @@ class LedgerClient:
                 exc = self._gave_up(p)
                 return exc if _settle(p, exc=exc) else p.future.exception()
         exc = self._unknown_at_deadline(p)
+        self._leader = None  # no answer in time: look the leader up again for what follows
         # the call's answer may land at any moment: whichever settles first is the answer
         return exc if _settle(p, exc=exc) else p.future.exception()
 
@@ -384,8 +422,9 @@ class LedgerClient:
         return exc
 
     def _gave_up(self, p: _Pending) -> LedgerError:
-        """The error of an append whose deadline passed while it waited in the queue."""
-        return self._unknown_at_deadline(p) if p.unknown else self._not_taken(p)
+        """The error of an append whose deadline passed while it waited in the queue (called
+        with ``_cv`` held)."""
+        return self._unknown_at_deadline(p) if self._maybe_stored(p) else self._not_taken(p)
 
     def _not_taken(self, p: _Pending) -> LedgerError:
         """TIMEOUT for an append no leader took before its deadline (nothing stored); the
@@ -403,7 +442,11 @@ class LedgerClient:
             self._closed = True
             while self._queue:
                 p = self._queue.popleft()
-                _settle(p, exc=LedgerError.of(ResponseCode.TIMEOUT, "the client was closed"))
+                if self._maybe_stored(p):  # an earlier try may have stored it
+                    exc = self._unknown_at_deadline(p)
+                else:
+                    exc = LedgerError.of(ResponseCode.TIMEOUT, "the client was closed")
+                _settle(p, exc=exc)
             self._cv.notify_all()
 
     # -- the sender -----------------------------------------------------------------------------
@@ -416,10 +459,10 @@ class LedgerClient:
             _settle(p, exc=self._gave_up(p))
         if not q:
             return []
-        if q[0].alone or q[0].ident is not None:  # a retry keeps its identity: alone
+        if q[0].alone or self._pinned(q[0]):  # a retry keeps its identity: alone
             return [q.popleft()]
         out, n, size = [], 0, 0
-        while q and not q[0].alone and q[0].ident is None:
+        while q and not q[0].alone and not self._pinned(q[0]):
             p = q[0]
             k = len(p.bodies)
             if out and (n + k > self.max_batch_entries or size > self.max_batch_bytes):
@@ -462,26 +505,40 @@ class LedgerClient:
         if target is None:
             self._requeue(batch, LedgerError.of(ResponseCode.NOT_LEADER, "no leader known"), 0.05)
             return
-        with self._cv:  # an append whose caller gave up meanwhile is not sent
-            batch = [p for p in batch if not p.future.done()]
-            for p in batch:
-                p.sent = True  # from here on its outcome may be unknown
-            if not batch:
-                self._in_flight -= 1
-                self._cv.notify_all()
-                return
-        bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
         try:
-            with self._send_lock:  # numbered and handed to Ray in one order
-                ident = self._number(batch)
-                if ident is None:
-                    ref = self._handle(target).append.remote(bodies, self.group, target)
-                else:
-                    ref = self._handle(target).append.remote(bodies, self.group, target, ident)
-        except ValueError as exc:  # actor not found (gone)
+            handle = self._handle(target)
+        except ValueError as exc:  # actor not found (gone): nothing numbered, nothing sent
             self._leader = None
             self._handles.pop(target, None)
             self._requeue(batch, exc, 0.01)
+            return
+        with self._send_lock:  # numbered and handed to Ray in one order
+            with self._cv:  # an append whose caller gave up meanwhile is not sent
+                batch = [p for p in batch if not p.future.done()]
+                for p in batch:
+                    p.sent = True  # from here on its outcome may be unknown
+                if not batch:
+                    self._in_flight -= 1
+                    self._cv.notify_all()
+                    return
+                ident = self._number(batch)
+            bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
+            try:
+                if ident is None:
+                    ref = handle.append.remote(bodies, self.group, target)
+                else:
+                    ref = handle.append.remote(bodies, self.group, target, ident)
+            except ValueError as exc:  # the actor is gone: the call never left
+                failed = exc
+            else:
+                failed = None
+        if failed is not None:
+            self._leader = None
+            self._handles.pop(target, None)
+            if ident is not None:
+                with self._cv:
+                    self._session_step(Answered(tuple(batch), Outcome.REFUSED))
+            self._requeue(batch, failed, 0.01)
             return
         ref.future().add_done_callback(lambda f: self._done(batch, target, f))
 
@@ -513,6 +570,8 @@ class LedgerClient:
             return
         with self._cv:
             self._in_flight -= 1
+            if self.idempotent and batch[0].ident is not None and self._sessions is not None:
+                self._session_step(Answered(tuple(batch), Outcome.STORED))
             self._cv.notify_all()
         if isinstance(out, Spread):  # a retry answered from the log: entry by entry
             idx = np.frombuffer(out.indexes, dtype=np.int64).tolist()
@@ -556,51 +615,48 @@ class LedgerClient:
             )
 
     def _session_failed(self, batch: list[_Pending], target: str, exc: Exception) -> bool:
-        """An idempotent call that failed: True when handled here (tried again)."""
+        """An idempotent call that failed, as its session core decides: tried again (under
+        the identity :meth:`_pinned` says), or failed -- as an unknown outcome whenever an
+        earlier try may have stored it.  True when handled here."""
+        if self._sessions is None:
+            return False
         unknown = isinstance(exc, OutcomeUnknownError) or not isinstance(exc, LedgerError)
-        if unknown:  # it may be in a log: the same identity again, to whoever leads
-            if self._leader == target:
-                self._leader = None
-            for p in batch:
-                p.alone = p.unknown = True
-            self.retried += sum(len(p.bodies) for p in batch)
-            self._requeue(batch, exc, 0.01)
-            return True
-        if exc.code == ResponseCode.OUT_OF_ORDER_SEQUENCE:
-            with self._send_lock:
-                old = batch[0].ident[0] != self.client_id
-                for p in batch:  # of a session left behind: not stored, numbered anew
-                    if old and not p.unknown:
-                        p.ident = None
-            self._requeue(batch, exc, 0.005)  # an earlier append is on its way
-            return True
-        if exc.code == ResponseCode.SESSION_EXPIRED and not any(p.unknown for p in batch):
-            with self._send_lock:  # never possibly stored: a new session takes it
-                if batch[0].ident[0] == self.client_id:
-                    self._new_session()
+        if unknown:
+            outcome = Outcome.UNKNOWN
+        elif isinstance(exc, InvalidRequestError) and len(batch) > 1:
+            outcome = Outcome.REFUSED  # split below: one call each finds the wrong one
+        else:
+            outcome = outcome_of(exc.code)
+        with self._cv:
+            action = self._session_step(Answered(tuple(batch), outcome)).action
+        if action is Action.RETRY:
+            if outcome is Outcome.UNKNOWN:  # it may be in a log: the same identity again
+                if self._leader == target:
+                    self._leader = None
                 for p in batch:
-                    p.ident = None
-            self._requeue(batch, exc)
+                    p.alone = True
+                self.retried += sum(len(p.bodies) for p in batch)
+                self._requeue(batch, exc, 0.01)
+            elif outcome is Outcome.GAP:  # an earlier append is on its way, or it moves on
+                self._requeue(batch, exc, 0.005)
+            else:
+                self._refused(batch, target, exc)  # follows NOT_LEADER, splits bad batches
             return True
-        final = isinstance(exc, SessionError) or (
-            exc.code not in _RETRY_BEFORE_STORE
-            and not (isinstance(exc, InvalidRequestError) and len(batch) > 1)
-        )
-        if final and any(p.unknown for p in batch):
-            # an earlier try may have stored it: whatever this one says, that is unknown
+        if action is Action.FAIL_UNKNOWN:
+            if unknown and self._leader == target:
+                self._leader = None
             self._fail(batch, lambda e=exc: OutcomeUnknownError(
-                e.code, f"a retry was refused ({e.code.name}: {e.message}) after an unknown "
-                "outcome; the append may still commit"))  # fmt: skip
+                e.code if isinstance(e, LedgerError) else ResponseCode.APPEND_OUTCOME_UNKNOWN,
+                f"a retry was refused ({e}) after an unknown outcome; the append may still "
+                "commit"))  # fmt: skip
             return True
-        if final and not isinstance(exc, SessionError):
-            # refused for good: its sequences stay a hole, so what follows starts anew
-            with self._send_lock:
-                if batch[0].ident[0] == self.client_id:
-                    self._new_session()
-                    for p in self._queue:
-                        if p.ident is not None and not p.unknown:
-                            p.ident = None
-        return False
+        if action is Action.FAIL:
+            self._fail(
+                batch, lambda e=exc: LedgerError.of(e.code, e.message, leader_id=e.leader_id)
+            )
+            return True
+        self._fail(batch, lambda e=exc: e)  # DONE: every append of the call ended meanwhile
+        return True
 
     def _refused(self, batch: list[_Pending], target: str, exc: LedgerError) -> None:
         if exc.code in _RETRY_BEFORE_STORE:
@@ -637,9 +693,11 @@ class LedgerClient:
         robin over the members), following NOT_LEADER, until the client's deadline."""
         c = Consistency.of(consistency).value
         if member is not None and member != "any" and member not in self.members:
-            raise LedgerError.of(
-                ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.group!r}"
-            )
+            self._refresh_members()  # added since this client looked (a replacement, say)
+            if member not in self.members:
+                raise LedgerError.of(
+                    ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.group!r}"
+                )
         deadline = time.monotonic() + self.timeout_s
         last: Exception | None = None
         tried = 0
@@ -683,8 +741,8 @@ class LedgerClient:
         the read from that member (or ``"any"``) instead of the leader.
 
         Every entry of the log comes back, as the log holds it: a term's first entry has an
-        empty body, and a configuration entry (issue 22: a membership change, written by
-        the group) has ``channel == CONFIG_CHANNEL``
+        empty body, and a configuration entry (a membership change, written by the
+        group) has ``channel == CONFIG_CHANNEL``
         (:mod:`rayledger.election.configuration`) and its JSON as body; a client's entry
         has ``channel == 0``, so ``[e for e in entries if not e.channel]`` keeps those."""
         return self._read_call("get", index, consistency=consistency, member=member)

@@ -454,6 +454,11 @@ class LedgerGroup:
         return LedgerClient(self.name, self.members, timeout_s=timeout_s, idempotent=idempotent)
 
     def handle(self, member: str):
+        """Member ``member``'s actor handle; a member not known yet is looked up again (it
+        may have joined through another driver or a leader's replacement) before
+        UNKNOWN_MEMBER."""
+        if member not in self._handles:
+            self.refresh()
         if member not in self._handles:
             raise LedgerError.of(
                 ResponseCode.UNKNOWN_MEMBER, f"{member!r} is not a member of {self.name!r}"

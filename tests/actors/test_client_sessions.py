@@ -1,4 +1,4 @@
-"""An idempotent LedgerClient's retries (issue 24), without Ray: a scripted member answers
+"""An idempotent LedgerClient's retries, without Ray: a scripted member answers
 each call in turn, and the client must send unknown outcomes again under the same
 identity, number anew only what was never possibly stored, and never turn a possibly
 stored append into a plain refusal."""

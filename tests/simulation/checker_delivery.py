@@ -77,7 +77,13 @@ class CheckerDelivery:
         return node.helper_gen.get(CHECKER, 0)
 
     def _c_add_round(
-        self, node: Node, term: int, first: int, last: int, token, leader_mark: int,
+        self,
+        node: Node,
+        term: int,
+        first: int,
+        last: int,
+        token,
+        leader_mark: int,
         config=None,
     ) -> None:
         if self._c_hung(node):

@@ -102,6 +102,8 @@ from .driver import SimDriver
 from .fastpath_delivery import FastPathDelivery
 from .helper_faults import HelperFaults
 from .invariants import Invariants
+from .kv_history import KvGet, KvGetReply, KvHistory
+from .lost_members import SPAWNER, LostMembers
 from .machine_delivery import MachineDelivery
 from .member_delivery import MemberDelivery
 from .member_lifecycle import MemberLifecycle
@@ -197,6 +199,7 @@ class SimResult:
 
 class GroupSim(
     MembershipChanges,
+    LostMembers,
     MemberLifecycle,
     SimDisk,
     LocalTransport,
@@ -206,6 +209,7 @@ class GroupSim(
     FastPathDelivery,
     HelperFaults,
     MachineDelivery,
+    KvHistory,
     Clients,
     Invariants,
     SimDriver,
@@ -262,6 +266,12 @@ class GroupSim(
         test_name: str = "",
         max_rounds: int = MAX_ROUNDS,
         late_start_reports: tuple[int, int] | None = None,
+        helper_delays: bool = False,
+        slow_hops: bool = False,
+        lost_members: bool = False,
+        kv_getters: int = 0,
+        client_deadline_ms: int | None = None,
+        test_file: str = "tests/simulation/test_group_sim.py",
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there
         are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
@@ -281,11 +291,26 @@ class GroupSim(
         clients append its commands.  ``late_start_reports``: a helper's "I started"
         (``helper_started``) reaches its member after a seeded delay in this range, as on
         Ray, where it is unordered with the member's own calls to the helper (None: at once,
-        so that the seeds of the other tests run as they did)."""
+        so that the seeds of the other tests run as they did).
+
+        The all-features mode (:data:`~.sim_config.ALL_FEATURES`) adds, each off by default:
+        ``helper_delays``: a dispatcher added by a configuration boots for 0.5-3 s (the role
+        lock held meanwhile) and a leader's ``CheckerConfigure`` waits up to 1.5 s;
+        ``slow_hops``: now and then a node-local call takes 5-80 ms more; ``lost_members``:
+        now and then a member's node is lost for good and the leader replaces it
+        (:mod:`.lost_members`); ``kv_getters``: KV gets at every consistency on any member, and
+        the clients' KV history checked for linearizability (:mod:`.kv_history`);
+        ``client_deadline_ms``: an idempotent client's deadline for an append (for
+        :mod:`.clients`).  ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
         self.test_name = test_name  # for the reproduce hint in failures
+        self.test_file = test_file
+        self.helper_delays = helper_delays
+        self.client_deadline_ms = client_deadline_ms
+        self._helper_rng = random.Random(seed * 7919 + 107)  # its own stream
+        self._slow_hop_rng = random.Random(seed * 7919 + 109) if slow_hops else None
         self.rng = random.Random(seed)
         self.group = group
         self.store_kind = store_kind
@@ -314,6 +339,7 @@ class GroupSim(
         self.voters0 = self.ids[:n]
         self.committed_configs: dict[int, object] = {}
         self._init_membership(seed, membership and faults is not False)
+        self._init_lost(seed, lost_members and faults is not False)
         self._init_network(network, rpc_timeout_ms)
         self._tmp = (
             tempfile.mkdtemp(prefix="rayledger-sim-", dir=SIM_TMP) if store_kind == "file" else None
@@ -374,6 +400,7 @@ class GroupSim(
             else None
         )  # fmt: skip
         self._init_helper_faults(seed, dispatcher_faults and faults is not False)
+        self._init_kv(seed, kv_getters)
 
     def _init_history(self) -> None:
         """What the checks remember."""
@@ -464,7 +491,7 @@ class GroupSim(
     # ================================================================ failures
 
     def reproduce(self) -> str:
-        return f"tests/simulation/test_group_sim.py -k {self.test_name or 'group_sim'}"
+        return f"{self.test_file} -k {self.test_name or 'group_sim'}"
 
     def describe(self) -> str:
         lines = []
@@ -501,6 +528,12 @@ class GroupSim(
     # ================================================================ delivery
 
     def _deliver(self, src: str, dst: str, payload: object) -> None:
+        if dst == SPAWNER:
+            self._spawn_reply(payload)
+            return
+        if isinstance(payload, KvGetReply):
+            self._kv_reply(dst, payload)
+            return
         if dst.startswith("c"):
             c = self._inflight_clients.get(getattr(payload, "req_id", -1))
             if c is not None and c.id == dst:
@@ -538,6 +571,8 @@ class GroupSim(
             self._client_append(node, payload)
         elif isinstance(payload, ClientRead):
             self._read_task(node, payload)
+        elif isinstance(payload, KvGet):
+            self._kv_get_arrives(node, payload)
         else:
             self.fail(f"unknown payload {payload!r}")
 
@@ -685,6 +720,8 @@ class GroupSim(
             self._next_chain_ms(),
             self._next_slow_ms,
             self._next_switch_ms,
+            self._next_lost_ms,
+            self._next_view_ms,
         ]
         if self.injector is not None:
             cands.append(self.injector.next_fault_ms)
@@ -738,6 +775,8 @@ class GroupSim(
             self._next_tick_ms = now + self.tick_ms
             self._clients_step(now)
             self._readers_step(now)
+            if self.getters:
+                self._kv_step(now)
         self._drain(now)
         if self.injector is not None:
             self.injector.step(now)
@@ -750,6 +789,7 @@ class GroupSim(
         self._restore_links(now)
         self._flush_step(now)
         self._membership_step(now)
+        self._lost_step(now)
         self._drain(now)
         if self.machine_path is not None:
             self._machines_step()
@@ -766,6 +806,7 @@ class GroupSim(
         self._stop_helper_faults()
         self._next_transfer_ms = None
         self._next_change_ms = None
+        self._stop_losing()
         self._heal_disks()
         self._lease_cuts.clear()
         if self.injector is not None:
@@ -795,6 +836,7 @@ class GroupSim(
         self.final_check()
         if self.machine_path is not None:
             self.check_machines()
+            self.check_kv_history()
         return self._result(converge_ms)
 
     def _result(self, converge_ms: int) -> SimResult:

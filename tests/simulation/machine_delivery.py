@@ -40,6 +40,7 @@ from rayledger.actors.machine import Applier, MachineContext, StateMachine, load
 from rayledger.actors.machine_core import AskReady, Install, Rebase, Verdict
 from rayledger.actors.read_path import run_to_end
 from rayledger.actors.snapshot_policy import SnapshotConfig
+from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.integration.kv import set_command
 from rayledger.integration.rocketmq.commitlog import CommitLogMachine, offset_command
 from rayledger.integration.rocketmq.message import (
@@ -53,6 +54,7 @@ from rayledger.integration.rocketmq.message import (
     decode,
     encode,
 )
+from rayledger.replication.sessions import SESSIONS_FILE
 from rayledger.storage import LedgerError
 from rayledger.storage.codec import HEADER_SIZE
 
@@ -103,9 +105,13 @@ class MachineDelivery:
         if m.incarnation > 1 and m.data_dir is not None and self._snapshot_rng.random() < 0.3:
             self._damage_newest_snapshot(m)
         ctx = MachineContext(self.group, m.id, m.data_dir, dict(self.machine_args), m.store)
-        node.applier = Applier(machine, ctx, snapshots=self.snapshots)
+        try:  # MachineRunner.__init__: a machine that cannot open fails the member's start
+            node.applier = Applier(machine, ctx, snapshots=self.snapshots)
+        except Exception as exc:
+            self.fail(f"{m.id}'s machine failed to open: {exc!r}")
         if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
             node.logic.take_snapshots(node.applier.shelf)
+            node.logic.handler.snapshot_wanted = node.applier.core.snapshot_wanted
         store = m.store
         store.keep_from = node.applier.core.keep_from(node.applier.saved)
         inner = machine.apply
@@ -113,6 +119,7 @@ class MachineDelivery:
         def apply(entries: list) -> None:  # instruments the applier's calls, not the machine
             self._m_check_apply(node, entries)
             inner(entries)
+            self._m_after_apply(node, entries)
 
         machine.apply = apply  # type: ignore[method-assign]
         opened = node.applier.applied
@@ -216,6 +223,9 @@ class MachineDelivery:
         except Exception as exc:
             core.fail(repr(exc))
             self.fail(f"{node.id}'s machine failed on {batch}: {exc!r}")
+        self._m_skip_configs(node, batch.stop)
+        m = self.members[node.id]
+        m.machine_high = max(m.machine_high, node.machine_next - 1)
         store = node.logic.store
         for token in core.batch_done(batch.stop - 1):
             self._m_answer(node, token)
@@ -308,8 +318,11 @@ class MachineDelivery:
         snaps = a.snapshots
         writer = a.machine.snapshot()
         term = store.get_term(index)
+        sessions = node.logic.sessions.at(index)  # MachineRunner._snapshot: the cut's table
         tmp = snaps.begin(index, term)
         writer(tmp)
+        with open(os.path.join(tmp, SESSIONS_FILE), "w") as f:
+            json.dump(sessions, f)
         snaps.commit(tmp, index, term)
         gone, store.keep_from = a.core.snapshot_done(index, snaps.list(), a.saved)
         for old in gone:
@@ -322,6 +335,7 @@ class MachineDelivery:
         each entry committed at its index in its term."""
         m = self.members[node.id]
         for e in entries:
+            self._m_skip_configs(node, e.index)
             if e.index != node.machine_next:
                 self.fail(f"{node.id}'s machine got entry {e.index}, expected {node.machine_next}")
             node.machine_next += 1
@@ -336,6 +350,27 @@ class MachineDelivery:
                     )
                 self.stats["machine_applied_lost_after_power_loss"] += 1
         m.machine_high = max(m.machine_high, node.machine_next - 1)
+
+    def _m_after_apply(self, node: Node, entries: list) -> None:
+        """After the machine applied ``entries`` (a hook for the KV history)."""
+
+    def _is_config(self, index: int) -> bool:
+        """Whether the committed entry at ``index`` is a configuration (the group's, never
+        the machine's: the applier skips it)."""
+        e = self.committed_entries.get(index)
+        return e is not None and e.channel == CONFIG_CHANNEL
+
+    def _m_skip_configs(self, node: Node, upto: int) -> None:
+        """The machine's next entry moves past the configuration entries before ``upto``
+        (the applier gives it none of them)."""
+        while node.machine_next < upto and self._is_config(node.machine_next):
+            node.machine_next += 1
+
+    def _machine_floor(self, index: int) -> int:
+        """The last index at or below ``index`` a machine is given (configurations skipped)."""
+        while index >= 0 and self._is_config(index):
+            index -= 1
+        return index
 
     # -- queries -----------------------------------------------------------------------------
     def _m_query(self, node: Node) -> None:
@@ -377,7 +412,7 @@ class MachineDelivery:
         at least the index it waited for."""
         index, request = token
         machine = node.applier.machine
-        if machine.applied < index:  # released before the machine got there
+        if machine.applied < self._machine_floor(index):  # released before it got there
             self.fail(f"{node.id}'s machine may answer a query at {index} having applied "
                       f"{machine.applied}")  # fmt: skip
 
@@ -398,6 +433,9 @@ class MachineDelivery:
                         f"{node.id} answered {request} with revision {rev}, past {machine.applied}"
                     )
             self.stats["machine_query_answered"] += 1
+            done = getattr(token, "done", None)  # a KV client's get waits for the answer
+            if done is not None:
+                done(answer)
 
         self._m_thread(node, self._query_rng.randint(*MACHINE_CALL_MS), ask)
 
@@ -524,9 +562,11 @@ class MachineDelivery:
 
     # -- the checks at the end ---------------------------------------------------------------
     def machines_converged(self) -> bool:
-        """Every machine applied its member's committed log, nothing in flight."""
+        """Every machine applied its member's committed log, nothing in flight (members
+        outside the configuration may lag for good: a removed one never commits again)."""
+        members = self.current_members() or self.ids
         for m in self.members.values():
-            if m.alive and m.node.applier is not None:
+            if m.alive and m.node.applier is not None and m.id in members:
                 core = m.node.applier.core
                 if core.applying is not None or core.applied != m.store.committed_index:
                     return False
@@ -534,9 +574,15 @@ class MachineDelivery:
 
     def check_machines(self) -> None:
         """Each member's machine state equals a fresh machine's fed its committed log from
-        scratch (up to where it applied); the leader's stamps hold."""
+        scratch (up to where it applied); the leader's stamps hold.  A member outside the
+        configuration is checked up to where its log is committed (its machine may have
+        applied more before a restart that recovered a lower committed index)."""
+        members = self.current_members() or self.ids
         for m in self.members.values():
             if not m.alive or m.node.applier is None:
+                continue
+            if m.id not in members and m.node.applier.core.applied > m.store.committed_index:
+                self.stats["machines_outside_unchecked"] += 1
                 continue
             core = m.node.applier.core
             if core.failed is not None:
@@ -580,6 +626,8 @@ class MachineDelivery:
                 e = self.committed_entries.get(i)
                 if e is None:
                     return None
+                if e.channel == CONFIG_CHANNEL:  # the group's, not the machine's
+                    continue
                 batch.append(e)
                 if len(batch) == 1024:
                     fresh.apply(batch)

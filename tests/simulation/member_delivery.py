@@ -3,6 +3,8 @@ client appends written as rounds, and the answers of the helpers and the fast pa
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
@@ -17,9 +19,10 @@ from rayledger.election.messages import LeadershipTransferRequest
 from rayledger.storage import LedgerError, ResponseCode
 
 from .clients import ClientAppend, ClientRead, ClientReadReply, ClientReply, LeaderReadIndex
+from .kv_history import KvGet
 from .node_state import CgToken, Node
 from .node_transport import DIED, TIMEOUT, Timed
-from .sim_config import MAINTAIN_MAX_SLEEP_MS
+from .sim_config import CHECKER_CONFIGURE_MS, MAINTAIN_MAX_SLEEP_MS
 
 
 class MemberDelivery:
@@ -76,6 +79,8 @@ class MemberDelivery:
             self._soon(node, self._write_round, node)
         if out.installed:
             self._m_offer(node, out.installed)
+        for spawn in out.spawns:  # lost_members.py
+            self._spawn_member(node, spawn)
         if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
             self._reads_out(node, out)
         if out.leave_graphs:
@@ -145,7 +150,7 @@ class MemberDelivery:
         time-outs, the disk, the compiled path."""
         if isinstance(a, rp.Register):
             self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
-                      a.leader_mark)  # fmt: skip
+                      a.leader_mark, a.config)  # fmt: skip
             return None
         if isinstance(a, rp.Submit):
             return self._fp_submit(node, a.a, list(a.spans))
@@ -186,14 +191,20 @@ class MemberDelivery:
                 for reg in node.round_path.reregister(a.term):  # what a dead checker held
                     yield from self._perform(node, reg)
             peers = [p for p in node.dispatchers if a.only in (None, "checker", p)]
+            # a dispatcher added by a configuration answers once its process booted
+            if (yield from self._booted(node, [("dispatcher", p) for p in peers], a.timeout_ms)):
+                return sv.Failed("no answer in time", timeout=True)
             done = yield Timed(a.timeout_ms, [(lambda p=p: self._d_activate(node, p, a.info))
                                               for p in peers])  # fmt: skip
             return next((self._failed(r) for r in done if self._failed(r)), None)
         if isinstance(a, sv.Ping):
+            late = yield from self._booted(node, a.keys, a.timeout_ms)
+            if late:
+                a = dataclasses.replace(a, keys=tuple(k for k in a.keys if k not in late))
             calls = [(lambda k=k: self._c_pid(node) if k == sv.CHECKER else self._d_pid(node, k[1]))
                      for k in a.keys]  # fmt: skip
             done = yield Timed(a.timeout_ms, calls)
-            out = {}
+            out = dict.fromkeys(late, "timeout")
             for k, r in zip(a.keys, done, strict=True):
                 out[k] = "timeout" if r is TIMEOUT else "error" if r is DIED else "ok"
             return out
@@ -225,17 +236,36 @@ class MemberDelivery:
             got = slot[0]
             return sv.Failed("no answer", timeout=True) if got is None else got
         if isinstance(a, sv.Helpers):
-            self._m_helpers(node, a.peers)  # membership_changes.py
+            if self.helper_delays:  # membership_changes.py: new dispatchers boot a while
+                self._m_helpers(node, a.peers, booting=True)
+            else:
+                self._m_helpers(node, a.peers)
             return None
         if isinstance(a, sv.CheckerConfigure):
+            if self.helper_delays:  # the checker's queue: the role lock is held meanwhile
+                yield self._helper_rng.randint(*CHECKER_CONFIGURE_MS)
+                self.stats["checker_configures_delayed"] += 1
             call = [lambda: self._c_configure(node, a.term, a.info)]
             (r,) = yield Timed(a.timeout_ms, call)
-            return self._failed(r)
+            return self._failed(r) or r  # False: the checker does not serve the term
         if isinstance(a, sv.MachineRole):
             return (yield from self._m_role(node))  # machine_delivery.py
         if isinstance(a, sv.WaitMachine):
             return (yield from self._m_wait_ready(node, a.term))
         raise TypeError(f"unknown action {a!r}")
+
+    def _booted(self, node: Node, keys, timeout_ms: int):
+        """An actor coroutine: calls to helpers still booting (``Node.booting``) wait in
+        their queue until they booted; returns the keys that did not within ``timeout_ms``."""
+        now = self.clock.now_ms
+        due = {k: node.booting.get(f"{k[0]}:{k[1]}", 0) for k in keys if k != sv.CHECKER}
+        due = {k: t for k, t in due.items() if t > now}
+        if not due:
+            return ()
+        wait = min(max(due.values()) - now, timeout_ms)
+        self.stats["calls_wait_for_boot"] += 1
+        yield wait
+        return tuple(k for k, t in due.items() if t > now + wait)
 
     # -- reads: the shipped read path, its rounds over the network --------------------------
     def _read_task(self, node: Node, msg: ClientRead) -> None:
@@ -247,6 +277,9 @@ class MemberDelivery:
     def _reads_out(self, node: Node, out: mc.MemberOut) -> None:
         """Readers answered, confirmation rounds' heartbeats over the network, timers."""
         for msg, result in out.reads_done:
+            if isinstance(msg, KvGet):  # a KV get: the machine answers next (kv_history.py)
+                self._kv_read_done(node, msg, result)
+                continue
             if isinstance(msg, tuple):  # a follower's LeaderReadIndex call
                 caller, call_id = msg
                 self.rpc.reply(node.id, caller, call_id, result)

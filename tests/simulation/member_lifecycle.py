@@ -16,7 +16,7 @@ from rayledger.election.configuration import FileConfigStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
 from .node_state import Node, SimMember
-from .sim_config import FLUSH_TICK_MS, PARKED_MS, SIM_STORE
+from .sim_config import FLUSH_TICK_MS, PARKED_MS, REPLACE_LOST_AFTER_MS, SIM_STORE
 
 
 class MemberLifecycle:
@@ -35,12 +35,20 @@ class MemberLifecycle:
             )
         )
 
-    def _helper_up(self, node: Node, kind: str, peer: str | None) -> None:
+    def _helper_up(
+        self, node: Node, kind: str, peer: str | None, booted_at: int | None = None
+    ) -> None:
         """A helper's first process started: it tells its member (``helper_started``), at
         once or, with ``late_start_reports``, after a seeded delay -- on Ray that call from
         the helper's constructor is unordered with the member's own calls to the helper, and
         a leader's watch that began before it kept the start-up wait (CI, stop 33).  A late
-        report may arrive after the report of the process that replaced it."""
+        report may arrive after the report of the process that replaced it.  ``booted_at``:
+        the process boots until then, and reports after."""
+        if booted_at is not None:
+            lo, hi = self.late_start_reports or (0, 0)
+            due = booted_at + self._start_rng.randint(lo, hi)
+            self._at(node, due, self._m_helper_started, node, kind, peer, node.incarnation)
+            return
         if self.late_start_reports is None:
             node.supervisor.pids.setdefault((kind, peer), node.incarnation)
             return
@@ -49,6 +57,8 @@ class MemberLifecycle:
         self._at(node, due, self._m_helper_started, node, kind, peer, node.incarnation)
 
     def _start(self, mid: str) -> None:
+        if self.gone(mid):  # its node is lost, or it was stopped for good
+            return
         m = self.members[mid]
         if m.store is None:
             m.store = self._open_store(m)
@@ -68,6 +78,7 @@ class MemberLifecycle:
             m.term_store,
             rng=random.Random(self.rng.getrandbits(64)),
             config_store=FileConfigStore(m.data_dir) if m.data_dir else m.config_store,
+            initial=m.initial,
         )
         members = list(logic.config_log.latest().members)
         dispatchers = {
@@ -88,6 +99,7 @@ class MemberLifecycle:
             tick_ms=self.tick_ms,
             lease_ms=LedgerConfig(election=self.election).lease_ms(),
             max_rounds=self.max_rounds,
+            replace_lost_after_ms=REPLACE_LOST_AFTER_MS if self.lost_members else None,
         )
         m.store.defer_sync = self.sync_flush  # flushes are the cores' (tests/simulation/disk.py)
         # MemberActor._create_helpers: dispatchers for the members the core keeps them for

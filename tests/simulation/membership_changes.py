@@ -22,6 +22,7 @@ from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 from rayledger.storage import LedgerError
 
 from .node_state import NeedWatch, Node
+from .sim_config import HELPER_BOOT_MS
 
 CHANGE_MEAN_MS = 900  # between two operator changes, on average
 
@@ -48,7 +49,8 @@ class MembershipChanges:
             return
         node = rng.choice(leaders).node
         latest = node.logic.config_log.latest()
-        outside = [p for p in self.ids if p not in latest]
+        # never a process gone for good (its node lost): it would never catch up
+        outside = [p for p in self.ids if p not in latest and not self.gone(p)]
         voters, learners = list(latest.voters), list(latest.learners)
         choices = []
         if outside:
@@ -72,6 +74,9 @@ class MembershipChanges:
             op, member, old = Op.REMOVE, rng.choice(learners), ""
         else:
             op, member, old = Op.REMOVE, rng.choice(voters), ""
+            after = [v for v in voters if v != member]
+            if self.lost and sum(v not in self.lost for v in after) < len(after) // 2 + 1:
+                return  # LedgerGroup.remove_member: no live majority after it (NO_LIVE_QUORUM)
         try:
             self._step(node, mc.ChangeMembers(op, member, None, old))
         except LedgerError as exc:
@@ -81,8 +86,10 @@ class MembershipChanges:
         self.net.note(f"OPERATOR {node.id} takes {op} {member}" + (f" for {old}" if old else ""))
 
     # -- the members' helpers follow their configuration ---------------------------------
-    def _m_helpers(self, node: Node, peers: tuple[str, ...]) -> None:
-        """``LeadershipPart._helpers``: a dispatcher per member, none for members gone."""
+    def _m_helpers(self, node: Node, peers: tuple[str, ...], booting: bool = False) -> None:
+        """``LeadershipPart._helpers``: a dispatcher per member, none for members gone.
+        ``booting``: a new dispatcher's process takes :data:`~.sim_config.HELPER_BOOT_MS`
+        to start (calls to it wait meanwhile, and it reports its start at the end)."""
         for gone in [p for p in node.dispatchers if p not in peers]:
             del node.dispatchers[gone], node.dispatcher_drivers[gone], node.need_watch[gone]
             for n, chain in self._chains:  # its compiled-graph channels go with it
@@ -100,7 +107,13 @@ class MembershipChanges:
                 node.dispatchers[p] = d
                 node.dispatcher_drivers[p] = self._dispatcher_driver(node, p, d)
                 node.need_watch[p] = NeedWatch()
-                self._helper_up(node, "dispatcher", p)
+                boot = None
+                if booting:
+                    boot = self.clock.now_ms + self._helper_rng.randint(*HELPER_BOOT_MS)
+                    node.booting[key] = boot
+                    self.stats["dispatchers_booting"] += 1
+                    self.net.note(f"{node.id}'s dispatcher to {p} boots until {boot}")
+                self._helper_up(node, "dispatcher", p, boot)
 
     # -- checks ----------------------------------------------------------------------------
     def voters_at(self, index: int) -> tuple[str, ...]:

@@ -100,6 +100,7 @@ class Node:
     hung: set[str] = field(default_factory=set)
     last_hang_ms: int = -1  # when a helper of this node last began to hang
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
+    booting: dict[str, int] = field(default_factory=dict)  # helper key -> boots until then
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)
@@ -147,6 +148,9 @@ class SimMember:
     hooked: LogStore | None = None  # the store its machine's pre_append hook is on
     # its saved configurations (issue 22; a file member's are its data dir's)
     config_store: MemoryConfigStore = field(default_factory=MemoryConfigStore)
+    # a member started to replace a lost one (lost_members.py): the configuration it
+    # starts from when its data holds none (MemberActor's ``initial``)
+    initial: Any = None
 
     @property
     def alive(self) -> bool:

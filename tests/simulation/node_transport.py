@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .node_state import Node
-from .sim_config import LOCAL_HOP_MS
+from .sim_config import LOCAL_HOP_MS, SLOW_HOP
 
 
 class _Marker:
@@ -119,15 +119,23 @@ class LocalTransport:
         heapq.heappush(self._local, entry)
         return entry
 
+    def _hop_ms(self) -> int:
+        """One node-local call's time: 0-2 ms, and with ``slow_hops`` now and then longer
+        (its own stream, so runs without it stay as they were)."""
+        lo, hi = LOCAL_HOP_MS
+        ms = self._local_rng.randint(lo, hi)
+        rng = self._slow_hop_rng
+        if rng is not None and rng.random() < SLOW_HOP[0]:
+            ms += rng.randint(*SLOW_HOP[1])
+        return ms
+
     def _hop(self, node: Node, fn: Callable, *args) -> list:
         """An actor call on the same node."""
-        lo, hi = LOCAL_HOP_MS
-        return self._at(node, self.clock.now_ms + self._local_rng.randint(lo, hi), fn, *args)
+        return self._at(node, self.clock.now_ms + self._hop_ms(), fn, *args)
 
     def _lane(self, node: Node, lane: str, fn: Callable, *args) -> list:
         """``call_soon_threadsafe`` onto another loop of the node: a hop, in order."""
-        lo, hi = LOCAL_HOP_MS
-        due = max(self.clock.now_ms + self._local_rng.randint(lo, hi), node.lanes.get(lane, 0))
+        due = max(self.clock.now_ms + self._hop_ms(), node.lanes.get(lane, 0))
         node.lanes[lane] = due
         return self._at(node, due, fn, *args)
 

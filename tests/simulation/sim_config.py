@@ -143,3 +143,69 @@ def sim_config_for(seed: int) -> ReplicationConfig:
         # snapshots to lagging followers in many small chunks, or in one (its own stream)
         install_chunk_bytes=random.Random(seed * 7919 + 3).choice((300, 2048, 1 << 20)),
     )
+
+
+# ---------------------------------------------------------------------- every feature at once
+
+HELPER_BOOT_MS = (500, 3000)
+"""A new dispatcher's process booting (``Helpers``/``Install`` of a peer just added): on Ray
+the member's role lock is held meanwhile, so later configurations wait for it."""
+
+CHECKER_CONFIGURE_MS = (0, 1500)
+"""How long a leader's ``CheckerConfigure`` takes to reach its checker (its actor queue)."""
+
+SLOW_HOP = (0.02, (5, 80))
+"""The share of node-local actor calls that take longer (a busy actor, a GC pause), and how
+long: with ``slow_hops``, on top of :data:`LOCAL_HOP_MS`."""
+
+LOST_MEAN_MS = 5000  # how often, on average, a member's node is lost for good
+REPLACE_LOST_AFTER_MS = 1500  # LedgerConfig.replace_lost_after_s, scaled like the election
+CLUSTER_VIEW_MS = 1000  # MemberActor._watch_nodes: Ray's view of the nodes, each second
+SPAWN_START_MS = (100, 1500)  # a replacement member's actor starting on its node
+FREE_HOSTS = 2  # live nodes that host no member, where a lost member's replacement may go
+
+ALL_FEATURES_FAULTS = FaultConfig(mean_interval_ms=1500, weights=SIM_FAULTS.weights)
+"""The network faults, crashes and restarts of :data:`SIM_FAULTS`, half as often: every
+other fault source of the mode (lost nodes, hung helpers, slow and failing disks, transfers,
+membership changes) comes on top.  As often as :data:`SIM_FAULTS`, most seeds spent their
+chaos without a leader ready for appends."""
+
+KV_GET_EVERY_MS = (20, 120)  # a KV client's gets (any member, any consistency)
+KV_GET_TIMEOUT_MS = 1500  # ... given up after this long (a read with no answer: dropped)
+
+ALL_FEATURES = dict(
+    store_kind="file",
+    faults=ALL_FEATURES_FAULTS,
+    power_loss=0.0,
+    spares=2,
+    membership=True,
+    lost_members=True,
+    idempotent=True,
+    client_deadline_ms=8000,
+    clients=3,
+    client_interval_ms=(2, 30),
+    follower_reads=0.5,
+    helper_delays=True,
+    slow_hops=True,
+    late_start_reports=(0, 800),
+    wake_on_election=True,
+    kv_getters=2,
+)
+"""GroupSim arguments of the all-features mode (``test_all_features_sim.py``): file stores
+(half the seeds with sync_flush and every crash a power loss, the other half async with
+process crashes only -- an async power loss voids the durability checks for the rest of its
+run: :func:`all_features`), operator membership changes and lost nodes replaced by the
+leader, idempotent clients that give an append up after 8 s, a state machine with
+snapshots, compaction and installs, reads at every consistency on any member, KV gets
+checked for linearizability, transfers, hung and killed helpers, helpers' configuration
+that lags by up to seconds, and every other fault of the simulation."""
+
+
+def all_features(seed: int) -> dict:
+    """The all-features arguments for ``seed``: the KV machine on three seeds of four (the
+    RocketMQ commit log on the fourth), sync_flush on odd seeds."""
+    kw = dict(ALL_FEATURES)
+    kw["machine"] = "mq" if seed % 4 == 3 else "kv"
+    if seed % 2:
+        kw.update(sync_flush=True, power_loss=1.0)
+    return kw

@@ -1,0 +1,109 @@
+"""Every feature of the simulation at once (:func:`~.sim_config.all_features`): operator
+membership changes and lost nodes replaced by the leader, idempotent clients, the KV or
+RocketMQ machine with snapshots, compaction and installs (the client sessions in the
+snapshots), reads at every consistency on any member, KV gets, leadership transfers, sync
+flush with power loss or async file stores, hung, killed and slowly booting helpers,
+helpers' configurations that lag by seconds, and seeded delays on every message -- under the
+random network faults, crashes and restarts of every other sweep.
+
+Checked: Raft's safety properties (:mod:`.invariants`), every acknowledged append committed
+once where it was acknowledged, no body committed twice, every machine equal to a replay of
+the committed log, and the clients' KV history linearizable per key (:mod:`.kv_history`).
+
+``RAYLEDGER_SIM_SEED=k`` reruns one seed; ``RAYLEDGER_SIM_SEEDS=N`` (or ``a:b``, ``1,5,9``)
+runs others; ``python -m tests.simulation.sweep`` runs many and prints a summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from .group_sim import GroupSim, sim_config_for
+from .network import sim_seeds
+from .sim_config import all_features
+
+FILE = "tests/simulation/test_all_features_sim.py"
+COVERAGE_SEEDS = (110_003, 110_004, 110_005)
+SNAPSHOT_AT_A_CONFIGURATION = (
+    "a machine snapshot taken right after a configuration entry is cut at the entry's "
+    "index, but the KV machine (which never sees configuration entries) records the index "
+    "before it: load_snapshot refuses it ('holds the state at N-1, not N')"
+)
+KNOWN = {110_000: SNAPSHOT_AT_A_CONFIGURATION}
+"""CI seeds that fail on product bugs not fixed yet (rerun as non-strict xfails below)."""
+CHAOS_MS = 15_000
+CONVERGE_MS = 30_000
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def run_all_features(seed: int, name: str = "test_all_features", **kw) -> GroupSim:
+    """One seed of the mode: three voters (five on every fifth seed) and two spares."""
+    args = {**all_features(seed), **kw}
+    n = 5 if seed % 5 == 4 else 3
+    sim = GroupSim(n, seed, replication=sim_config_for(seed), test_name=name, test_file=FILE,
+                   label=f"all-features n={n} {args['machine']}", **args)  # fmt: skip
+    try:
+        sim.run(chaos_ms=CHAOS_MS, converge_within_ms=CONVERGE_MS)
+    finally:
+        sim.close()
+    return sim
+
+
+def ci_seeds() -> list[int]:
+    """The seeds from 110000 but the known failures (any seed the environment asks for)."""
+    seeds = sim_seeds(26, offset=110_000)
+    if os.environ.get("RAYLEDGER_SIM_SEED") or os.environ.get("RAYLEDGER_SIM_SEEDS"):
+        return seeds
+    return [s for s in seeds if s not in KNOWN]
+
+
+@pytest.mark.parametrize("seed", ci_seeds())
+def test_all_features(seed: int) -> None:
+    run_all_features(seed)
+
+
+@pytest.mark.parametrize(
+    "seed", [pytest.param(s, marks=pytest.mark.xfail(reason=why)) for s, why in KNOWN.items()]
+)
+def test_all_features_known_failures(seed: int) -> None:
+    """Seeds of the CI range that reach a product bug not fixed yet; they pass (XPASS) once
+    it is, and then belong in :func:`ci_seeds` again."""
+    run_all_features(seed, "test_all_features_known_failures")
+
+
+REACHED = (
+    "change_add", "change_replace", "change_remove", "nodes_lost", "spawns_ok",
+    "dispatchers_booting", "calls_wait_for_boot", "checker_configures_delayed",
+    "machine_snapshots", "machine_installs", "idempotent_retries", "kv_history_ok",
+    "reads_served_lease_leader", "reads_served_linearizable_follower",
+    "reads_served_committed_follower", "kv_gets_lease", "transfers_asked", "power_losses",
+    "checker_hangs", "dispatcher_hangs", "dispatcher_kills",
+)  # fmt: skip
+
+
+def test_the_mode_reaches_every_feature() -> None:
+    """The mode is not the plain sweep again: three seeds together change members, lose
+    nodes and replace them, boot dispatchers while the role lock waits, delay the checker's
+    configurations, snapshot and install, retry idempotent appends, check a KV history,
+    serve reads at every consistency, transfer, lose power and hang helpers."""
+    total: dict[str, int] = {}
+    for seed in COVERAGE_SEEDS:
+        for k, v in run_all_features(seed, "test_the_mode_reaches_every_feature").stats.items():
+            total[k] = total.get(k, 0) + v
+    missing = [k for k in REACHED if not total.get(k)]
+    assert not missing, (missing, total)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", sim_seeds(1000, offset=111_000))
+def test_chaos_all_features(seed: int) -> None:
+    run_all_features(seed, "test_chaos_all_features")
