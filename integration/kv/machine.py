@@ -150,7 +150,7 @@ class KvMachine(StateMachine):
                 ResponseCode.INCONSISTENT_STATE,
                 f"snapshot {path} holds the state at {applied}, past {index}",
             )
-        self.data, self.applied, self.cas_results = data, index, cas
+        self.data, self.applied, self.cas_results = data, applied, cas  # the state it holds
 
     def query(self, request: Any) -> Any:
         if isinstance(request, dict) and "get" in request:
