@@ -41,7 +41,7 @@ from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
 
 from .snapshot_policy import SnapshotPolicy
-from .supervision import Answer, Failed, Process, Sleep
+from .supervision import MACHINE_STRANDED, Answer, Failed, Process, Sleep
 
 log = logging.getLogger("rayledger.actors")
 
@@ -341,12 +341,14 @@ class MachineCore:
     def wait_ready(self, leads: Callable[[], bool]) -> Process:
         """A new leader's wait for its machine (the supervisor's ``WaitMachine``): returns
         True once ``ready_to_lead()`` says so, False once ``leads()`` no longer holds (the
-        term ended).  A failed machine is never ready; one whose ``ready_to_lead`` raised
+        term ended), ``MACHINE_STRANDED`` when it stands below the log's begin.  A failed machine is never ready; one whose ``ready_to_lead`` raised
         is not ready this time and is asked again."""
         return Process("machine-ready", self._wait_ready(leads), exclusive=False)
 
-    def _wait_ready(self, leads: Callable[[], bool]) -> Generator[Any, Answer, bool]:
+    def _wait_ready(self, leads: Callable[[], bool]) -> Generator[Any, Answer, bool | str]:
         while leads():
+            if self.stranded:  # below the log's begin: only a snapshot from a leader helps
+                return MACHINE_STRANDED
             if self.failed is None:
                 got = (yield AskReady()).value
                 if isinstance(got, Failed):

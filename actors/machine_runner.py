@@ -226,8 +226,9 @@ class MachineRunner:
             with self.member._lock:
                 self._failed(exc)
 
-    async def wait_ready(self, still_leading: Callable[[], bool]) -> bool:
-        """Until the machine says it is ready to lead; False once leadership is gone."""
+    async def wait_ready(self, still_leading: Callable[[], bool]) -> bool | str:
+        """Until the machine says it is ready to lead; False once leadership is gone,
+        ``MACHINE_STRANDED`` when it needs a snapshot from another leader."""
         loop = asyncio.get_running_loop()
         proc = self.core.wait_ready(still_leading)
         gen, answer = proc.gen, None
@@ -235,7 +236,7 @@ class MachineRunner:
             try:
                 action = gen.send(answer)
             except StopIteration as stop:
-                return bool(stop.value)
+                return stop.value  # True, False, or MACHINE_STRANDED
             if isinstance(action, AskReady):
                 try:
                     value = await loop.run_in_executor(

@@ -153,10 +153,15 @@ class Sleep:
     ms: int
 
 
+MACHINE_STRANDED = "stranded"
+"""``WaitMachine``'s answer when the machine stands below the log's begin: it needs a
+snapshot that only another member's leader sends it."""
+
+
 @dataclass(frozen=True, slots=True)
 class WaitMachine:
     """Wait until the state machine has applied what this leader committed before; answered
-    True, or False when the term ended meanwhile."""
+    True, False when the term ended meanwhile, or :data:`MACHINE_STRANDED`."""
 
     term: int
 
@@ -396,7 +401,12 @@ class Supervisor:
             # meanwhile, or one that hangs now keeps this leader waiting (never ready, its
             # heartbeats holding the others off) for good -- the simulation found it
             yield Watch(term)
-            if not (yield WaitMachine(term)).value:
+            ready = (yield WaitMachine(term)).value
+            if ready == MACHINE_STRANDED:  # it can never catch up as leader: hand over, and
+                if self.logic.leads(term):  # the next leader sends it the snapshot it asks for
+                    yield self.hand_over(term, "its state machine waits for a snapshot")
+                return
+            if not ready:
                 return
         if self.logic.mark_ready(term):
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)

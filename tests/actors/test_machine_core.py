@@ -182,3 +182,38 @@ def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
     assert kinds.index(Watch) < kinds.index(WaitMachine) < kinds.index(Ready)
     assert kinds.count(Watch) == 1
     assert actions[-1].watching  # Ready starts no second watch
+
+
+def test_a_leader_whose_machine_is_stranded_hands_leadership_on():
+    """A machine below its log's begin (its only snapshot that far found damaged) can catch
+    up only from a snapshot another leader sends it: elected, its member hands leadership
+    on instead of holding the term unready (the all-features simulation's seed 111005 led
+    that way, never ready, for good)."""
+    from rayledger.actors.config import LedgerConfig
+    from rayledger.actors.logic import MemberLogic
+    from rayledger.actors.rounds import RoundBook
+    from rayledger.actors.supervision import MACHINE_STRANDED, HandOver, Ready, Supervisor
+    from rayledger.actors.supervision import WaitMachine as Wait
+    from rayledger.election import MemoryTermStore
+    from rayledger.replication import ReplicationConfig
+    from rayledger.storage import MemoryStore, StoreConfig
+
+    c = MachineCore("n0", applied=-1)
+    c.stranded = True
+    assert _drive(c.wait_ready(lambda: True), []) == ([], MACHINE_STRANDED)
+    cfg = LedgerConfig.fast()
+    peers = ["n0", "n1", "n2"]
+    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
+    logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
+                        MemoryTermStore(term=3))  # fmt: skip
+    sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
+                     cfg.election.heartbeat_timeout_ms, machine=True)  # fmt: skip
+    logic.state.change_to_leader(3)
+    proc = sup.role_changes()
+    actions, action = [], proc.start()
+    while action is not None:
+        actions.append(action)
+        value = MACHINE_STRANDED if isinstance(action, Wait) else None
+        action = proc.send(Answer(0, value))
+    assert isinstance(actions[-1], HandOver) and actions[-1].target in ("n1", "n2")
+    assert not any(isinstance(a, Ready) for a in actions)

@@ -469,8 +469,8 @@ class MachineDelivery:
         while True:
             action, result = run_to_end(proc, answer)
             if action is None:
-                self.stats["machine_ready" if result else "machine_not_ready"] += 1
-                return bool(result)
+                self.stats["machine_ready" if result is True else "machine_not_ready"] += 1
+                return result  # True, False, or MACHINE_STRANDED
             value = None
             if isinstance(action, AskReady):
                 out: list = []
