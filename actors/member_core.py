@@ -538,7 +538,10 @@ class MemberCore:
         lg = self.logic
         if not lg.state.is_leader:
             raise not_leader(lg.state, f"{lg.self_id} does not lead {lg.group!r}")
-        proposed = self.membership.propose(lg.config_log.latest(), ev.op, ev.member, ev.replaces)
+        current = lg.config_log.latest()
+        proposed = self.membership.propose(current, ev.op, ev.member, ev.replaces)
+        if not isinstance(proposed, Transfer):
+            self.membership.check_live(current, proposed)
         if isinstance(proposed, Transfer):
             lg.admit_config(lg.config_log.latest(), queued=self.book.config_queued)  # in progress?
             resp, actions = lg.elector.transfer_leadership(proposed.target, now_ms)
@@ -581,6 +584,15 @@ class MemberCore:
         if not self._leads_ready() or self.book.config_queued:
             return
         if lg.config_log.pending(lg.store.committed_index):
+            return
+        stopped = self.membership.stopped_spawns(lg.config_log.latest())
+        if stopped is not None:
+            try:
+                self.book.admit_config(stopped, None)
+            except LedgerError as exc:  # not yet: the next view tries again
+                log.debug("[%s] removal of a stopped replacement waits: %s", lg.self_id, exc)
+                return
+            out.write_due = out.write_due or self.book.write_due()
             return
         spawn = self.membership.lost(lg.config_log.latest(), ev.alive_nodes, ev.member_nodes,
                                      now_ms)  # fmt: skip

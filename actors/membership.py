@@ -111,6 +111,7 @@ class Membership:
     spawn_wait_ms: int = 120_000  # one replacement at a time, each given this long to start
     _spawned: set[str] = field(default_factory=set)  # member ids started for a replacement
     _spawning: tuple[str, int] | None = None  # (member, give up at) started, not yet added
+    _failed: set[str] = field(default_factory=set)  # spawned, then stopped: not to stay
 
     # -- what an operator asks ---------------------------------------------------------
     def propose(
@@ -161,6 +162,14 @@ class Membership:
         ready = [v for v in current.voters if v != self.self_id and v in known]
         return self._best(ready) if ready else None
 
+    def check_live(self, current: Configuration, after: Configuration) -> Configuration:
+        """A change of voters may leave the group only with a majority of them on live
+        nodes, as far as this leader knows (NO_LIVE_QUORUM): a group of {n1, n2} with n1's
+        node lost can never commit again, nor change back."""
+        if after.voters == current.voters:
+            return after
+        return check_live_quorum(after, [v for v in after.voters if v not in self.dead_since])
+
     # -- what the leader changes on its own ------------------------------------------------
     def progress(self, peer: str, match_index: int) -> None:
         self.match[peer] = max(self.match.get(peer, -1), match_index)
@@ -187,10 +196,10 @@ class Membership:
                     target = self._successor(current, new, end_index)
                     return None if target is None else Transfer(target)
                 after = current.without(old)
-                live = [v for v in after.voters if v not in self.dead_since]
-                if len(live) < after.quorum:  # another voter's node is lost: removing a live
-                    return None  # one would leave no live majority; wait for its replacement
-                return after
+                try:  # another voter's node is lost: removing a live one would leave no live
+                    return self.check_live(current, after)  # majority; wait for its return
+                except LedgerError:
+                    return None
         return None
 
     # -- lost nodes ----------------------------------------------------------------------
@@ -247,6 +256,19 @@ class Membership:
         it before the next view -- then the lost member is replaced again."""
         if self._spawning is not None and self._spawning[0] == member:
             self._spawning = None
+        if not ok:
+            self._failed.add(member)
+
+    def stopped_spawns(self, current: Configuration) -> Configuration | None:
+        """A replacement the transport stopped as failed may have been added all the same
+        (its add went through as the call failed): it would stay a learner that never
+        catches up, and its plan would never end.  It is removed, and the next view of
+        the nodes replaces the lost member again."""
+        for m in sorted(self._failed):
+            if m in current:
+                return current.without(m)
+            self._failed.discard(m)
+        return None
 
     def lost_count(self, current: Configuration) -> int:
         """Members whose node Ray reports dead, not being replaced yet (the

@@ -148,3 +148,31 @@ def test_a_replaced_member_leaves_only_while_a_live_majority_stays() -> None:
     assert m.due(cfg, 100) is None  # {n0, n1, n3, n4}: 2 of 4 live, no majority: wait
     m.lost(cfg, ["A", "C", "D", "E"], nodes, 1)  # n4 is back
     assert m.due(cfg, 100) == cfg.without("n2")  # {n0, n1, n3, n4}: 3 of 4 live
+
+
+def test_a_change_of_voters_needs_a_live_majority_after_it() -> None:
+    """The leader refuses an operator's change that leaves its voters without a majority on
+    live nodes as far as it knows (NO_LIVE_QUORUM), whoever asks: the group could never
+    commit again, nor change back."""
+    m = Membership("n0", replace_lost_after_ms=10_000)
+    m.lost(C0, ["A", "C"], {"n0": "A", "n1": "B", "n2": "C"}, 0)  # n1's node is lost
+    assert _code(lambda: m.check_live(C0, C0.without("n0"))) == ResponseCode.NO_LIVE_QUORUM
+    assert m.check_live(C0, C0.without("n1")) == C0.without("n1")  # the lost one may go
+    assert m.check_live(C0, C0.with_learner("n3")) == C0.with_learner("n3")  # voters kept
+
+
+def test_a_replacement_stopped_as_failed_but_added_all_the_same_is_removed() -> None:
+    """The transport stopped a replacement whose add it took for failed, though the add
+    went through: the learner would never catch up and its plan never end.  The leader
+    removes it, and the next view of the nodes replaces the lost member again."""
+    m = Membership("n0", replace_lost_after_ms=0)
+    nodes = {"n0": "A", "n1": "B", "n2": "C"}
+    spawn = m.lost(C0, ["A", "C", "D"], nodes, 0)
+    m.spawn_done(spawn.member, ok=False)
+    added = spawn.config  # the add went through all the same
+    removed = m.stopped_spawns(added)
+    assert removed == added.without(spawn.member) and removed.voters == C0.voters
+    assert removed.members == C0.members and not removed.joining
+    assert m.stopped_spawns(removed) is None  # removed: nothing more to do
+    again = m.lost(C0, ["A", "C", "D", "E"], nodes, 100)
+    assert again is not None and again.replaces == "n1"

@@ -73,8 +73,17 @@ class LostMembers:
         leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
         if len(leaders) != 1:
             return
-        latest = leaders[0].node.logic.config_log.latest()
+        leader = leaders[0]
+        clog = leader.node.logic.config_log
+        latest = clog.latest()
         if any(m in self.lost for m in latest.members):  # its replacement is not done yet
+            return
+        # a change under way may leave fewer voters (a plan's removal, an entry not yet
+        # committed): a loss now could take a majority of the configuration that follows,
+        # which no Raft group survives -- lose nodes only between changes
+        if latest.joining or clog.pending(leader.store.committed_index):
+            return
+        if leader.node.book.config_queued:
             return
         voters = list(latest.voters)
         if len(voters) - 1 < latest.quorum:
