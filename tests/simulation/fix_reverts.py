@@ -10,11 +10,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from rayledger.actors import client_session as cs
 from rayledger.actors.logic import MemberLogic
+from rayledger.actors.machine_core import MachineCore
+from rayledger.actors.membership import Membership
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
-from rayledger.replication.sessions import Session, SessionTable
+from rayledger.election.messages import VoteResult
+from rayledger.election.voting import VotingSteps
+from rayledger.integration.kv.machine import KvMachine
+from rayledger.replication.handler import EntryHandler
+from rayledger.replication.sessions import Check, Session, SessionTable, Verdict
+from rayledger.storage import LedgerError, ResponseCode
 
 
 def _checker_config(patch: Callable) -> None:
@@ -89,12 +97,117 @@ def _session_expiry(patch: Callable) -> None:
     patch(SessionTable, "_run", run)
 
 
+def _snapshot_point(patch: Callable) -> None:
+    """A TRUNCATE at the snapshot point is refused (no entry there to match)."""
+    real = EntryHandler._truncate
+
+    def truncate(self, req):
+        st = self.store
+        at = req.first_index
+        if not req.reset and at == st.ledger_begin_index - 1 and at >= self.matched_index:
+            if not self._entry_matches(at, req.entry_term, req.entry_pos):
+                return self._resp(req, ResponseCode.INCONSISTENT_STATE)
+        return real(self, req)
+
+    patch(EntryHandler, "_truncate", truncate)
+
+
+def _stranded_machine(patch: Callable) -> None:
+    """A machine below its log's begin asks no leader for a snapshot, and its member leads
+    with it."""
+    patch(MachineCore, "snapshot_wanted", lambda self, begin: -1)
+    real = MachineCore._wait_ready
+
+    def wait_ready(self, leads):
+        stranded, self.stranded = self.stranded, False
+        try:
+            return (yield from real(self, leads))
+        finally:
+            self.stranded = stranded or self.stranded
+
+    patch(MachineCore, "_wait_ready", wait_ready)
+
+
+def _votes_by_configuration(patch: Callable) -> None:
+    """A voter refuses any candidate that is not a voter in its own latest configuration."""
+    real = VotingSteps._judge_vote
+
+    def judge(self, req, now_ms, *, self_vote):
+        if not self.state.is_voter(req.leader_id):
+            return self._vote_response(req, VoteResult.REJECT_UNKNOWN_LEADER), []
+        return real(self, req, now_ms, self_vote=self_vote)
+
+    patch(VotingSteps, "_judge_vote", judge)
+
+
+def _live_majority(patch: Callable) -> None:
+    """Changes of voters (the operator's, a plan's removal) ignore lost nodes."""
+    patch(Membership, "check_live", lambda self, current, after: after)
+
+
+def _stopped_spawns(patch: Callable) -> None:
+    """A replacement stopped as failed stays (its plan never ends), and one added is still
+    counted as starting until it is in the configuration."""
+    patch(Membership, "stopped_spawns", lambda self, current: None)
+    real = Membership.spawn_done
+
+    def spawn_done(self, member, ok):
+        if not ok:
+            real(self, member, ok)
+
+    patch(Membership, "spawn_done", spawn_done)
+
+
+def _kv_snapshot_cut(patch: Callable) -> None:
+    """A KV snapshot loads only at the very index of the last entry the machine applied."""
+    real = KvMachine.load_snapshot
+
+    def load(self, path, index):
+        from rayledger.integration.kv.machine import SNAPSHOT_FILE, read_snapshot
+
+        _, applied, _ = read_snapshot(f"{path}/{SNAPSHOT_FILE}")
+        if applied != index:
+            raise LedgerError.of(ResponseCode.INCONSISTENT_STATE,
+                                 f"snapshot {path} holds the state at {applied}, not {index}")  # fmt: skip
+        real(self, path, index)
+
+    patch(KvMachine, "load_snapshot", load)
+
+
+def _queued_retry(patch: Callable) -> None:
+    """A retry of an append still queued on the leader is refused as a gap."""
+    real = SessionTable.check
+
+    def check(self, client, first_seq, n, now, queued=-1):
+        c = real(self, client, first_seq, n, now, queued)
+        return Check(Verdict.GAP, next_seq=c.next_seq) if c.verdict is Verdict.QUEUED else c
+
+    patch(SessionTable, "check", check)
+
+
+def _client_stays(patch: Callable) -> None:
+    """A client never leaves a session whose append ended unacknowledged: a gap the next
+    leader sees is retried under the same identity until the session expires."""
+    patch(cs.ClientSessions, "_ended", lambda self, a, why: cs.SessionOut())
+    patch(
+        cs.ClientSessions, "_gap", lambda self, live, maybe: cs.SessionOut(action=cs.Action.RETRY)
+    )
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
+    "snapshot-point": _snapshot_point,
+    "stranded-machine": _stranded_machine,
     "read-expire": _read_expire,
+    "client-stays": _client_stays,
     "lease-config": _lease_config,
     "session-expiry": _session_expiry,
+    "votes-by-configuration": _votes_by_configuration,
+    "live-majority": _live_majority,
+    "stopped-spawns": _stopped_spawns,
+    "kv-snapshot-cut": _kv_snapshot_cut,
+    "queued-retry": _queued_retry,
 }
 
 
