@@ -17,7 +17,6 @@ runs others; ``python -m tests.simulation.sweep`` runs many and prints a summary
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 
@@ -27,13 +26,6 @@ from .sim_config import all_features
 
 FILE = "tests/simulation/test_all_features_sim.py"
 COVERAGE_SEEDS = (110_003, 110_004, 110_005)
-SNAPSHOT_AT_A_CONFIGURATION = (
-    "a machine snapshot taken right after a configuration entry is cut at the entry's "
-    "index, but the KV machine (which never sees configuration entries) records the index "
-    "before it: load_snapshot refuses it ('holds the state at N-1, not N')"
-)
-KNOWN = {110_000: SNAPSHOT_AT_A_CONFIGURATION}
-"""CI seeds that fail on product bugs not fixed yet (rerun as non-strict xfails below)."""
 CHAOS_MS = 15_000
 CONVERGE_MS = 30_000
 
@@ -59,25 +51,13 @@ def run_all_features(seed: int, name: str = "test_all_features", **kw) -> GroupS
 
 
 def ci_seeds() -> list[int]:
-    """The seeds from 110000 but the known failures (any seed the environment asks for)."""
-    seeds = sim_seeds(26, offset=110_000)
-    if os.environ.get("RAYLEDGER_SIM_SEED") or os.environ.get("RAYLEDGER_SIM_SEEDS"):
-        return seeds
-    return [s for s in seeds if s not in KNOWN]
+    """26 seeds from 110000 (or the seeds the environment asks for)."""
+    return sim_seeds(26, offset=110_000)
 
 
 @pytest.mark.parametrize("seed", ci_seeds())
 def test_all_features(seed: int) -> None:
     run_all_features(seed)
-
-
-@pytest.mark.parametrize(
-    "seed", [pytest.param(s, marks=pytest.mark.xfail(reason=why)) for s, why in KNOWN.items()]
-)
-def test_all_features_known_failures(seed: int) -> None:
-    """Seeds of the CI range that reach a product bug not fixed yet; they pass (XPASS) once
-    it is, and then belong in :func:`ci_seeds` again."""
-    run_all_features(seed, "test_all_features_known_failures")
 
 
 REACHED = (
