@@ -64,7 +64,7 @@ def _run(seed: int, **kw) -> GroupSim:
 STATS = Counter()
 
 
-@pytest.mark.parametrize("seed", sim_seeds(16, offset=36_000))
+@pytest.mark.parametrize("seed", sim_seeds(10, offset=36_000))
 def test_sessions_left_behind_commit_nothing_twice(seed: int) -> None:
     sim = _run(seed)
     STATS.update({k: v for k, v in sim.stats.items() if k.startswith("client_")})

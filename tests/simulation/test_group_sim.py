@@ -62,12 +62,12 @@ def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
         sim.close()
 
 
-@pytest.mark.parametrize("seed", sim_seeds(90))
+@pytest.mark.parametrize("seed", sim_seeds(60))
 def test_n3_memory(seed: int) -> None:
     _run(3, seed)
 
 
-@pytest.mark.parametrize("seed", sim_seeds(60, offset=10_000))
+@pytest.mark.parametrize("seed", sim_seeds(40, offset=10_000))
 def test_n5_memory(seed: int) -> None:
     _run(5, seed)
 

@@ -31,7 +31,7 @@ def _run(seed: int, **kw) -> GroupSim:
     return sim
 
 
-@pytest.mark.parametrize("seed", sim_seeds(30, offset=24_000))
+@pytest.mark.parametrize("seed", sim_seeds(20, offset=24_000))
 def test_retries_commit_once_memory(seed: int) -> None:
     sim = _run(seed)
     assert sim.stats["idempotent_retries"] > 0  # the faults made the clients retry

@@ -34,18 +34,18 @@ def _run(n: int, spares: int, seed: int, store_kind: str, name: str, **kw) -> Gr
     return sim
 
 
-@pytest.mark.parametrize("seed", sim_seeds(40, offset=90_000))
+@pytest.mark.parametrize("seed", sim_seeds(24, offset=90_000))
 def test_membership_changes_memory(seed: int) -> None:
     _run(3, 2, seed, "memory", "test_membership_changes_memory")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(16, offset=91_000))
+@pytest.mark.parametrize("seed", sim_seeds(10, offset=91_000))
 def test_membership_changes_file(seed: int) -> None:
     """Half the crashes are power losses: a member's saved configurations and its log."""
     _run(3 + seed % 2, 2, seed, "file", "test_membership_changes_file")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(20, offset=92_000))
+@pytest.mark.parametrize("seed", sim_seeds(12, offset=92_000))
 def test_membership_changes_five_voters(seed: int) -> None:
     """Five voters and three spares: more members to add, replace and remove."""
     _run(5, 3, seed, "memory", "test_membership_changes_five_voters")
