@@ -157,6 +157,7 @@ class MemberState:
             log.warning("[%s] persisted vote %r is not a peer; keeping it", self_id, vote)
         self._current_term = term
         self._vote_for = vote
+        self._term_voters = self.config.latest().voters  # the voters as the term began
         log.info("[%s] loaded persistent state term=%d voteFor=%s", self_id, term, vote)
 
     # ---------------------------------------------------------------- persistent
@@ -190,7 +191,14 @@ class MemberState:
         self.term_store.save(term, None)
         self._current_term = term
         self._vote_for = None
+        self._term_voters = self.config.latest().voters
         return term
+
+    def voters_changed_in_term(self) -> bool:
+        """Whether the voters changed since this member entered its current term.  Votes
+        granted in the term under the old voters stay granted: counted against the new
+        ones, a minority of before (a candidate's lost election) can make a majority."""
+        return self.config.latest().voters != self._term_voters
 
     # ------------------------------------------------------------------- roles
 

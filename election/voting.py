@@ -66,10 +66,16 @@ class VotingSteps(ElectorParts):
             self._need_increase_term_immediately = False
             timers.next_time_to_request_vote = self._get_next_time_to_request_vote(now_ms)
             return []
+        # DLedger campaigns again in its current term after a lost vote -- but not once the
+        # voters changed in it: votes granted in the term stay granted, and a minority of
+        # the old voters that voted for this member in an election it lost could make a
+        # majority of the new ones, two leaders of one term (the all-features simulation
+        # found it)
         if (
             self._last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT
             or self._need_increase_term_immediately
             or st.current_term <= self._restart_term
+            or st.voters_changed_in_term()
         ):
             if not self._need_increase_term_immediately and self._pre_vote_required():
                 return self._start_vote_round(now_ms, pre_vote=True)

@@ -101,3 +101,26 @@ def test_the_checker_commits_what_a_majority_of_the_voters_stores() -> None:
     assert c.quorum_index() == 7  # n0 10, n3 10, n1 7
     c.set_configuration(["n0", "n3"])  # n1, n2 gone (two steps, shown at once here)
     assert c.quorum_index() == 10 and "n1" not in c.water_marks()
+
+
+def test_a_candidate_whose_voters_changed_in_its_term_campaigns_in_the_next(h) -> None:
+    """DLedger campaigns again in its current term after a lost vote.  Once the voters
+    changed in that term, votes granted in it to this member before (a minority of the
+    old voters) could make a majority of the new ones and a second leader of the term:
+    the member enters the next term instead."""
+    log = ConfigLog(Configuration.of(["n0", "n1", "n2", "n3", "n4"]))
+    state = MemberState("g", "n1", ("n0", "n1", "n2", "n3", "n4"), MemoryTermStore(term=1),
+                        config=log)  # fmt: skip
+    state.update_ledger(-1, -1)
+    assert not state.voters_changed_in_term()
+    log.appended(3, Configuration.of(["n0", "n1", "n2", "n3"]))
+    log.appended(4, Configuration.of(["n0", "n1", "n2"]))
+    assert state.voters_changed_in_term()
+    el = Elector(state, ElectionConfig(enable_pre_vote=False), random.Random(0))
+    votes = []
+    for now in range(0, 30_000, 50):
+        votes = [s.message for s in h.sends(el.tick(now)) if not s.message.pre_vote]
+        if votes:
+            break
+    assert votes and {v.term for v in votes} == {2} and state.current_term == 2
+    assert not state.voters_changed_in_term()  # a new term begins with the new voters
