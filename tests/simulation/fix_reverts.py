@@ -194,6 +194,13 @@ def _client_stays(patch: Callable) -> None:
     )
 
 
+def _same_term_campaign(patch: Callable) -> None:
+    """A candidate campaigns again in its current term even after its voters changed."""
+    from rayledger.election.member_state import MemberState
+
+    patch(MemberState, "voters_changed_in_term", lambda self: False)
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -208,6 +215,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "stopped-spawns": _stopped_spawns,
     "kv-snapshot-cut": _kv_snapshot_cut,
     "queued-retry": _queued_retry,
+    "same-term-campaign": _same_term_campaign,
 }
 
 

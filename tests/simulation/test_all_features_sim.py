@@ -25,7 +25,7 @@ from .network import sim_seeds
 from .sim_config import all_features
 
 FILE = "tests/simulation/test_all_features_sim.py"
-COVERAGE_SEEDS = (110_003, 110_004, 110_005)
+COVERAGE_SEEDS = (110_003, 110_004, 110_008)
 CHAOS_MS = 15_000
 CONVERGE_MS = 30_000
 
@@ -68,6 +68,13 @@ REACHED = (
     "reads_served_committed_follower", "kv_gets_lease", "transfers_asked", "power_losses",
     "checker_hangs", "dispatcher_hangs", "dispatcher_kills",
 )  # fmt: skip
+
+
+def test_one_leader_per_term_when_a_change_shrinks_the_voters() -> None:
+    """Seed 112744 reaches a candidate that lost the election of its term with a minority of
+    five voters, then sees two removals leave three, and campaigns again in the same term:
+    the votes it kept made a majority of the three, a second leader of the term."""
+    run_all_features(112_744, "test_one_leader_per_term_when_a_change_shrinks_the_voters")
 
 
 def test_the_mode_reaches_every_feature() -> None:
