@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import os
 import sys
 import threading
@@ -448,10 +449,8 @@ class FloorChain:
         for c in self.clients:
             c.close()
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(a)
-            except Exception:  # already gone
-                pass
         self.actors = []
 
     def __enter__(self) -> FloorChain:

@@ -143,22 +143,13 @@ def test_the_applier_runs_the_machine_and_the_core_records_it():
     assert a.applied == 3 and a.due(9) == (4, 8)
 
 
-def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
-    """A new leader whose machine is not yet ready waits (WaitMachine) with its helpers
-    already watched: a checker that hangs meanwhile would otherwise keep it waiting for good,
-    never ready, while its heartbeats hold the others off (the simulation's seed 305 of
-    tests/simulation/test_group_sim.py::test_machine_leader_wait_watches_helpers)."""
+def _new_leader_actions(machine_answer) -> list:
+    """The actions of a machine-running member's role change into leading term 3, every
+    ``WaitMachine`` answered ``machine_answer`` (the rest None)."""
     from rayledger.actors.config import LedgerConfig
     from rayledger.actors.logic import MemberLogic
     from rayledger.actors.rounds import RoundBook
-    from rayledger.actors.supervision import (
-        Install,
-        MachineRole,
-        Ready,
-        Supervisor,
-        WaitMachine,
-        Watch,
-    )
+    from rayledger.actors.supervision import Supervisor, WaitMachine
     from rayledger.election import MemoryTermStore
     from rayledger.replication import ReplicationConfig
     from rayledger.storage import MemoryStore, StoreConfig
@@ -175,8 +166,19 @@ def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
     actions, action = [], proc.start()
     while action is not None:
         actions.append(action)
-        value = True if isinstance(action, WaitMachine) else None
+        value = machine_answer if isinstance(action, WaitMachine) else None
         action = proc.send(Answer(0, value))
+    return actions
+
+
+def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
+    """A new leader whose machine is not yet ready waits (WaitMachine) with its helpers
+    already watched: a checker that hangs meanwhile would otherwise keep it waiting for good,
+    never ready, while its heartbeats hold the others off (the simulation's seed 305 of
+    tests/simulation/test_group_sim.py::test_machine_leader_wait_watches_helpers)."""
+    from rayledger.actors.supervision import Install, MachineRole, Ready, WaitMachine, Watch
+
+    actions = _new_leader_actions(True)
     kinds = [type(a) for a in actions]
     assert kinds.index(MachineRole) < kinds.index(Install) < kinds.index(Watch)
     assert kinds.index(Watch) < kinds.index(WaitMachine) < kinds.index(Ready)
@@ -189,31 +191,11 @@ def test_a_leader_whose_machine_is_stranded_hands_leadership_on():
     up only from a snapshot another leader sends it: elected, its member hands leadership
     on instead of holding the term unready (the all-features simulation's seed 111005 led
     that way, never ready, for good)."""
-    from rayledger.actors.config import LedgerConfig
-    from rayledger.actors.logic import MemberLogic
-    from rayledger.actors.rounds import RoundBook
-    from rayledger.actors.supervision import MACHINE_STRANDED, HandOver, Ready, Supervisor
-    from rayledger.actors.supervision import WaitMachine as Wait
-    from rayledger.election import MemoryTermStore
-    from rayledger.replication import ReplicationConfig
-    from rayledger.storage import MemoryStore, StoreConfig
+    from rayledger.actors.supervision import MACHINE_STRANDED, HandOver, Ready
 
     c = MachineCore("n0", applied=-1)
     c.stranded = True
     assert _drive(c.wait_ready(lambda: True), []) == ([], MACHINE_STRANDED)
-    cfg = LedgerConfig.fast()
-    peers = ["n0", "n1", "n2"]
-    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
-    logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
-                        MemoryTermStore(term=3))  # fmt: skip
-    sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
-                     cfg.election.heartbeat_timeout_ms, machine=True)  # fmt: skip
-    logic.state.change_to_leader(3)
-    proc = sup.role_changes()
-    actions, action = [], proc.start()
-    while action is not None:
-        actions.append(action)
-        value = MACHINE_STRANDED if isinstance(action, Wait) else None
-        action = proc.send(Answer(0, value))
+    actions = _new_leader_actions(MACHINE_STRANDED)
     assert isinstance(actions[-1], HandOver) and actions[-1].target in ("n1", "n2")
     assert not any(isinstance(a, Ready) for a in actions)

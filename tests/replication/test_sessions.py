@@ -171,7 +171,7 @@ def test_sessions_expired_by_an_entry_later_truncated_come_back():
     t = SessionTable(ttl_ms=100)
     write(t, [(0, 1, 0, 10), (1, 1, 1, 10), (2, 2, 0, 20)])
     t.committed(2)
-    write(t, [(3, 2, 1, 500)])  # a stamp far ahead: session 1 expires by it
+    write(t, [(3, 2, 1, 500)])  # a stamp far ahead: client 1's session expires by it
     assert 1 not in t.sessions and t.check(1, 0, 1, now=500).verdict is V.NEW
     others = SessionTable(ttl_ms=100)
     write(others, [(0, 1, 0, 10), (1, 1, 1, 10), (2, 2, 0, 20)])
@@ -190,7 +190,7 @@ def test_a_snapshots_table_leaves_out_expiries_by_later_entries():
     sessions expired by later, uncommitted entries are in it."""
     t = SessionTable(ttl_ms=100)
     write(t, [(0, 1, 0, 10), (1, 2, 0, 20)])
-    write(t, [(2, 2, 1, 500)])  # expires session 1; not committed
+    write(t, [(2, 2, 1, 500)])  # expires client 1's session; not committed
     at = t.at(1)
     assert [row[0] for row in at["sessions"]] == [1, 2]
     assert t.at(2)["sessions"][0][0] == 2 and len(t.at(2)["sessions"]) == 1

@@ -41,6 +41,15 @@ def _run_until(sim: GroupSim, pred, limit_ms: int = 5000) -> None:
     pytest.fail(f"gave up waiting at t={sim.clock.now_ms} ms")
 
 
+def _heal_and_check(sim: GroupSim) -> None:
+    """Faults off: the group converges, and every safety check holds to the end."""
+    sim.heal()
+    if not sim.run_for(20000, sim.converged):
+        pytest.fail("not converged:\n" + sim.describe())
+    sim.check_invariants()
+    sim.final_check()
+
+
 @pytest.fixture(autouse=True)
 def _quiet_logs():
     logging.disable(logging.CRITICAL)
@@ -96,11 +105,7 @@ def test_a_checker_behind_a_busy_role_lock_never_counts_a_configuration_two_chan
         sim.net.heal()
         sim.run_for(4000)
         sim.restart(L.id)
-        sim.heal()
-        if not sim.run_for(20000, sim.converged):
-            pytest.fail("not converged:\n" + sim.describe())
-        sim.check_invariants()
-        sim.final_check()
+        _heal_and_check(sim)
     except SimulationFailure as exc:
         pytest.fail(str(exc).split("\n")[0])
     finally:
@@ -135,11 +140,7 @@ def test_appends_queued_when_a_term_ends_are_never_written_in_a_later_one(seed):
         sim._step(L2.node, mc.TransferOrder(L.id))  # L leads again (most seeds)
         sim.run_for(4000, lambda: _ready_leader(sim) is L)
         sim.run_for(1500)
-        sim.heal()
-        if not sim.run_for(20000, sim.converged):
-            pytest.fail("not converged:\n" + sim.describe())
-        sim.check_invariants()
-        sim.final_check()
+        _heal_and_check(sim)
     except SimulationFailure as exc:
         pytest.fail(str(exc).split("\n")[0])
     finally:
