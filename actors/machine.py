@@ -215,7 +215,8 @@ class Applier:
         if self.snapshots is not None:
             kept = [m.index for m in self.snapshots.list()]
             policy = SnapshotPolicy(snapshots or SnapshotConfig(), last, kept)
-        self.core = MachineCore(ctx.member, start, max_batch, policy)
+        log_end = ctx.log.ledger_end_index if ctx.log is not None else None
+        self.core = MachineCore(ctx.member, start, max_batch, policy, log_end)
 
     @property
     def applied(self) -> int:

@@ -26,6 +26,10 @@ and futures, the seeded simulation with simulated time.  The core decides:
   nothing and asks the leader for one (:meth:`MachineCore.snapshot_wanted`), instead of
   failing; one that takes no snapshots rebases to the log's begin (it keeps what it can
   rebuild from the log);
+* **a machine ahead of its log** (its own state saved past the entries its log kept
+  through a power loss, in async flush mode): it answers no query until the log holds
+  what it applied again -- a machine such as RocketMQ's reads message bodies from the log,
+  and those entries come back from the leader (they were committed);
 * **how far the log may be compacted** (:meth:`MachineCore.keep_from`): past the oldest
   snapshot kept, or past what the machine says it made durable itself.
 """
@@ -100,6 +104,7 @@ class MachineCore:
         applied: int,
         max_batch: int = 1024,
         snapshots: SnapshotPolicy | None = None,
+        log_end: int | None = None,
     ):
         self.member = member
         self.snapshots = snapshots  # None: the machine takes no snapshots
@@ -109,6 +114,8 @@ class MachineCore:
         self.offered: Install | None = None  # a snapshot from the leader, loaded next
         self.stranded = False  # it stands below its log's begin: asks for a snapshot
         self.failed: str | None = None  # why the machine failed (it applies no more)
+        # it stands past its log's end (``log_end``, at open): queries wait for a batch
+        self.ahead_of_log = log_end is not None and self.applied > log_end
         self._role: tuple[Role, int] | None = None
         self._waiting: list[tuple[int, int, Any]] = []  # (index, deadline ms, token)
 
@@ -192,7 +199,7 @@ class MachineCore:
         """The machine continues after ``index``; returns the queries it may answer now."""
         self.applied = index
         self.applying = None
-        self.stranded = False
+        self.stranded = self.ahead_of_log = False
         return self._reached()
 
     def installed(self, index: int, have: list, saved: int) -> tuple[list, list, int | None]:
@@ -201,7 +208,7 @@ class MachineCore:
         compaction floor."""
         self.applied = index
         self.applying = None
-        self.stranded = False
+        self.stranded = self.ahead_of_log = False
         log.info("[%s] state machine loaded the leader's snapshot at %d", self.member, index)
         gone = self.snapshots.installed(index, have) if self.snapshots is not None else []
         return self._reached(), gone, self.keep_from(saved)
@@ -236,6 +243,7 @@ class MachineCore:
             )
         self.applied = last
         self.applying = None
+        self.ahead_of_log = False
         return self._reached()
 
     def fail(self, why: str) -> list[tuple[Any, LedgerError]]:
@@ -285,7 +293,7 @@ class MachineCore:
         the machine needs no log to come back -- it keeps no state)."""
         if self.snapshots is None:
             return saved + 1 if saved >= 0 else 0
-        return self.snapshots.compaction_floor(saved)
+        return self.snapshots.compaction_floor()
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, index: int, token: Any, now_ms: int, timeout_ms: int) -> str:
@@ -295,6 +303,8 @@ class MachineCore:
         the machine failed."""
         if self.failed is not None:
             raise self.broken()
+        if self.ahead_of_log:  # a batch applied means the log holds what it had applied
+            index = max(index, self.applied + 1)
         if self.applied >= index:
             return Verdict.ANSWER
         self._waiting.append((index, now_ms + timeout_ms, token))

@@ -108,7 +108,10 @@ class SnapshotPolicy:
                       snap.term, why)  # fmt: skip
         return None
 
-    def compaction_floor(self, saved: int) -> int:
-        """The first index the log must keep: after the oldest snapshot kept, or after
-        what the machine saved itself (``saved``, -1: nothing) when that is later."""
-        return max(self.kept[0] if self.kept else -1, saved) + 1
+    def compaction_floor(self) -> int:
+        """The first index the log must keep: the one after the oldest snapshot kept (a
+        damaged newest one leaves the older one and the log after it), the whole log
+        before the first.  Never past it, even where the machine saved more itself: a
+        member reset to this log's begin continues from a snapshot at or after the entry
+        before it, so one must exist."""
+        return (self.kept[0] if self.kept else -1) + 1

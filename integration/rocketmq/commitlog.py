@@ -14,9 +14,13 @@
   and the key index are flushed and a checkpoint (applied index, units per queue and of the
   key index, consumer offsets) is replaced atomically; on restart units past the
   checkpoint are cut and the member replays from the checkpoint's index.
+* **Snapshots.** A snapshot is the topic-queue table, the consumer offsets and the applied
+  index.  A member whose log is reset past its queues (it was away, or joined, while the
+  group compacted) loads the leader's and continues every queue at the group's next
+  offset: it may lead at once, stamping offsets that follow the group's.
 * **Reads.** Queries only see dispatched, hence committed, messages.  A pull below what the
-  log still holds (the cleaner deleted it, or the member rebuilt its queues after its log
-  was reset past them: ``rebase``) is answered ``OFFSET_TOO_SMALL`` with the queue's lowest
+  log still holds (the cleaner deleted it, or the member continued after a snapshot past
+  it) is answered ``OFFSET_TOO_SMALL`` with the queue's lowest
   readable offset as the next one, as RocketMQ's broker does; the client moves on to it.
 """
 
@@ -60,6 +64,7 @@ _ROUTE_HEAD = struct.Struct(">iiii")  # TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID
 _unpack_i, _unpack_h = struct.Struct(">i").unpack_from, struct.Struct(">h").unpack_from
 _OFFSET_MAGIC = b"\x00RLMQ-OFFSET\x00"
 _QUEUED = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+_SNAPSHOT_FILE = "table.json"
 
 
 def offset_command(group: str, topic: str, queue_id: int, offset: int) -> bytes:
@@ -160,23 +165,57 @@ class CommitLogMachine(StateMachine):
         """The last checkpoint's applied index: the log before it is no longer needed."""
         return self._saved
 
-    def rebase(self, index: int) -> None:
-        """The member's log was reset past where dispatch stands (it was away while the
-        group compacted): the messages up to ``index`` are gone from its log.  The consume
-        queues and the key index start over (each queue at the offset stamped into the
-        first message it sees; pulls below get OFFSET_TOO_SMALL); consumer offsets, small
-        and committed, are kept."""
-        logger.warning("commit log rebuilds its consume queues from %d: the log before is gone",
-                       index + 1)  # fmt: skip
+    def snapshot(self):
+        """The topic-queue table (each queue's next offset), the consumer offsets and the
+        applied index: what a member whose log is reset past its queues needs to continue
+        every queue where the group stands, and to lead (``pre_append`` stamps from the
+        table).  The queue units are not in it: they point into log entries such a member
+        no longer holds.  A checkpoint is made first, so a restart never finds a snapshot
+        newer than its own queues."""
+        self._checkpoint()
+        table = {f"{t}\0{q}": cq.max_offset for (t, q), cq in self.queues.items()}
+        offsets = {g: dict(slots) for g, slots in self.offsets.items()}
+        doc = {"applied": self.applied, "next": table, "offsets": offsets}
+
+        def write(directory: str) -> None:
+            with open(os.path.join(directory, _SNAPSHOT_FILE), "w") as f:
+                json.dump(doc, f)
+
+        return write
+
+    def load_snapshot(self, path: str, index: int) -> None:
+        """Continue after a snapshot of the group's table (the member's log was reset past
+        where dispatch stands): every queue starts over empty at its next offset, so pulls
+        below it answer OFFSET_TOO_SMALL and the next message dispatched follows on; the
+        key index starts over; consumer offsets are the snapshot's."""
+        try:
+            with open(os.path.join(path, _SNAPSHOT_FILE)) as f:
+                doc = json.load(f)
+            applied, table, offsets = int(doc["applied"]), doc["next"], doc["offsets"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LedgerError.of(
+                ResponseCode.CORRUPT_SNAPSHOT, f"commit-log snapshot {path}: {exc!r}"
+            ) from exc
+        if applied > index:
+            raise LedgerError.of(
+                ResponseCode.INCONSISTENT_STATE,
+                f"snapshot {path} holds the table at {applied}, past {index}",
+            )
+        logger.warning("commit log continues its consume queues after snapshot %d", index)
         for q in self.queues.values():
             q.close()
         self.keys.close()
-        self.queues = {}
         if self.root is not None:
             shutil.rmtree(self.root / "cq", ignore_errors=True)
             (self.root / "keys").unlink(missing_ok=True)
         self.keys = KeyIndex(self.root / "keys" if self.root is not None else None)
-        self.applied = index
+        self.queues = {}
+        for slot, nxt in table.items():
+            topic, qid = slot.split("\0")
+            key = (topic, int(qid))
+            where = self.root / "cq" / topic / qid if self.root else None
+            self.queues[key] = ConsumeQueue(where, int(nxt))
+        self.offsets, self.applied = offsets, applied
         self._checkpoint()
 
     def close(self) -> None:
@@ -287,7 +326,7 @@ class CommitLogMachine(StateMachine):
         if m.transaction_type not in _QUEUED:
             return  # prepared and rolled-back messages are not consumable
         q = self._queue((m.topic, m.queue_id))
-        if not len(q):  # a queue starts at its first message's offset (0 unless rebased)
+        if not len(q):  # an empty queue continues at its first message's offset
             q.base = m.queue_offset
         q.append(e.pos + HEADER_SIZE, len(e.body), tag_hash(m.tags), e.index)
         self.keys.add(m.topic, m.keys, e.index)
@@ -333,7 +372,8 @@ class CommitLogMachine(StateMachine):
         return handler(*args)
 
     def _queue_if(self, key: tuple[str, int]) -> ConsumeQueue:
-        return self.queues.get(key) or ConsumeQueue(None)
+        q = self.queues.get(key)  # an empty queue is falsy: it may stand past offset 0
+        return q if q is not None else ConsumeQueue(None)
 
     def _pull(self, topic: str, queue_id: int, offset: int, max_msgs: int) -> dict:
         """Up to ``max_msgs`` records of a queue from ``offset`` as one buffer, ``data``, and

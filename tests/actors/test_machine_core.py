@@ -46,6 +46,19 @@ def test_a_machine_restarted_ahead_of_the_committed_index_waits_for_it():
     assert c.next_batch(21) == Batch(21, 22)
 
 
+def test_a_machine_ahead_of_its_log_answers_once_the_log_holds_what_it_applied():
+    """A power loss kept the machine's own state at 48 and the log only to 47: a query
+    (which may read message bodies from the log) waits until a batch is applied past 48,
+    which the log then holds; a machine level with its log answers at once."""
+    c = MachineCore("n0", applied=48, log_end=47)
+    assert c.query(-1, "q", 0, 100) == Verdict.WAIT
+    assert c.next_batch(48) is None  # the member's committed index is back below 48
+    assert c.next_batch(49) == Batch(49, 50)
+    assert c.batch_done(49) == ["q"]
+    assert c.query(-1, "later", 0, 100) == Verdict.ANSWER
+    assert MachineCore("n0", applied=48, log_end=48).query(5, "q", 0, 100) == Verdict.ANSWER
+
+
 def test_queries_wait_for_the_index_then_are_answered():
     c = MachineCore("n0", applied=2, max_batch=2)
     assert c.query(2, "now", 0, 100) == Verdict.ANSWER

@@ -64,9 +64,8 @@ def test_start_from_the_newest_snapshot_that_verifies() -> None:
 
 
 def test_the_log_keeps_what_the_machine_needs_to_come_back() -> None:
-    assert SnapshotPolicy(SnapshotConfig(), last=-1).compaction_floor(saved=-1) == 0
-    assert SnapshotPolicy(SnapshotConfig(), last=-1).compaction_floor(saved=41) == 42
-    assert SnapshotPolicy(SnapshotConfig(), last=100).compaction_floor(saved=41) == 101
+    assert SnapshotPolicy(SnapshotConfig(), last=-1).compaction_floor() == 0
+    assert SnapshotPolicy(SnapshotConfig(), last=100).compaction_floor() == 101
 
 
 def test_bad_settings_are_a_coded_error() -> None:

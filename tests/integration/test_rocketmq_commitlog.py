@@ -18,7 +18,7 @@ from rayledger.integration.rocketmq.message import (
     decode,
     encode,
 )
-from rayledger.storage import StoreConfig, open_store
+from rayledger.storage import LedgerError, ResponseCode, StoreConfig, open_store
 from rayledger.storage.codec import HEADER_SIZE
 
 
@@ -350,3 +350,52 @@ def test_the_spark_rows_are_the_messages_the_consume_queues_hold(member):
     assert [r["body"] for r in decode_block(block, topic="T").to_pylist()] == [b"n", b"c"]
     for r in rows:
         assert r["phys_offset"] == member.store.get_pos(r["index"]) + HEADER_SIZE
+
+
+def test_a_member_that_loads_the_leaders_table_continues_every_queue(tmp_path):
+    """A member reset past its consume queues (away, or new, while the group compacted)
+    loads the leader's snapshot -- the topic-queue table and the consumer offsets -- and
+    continues each queue at the group's next offset: also a queue that gets no message
+    after the snapshot, and also when that member leads (it stamps the next offsets)."""
+    a = Member(tmp_path / "a")
+    a.lead()
+    a.put(msg(), msg(), msg(q=1), msg("U"), msg())
+    a.store.append_as_leader([offset_command("g1", "T", 0, 2)], 1)
+    a.commit()
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    a.machine.snapshot()(str(snap))
+    at = a.store.ledger_end_index
+    a.close()
+
+    b = Member(tmp_path / "b")
+    b.store.append_as_leader([b"filler"] * (at + 1), 1)  # its log, reset and refilled
+    b.store.update_committed_index(at)
+    b.machine.load_snapshot(str(snap), at)
+    b.applier.core.installed(at, [], -1)
+    try:
+        for _ in range(2):  # as loaded, and after a restart
+            assert b.machine.query(("topics",)) == {"T": {0: 3, 1: 1}, "U": {0: 1}}
+            assert b.machine.query(("consumer_offset", "g1", "T", 0)) == 2
+            r = b.machine.query(("pull", "T", 1, 0, 10))
+            assert (r["status"], r["next_offset"]) == ("OFFSET_TOO_SMALL", 1)
+            b.close()
+            b = Member(tmp_path / "b")
+            assert b.applier.applied == at
+        b.lead()
+        got = [decode(b.store.get(i).body).queue_offset for i in b.put(msg(q=1), msg("U"))]
+        assert got == [1, 1]  # T/1 and U/0 had no message since the snapshot
+        b.commit()
+        assert [
+            decode(x).queue_offset for x in records(b.machine.query(("pull", "T", 1, 1, 9)))
+        ] == [1]
+    finally:
+        b.close()
+
+
+def test_a_damaged_table_snapshot_is_a_coded_error(tmp_path, member):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "table.json").write_text("{not json")
+    with pytest.raises(LedgerError) as e:
+        member.machine.load_snapshot(str(tmp_path / "bad"), 3)
+    assert e.value.code == ResponseCode.CORRUPT_SNAPSHOT

@@ -1,7 +1,8 @@
-"""Issue 23, the RocketMQ commit log after a reset: a broker (member) that was away while
-the group compacted its logs comes back below the leader's begin, rebuilds its consume
-queues from there, and its consumers get RocketMQ's OFFSET_TOO_SMALL with the lowest offset
-still readable -- and move on to it -- instead of an error loop."""
+"""The RocketMQ commit log after a reset: a broker (member) that was away while the group
+compacted its logs comes back below the leader's begin, loads the leader's topic-queue
+table and continues its consume queues from there, and its consumers get RocketMQ's
+OFFSET_TOO_SMALL with the lowest offset still readable -- and move on to it -- instead of
+an error loop."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_a_broker_reset_past_its_queues_rebuilds_them_and_consumers_move_on(
         store=StoreConfig(data_segment_size=64 * 1024),
         dispatcher_cache_bytes=16 * 1024,  # the leader's dispatchers keep little of the log
         state_machine_args={"checkpoint_interval_ms": 0},  # a checkpoint after every batch
+        snapshot_every_entries=300,  # the log is compacted up to the older of two tables
     )
     log = CommitLog.create(group_name, 3, store_dir=str(tmp_path), config=config)
     g = log.group
@@ -66,8 +68,8 @@ def test_a_broker_reset_past_its_queues_rebuilds_them_and_consumers_move_on(
         total = log.max_offset(TOPIC, 0)
         assert total == 50 + 30 * 50
 
-        # the broker that was away comes back below the leader's begin and rebuilds its
-        # consume queue from there: offset 0 is gone, the newest message is there
+        # the broker that was away comes back below the leader's begin and continues its
+        # consume queue after the leader's table: offset 0 is gone, the newest message is there
         r = wait_until(
             lambda: (p := _pull_on(g, away, 0)) and p["max_offset"] == total and p,
             90,

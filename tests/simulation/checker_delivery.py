@@ -125,6 +125,8 @@ class CheckerDelivery:
     def _c_kill(self, node: Node) -> None:
         """The member killed its checker's process: Ray starts a fresh one (empty state),
         which tells its member; the calls that waited in the old one fail."""
+        if CHECKER in node.hung:  # hung until now: rounds born meanwhile waited for this
+            node.last_hang_ms = self.clock.now_ms
         node.hung.discard(CHECKER)
         node.helper_gen[CHECKER] = node.helper_gen.get(CHECKER, 0) + 1
         self.stats["checker_replaced"] += 1

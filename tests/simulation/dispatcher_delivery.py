@@ -314,6 +314,8 @@ class DispatcherDelivery:
         waited in the old one fail, the answers it waited for reach nobody, and a compiled
         graph through it fails."""
         key = dkey(peer)
+        if key in node.hung:  # hung until now: rounds born meanwhile waited for this
+            node.last_hang_ms = self.clock.now_ms
         node.hung.discard(key)
         node.helper_gen[key] = node.helper_gen.get(key, 0) + 1
         self._release_parked(node, key)

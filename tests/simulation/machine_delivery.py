@@ -32,6 +32,7 @@ import os
 import random
 import re
 import struct
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -292,13 +293,14 @@ class MachineDelivery:
         except Exception as exc:
             a.core.fail(repr(exc))
             self.fail(f"{node.id}'s machine failed to load snapshot {job.index}: {exc!r}")
-        ref = self._replayed_to(job.index, store)
+        ref = self._replayed_to(job.index, store, [(job.index, job.index)])
         if ref is None or machine_state(a.machine) != machine_state(ref):
             if ref is None and not self.durability_void:
                 self.fail(f"{node.id} loads a snapshot at {job.index}, not all committed")
             if ref is not None and not self.durability_void:
                 self.fail(f"{node.id}'s snapshot at {job.index} differs from the committed log "
                           f"replayed: {_diff(machine_state(a.machine), machine_state(ref))}")  # fmt: skip
+        m.rebases.append((job.index, job.index))
         node.machine_next = job.index + 1
         m.machine_high = max(m.machine_high, job.index)
         released, gone, store.keep_from = a.core.installed(job.index, a.snapshots.list(), a.saved)
@@ -611,14 +613,19 @@ class MachineDelivery:
     ) -> StateMachine | None:
         """A fresh machine fed the group's committed log from its first entry up to
         ``last`` -- rebased where the member's machine rebased: ``(stood at, continued
-        after)``, the entries between never applied -- (None when the simulation did not
-        see all of it: a power loss voided it).  ``store``: the member's log, whose entries
+        after)``, the entries between never applied; snapshotted and loaded again where it
+        loaded a leader's snapshot: ``(at, at)`` -- (None when the simulation did not see
+        all of it: a power loss voided it).  ``store``: the member's log, whose entries
         the machine reads (RocketMQ's pulls)."""
         fresh = load_machine(self.machine_path)
         ctx = MachineContext(self.group, "replay", None, {"checkpoint_interval_ms": NEVER_MS},
                              store)  # fmt: skip
         fresh.open(ctx)
         cuts = [(a, r) for a, r in rebases if r <= last]
+        # a loaded snapshot is the committed log's state at its index whatever came before
+        # (a restart may have taken the machine back below an earlier one): start there
+        loads = [k for k, (a, r) in enumerate(cuts) if a == r]
+        cuts = cuts[loads[-1] :] if loads else cuts
         at = 0
         for stood, after in [*cuts, (last, None)]:
             batch: list = []
@@ -634,7 +641,10 @@ class MachineDelivery:
                     batch = []
             if batch:
                 fresh.apply(batch)
-            if after is not None:
+            if after is not None and after == stood:
+                _reload(fresh, after)
+                at = after + 1
+            elif after is not None:
                 fresh.rebase(after)
                 at = after + 1
         return fresh
@@ -670,6 +680,14 @@ class MachineDelivery:
                 self.stats["machine_stamps_broken_after_power_loss"] += 1
                 return
             self.fail(f"{m.id}: the leader's stamps do not hold: {bad}")
+
+
+def _reload(machine: StateMachine, index: int) -> None:
+    """The machine takes its own snapshot at ``index`` and loads it: the state a member
+    that loads that snapshot from its leader continues from."""
+    with tempfile.TemporaryDirectory() as d:
+        machine.snapshot()(d)
+        machine.load_snapshot(d, index)
 
 
 def _b64(value: bytes) -> str:

@@ -98,7 +98,7 @@ class Node:
     lanes: dict[str, int] = field(default_factory=dict)  # call_soon_threadsafe lanes: in order
     # helper processes that hang: "checker", "dispatcher:<peer>" (dispatcher_delivery.dkey)
     hung: set[str] = field(default_factory=set)
-    last_hang_ms: int = -1  # when a helper of this node last began to hang
+    last_hang_ms: int = -1  # when a helper of this node last hung (began to, or was killed)
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     booting: dict[str, int] = field(default_factory=dict)  # helper key -> boots until then
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
@@ -144,7 +144,9 @@ class SimMember:
     verified_end: int = -1  # entries up to here were checked against the Log Matching map
     fast_enabled: bool = False  # LedgerConfig.fast_path, switched by faults
     machine_high: int = -1  # the highest index its machine was ever given (across restarts)
-    rebases: list[int] = field(default_factory=list)  # where its machine rebased (in order)
+    # where its machine rebased or loaded a leader's snapshot, in order: (stood at,
+    # continued after) -- equal for a snapshot, whose state the replay takes the same way
+    rebases: list[tuple[int, int]] = field(default_factory=list)
     hooked: LogStore | None = None  # the store its machine's pre_append hook is on
     # its saved configurations (issue 22; a file member's are its data dir's)
     config_store: MemoryConfigStore = field(default_factory=MemoryConfigStore)

@@ -337,20 +337,20 @@ def test_snapshot_install_restarts_when_the_leader_replaced_its_snapshot() -> No
 
 
 @pytest.mark.parametrize("seed", sim_seeds(8, offset=73_000))
-def test_machine_mq_compacted_and_rebased(seed: int) -> None:
-    """The RocketMQ commit log takes no snapshots: file-store members compact their logs up
-    to their last checkpoint (10% of batches), and a member that was away longer than that
-    is reset past where its dispatch stands and rebuilds its consume queues from the reset
-    log (``rebase``).  Its machine must equal a replay of the committed log rebased at the
-    same points; queue offsets stay the stamped ones (a rebuilt queue starts at its first
-    message's); pulls below what a log holds answer OFFSET_TOO_SMALL."""
-    _run_installs(seed, "test_machine_mq_compacted_and_rebased", machine="mq")
+def test_machine_mq_compacted_and_installed(seed: int) -> None:
+    """The RocketMQ commit log's snapshots are its topic-queue table: file-store members
+    compact their logs up to their oldest snapshot, and a member that was away longer than
+    that loads the leader's table and continues every queue at the group's next offset.
+    Its machine must equal a replay of the committed log snapshotted at the same points;
+    queue offsets stay the stamped ones, also when it leads; pulls below what a log holds
+    answer OFFSET_TOO_SMALL."""
+    _run_installs(seed, "test_machine_mq_compacted_and_installed", machine="mq")
 
 
-def test_commit_log_rebases_twice() -> None:
-    """Seed 73016: two members rebase their commit log (43 compactions)."""
-    st = _run_installs(73016, "test_commit_log_rebases_twice", machine="mq").stats
-    assert st["machine_rebases"] >= 2 and st["log_compactions"] >= 10, st
+def test_commit_log_loads_the_leaders_table_twice() -> None:
+    """Seed 73016 reaches two commit-log installs among many compactions."""
+    st = _run_installs(73016, "test_commit_log_loads_the_leaders_table_twice", machine="mq").stats
+    assert st["machine_installs"] >= 2 and st["log_compactions"] >= 10, st
 
 
 def test_machine_leader_wait_watches_helpers() -> None:
