@@ -348,16 +348,24 @@ class MachineCore:
         self._role = (role, term)
         return True
 
-    def wait_ready(self, leads: Callable[[], bool]) -> Process:
+    def wait_ready(
+        self, leads: Callable[[], bool], begin: Callable[[], int] = lambda: 0
+    ) -> Process:
         """A new leader's wait for its machine (the supervisor's ``WaitMachine``): returns
         True once ``ready_to_lead()`` says so, False once ``leads()`` no longer holds (the
-        term ended), ``MACHINE_STRANDED`` when it stands below the log's begin.  A failed machine is never ready; one whose ``ready_to_lead`` raised
-        is not ready this time and is asked again."""
-        return Process("machine-ready", self._wait_ready(leads), exclusive=False)
+        term ended), ``MACHINE_STRANDED`` when it stands below the log's ``begin()`` and
+        needs a snapshot -- also before its first batch was due (a restart that found its
+        only snapshot damaged: such a leader was ready, and its machine never applied
+        again).  A failed machine is never ready; one whose ``ready_to_lead`` raised is not
+        ready this time and is asked again."""
+        return Process("machine-ready", self._wait_ready(leads, begin), exclusive=False)
 
-    def _wait_ready(self, leads: Callable[[], bool]) -> Generator[Any, Answer, bool | str]:
+    def _wait_ready(
+        self, leads: Callable[[], bool], begin: Callable[[], int]
+    ) -> Generator[Any, Answer, bool | str]:
         while leads():
-            if self.stranded:  # below the log's begin: only a snapshot from a leader helps
+            # below the log's begin: only a snapshot from another leader helps
+            if self.stranded or self.snapshot_wanted(begin()) >= 0:
                 return MACHINE_STRANDED
             if self.failed is None:
                 got = (yield AskReady()).value

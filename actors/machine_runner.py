@@ -230,7 +230,7 @@ class MachineRunner:
         """Until the machine says it is ready to lead; False once leadership is gone,
         ``MACHINE_STRANDED`` when it needs a snapshot from another leader."""
         loop = asyncio.get_running_loop()
-        proc = self.core.wait_ready(still_leading)
+        proc = self.core.wait_ready(still_leading, lambda: self.member.store.ledger_begin_index)
         gen, answer = proc.gen, None
         while True:
             try:

@@ -64,7 +64,14 @@ from .member_leadership import LeadershipPart
 from .member_reads import ReadPart
 from .metrics import MemberMetrics
 from .naming import now_ms
-from .placement import alive_nodes, member_nodes, record_node, spawn_member, store_dir_of
+from .placement import (
+    alive_nodes,
+    member_nodes,
+    record_gone,
+    record_node,
+    spawn_member,
+    store_dir_of,
+)
 from .priority import set_background
 from .ray_compat import install_loop_registry, reset_loops
 from .read_path import AskLeader, WaitCommitted
@@ -319,6 +326,7 @@ class MemberActor:
                     ray.kill(h, no_restart=True)
                 except Exception:
                     pass
+                record_gone(self.group, spawn.member)  # in case its add went through
         self._carry(self.ctx.step(SpawnDone(spawn.member, ok)))
 
     async def _watch_nodes(self) -> None:

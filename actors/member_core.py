@@ -585,7 +585,7 @@ class MemberCore:
             return
         if lg.config_log.pending(lg.store.committed_index):
             return
-        stopped = self.membership.stopped_spawns(lg.config_log.latest())
+        stopped = self.membership.stopped_spawns(lg.config_log.latest(), ev.member_nodes)
         if stopped is not None:
             try:
                 self.book.admit_config(stopped, None)

@@ -38,6 +38,12 @@ class Op:
     ALL = (ADD_LEARNER, ADD, REPLACE, REMOVE, PROMOTE)
 
 
+GONE = "gone"
+"""A member's node as Ray's view reports it once its process was stopped for good (a
+replacement whose add was taken for failed): it runs nowhere, and no leader -- also one
+elected after the leader that stopped it -- waits for it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Transfer:
     """The leader must hand leadership to ``target`` before the change it plans (it is
@@ -259,12 +265,17 @@ class Membership:
         if not ok:
             self._failed.add(member)
 
-    def stopped_spawns(self, current: Configuration) -> Configuration | None:
+    def stopped_spawns(
+        self, current: Configuration, member_nodes: Mapping[str, str | None] | None = None
+    ) -> Configuration | None:
         """A replacement the transport stopped as failed may have been added all the same
         (its add went through as the call failed): it would stay a learner that never
         catches up, and its plan would never end.  It is removed, and the next view of
-        the nodes replaces the lost member again."""
-        for m in sorted(self._failed):
+        the nodes replaces the lost member again.  The leader that stopped it remembers;
+        a later one knows it from the view (its node is :data:`GONE`)."""
+        nodes = member_nodes or {}
+        gone = {m for m, node in nodes.items() if node == GONE and current.is_learner(m)}
+        for m in sorted(self._failed | gone):
             if m in current:
                 return current.without(m)
             self._failed.discard(m)

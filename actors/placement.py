@@ -14,6 +14,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .config import LedgerConfig
+from .membership import GONE
 from .naming import NAMESPACE, actor_name
 from .ray_compat import kv_del, kv_get, kv_put
 
@@ -29,6 +30,15 @@ def _key(group: str, member: str) -> str:
 def record_node(group: str, member: str, node_id: str) -> None:
     """A member says where it runs (at every start: a restart may move a memory member)."""
     kv_put(_key(group, member), node_id, _KV_NAMESPACE)
+
+
+def record_gone(group: str, member: str) -> None:
+    """A member's process was stopped for good (:data:`~.membership.GONE`): any later
+    leader's view of the nodes says so."""
+    try:
+        kv_put(_key(group, member), GONE, _KV_NAMESPACE)
+    except Exception as exc:  # no Ray here: nothing reads the view either
+        log.warning("could not record %s of %s as gone: %r", member, group, exc)
 
 
 def forget_node(group: str, member: str) -> None:

@@ -212,3 +212,20 @@ def test_a_leader_whose_machine_is_stranded_hands_leadership_on():
     actions = _new_leader_actions(MACHINE_STRANDED)
     assert isinstance(actions[-1], HandOver) and actions[-1].target in ("n1", "n2")
     assert not any(isinstance(a, Ready) for a in actions)
+
+
+def test_a_leader_stranded_before_its_first_batch_is_not_ready():
+    """Restarted with its only snapshot found damaged, the machine stands at -1 below a log
+    that begins at 290; elected before a batch was due, it is stranded all the same (it
+    was ready, its machine never applied again, and a new member waited for a snapshot
+    this leader did not have)."""
+    from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+    from rayledger.actors.supervision import MACHINE_STRANDED
+
+    c = MachineCore("n0", applied=-1, snapshots=SnapshotPolicy(SnapshotConfig(), -1, []))
+    assert _drive(c.wait_ready(lambda: True, lambda: 290), []) == ([], MACHINE_STRANDED)
+    c.offer(300, "/300")  # a snapshot that far is coming: it waits for it as usual
+    seen, ready = _drive(c.wait_ready(lambda: True, lambda: 290), [True])
+    assert ready is True and seen == [AskReady()]
+    plain = MachineCore("n0", applied=-1)  # takes no snapshots: it rebases, never stranded
+    assert _drive(plain.wait_ready(lambda: True, lambda: 290), [True])[1] is True

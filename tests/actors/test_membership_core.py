@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from rayledger.actors.membership import (
+    GONE,
     Membership,
     Op,
     Spawn,
@@ -176,3 +177,23 @@ def test_a_replacement_stopped_as_failed_but_added_all_the_same_is_removed() -> 
     assert m.stopped_spawns(removed) is None  # removed: nothing more to do
     again = m.lost(C0, ["A", "C", "D", "E"], nodes, 100)
     assert again is not None and again.replaces == "n1"
+
+
+def test_a_later_leader_removes_a_stopped_replacement_it_learns_of_from_the_view() -> None:
+    """The leader that stopped a replacement whose add went through crashed before it
+    removed it: the next leader knows nothing of that, but Ray's view says the learner's
+    process is GONE.  It removes the learner, and the lost member is replaced again
+    (before: the plan stood for good, and the lost member was never replaced)."""
+    first = Membership("n0", replace_lost_after_ms=0)
+    nodes = {"n0": "A", "n1": "B", "n2": "C"}
+    spawn = first.lost(C0, ["A", "C", "D"], nodes, 0)
+    added = spawn.config  # added, then stopped as failed by a leader that is gone now
+    later = Membership("n2", replace_lost_after_ms=0)
+    view = {**nodes, spawn.member: "D"}
+    assert later.stopped_spawns(added, view) is None  # it runs: its plan goes on
+    assert later.lost(added, ["A", "C", "D", "E"], view, 10) is None  # under way
+    view[spawn.member] = GONE
+    removed = later.stopped_spawns(added, view)
+    assert removed == added.without(spawn.member)
+    again = later.lost(removed, ["A", "C", "D", "E"], nodes, 20)
+    assert again is not None and again.replaces == "n1" and again.member != spawn.member

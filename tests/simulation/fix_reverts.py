@@ -148,7 +148,7 @@ def _live_majority(patch: Callable) -> None:
 def _stopped_spawns(patch: Callable) -> None:
     """A replacement stopped as failed stays (its plan never ends), and one added is still
     counted as starting until it is in the configuration."""
-    patch(Membership, "stopped_spawns", lambda self, current: None)
+    patch(Membership, "stopped_spawns", lambda self, current, nodes=None: None)
     real = Membership.spawn_done
 
     def spawn_done(self, member, ok):

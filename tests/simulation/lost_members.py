@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 
 from rayledger.actors import member_core as mc
-from rayledger.actors.membership import Op, Spawn
+from rayledger.actors.membership import GONE, Op, Spawn
 from rayledger.election import MemoryTermStore
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -106,10 +106,10 @@ class LostMembers:
     def _cluster_view(self) -> None:
         """``MemberActor._watch_nodes``: each live leader gets Ray's view of the nodes (a
         crashed member's node lives: Ray restarts the member on it).  Every process of the
-        run counts as a member's -- a spare's too: its id and node are taken -- but one a
-        failed spawn stopped (its name is free, its node hosts nothing)."""
+        run counts as a member's -- a spare's too: its id and node are taken -- and one a
+        failed spawn stopped is GONE (its node hosts nothing)."""
         alive = tuple(sorted(self._hosts))
-        nodes = {mid: h for mid, h in self.host_of.items() if mid not in self.killed}
+        nodes = {mid: GONE if mid in self.killed else h for mid, h in self.host_of.items()}
         for m in self.members.values():
             if m.alive and m.state.is_leader:
                 self._step(m.node, mc.ClusterView(alive, nodes))

@@ -125,6 +125,7 @@ class MachineDelivery:
         machine.apply = apply  # type: ignore[method-assign]
         opened = node.applier.applied
         if opened > node.applier.saved:
+            m.rebases.append((opened, opened))  # a snapshot's state, as a leader's would be
             self.stats["machine_from_snapshot"] += 1
             self.net.note(f"{m.id} machine starts from its snapshot at {opened}")
         if opened > m.machine_high:
@@ -466,7 +467,9 @@ class MachineDelivery:
 
     def _m_wait_ready(self, node: Node, term: int):
         """``WaitMachine``: the core's process, its questions asked on the machine's thread."""
-        proc = node.applier.core.wait_ready(lambda: node.logic.leads(term))
+        store = node.logic.store
+        proc = node.applier.core.wait_ready(lambda: node.logic.leads(term),
+                                            lambda: store.ledger_begin_index)  # fmt: skip
         answer = None
         while True:
             action, result = run_to_end(proc, answer)
