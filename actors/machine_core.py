@@ -264,11 +264,13 @@ class MachineCore:
         )
 
     # -- snapshots (issue 23) -------------------------------------------------------------------
-    def snapshot_due(self, entries: list) -> int | None:
+    def snapshot_due(self, entries: list, begin: int = 0) -> int | None:
         """After a batch of ``entries`` applied: the index to snapshot the machine at now
-        (its consistent cut: where it stands), or None."""
+        (its consistent cut: where it stands), or None -- also when the log now begins
+        past it (``begin``: reset while the batch was applied; the cut's term is gone, and
+        the machine continues from a snapshot)."""
         p = self.snapshots
-        if p is None or self.failed is not None:
+        if p is None or self.failed is not None or self.applied < begin:
             return None
         if p.config.every_bytes:
             p.applied(sum(len(e.body) for e in entries))

@@ -109,7 +109,7 @@ class MachineRunner:
         with m._lock:
             released = self.core.batch_done(batch.stop - 1)
             m.store.keep_from = self.core.keep_from(saved)
-            index = self.core.snapshot_due(entries)
+            index = self.core.snapshot_due(entries, m.store.ledger_begin_index)
             term = m.store.get_term(index) if index is not None else -1
         for fut in released:
             set_result(fut, None)
@@ -156,7 +156,8 @@ class MachineRunner:
         # batches that ended while it was written took none: one may be due now (no batch
         # in flight, so the cut is where the machine stands; later batches queue behind it)
         with m._lock:
-            again = self.core.snapshot_due([]) if self.core.applying is None else None
+            due = self.core.applying is None
+            again = self.core.snapshot_due([], m.store.ledger_begin_index) if due else None
             term = m.store.get_term(again) if again is not None else -1
         if again is not None:
             self._cut(again, term)

@@ -667,6 +667,11 @@ class MemberCore:
                     self._hand_over(action, now_ms, out)
                 case sv.Watch():
                     self._start(self.supervisor.watch(action.term), now_ms, out)
+                case sv.Beside():
+                    self._start(action.process, now_ms, out)
+                case sv.Queue():
+                    if self.role_queue.restore(action.process):
+                        self._next_exclusive(now_ms, out)
                 case sv.FailReaders():  # leadership ended: readers waiting on it fail
                     self._wake += [
                         (p, sv.Failed("leadership ended")) for p in self.reads.step_down()

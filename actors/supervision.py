@@ -175,6 +175,20 @@ class Watch:
 
 
 @dataclass(frozen=True, slots=True)
+class Beside:
+    """Start ``process`` beside this one, outside the role lock (answered None at once)."""
+
+    process: Process
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """Queue ``process`` for the role lock behind what waits there (answered None at once)."""
+
+    process: Process
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
     """The term's helpers work: appends are taken; start the compiled path (``fast``) and,
     unless ``watching`` already (:class:`Watch`), watch the helpers
@@ -210,8 +224,8 @@ class CheckerConfigure:
 
 Action = (
     MachineRole | FailReaders | FastStop | CheckerStepDown | Finish | Deactivate | Flush
-    | Install | Ping | Replace | HandOver | StepDown | Sleep | Watch | WaitMachine | Ready
-    | Helpers | CheckerConfigure
+    | Install | Ping | Replace | HandOver | StepDown | Sleep | Watch | Beside | Queue
+    | WaitMachine | Ready | Helpers | CheckerConfigure
 )  # fmt: skip
 
 
@@ -399,15 +413,25 @@ class Supervisor:
         if self.machine:
             # the machine catches up through commits, which need the helpers: watch them
             # meanwhile, or one that hangs now keeps this leader waiting (never ready, its
-            # heartbeats holding the others off) for good -- the simulation found it
+            # heartbeats holding the others off) for good -- the simulation found it.  The
+            # wait leaves the role lock: a helper Ray restarted meanwhile is set up again
+            # under it (:meth:`helper_started`), and the commits wait for that helper
             yield Watch(term)
-            ready = (yield WaitMachine(term)).value
-            if ready == MACHINE_STRANDED:  # it can never catch up as leader: hand over, and
-                if self.logic.leads(term):  # the next leader sends it the snapshot it asks for
-                    yield self.hand_over(term, "its state machine waits for a snapshot")
-                return
-            if not ready:
-                return
+            yield Beside(Process("machine-wait", self._wait_machine(term), exclusive=False))
+            return
+        yield from self._ready(term)
+
+    def _wait_machine(self, term: int) -> Generator[Action, Answer, None]:
+        """A new leader waits for its machine, then takes appends."""
+        ready = (yield WaitMachine(term)).value
+        if ready == MACHINE_STRANDED:  # it can never catch up as leader: hand over, and
+            if self.logic.leads(term):  # the next leader sends it the snapshot it asks for
+                yield self.hand_over(term, "its state machine waits for a snapshot")
+            return
+        if ready:
+            yield from self._ready(term)
+
+    def _ready(self, term: int) -> Generator[Action, Answer, None]:
         if self.logic.mark_ready(term):
             log.info("[%s] term=%d: ready to take appends", self.self_id, term)
             yield Ready(term, self.fast_path, watching=self.machine)
@@ -475,21 +499,43 @@ class Supervisor:
                         answer.value.why)  # fmt: skip
         elif answer.value is not False:
             self._checker_counts(term, info)
-        start = self.logic.term_start_index
-        for peer in added:
-            give_up = (yield Sleep(0)).now_ms + HELPER_START_MS
-            while self.logic.leads(term):
-                done = yield Install(term, start, self.logic.leader_info(), self.rpc_ms, peer)
-                if not isinstance(done.value, Failed):
-                    self.heard.add(("dispatcher", peer))
-                    break
-                if done.now_ms > give_up:  # the watch replaces it, or hands leadership on
-                    log.error("[%s] term=%d: dispatcher for %s did not start: %s",
-                              self.self_id, term, peer, done.value.why)  # fmt: skip
-                    break
-                yield Sleep(RETRY_MS[1])
+        give_up = (yield Sleep(0)).now_ms + HELPER_START_MS
+        yield from self._set_up_added(term, tuple(added), give_up)
         if ready and self.fast_path and self.logic.leads(term):
             yield Ready(term, self.fast_path, watching=True)
+
+    def _set_up_added(
+        self, term: int, peers: tuple[str, ...], give_up: int
+    ) -> Generator[Action, Answer, None]:
+        """Set the dispatchers added for ``peers`` up for ``term``, one try each (under the
+        role lock).  Those still booting -- seconds on Ray -- are tried again later, each
+        time queued for the lock anew: a helper restored, or a role change, must not wait
+        behind a boot (the all-features simulation: a restarted checker left unset behind
+        a booting dispatcher, the term's rounds unanswered)."""
+        left = []
+        for peer in peers:
+            if not self.logic.leads(term) or peer not in self.peers:
+                continue
+            done = yield Install(term, self.logic.term_start_index, self.logic.leader_info(),
+                                 self.rpc_ms, peer)  # fmt: skip
+            if not isinstance(done.value, Failed):
+                self.heard.add(("dispatcher", peer))
+            elif done.now_ms > give_up:  # the watch replaces it, or hands leadership on
+                log.error("[%s] term=%d: dispatcher for %s did not start: %s",
+                          self.self_id, term, peer, done.value.why)  # fmt: skip
+            else:
+                left.append(peer)
+        if left and self.logic.leads(term):
+            later = self._set_up_later(term, tuple(left), give_up)
+            yield Beside(Process("dispatcher-boot", later, exclusive=False))
+
+    def _set_up_later(
+        self, term: int, peers: tuple[str, ...], give_up: int
+    ) -> Generator[Action, Answer, None]:
+        yield Sleep(RETRY_MS[1])
+        if self.logic.leads(term):
+            setup = self._set_up_added(term, peers, give_up)
+            yield Queue(Process("dispatcher-setup", setup, exclusive=True))
 
     def _checker_counts(self, term: int, info: LeaderInfo) -> None:
         """The checker of ``term`` was set up or configured from ``info``: it counts the
@@ -576,8 +622,8 @@ class Supervisor:
 
     def _restore(self, kind: str, peer: str | None) -> Generator[Action, Answer, None]:
         term = self.logic.leading_term
-        if not self.logic.leads(term):
-            return
+        if not self.logic.leads(term) or (kind != "checker" and peer not in self.peers):
+            return  # (a dispatcher for a member removed meanwhile: nothing to set up)
         start, info = self.logic.term_start_index, self.logic.leader_info()
         yield FastStop()
         # the helper is up (it called us): within an election timeout, or hand over
@@ -603,7 +649,8 @@ class RoleQueue:
     """The role lock's queue (kept by :class:`~.member_core.MemberCore`): the exclusive
     processes run one at a time; a role change -- coalesced, since
     one pass of :meth:`Supervisor.role_changes` brings the helpers in line with the latest
-    role -- goes before the helper restores waiting, which run in order."""
+    role -- goes before the helper restores and set-ups waiting, which run in order, and
+    those before a reconfiguration (coalesced too)."""
 
     def __init__(self, supervisor: Supervisor):
         self.supervisor = supervisor
@@ -635,14 +682,16 @@ class RoleQueue:
         return True
 
     def next(self) -> Process | None:
-        """The next process to run under the lock, or None (the lock is free again)."""
+        """The next process to run under the lock, or None (the lock is free again).  A
+        restarted helper's restore goes before a reconfiguration: the term's commits wait
+        for it."""
         if self._again:
             self._again = False
             return self.supervisor.role_changes()
+        if self._waiting:
+            return self._waiting.pop(0)
         if self._reconfigure:
             self._reconfigure = False
             return self.supervisor.reconfigure()
-        if self._waiting:
-            return self._waiting.pop(0)
         self.busy = False
         return None

@@ -157,12 +157,13 @@ def test_the_applier_runs_the_machine_and_the_core_records_it():
 
 
 def _new_leader_actions(machine_answer) -> list:
-    """The actions of a machine-running member's role change into leading term 3, every
-    ``WaitMachine`` answered ``machine_answer`` (the rest None)."""
+    """The actions of a machine-running member's role change into leading term 3, then of
+    the processes it starts beside it (``Beside``), every ``WaitMachine`` answered
+    ``machine_answer`` (the rest None)."""
     from rayledger.actors.config import LedgerConfig
     from rayledger.actors.logic import MemberLogic
     from rayledger.actors.rounds import RoundBook
-    from rayledger.actors.supervision import Supervisor, WaitMachine
+    from rayledger.actors.supervision import Beside, Supervisor, WaitMachine
     from rayledger.election import MemoryTermStore
     from rayledger.replication import ReplicationConfig
     from rayledger.storage import MemoryStore, StoreConfig
@@ -175,12 +176,16 @@ def _new_leader_actions(machine_answer) -> list:
     sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
                      cfg.election.heartbeat_timeout_ms, machine=True)  # fmt: skip
     logic.state.change_to_leader(3)
-    proc = sup.role_changes()
-    actions, action = [], proc.start()
-    while action is not None:
-        actions.append(action)
-        value = machine_answer if isinstance(action, WaitMachine) else None
-        action = proc.send(Answer(0, value))
+    actions, procs = [], [sup.role_changes()]
+    while procs:
+        proc = procs.pop(0)
+        action = proc.start()
+        while action is not None:
+            actions.append(action)
+            if isinstance(action, Beside):
+                procs.append(action.process)
+            value = machine_answer if isinstance(action, WaitMachine) else None
+            action = proc.send(Answer(0, value))
     return actions
 
 
@@ -188,13 +193,28 @@ def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
     """A new leader whose machine is not yet ready waits (WaitMachine) with its helpers
     already watched: a checker that hangs meanwhile would otherwise keep it waiting for good,
     never ready, while its heartbeats hold the others off (the simulation's seed 305 of
-    tests/simulation/test_group_sim.py::test_machine_leader_wait_watches_helpers)."""
-    from rayledger.actors.supervision import Install, MachineRole, Ready, WaitMachine, Watch
+    tests/simulation/test_group_sim.py::test_machine_leader_wait_watches_helpers).  It waits
+    outside the role lock (a process ``Beside`` the role change): a helper Ray restarts
+    meanwhile is set up again under the lock, and the commits the machine waits for need
+    it (the all-features simulation: a leader never ready, its restarted dispatchers never
+    set up for its term)."""
+    from rayledger.actors.supervision import (
+        Beside,
+        Install,
+        MachineRole,
+        Ready,
+        WaitMachine,
+        Watch,
+    )
 
     actions = _new_leader_actions(True)
     kinds = [type(a) for a in actions]
     assert kinds.index(MachineRole) < kinds.index(Install) < kinds.index(Watch)
-    assert kinds.index(Watch) < kinds.index(WaitMachine) < kinds.index(Ready)
+    assert kinds.index(Watch) < kinds.index(Beside) < kinds.index(WaitMachine)
+    assert kinds.index(WaitMachine) < kinds.index(Ready)
+    role = actions[: kinds.index(Beside) + 1]  # the role process ends with it
+    assert actions[kinds.index(Beside)].process.exclusive is False
+    assert not any(isinstance(a, WaitMachine) for a in role)
     assert kinds.count(Watch) == 1
     assert actions[-1].watching  # Ready starts no second watch
 

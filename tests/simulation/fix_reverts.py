@@ -194,6 +194,64 @@ def _client_stays(patch: Callable) -> None:
     )
 
 
+def _mq_queue_table(patch: Callable) -> None:
+    """The commit log takes no snapshots: a member reset past its queues rebuilds them from
+    the reset log alone (a queue with no message since is unknown to it), and its log is
+    compacted up to its own checkpoint."""
+    import shutil
+
+    from rayledger.actors.machine import StateMachine
+    from rayledger.integration.rocketmq.commitlog import CommitLogMachine
+    from rayledger.integration.rocketmq.keyindex import KeyIndex
+
+    def rebase(self, index):
+        for q in self.queues.values():
+            q.close()
+        self.keys.close()
+        self.queues = {}
+        if self.root is not None:
+            shutil.rmtree(self.root / "cq", ignore_errors=True)
+            (self.root / "keys").unlink(missing_ok=True)
+        self.keys = KeyIndex(self.root / "keys" if self.root is not None else None)
+        self.applied = index
+        self._checkpoint()
+
+    patch(CommitLogMachine, "snapshot", StateMachine.snapshot)
+    patch(CommitLogMachine, "rebase", rebase)
+
+
+def _machine_ahead(patch: Callable) -> None:
+    """A machine whose own state a power loss left ahead of its log answers queries."""
+    real = MachineCore.__init__
+
+    def init(self, *args, **kw):
+        real(self, *args, **kw)
+        self.ahead_of_log = False
+
+    patch(MachineCore, "__init__", init)
+
+
+def _gone_spawns(patch: Callable) -> None:
+    """Only the leader that stopped a replacement removes it: Ray's view does not say a
+    member's process is gone (its node is unknown, as before it started)."""
+    from rayledger.actors.membership import GONE
+
+    real, real_lost = Membership.stopped_spawns, Membership.lost
+    patch(Membership, "stopped_spawns", lambda self, current, nodes=None: real(self, current))
+
+    def lost(self, current, alive, nodes, now_ms, taken=()):
+        nodes = {m: None if n == GONE else n for m, n in nodes.items()}
+        return real_lost(self, current, alive, nodes, now_ms, taken)
+
+    patch(Membership, "lost", lost)
+
+
+def _stranded_at_start(patch: Callable) -> None:
+    """A new leader's machine counts as stranded only once a batch found it so."""
+    real = MachineCore._wait_ready
+    patch(MachineCore, "_wait_ready", lambda self, leads, begin: real(self, leads, lambda: 0))
+
+
 def _same_term_campaign(patch: Callable) -> None:
     """A candidate campaigns again in its current term even after its voters changed."""
     from rayledger.election.member_state import MemberState
@@ -216,7 +274,12 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "kv-snapshot-cut": _kv_snapshot_cut,
     "queued-retry": _queued_retry,
     "same-term-campaign": _same_term_campaign,
+    "mq-queue-table": _mq_queue_table,
+    "machine-ahead": _machine_ahead,
+    "gone-spawns": _gone_spawns,
+    "stranded-at-start": _stranded_at_start,
 }
+_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -225,7 +288,7 @@ def revert(name: str) -> Iterator[None]:
     undo: list[tuple[object, str, object]] = []
 
     def patch(owner: object, attr: str, value: object) -> None:
-        undo.append((owner, attr, owner.__dict__[attr]))
+        undo.append((owner, attr, owner.__dict__.get(attr, _ABSENT)))
         setattr(owner, attr, value)
 
     try:
@@ -233,4 +296,7 @@ def revert(name: str) -> Iterator[None]:
         yield
     finally:
         for owner, attr, value in reversed(undo):
-            setattr(owner, attr, value)
+            if value is _ABSENT:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, value)

@@ -232,7 +232,7 @@ class MachineDelivery:
         for token in core.batch_done(batch.stop - 1):
             self._m_answer(node, token)
         store.keep_from = core.keep_from(node.applier.saved_now())
-        index = core.snapshot_due(entries)
+        index = core.snapshot_due(entries, store.ledger_begin_index)
         if index is not None:
             self._m_snapshot(node, index)
         elif self.machine == "mq":

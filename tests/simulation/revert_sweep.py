@@ -4,6 +4,7 @@ needed.  Prints one markdown row per fix (docs/SAFETY.md keeps the table).
 
     .venv/bin/python -m tests.simulation.revert_sweep                  # CI seeds, every fix
     .venv/bin/python -m tests.simulation.revert_sweep 111000:111100 checker-config
+    .venv/bin/python -m tests.simulation.revert_sweep --first 111000:111400  # a seed to pin
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from .sweep import parse_seeds
 from .test_all_features_sim import ci_seeds, run_all_features
 
 
-def sweep(name: str, seeds: list[int]) -> tuple[list[int], str]:
-    """The seeds that fail with fix ``name`` reverted, and the first failure's first line."""
+def sweep(name: str, seeds: list[int], first_only: bool = False) -> tuple[list[int], str]:
+    """The seeds that fail with fix ``name`` reverted (only the first: ``first_only``),
+    and the first failure's first line."""
     failed, first = [], ""
     with revert(name):
         for seed in seeds:
@@ -28,6 +30,8 @@ def sweep(name: str, seeds: list[int]) -> tuple[list[int], str]:
             except (SimulationFailure, AssertionError, Exception) as exc:  # noqa: B014
                 failed.append(seed)
                 first = first or f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                if first_only:
+                    break
     return failed, first
 
 
@@ -35,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("seeds", nargs="?", default="", help="a count, a:b or a,b,c (CI seeds)")
     ap.add_argument("names", nargs="*", help=f"fixes to revert (default all: {list(REVERTS)})")
+    ap.add_argument("--first", action="store_true", help="stop each fix at its first failure")
     args = ap.parse_args()
     logging.disable(logging.CRITICAL)
     seeds = parse_seeds(args.seeds) if args.seeds else ci_seeds()
@@ -42,7 +47,7 @@ def main() -> None:
     print("| --- | --- | --- |")
     for name in args.names or list(REVERTS):
         t = time.monotonic()
-        failed, first = sweep(name, seeds)
+        failed, first = sweep(name, seeds, args.first)
         shown = ", ".join(map(str, failed[:6])) + (" ..." if len(failed) > 6 else "")
         print(f"| {name} | {len(failed)} of {len(seeds)} ({shown}) | {first} |"
               f" <!-- {time.monotonic() - t:.0f} s -->", flush=True)  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 from rayledger.actors import member_core as mc
 from rayledger.actors.membership import Op
 
+from . import member_delivery
 from .group_sim import GroupSim, sim_config_for
 from .network import SimulationFailure
 from .sim_config import LEASE_MIX
@@ -58,13 +59,15 @@ def _quiet_logs():
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_checker_behind_a_busy_role_lock_never_counts_a_configuration_two_changes_old(seed):
+def test_a_checker_behind_a_busy_role_lock_never_counts_a_configuration_two_changes_old(
+    seed, monkeypatch
+):
     """Leader L with followers A and B; B is replaced by n3 (cut off from L, so it stays a
-    learner), then learner n4 is added, and L's dispatcher for n4 hangs as it is created, so
-    that reconfiguration holds L's role lock.  n3 heals: L promotes it and removes B on its
-    own.  Its checker must count the latest voters {L, A, n3} before the next change (seed 1
-    and 2 acknowledged an append on {L, B}, a majority of the voters two changes old, which
-    A and n3 then elected a leader without)."""
+    learner), then learner n4 is added, and L's checker takes 30 s to take that
+    configuration, so that reconfiguration holds L's role lock.  n3 heals: L promotes it
+    and removes B on its own.  Its checker must count the latest voters {L, A, n3} before
+    the next change (seed 1 and 2 acknowledged an append on {L, B}, a majority of the
+    voters two changes old, which A and n3 then elected a leader without)."""
     sim = GroupSim(3, seed, store_kind="memory", replication=sim_config_for(seed), spares=2,
                    clients=2, test_name="checker_lag", **QUIET)  # fmt: skip
     try:
@@ -76,18 +79,13 @@ def test_a_checker_behind_a_busy_role_lock_never_counts_a_configuration_two_chan
         sim.net.cut_both(L.id, "n3")
         sim._step(L.node, mc.ChangeMembers(Op.REPLACE, "n3", None, B))
         _run_until(sim, lambda: not clog.pending(L.store.committed_index) and clog.entries)
-        real_helpers = sim._m_helpers
-
-        def helpers(node, peers):
-            real_helpers(node, peers)
-            if node is L.node and "n4" in node.dispatchers and "dispatcher:n4" not in node.hung:
-                sim.hang_dispatcher(node.id, "n4")
-
-        sim._m_helpers = helpers
+        sim.helper_delays = True  # the checker's configuration waits in its queue
+        monkeypatch.setattr(member_delivery, "CHECKER_CONFIGURE_MS", (30_000, 30_000))
         sim._step(L.node, mc.ChangeMembers(Op.ADD_LEARNER, "n4", None, ""))
         _run_until(sim, lambda: not clog.pending(L.store.committed_index)
                    and len(clog.entries) >= 2)  # fmt: skip
         assert L.node.core.role_queue.busy  # the scenario: the lock is held
+        monkeypatch.setattr(member_delivery, "CHECKER_CONFIGURE_MS", (0, 0))
         sim.net.restore(L.id, "n3")
         sim.net.restore("n3", L.id)
         _run_until(sim, lambda: len(clog.entries) >= 4

@@ -1,0 +1,98 @@
+"""The role lock (actors/supervision.py, sans-I/O): what waits for it, and in which order.
+
+A dispatcher added by a configuration change boots for seconds on Ray; its set-up must not
+hold the lock meanwhile, and a helper Ray restarted must be set up again before a
+reconfiguration: the term's commits wait for it."""
+
+from __future__ import annotations
+
+from rayledger.actors.config import LedgerConfig
+from rayledger.actors.logic import MemberLogic
+from rayledger.actors.rounds import RoundBook
+from rayledger.actors.supervision import (
+    Answer,
+    Beside,
+    CheckerConfigure,
+    Failed,
+    Helpers,
+    Install,
+    Process,
+    Queue,
+    RoleQueue,
+    Sleep,
+    Supervisor,
+)
+from rayledger.election import MemoryTermStore
+from rayledger.election.configuration import Configuration
+from rayledger.replication import ReplicationConfig
+from rayledger.storage import MemoryStore, StoreConfig
+
+
+def _leader() -> Supervisor:
+    """n0 leads term 3 of {n0, n1, n2}, its helpers set up; then n3 is added."""
+    cfg = LedgerConfig.fast()
+    peers = ["n0", "n1", "n2"]
+    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
+    logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
+                        MemoryTermStore(term=3))  # fmt: skip
+    sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
+                     cfg.election.heartbeat_timeout_ms)  # fmt: skip
+    logic.state.change_to_leader(3)
+    proc = sup.role_changes()
+    action = proc.start()
+    while action is not None:
+        action = proc.send(Answer(0, None))
+    added = Configuration(voters=("n0", "n1", "n2"), learners=("n3",), next_id=4)
+    logic.config_log.appended(logic.store.ledger_end_index + 1, added)  # its entry, written
+    return sup
+
+
+def _run(proc: Process, answer) -> list:
+    """Every action of ``proc``, each answered by ``answer(action)``."""
+    actions, action = [], proc.start()
+    while action is not None:
+        actions.append(action)
+        action = proc.send(answer(action))
+    return actions
+
+
+def test_a_booting_dispatcher_is_set_up_later_outside_the_lock() -> None:
+    sup = _leader()
+    booting = True
+
+    def answer(a):
+        if isinstance(a, Install) and a.only == "n3" and booting:
+            return Answer(100, Failed("no answer in time", timeout=True))
+        return Answer(100, None)
+
+    actions = _run(sup.reconfigure(), answer)
+    assert any(isinstance(a, Helpers) and "n3" in a.peers for a in actions)
+    assert any(isinstance(a, CheckerConfigure) for a in actions)
+    installs = [a for a in actions if isinstance(a, Install)]
+    assert [a.only for a in installs] == ["n3"]  # one try under the lock, no wait
+    later = actions[-1]
+    assert isinstance(later, Beside) and not later.process.exclusive
+    # beside the lock: a pause, then the set-up queued for the lock anew
+    waits = _run(later.process, lambda a: Answer(700, None))
+    assert isinstance(waits[0], Sleep) and isinstance(waits[-1], Queue)
+    again = waits[-1].process
+    assert again.exclusive
+    booting = False
+    tried = _run(again, answer)
+    assert [a.only for a in tried if isinstance(a, Install)] == ["n3"]
+    assert not any(isinstance(a, Beside) for a in tried)  # set up: nothing more
+    assert ("dispatcher", "n3") in sup.heard
+
+
+def test_a_restarted_helpers_restore_goes_before_a_reconfiguration() -> None:
+    sup = _leader()
+    queue = RoleQueue(sup)
+    assert queue.reconfigured()  # the caller runs: the lock was free
+    first = queue.next()
+    assert first.name == "reconfigure"
+    queue.reconfigured()  # another change while it runs
+    restore = sup.helper_started("checker", None, 7, restarted=True)
+    assert restore is not None and not queue.restore(restore)  # waits its turn
+    assert queue.next() is restore
+    assert queue.next().name == "reconfigure"
+    assert queue.next() is None and not queue.busy
