@@ -395,6 +395,13 @@ class MemberLogic:
             self.leading_term == term and self.state.is_leader and self.state.current_term == term
         )
 
+    def holds_office(self, term: int) -> bool:
+        """Whether the office of ``term`` is still this member's to take up: no role change
+        stopped it and no newer term began -- it may be a candidate for a moment, elected
+        again in the same term (then no role change runs, and what waited for the term
+        must go on waiting)."""
+        return self.leading_term == term and self.state.current_term == term
+
     # -- appends on the leader -------------------------------------------------------------
     def admit(
         self, bodies: Sequence[bytes], group: str, target: str | None, pending: int

@@ -304,30 +304,33 @@ class MemberActor:
         """Start a member to replace one whose node is lost (the core chose the node), then
         ask the core to add it as that member's replacement."""
         store_dir = store_dir_of(self.config.store.data_dir)
-        h, ok = None, False
+        h, ok, code = None, False, None
         try:
             h = spawn_member(self.group, spawn.member, list(spawn.config.members), self.config,
                              store_dir, spawn.node, spawn.config.to_doc())  # fmt: skip
             await asyncio.wait_for(h.start.remote(), 60)
+            code = ResponseCode.TIMEOUT  # asked: from here on, an error may hide a commit
             while True:  # its term's first entry may not have committed yet: a moment
                 try:
                     await self.change_members("replace", spawn.member, spawn.replaces)
                     break
                 except LedgerError as exc:
                     if exc.code != ResponseCode.LEADER_NOT_READY:
+                        code = exc.code
                         raise
                     await asyncio.sleep(0.2)
-            ok = True
+            ok, code = True, None
         except Exception as exc:
             log.error("[%s] could not replace %s with %s on node %s: %r", self.self_id,
                       spawn.replaces, spawn.member, spawn.node, exc)  # fmt: skip
-            if h is not None:  # not a member: it must not linger
-                try:
-                    ray.kill(h, no_restart=True)
-                except Exception:
-                    pass
-                record_gone(self.group, spawn.member)  # in case its add went through
-        self._carry(self.ctx.step(SpawnDone(spawn.member, ok)))
+        out = self.ctx.step(SpawnDone(spawn.member, ok, code))
+        if spawn.member in out.stop_spawned and h is not None:  # not a member: no lingering
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+            record_gone(self.group, spawn.member)  # in case its add went through after all
+        self._carry(out)
 
     async def _watch_nodes(self) -> None:
         """On the leader with ``replace_lost_after_s``: Ray's view of the nodes, each second,

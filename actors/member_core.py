@@ -225,10 +225,12 @@ class ClusterView:
 @dataclass(frozen=True, slots=True)
 class SpawnDone:
     """The transport started the member of a :class:`~.membership.Spawn` and it was added
-    (``ok``), or either failed (the member was stopped again)."""
+    (``ok``), or either failed (``code``: how its change ended; None: never asked).  The
+    core says whether to stop it (``MemberOut.stop_spawned``)."""
 
     member: str
     ok: bool
+    code: ResponseCode | None = None
 
 
 MemberEvent = (
@@ -274,6 +276,7 @@ class MemberOut:
     deadlines: list[tuple[int, int]] = field(default_factory=list)  # (pid, at): step Deadline
     installed: list[Any] = field(default_factory=list)  # snapshots sealed from the leader
     spawns: list[Spawn] = field(default_factory=list)  # members to start for a lost one
+    stop_spawned: list[str] = field(default_factory=list)  # started, not added: stop them
     # close the loops of the compiled graph this member served: its leader is not this
     # member's leader any more (a dead leader's loops would spin until the next one compiles).
     # Ray closes every loop the actor runs: a newer leader's graph built before this member
@@ -369,7 +372,8 @@ class MemberCore:
             case ClusterView():
                 self._cluster(ev, now_ms, out)
             case SpawnDone():
-                self.membership.spawn_done(ev.member, ev.ok)
+                if self.membership.spawn_done(ev.member, ev.ok, ev.code):
+                    out.stop_spawned.append(ev.member)
             case TransferOrder():
                 resp, actions = lg.elector.transfer_leadership(ev.target, now_ms)
                 out.reply = (resp, lg.elector.transferring)

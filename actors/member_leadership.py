@@ -97,7 +97,7 @@ class LeadershipPart(Part):
             await self.ctx.machine.role_changed(st.role, st.current_term)
             return None
         if isinstance(a, sv.WaitMachine):
-            return await self.ctx.machine.wait_ready(lambda: self.logic.leads(a.term))
+            return await self.ctx.machine.wait_ready(lambda: self.logic.holds_office(a.term))
         if isinstance(a, sv.Ready):  # the core watches the helpers from now on
             if a.fast:
                 self.appends.fast_start(a.term)

@@ -38,6 +38,17 @@ class Op:
     ALL = (ADD_LEARNER, ADD, REPLACE, REMOVE, PROMOTE)
 
 
+MAYBE_WRITTEN = frozenset(
+    {
+        ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
+        ResponseCode.TERM_CHANGED,
+        ResponseCode.TIMEOUT,
+        ResponseCode.APPEND_OUTCOME_UNKNOWN,
+    }
+)
+"""A change that ended with one of these may be in the log all the same: its entry was
+written and its commit not seen."""
+
 GONE = "gone"
 """A member's node as Ray's view reports it once its process was stopped for good (a
 replacement whose add was taken for failed): it runs nowhere, and no leader -- also one
@@ -254,16 +265,22 @@ class Membership:
             return Spawn(new, node, m, current.with_learner(new, replaces=m))
         return None
 
-    def spawn_done(self, member: str, ok: bool) -> None:
+    def spawn_done(self, member: str, ok: bool, code: ResponseCode | None = None) -> bool:
         """The transport started ``member`` and asked for it to be added (``ok``), or could
-        not: the next view of the nodes may try again (with another id).  Either way this
-        replacement is no longer starting: once added, the configuration says it replaces
-        the lost member (a second one is not started for it), and an operator may remove
-        it before the next view -- then the lost member is replaced again."""
+        not (``code``: how the change ended, None: it was never asked): the next view of
+        the nodes may try again (with another id).  Either way this replacement is no
+        longer starting: once added, the configuration says it replaces the lost member (a
+        second one is not started for it), and an operator may remove it before the next
+        view -- then the lost member is replaced again.  Returns whether to stop its
+        process: not when the change may be in the log (:data:`MAYBE_WRITTEN`) -- it may
+        be promoted to a voter, and stopping a voter can leave no majority; the member
+        then stays, as a member or a process its configuration leaves out."""
         if self._spawning is not None and self._spawning[0] == member:
             self._spawning = None
-        if not ok:
-            self._failed.add(member)
+        if ok or code in MAYBE_WRITTEN:
+            return False
+        self._failed.add(member)
+        return True
 
     def stopped_spawns(
         self, current: Configuration, member_nodes: Mapping[str, str | None] | None = None

@@ -422,14 +422,22 @@ class Supervisor:
         yield from self._ready(term)
 
     def _wait_machine(self, term: int) -> Generator[Action, Answer, None]:
-        """A new leader waits for its machine, then takes appends."""
-        ready = (yield WaitMachine(term)).value
-        if ready == MACHINE_STRANDED:  # it can never catch up as leader: hand over, and
-            if self.logic.leads(term):  # the next leader sends it the snapshot it asks for
+        """A new leader waits for its machine, then takes appends -- for as long as it holds
+        the term's office (a moment as a candidate, elected again in the same term, runs
+        no role change: given up then, it would lead that term never ready, its heartbeats
+        holding the others off; the all-features simulation found it)."""
+        while self.logic.holds_office(term):
+            ready = (yield WaitMachine(term)).value
+            if ready == MACHINE_STRANDED and self.logic.leads(term):
+                # it can never catch up as leader: hand over, and the next leader sends it
+                # the snapshot it asks for
                 yield self.hand_over(term, "its state machine waits for a snapshot")
-            return
-        if ready:
-            yield from self._ready(term)
+                return
+            if ready is True and self.logic.mark_ready(term):
+                log.info("[%s] term=%d: ready to take appends", self.self_id, term)
+                yield Ready(term, self.fast_path, watching=self.machine)
+                return
+            yield Sleep(RETRY_MS[0])
 
     def _ready(self, term: int) -> Generator[Action, Answer, None]:
         if self.logic.mark_ready(term):

@@ -197,3 +197,21 @@ def test_a_later_leader_removes_a_stopped_replacement_it_learns_of_from_the_view
     assert removed == added.without(spawn.member)
     again = later.lost(removed, ["A", "C", "D", "E"], nodes, 20)
     assert again is not None and again.replaces == "n1" and again.member != spawn.member
+
+
+def test_a_replacement_whose_change_may_be_written_is_not_stopped() -> None:
+    """A replacement whose change ended unknown (no commit seen in time, or the term ended)
+    may be in the log and be promoted: stopping it could leave the voters without a
+    majority (the all-features simulation: voters n0 (lost), n1, n2 and the stopped n5, two
+    of four left for good).  A change refused before it was written stops it."""
+    nodes = {"n0": "A", "n1": "B", "n2": "C"}
+    for code in (ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, ResponseCode.TERM_CHANGED):
+        m = Membership("n0", replace_lost_after_ms=0)
+        spawn = m.lost(C0, ["A", "C", "D"], nodes, 0)
+        assert m.spawn_done(spawn.member, ok=False, code=code) is False
+        assert m.stopped_spawns(spawn.config) is None  # kept, as a member if it is one
+    for code in (ResponseCode.NOT_LEADER, ResponseCode.NO_LIVE_QUORUM, None):
+        m = Membership("n0", replace_lost_after_ms=0)
+        spawn = m.lost(C0, ["A", "C", "D"], nodes, 0)
+        assert m.spawn_done(spawn.member, ok=False, code=code) is True
+    assert Membership("n0").spawn_done("n9", ok=True) is False

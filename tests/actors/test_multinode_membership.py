@@ -137,7 +137,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.chaos  # a minute on its own cluster: the long runs (the simulation's lost-node
+@pytest.mark.timeout(600)  # replacements run in CI: test_membership_sim, all-features mode)
 def test_a_group_heals_itself_after_losing_nodes() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, HERE], capture_output=True, text=True, timeout=580

@@ -96,3 +96,31 @@ def test_a_restarted_helpers_restore_goes_before_a_reconfiguration() -> None:
     assert queue.next() is restore
     assert queue.next().name == "reconfigure"
     assert queue.next() is None and not queue.busy
+
+
+def test_a_leader_elected_again_in_its_term_goes_on_waiting_for_its_machine() -> None:
+    """A moment as a candidate, elected again in the same term, runs no role change: the
+    wait for the machine must go on, or the member leads that term never ready, its
+    heartbeats holding the others off."""
+    from rayledger.actors.supervision import Ready, WaitMachine
+
+    sup = _leader()
+    sup.machine = True
+    logic = sup.logic
+    logic.ready_term = -1
+    state = logic.state
+    answers = iter([False, True])
+
+    def answer(a):
+        if isinstance(a, WaitMachine):
+            got = next(answers)
+            if not got:  # the blip: a candidate while the machine was asked
+                state.change_to_candidate(3)
+            else:
+                state.change_to_leader(3)
+            return Answer(100, got)
+        return Answer(100, None)
+
+    actions = _run(Process("machine-wait", sup._wait_machine(3), exclusive=False), answer)
+    assert [type(a) for a in actions].count(WaitMachine) == 2
+    assert isinstance(actions[-1], Ready) and logic.ready_term == 3

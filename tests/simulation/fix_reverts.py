@@ -151,9 +151,8 @@ def _stopped_spawns(patch: Callable) -> None:
     patch(Membership, "stopped_spawns", lambda self, current, nodes=None: None)
     real = Membership.spawn_done
 
-    def spawn_done(self, member, ok):
-        if not ok:
-            real(self, member, ok)
+    def spawn_done(self, member, ok, code=None):
+        return real(self, member, ok, code) if not ok else False
 
     patch(Membership, "spawn_done", spawn_done)
 
@@ -246,6 +245,20 @@ def _gone_spawns(patch: Callable) -> None:
     patch(Membership, "lost", lost)
 
 
+def _spawn_maybe_written(patch: Callable) -> None:
+    """A replacement whose change failed in any way is stopped, even one that may be in
+    the log."""
+    real = Membership.spawn_done
+
+    def spawn_done(self, member, ok, code=None):
+        real(self, member, ok, code)
+        if not ok:
+            self._failed.add(member)
+        return not ok
+
+    patch(Membership, "spawn_done", spawn_done)
+
+
 def _stranded_at_start(patch: Callable) -> None:
     """A new leader's machine counts as stranded only once a batch found it so."""
     real = MachineCore._wait_ready
@@ -278,6 +291,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "machine-ahead": _machine_ahead,
     "gone-spawns": _gone_spawns,
     "stranded-at-start": _stranded_at_start,
+    "spawn-maybe-written": _spawn_maybe_written,
 }
 _ABSENT = object()
 

@@ -9,8 +9,8 @@ the shipped core decides when a member is lost long enough and where its replace
 ``MemberActor._spawn`` does: start the new member on the chosen node (an empty disk, the
 configuration of the spawn as its first), ask this leader to replace the lost member with it
 (``change_members("replace", ...)``, again while LEADER_NOT_READY), and step
-:class:`~rayledger.actors.member_core.SpawnDone`; a spawn that failed stops the member it
-started (``ray.kill``).  Nothing decides here but when a node is lost.
+:class:`~rayledger.actors.member_core.SpawnDone`; the member it started is stopped
+(``ray.kill``) when the core says so (its change refused; not when it may be written).  Nothing decides here but when a node is lost.
 """
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ class LostMembers:
         self._spawn(node, self._spawn_task(node, spawn))
 
     def _spawn_task(self, node: Node, spawn: Spawn):
-        """An actor coroutine of the leader: start the member, ask for the change, report."""
-        ok = False
+        """An actor coroutine of the leader: start the member, ask for the change, report;
+        stop it when the core says so."""
+        ok, code = False, None
         yield self._lost_rng.randint(*SPAWN_START_MS)
         if self._start_spawned(spawn):
             while True:
@@ -139,19 +140,21 @@ class LostMembers:
                         yield 200
                         continue
                     self.net.note(f"{node.id}: replacing {spawn.replaces} refused: {exc.code.name}")
+                    code = exc.code
                     break
                 while call.reply is None:  # the future of change_members (no time-out)
                     yield 10
                 del self._spawn_calls[req_id]
                 ok = call.reply.code == ResponseCode.SUCCESS
+                code = None if ok else call.reply.code
                 if not ok:
                     self.net.note(f"{node.id}: replacing {spawn.replaces} ended "
                                   f"{call.reply.code.name}")  # fmt: skip
                 break
-            if not ok:  # not a member: it must not linger
-                self._kill_spawned(spawn.member)
         self.stats["spawns_ok" if ok else "spawns_failed"] += 1
-        self._step(node, mc.SpawnDone(spawn.member, ok))
+        out = self._step(node, mc.SpawnDone(spawn.member, ok, code))
+        if spawn.member in out.stop_spawned:  # not a member: no lingering
+            self._kill_spawned(spawn.member)
 
     def _spawn_reply(self, reply: ClientReply) -> None:
         call = self._spawn_calls.get(reply.req_id)

@@ -468,7 +468,7 @@ class MachineDelivery:
     def _m_wait_ready(self, node: Node, term: int):
         """``WaitMachine``: the core's process, its questions asked on the machine's thread."""
         store = node.logic.store
-        proc = node.applier.core.wait_ready(lambda: node.logic.leads(term),
+        proc = node.applier.core.wait_ready(lambda: node.logic.holds_office(term),
                                             lambda: store.ledger_begin_index)  # fmt: skip
         answer = None
         while True:

@@ -176,8 +176,11 @@ class MemberDelivery:
         if isinstance(a, sv.Flush):
             return (yield from self._disk_flush(node))
         if isinstance(a, sv.Install):
-            # MemberActor._create_helpers (ensure_helpers): a member's first term starts them
-            self._m_helpers(node, node.core.supervisor.dispatcher_peers())
+            # MemberActor._create_helpers (ensure_helpers): a member's first term starts them,
+            # once; later the configuration's changes (Helpers) add and stop dispatchers
+            if not node.helpers_made:
+                node.helpers_made = True
+                self._m_helpers(node, node.core.supervisor.dispatcher_peers())
             if a.only is None:
                 self.net.note(
                     f"{node.id} LEADS term={a.term} from index {a.start} "
@@ -236,6 +239,12 @@ class MemberDelivery:
             got = slot[0]
             return sv.Failed("no answer", timeout=True) if got is None else got
         if isinstance(a, sv.Helpers):
+            if not node.helpers_made:  # LeadershipPart._helpers: none yet -- made now, or not
+                if not a.start:
+                    return None
+                node.helpers_made = True
+                self._m_helpers(node, node.core.supervisor.dispatcher_peers())
+                return None
             if self.helper_delays:  # membership_changes.py: new dispatchers boot a while
                 self._m_helpers(node, a.peers, booting=True)
             else:

@@ -101,6 +101,7 @@ class Node:
     last_hang_ms: int = -1  # when a helper of this node last hung (began to, or was killed)
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     booting: dict[str, int] = field(default_factory=dict)  # helper key -> boots until then
+    helpers_made: bool = False  # MemberActor._create_helpers ran (ctx.checker is set)
     parked: list = field(default_factory=list)  # calls waiting in a hung helper
     sent: dict[int, tuple] = field(default_factory=dict)  # id(push) -> (push, its dispatcher's gen)
     maintain_at: list | None = None  # the maintainer's next wake-up (a local-queue entry)

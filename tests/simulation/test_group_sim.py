@@ -48,7 +48,7 @@ def _quiet_logs():
     logging.disable(logging.NOTSET)
 
 
-LEASE_SEEDS = 150
+LEASE_SEEDS = 60
 
 
 def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
@@ -62,23 +62,23 @@ def _run(n: int, seed: int, store_kind: str = "memory", **kw) -> None:
         sim.close()
 
 
-@pytest.mark.parametrize("seed", sim_seeds(60))
+@pytest.mark.parametrize("seed", sim_seeds(30))
 def test_n3_memory(seed: int) -> None:
     _run(3, seed)
 
 
-@pytest.mark.parametrize("seed", sim_seeds(40, offset=10_000))
+@pytest.mark.parametrize("seed", sim_seeds(25, offset=10_000))
 def test_n5_memory(seed: int) -> None:
     _run(5, seed)
 
 
-@pytest.mark.parametrize("seed", sim_seeds(60, offset=20_000))
+@pytest.mark.parametrize("seed", sim_seeds(30, offset=20_000))
 def test_n3_file(seed: int) -> None:
     """Half the crashes are power losses that cut the unflushed suffix (no sync_flush)."""
     _run(3, seed, "file")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(40, offset=60_000))
+@pytest.mark.parametrize("seed", sim_seeds(25, offset=60_000))
 def test_n3_file_sync_flush_power_loss(seed: int) -> None:
     """With sync_flush every crash is a power loss and nothing acknowledged may be lost."""
     _run(
@@ -91,7 +91,7 @@ def test_n3_file_sync_flush_power_loss(seed: int) -> None:
     )
 
 
-@pytest.mark.parametrize("seed", sim_seeds(40, offset=25_000))
+@pytest.mark.parametrize("seed", sim_seeds(20, offset=25_000))
 def test_overlapping_rounds(seed: int) -> None:
     """Up to four rounds wait for their quorum at once (``LedgerConfig.max_rounds``),
     under the same faults; every other fault sweep runs one at a time (the default)."""
@@ -100,7 +100,7 @@ def test_overlapping_rounds(seed: int) -> None:
          client_interval_ms=(1, 20), test_name="test_overlapping_rounds")  # fmt: skip
 
 
-@pytest.mark.parametrize("seed", sim_seeds(20, offset=26_000))
+@pytest.mark.parametrize("seed", sim_seeds(12, offset=26_000))
 def test_late_start_reports(seed: int) -> None:
     """Helpers' "I started" arrive late, as Ray may deliver them (after the member's first
     calls to those helpers), under the same faults -- hangs and kills among them."""
@@ -181,7 +181,7 @@ def test_power_loss_without_sync_flush_loses_the_unflushed_tail() -> None:
         sim.close()
 
 
-@pytest.mark.parametrize("seed", sim_seeds(30, offset=50_000))
+@pytest.mark.parametrize("seed", sim_seeds(20, offset=50_000))
 def test_fast_path_memory(seed: int) -> None:
     """Every member runs the compiled path (seeded switches and stalls still apply)."""
     _run(3 + 2 * (seed % 2), seed, fast_path=True, test_name="test_fast_path_memory")
@@ -264,14 +264,14 @@ def _run_machine(kind: str, seed: int, name: str, **kw) -> GroupSim:
     return sim
 
 
-@pytest.mark.parametrize("seed", sim_seeds(30, offset=70_000))
+@pytest.mark.parametrize("seed", sim_seeds(20, offset=70_000))
 def test_machine_kv(seed: int) -> None:
     """KV sets and deletes: every member's map equals a replay of its committed log, each
     entry applied once, in order, and each revision is its entry's index."""
     _run_machine("kv", seed, "test_machine_kv")
 
 
-@pytest.mark.parametrize("seed", sim_seeds(30, offset=71_000))
+@pytest.mark.parametrize("seed", sim_seeds(20, offset=71_000))
 def test_machine_mq(seed: int) -> None:
     """RocketMQ messages and consumer offsets: consume queues, key index and offsets equal a
     replay; queue offsets continue across failovers with no gap and no duplicate (a new
