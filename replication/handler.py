@@ -421,7 +421,7 @@ class EntryHandler:
         try:
             if req.reset:
                 if not (store.is_empty and store.ledger_begin_index == index):
-                    store.reset(index, req.entry_pos)
+                    store.reset(index, req.entry_pos, req.entry_term)
                     if self.on_reset is not None:
                         self.on_reset(index)
                 if req.config is not None:  # what the leader's log had below its begin

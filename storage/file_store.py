@@ -71,6 +71,7 @@ class _Checkpoint:
     end: int
     flushed_pos: int
     flushed_index: int
+    base_term: int = -1  # the term floor of an empty log at the base (LogStore.reset)
 
 
 @dataclass
@@ -168,7 +169,7 @@ class FileStore(LogStore):
         """Find the valid prefix of the log, fix the index and the tail; see the module doc."""
         t0 = time.perf_counter()
         cp = self._read_checkpoint()
-        self._base = cp.base
+        self._base, self._base_term = cp.base, cp.base_term
         report = RecoveryReport()
         if not self._data.segments:
             self._open_without_data(cp)
@@ -203,6 +204,7 @@ class FileStore(LogStore):
                 end=int(cp.get("end_index", -1)),
                 flushed_pos=int(cp.get("flushed_pos", -1)),
                 flushed_index=int(cp.get("flushed_index", -2)),
+                base_term=int(cp.get("base_term", -1)),
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise _corrupt(f"{self.dir / CHECKPOINT}: malformed checkpoint {cp!r}") from exc
@@ -219,6 +221,7 @@ class FileStore(LogStore):
         self._index.reset(base[0] * INDEX_UNIT)
         self.ledger_begin_index = base[0]
         self.ledger_end_index = base[0] - 1
+        self.ledger_end_term = cp.base_term
         self.committed_index = cp.committed
         self._chain = 0 if base[0] == 0 else None
 
@@ -314,7 +317,7 @@ class FileStore(LogStore):
             u = self._unit_raw(end_index)
             end_term, end_pos = u.term, u.pos + u.size
         else:
-            end_term = -1
+            end_term = cp.base_term if cp.base[0] == scan.begin_index else -1
             end_pos = cp.base[1] if cp.base[0] == scan.begin_index else data.begin_pos
             end_pos = min(max(end_pos, data.begin_pos), data.write_pos)
             self._base = (scan.begin_index, end_pos)
@@ -479,6 +482,7 @@ class FileStore(LogStore):
     def _checkpoint_doc(self) -> dict:
         return {
             "base": list(self._base),
+            "base_term": self._base_term,
             "end_index": self.ledger_end_index,
             "committed_index": min(self.committed_index, self.flushed_index),
             "flushed_pos": self.flushed_pos,

@@ -178,6 +178,10 @@ class LogStore:
             0,
             0,
         )  # (index, pos) where the log began after its last reset
+        # a floor for the term of the entry before the base (a reset's: the term of the
+        # leader's entry there): an empty log's last term for votes.  -1 would let this
+        # member vote for a candidate missing the committed entries it was reset past
+        self._base_term = -1
         self._seq = 0  # bumps on every change of the log's bytes
         self._closed = False
         self._failed: LedgerError | None = None  # set when the disk failed under us (fsync)
@@ -750,7 +754,7 @@ class LogStore:
                 chain = HEADER.unpack_from(self._data.read(pos, HEADER_SIZE))[6]
             else:
                 cut = self._start_pos()
-                term = -1
+                term = self._base_term
                 chain = 0 if self.ledger_begin_index == 0 else None
                 self._base = (self.ledger_begin_index, cut)
             self._data.truncate(cut)
@@ -767,11 +771,15 @@ class LogStore:
             log.info("store truncated to %d (%d entries dropped)", end_index, dropped)
             return dropped
 
-    def reset(self, begin_index: int, begin_pos: int) -> None:
+    def reset(self, begin_index: int, begin_pos: int, term_floor: int = -1) -> None:
         """Drop the whole log; it restarts empty at ``begin_index`` / ``begin_pos``.
 
         Used when a follower's log does not overlap the leader's at all; refused
         when it would drop entries that are committed and not below ``begin_index``.
+        ``term_floor``: the term of the leader's entry at ``begin_index``, at least that
+        of the entry before it (committed): the empty log's last term, kept durably, so
+        that this member never votes for a candidate missing those entries (Raft's
+        snapshot's last included term; a term at or above the true one is stricter).
         """
         begin_index, begin_pos = (
             _as_int(begin_index, "begin_index"),
@@ -801,7 +809,7 @@ class LogStore:
             self._index.reset(begin_index * INDEX_UNIT)
             self.ledger_begin_index = begin_index
             self.ledger_end_index = begin_index - 1
-            self.ledger_end_term = -1
+            self.ledger_end_term = self._base_term = int(term_floor)
             self._chain = 0 if begin_index == 0 else None
             self._base = (begin_index, begin_pos)
             self._seq += 1

@@ -103,6 +103,8 @@ class SimDisk:
         """The member's process exits on its failed disk, or (``power_cut``) its node loses
         power; it restarts later (the fault injector restarts crashed members), and what
         it never flushed is gone."""
+        if power_cut and self._next_disk_ms is None:
+            return  # healed meanwhile: no crash after the heal (nothing would restart it)
         if not power_cut:
             if self._failed_disks.get(mid) is not node:
                 return

@@ -265,6 +265,58 @@ def _stranded_at_start(patch: Callable) -> None:
     patch(MachineCore, "_wait_ready", lambda self, leads, begin: real(self, leads, lambda: 0))
 
 
+def _role_lock(patch: Callable) -> None:
+    """A reconfiguration waits under the role lock for a booting dispatcher, and a helper's
+    restore waits behind reconfigurations."""
+    from rayledger.actors import supervision as sv
+
+    def next_(self):
+        if self._again:
+            self._again = False
+            return self.supervisor.role_changes()
+        if self._reconfigure:
+            self._reconfigure = False
+            return self.supervisor.reconfigure()
+        if self._waiting:
+            return self._waiting.pop(0)
+        self.busy = False
+        return None
+
+    def set_up_added(self, term, peers, give_up):
+        for peer in peers:
+            while self.logic.leads(term):
+                done = yield sv.Install(term, self.logic.term_start_index,
+                                        self.logic.leader_info(), self.rpc_ms, peer)  # fmt: skip
+                if not isinstance(done.value, sv.Failed):
+                    self.heard.add(("dispatcher", peer))
+                    break
+                if done.now_ms > give_up:
+                    break
+                yield sv.Sleep(sv.RETRY_MS[1])
+
+    patch(sv.RoleQueue, "next", next_)
+    patch(sv.Supervisor, "_set_up_added", set_up_added)
+
+
+def _office_wait(patch: Callable) -> None:
+    """A new leader's wait for its machine ends at a moment as a candidate."""
+    patch(MemberLogic, "holds_office", MemberLogic.leads)
+
+
+def _snapshot_after_reset(patch: Callable) -> None:
+    """A snapshot is cut where the machine stands even when the log was reset past it."""
+    real = MachineCore.snapshot_due
+    patch(MachineCore, "snapshot_due", lambda self, entries, begin=0: real(self, entries))
+
+
+def _reset_term_floor(patch: Callable) -> None:
+    """A log reset to the leader's begin reports last term -1 until its first entry."""
+    from rayledger.storage.store import LogStore
+
+    real = LogStore.reset
+    patch(LogStore, "reset", lambda self, begin, pos, term_floor=-1: real(self, begin, pos))
+
+
 def _same_term_campaign(patch: Callable) -> None:
     """A candidate campaigns again in its current term even after its voters changed."""
     from rayledger.election.member_state import MemberState
@@ -292,6 +344,10 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "gone-spawns": _gone_spawns,
     "stranded-at-start": _stranded_at_start,
     "spawn-maybe-written": _spawn_maybe_written,
+    "role-lock": _role_lock,
+    "office-wait": _office_wait,
+    "snapshot-after-reset": _snapshot_after_reset,
+    "reset-term-floor": _reset_term_floor,
 }
 _ABSENT = object()
 

@@ -294,8 +294,9 @@ class GroupSim(
         so that the seeds of the other tests run as they did).
 
         The all-features mode (:data:`~.sim_config.ALL_FEATURES`) adds, each off by default:
-        ``helper_delays``: a dispatcher added by a configuration boots for 0.5-3 s (the role
-        lock held meanwhile) and a leader's ``CheckerConfigure`` waits up to 1.5 s;
+        ``helper_delays``: a dispatcher added by a configuration boots for 0.5-3 s (its set-up
+        tried again, each time under the role lock) and a leader's ``CheckerConfigure`` waits
+        up to 1.5 s (the role lock held meanwhile);
         ``slow_hops``: now and then a node-local call takes 5-80 ms more; ``lost_members``:
         now and then a member's node is lost for good and the leader replaces it
         (:mod:`.lost_members`); ``kv_getters``: KV gets at every consistency on any member, and

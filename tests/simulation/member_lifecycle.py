@@ -136,8 +136,8 @@ class MemberLifecycle:
             self.net.note(f"{mid} truncated to {store.ledger_end_index}")
             return out
 
-        def watched_reset(begin_index: int, begin_pos: int) -> None:
-            reset(begin_index, begin_pos)
+        def watched_reset(begin_index: int, begin_pos: int, term_floor: int = -1) -> None:
+            reset(begin_index, begin_pos, term_floor)
             self.touched[mid] = min(self.touched.get(mid, 1 << 62), store.ledger_end_index)
             self.net.note(f"{mid} reset to begin at {begin_index}")
 

@@ -79,7 +79,7 @@ def test_one_leader_per_term_when_a_change_shrinks_the_voters() -> None:
 
 def test_the_mode_reaches_every_feature() -> None:
     """The mode is not the plain sweep again: three seeds together change members, lose
-    nodes and replace them, boot dispatchers while the role lock waits, delay the checker's
+    nodes and replace them, boot dispatchers slowly, delay the checker's
     configurations, snapshot and install, retry idempotent appends, check a KV history,
     serve reads at every consistency, transfer, lose power and hang helpers."""
     total: dict[str, int] = {}
@@ -88,6 +88,27 @@ def test_the_mode_reaches_every_feature() -> None:
             total[k] = total.get(k, 0) + v
     missing = [k for k in REACHED if not total.get(k)]
     assert not missing, (missing, total)
+
+
+# For each safety fix (tests/simulation/fix_reverts.py), a seed of this mode that fails with
+# that fix reverted -- found by ``python -m tests.simulation.revert_sweep --first`` -- run
+# here with every fix in place; test_each_pinned_seed_fails_with_its_fix_reverted (a long
+# run) checks that each still fails without its fix.
+PINNED: dict[str, int] = {}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_the_seed_pinned_for_each_fix(name: str) -> None:
+    run_all_features(PINNED[name], f"test_the_seed_pinned_for_each_fix[{name}]")
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_each_pinned_seed_fails_with_its_fix_reverted(name: str) -> None:
+    from .fix_reverts import revert
+
+    with revert(name), pytest.raises(Exception):  # noqa: B017 -- any failure of the run
+        run_all_features(PINNED[name], f"test_each_pinned_seed_fails_with_its_fix_reverted[{name}]")
 
 
 @pytest.mark.chaos

@@ -337,3 +337,21 @@ def test_reopen_after_reset_keeps_the_base(tmp_path):
         assert s.get(50).pos == 10_000
     with reopen(tmp_path, verify_all_on_open=True) as s:
         assert s.get(50).body == b"y" and s.recovery.dropped_bytes == 0
+
+
+def test_a_reset_log_keeps_its_term_floor_for_votes_across_a_restart(tmp_path):
+    """An empty log reset to the leader's begin reports the term of the leader's entry there
+    as its last term, also after a restart: with -1 its member voted for a candidate that
+    missed the committed entries below that begin (the all-features simulation: Leader
+    Completeness broken, a leader of term 7 whose log ended at 18 with 196 committed)."""
+    s = FileStore(small_config(tmp_path))
+    s.append_as_leader([b"x" * 10], 1)
+    s.reset(50, 10_000, term_floor=4)
+    assert (s.ledger_end_index, s.ledger_end_term) == (49, 4)
+    s.close()
+    with reopen(tmp_path) as s:
+        assert (s.ledger_end_index, s.ledger_end_term) == (49, 4)
+        s.truncate(49)  # nothing to cut: still the floor
+        assert s.ledger_end_term == 4
+        s.append_as_leader([b"y"], 4)  # the leader's entry at the base, its term
+        assert (s.ledger_end_index, s.ledger_end_term) == (50, 4)
