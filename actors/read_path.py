@@ -71,7 +71,16 @@ class ReadPath:
         now = yield from self._wait(start, deadline)
         if lg.read_base()[0] != term:
             raise self.not_leader()
-        index = lg.store.committed_index
+        # the read index is the end of this leader's log, not its committed index: the
+        # checker tells the followers (through the dispatchers) of a commit before it tells
+        # this member, so a follower may serve an entry this member does not yet count as
+        # committed (the all-features simulation: a lease read on the leader missed a
+        # write a follower's reader had seen).  Every committed entry is at or below the
+        # end; the read waits until the end is committed here
+        index = lg.store.ledger_end_index
+        now = yield from self._wait(index, deadline)
+        if lg.read_base()[0] != term:
+            raise self.not_leader()
         if c is not Consistency.LINEARIZABLE and lg.lease_holds(self.reads, term, now):
             return index
         got = (yield Confirm(term, index, deadline)).value

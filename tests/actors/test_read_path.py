@@ -75,3 +75,19 @@ def test_a_follower_is_refused_at_once() -> None:
     with pytest.raises(LedgerError) as e:
         _run(rp.leader_read(Consistency.LINEARIZABLE, 0), {})
     assert e.value.code == ResponseCode.NOT_LEADER
+
+
+def test_the_read_index_is_the_leaders_end_once_committed_here() -> None:
+    """Followers may hear of a commit (from the checker, through the dispatchers) before
+    the leader's member does, and serve it: a read on the leader waits for its whole log
+    to be committed here, not just what it counts as committed now (with the committed
+    index, a lease read missed a write a follower's reader had seen)."""
+    m, rp = _leader()
+    m.store.append_as_leader([b"a", b"b"], 3)  # written, committed in the group, not here
+    end = m.store.ledger_end_index
+    assert m.store.committed_index < end
+    waited = []
+    rp.reads._lease = (3, 10**9)
+    got = _run(rp.leader_read(Consistency.LEASE, 0),
+               {WaitCommitted: lambda a: waited.append(a.index) or True})  # fmt: skip
+    assert got == end and end in waited

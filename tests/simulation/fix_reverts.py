@@ -317,6 +317,29 @@ def _reset_term_floor(patch: Callable) -> None:
     patch(LogStore, "reset", lambda self, begin, pos, term_floor=-1: real(self, begin, pos))
 
 
+def _read_index_end(patch: Callable) -> None:
+    """A leader's read index is its committed index, which its followers may be past."""
+    from rayledger.actors.read_path import Confirm, ReadPath
+    from rayledger.actors.reads import Consistency
+    from rayledger.actors.supervision import Failed
+
+    def leader_read(self, c, deadline):
+        lg = self.logic
+        term, start = lg.read_base()
+        now = yield from self._wait(start, deadline)
+        if lg.read_base()[0] != term:
+            raise self.not_leader()
+        index = lg.store.committed_index
+        if c is not Consistency.LINEARIZABLE and lg.lease_holds(self.reads, term, now):
+            return index
+        got = (yield Confirm(term, index, deadline)).value
+        if isinstance(got, Failed):
+            raise self.not_leader()
+        return got
+
+    patch(ReadPath, "_leader_read", leader_read)
+
+
 def _same_term_campaign(patch: Callable) -> None:
     """A candidate campaigns again in its current term even after its voters changed."""
     from rayledger.election.member_state import MemberState
@@ -348,6 +371,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "office-wait": _office_wait,
     "snapshot-after-reset": _snapshot_after_reset,
     "reset-term-floor": _reset_term_floor,
+    "read-index-end": _read_index_end,
 }
 _ABSENT = object()
 

@@ -127,6 +127,21 @@ class MembershipChanges:
         best = max(alive, key=lambda m: m.store.committed_index)
         return best.node.logic.config_log.at(index).voters
 
+    def voters_around(self, index: int) -> list[tuple[str, ...]]:
+        """The voters in effect at ``index`` and, when a change took effect at or below it,
+        those of the configuration before: a leader's checker counts the latest or, at most
+        one change behind, the one before -- a majority of either meets every majority of
+        the other (single-server changes)."""
+        now = self.voters_at(index)
+        if len(self.ids) == self.n:
+            return [now]
+        alive = [m for m in self.members.values() if m.alive]
+        if not alive:
+            return [now]
+        clog = max(alive, key=lambda m: m.store.committed_index).node.logic.config_log
+        at = [i for i, _ in clog.entries if i <= index]
+        return [now, clog.at(at[-1] - 1).voters] if at else [now]
+
     def current_members(self) -> tuple[str, ...] | None:
         """The members of the configuration the leader acts on (None: no single leader)."""
         leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]

@@ -94,7 +94,15 @@ def test_the_mode_reaches_every_feature() -> None:
 # that fix reverted -- found by ``python -m tests.simulation.revert_sweep --first`` -- run
 # here with every fix in place; test_each_pinned_seed_fails_with_its_fix_reverted (a long
 # run) checks that each still fails without its fix.
-PINNED: dict[str, int] = {}
+PINNED: dict[str, int] = {
+    "kv-snapshot-cut": 111_002,
+    "same-term-campaign": 112_744,
+    "mq-queue-table": 114_511,
+    "machine-ahead": 112_303,
+    "role-lock": 117_103,
+    "reset-term-floor": 118_871,
+    "read-index-end": 121_596,
+}
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))

@@ -280,11 +280,11 @@ def test_machine_mq(seed: int) -> None:
 
 
 def test_machines_snapshot_and_restart_from_the_newest_whole_one() -> None:
-    """Issue 23: every 20-80 applied entries the KV machines snapshot (sealed, the newest
-    two kept); a restarted machine starts from its newest snapshot that verifies (on this
-    seed one finds its newest damaged), then replays the log -- and still equals a replay
-    of the committed log.  (Seed 70001 until session 15's election change moved the timing.)"""
-    sim = _run_machine("kv", 70006, "test_machine_snapshots")
+    """Every 20-80 applied entries the KV machines snapshot (sealed, the newest two kept); a
+    restarted machine starts from its newest snapshot that verifies (seed 70001 reaches one
+    that finds its newest damaged), then replays the log -- and still equals a replay of
+    the committed log."""
+    sim = _run_machine("kv", 70001, "test_machine_snapshots")
     assert sim.stats["machine_snapshots"] > 0, sim.stats
     assert sim.stats["snapshot_damaged"] >= 1 and sim.stats["machine_from_snapshot"] >= 1
 
@@ -326,12 +326,11 @@ def test_snapshot_install_in_many_chunks() -> None:
 
 
 def test_snapshot_install_restarts_when_the_leader_replaced_its_snapshot() -> None:
-    """Seed 70212: while chunks were on their way the leader took a newer snapshot and
-    deleted the one being sent (it keeps two): the read fails CORRUPT_SNAPSHOT, the
-    dispatcher goes back to TRUNCATE, fetches the newest and installs that one.  (Seed
-    71056 until issue 22's catch-up changes moved the timing, then 70184 until session 15's
-    helper supervision did; a scan of 240 seeds found 3.)"""
-    sim = _run_installs(70212, "test_snapshot_install_restarts")
+    """Seed 70236 reaches it: while chunks were on their way the leader took a newer
+    snapshot and deleted the one being sent (it keeps two): the read fails
+    CORRUPT_SNAPSHOT, the dispatcher goes back to TRUNCATE, fetches the newest and installs
+    that one.  (Timing moves such seeds: a scan of 70200.. finds the next.)"""
+    sim = _run_installs(70236, "test_snapshot_install_restarts")
     st = sim.stats
     assert st["install_read_corrupt_snapshot"] >= 1 and st["machine_installs"] >= 1, st
 
@@ -788,9 +787,10 @@ def test_reads_at_every_consistency_are_served_and_checked() -> None:
 
 def test_ci_seeds_exercise_dispatcher_faults() -> None:
     """The seeded dispatcher faults of the CI runs reach the supervision: hangs found and
-    replaced, kills restarted, answers lost with the old process (test_n3_memory's seeds)."""
+    replaced, kills restarted, answers lost with the old process (test_n3_memory's seeds 2
+    and 6 reach all four)."""
     totals: dict[str, int] = {}
-    for seed in (0, 2):
+    for seed in (2, 6):
         sim = GroupSim(3, seed, replication=sim_config_for(seed))
         try:
             sim.run()
