@@ -249,3 +249,18 @@ def test_a_leader_stranded_before_its_first_batch_is_not_ready():
     assert ready is True and seen == [AskReady()]
     plain = MachineCore("n0", applied=-1)  # takes no snapshots: it rebases, never stranded
     assert _drive(plain.wait_ready(lambda: True, lambda: 290), [True])[1] is True
+
+
+def test_no_snapshot_is_cut_where_the_log_was_reset_past_the_machine():
+    """A follower's log was reset past its machine while a batch was applied: the cut's
+    term is gone from the log (the snapshot could not be sealed), and the machine goes on
+    from the leader's snapshot instead."""
+    from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+
+    c = MachineCore(
+        "n0", applied=40, snapshots=SnapshotPolicy(SnapshotConfig(every_entries=10), -1, [])
+    )
+    c.next_batch(61)
+    c.batch_done(61)
+    assert c.snapshot_due(entries(41, 62), begin=96) is None
+    assert c.snapshot_due(entries(41, 62), begin=50) == 61

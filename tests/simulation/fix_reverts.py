@@ -118,10 +118,10 @@ def _stranded_machine(patch: Callable) -> None:
     patch(MachineCore, "snapshot_wanted", lambda self, begin: -1)
     real = MachineCore._wait_ready
 
-    def wait_ready(self, leads):
+    def wait_ready(self, leads, begin=lambda: 0):
         stranded, self.stranded = self.stranded, False
         try:
-            return (yield from real(self, leads))
+            return (yield from real(self, leads, begin))
         finally:
             self.stranded = stranded or self.stranded
 
