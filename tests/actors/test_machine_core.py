@@ -160,22 +160,10 @@ def _new_leader_actions(machine_answer) -> list:
     """The actions of a machine-running member's role change into leading term 3, then of
     the processes it starts beside it (``Beside``), every ``WaitMachine`` answered
     ``machine_answer`` (the rest None)."""
-    from rayledger.actors.config import LedgerConfig
-    from rayledger.actors.logic import MemberLogic
-    from rayledger.actors.rounds import RoundBook
-    from rayledger.actors.supervision import Beside, Supervisor, WaitMachine
-    from rayledger.election import MemoryTermStore
-    from rayledger.replication import ReplicationConfig
-    from rayledger.storage import MemoryStore, StoreConfig
+    from rayledger.actors.supervision import Beside, WaitMachine
+    from test_role_lock import elected
 
-    cfg = LedgerConfig.fast()
-    peers = ["n0", "n1", "n2"]
-    store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
-    logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
-                        MemoryTermStore(term=3))  # fmt: skip
-    sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
-                     cfg.election.heartbeat_timeout_ms, machine=True)  # fmt: skip
-    logic.state.change_to_leader(3)
+    sup = elected(machine=True)
     actions, procs = [], [sup.role_changes()]
     while procs:
         proc = procs.pop(0)

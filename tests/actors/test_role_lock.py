@@ -28,16 +28,24 @@ from rayledger.replication import ReplicationConfig
 from rayledger.storage import MemoryStore, StoreConfig
 
 
-def _leader() -> Supervisor:
-    """n0 leads term 3 of {n0, n1, n2}, its helpers set up; then n3 is added."""
+def elected(machine: bool = False) -> Supervisor:
+    """The supervisor of n0, just elected leader of term 3 of {n0, n1, n2} (its role change
+    not run yet); ``machine``: it runs a state machine."""
     cfg = LedgerConfig.fast()
     peers = ["n0", "n1", "n2"]
     store = MemoryStore(StoreConfig(data_segment_size=1 << 20, index_segment_size=32 << 10))
     logic = MemberLogic("g", "n0", peers, store, cfg.election, ReplicationConfig(),
                         MemoryTermStore(term=3))  # fmt: skip
     sup = Supervisor(logic, RoundBook(logic), peers, cfg.rpc_timeout_ms,
-                     cfg.election.heartbeat_timeout_ms)  # fmt: skip
+                     cfg.election.heartbeat_timeout_ms, machine=machine)  # fmt: skip
     logic.state.change_to_leader(3)
+    return sup
+
+
+def _leader() -> Supervisor:
+    """n0 leads term 3 of {n0, n1, n2}, its helpers set up; then n3 is added."""
+    sup = elected()
+    logic = sup.logic
     proc = sup.role_changes()
     action = proc.start()
     while action is not None:
@@ -59,11 +67,12 @@ def _run(proc: Process, answer) -> list:
 def test_a_booting_dispatcher_is_set_up_later_outside_the_lock() -> None:
     sup = _leader()
     booting = True
+    clock = iter(range(100, 1 << 30, 100))  # each answer 100 ms later: every wait ends
 
     def answer(a):
         if isinstance(a, Install) and a.only == "n3" and booting:
-            return Answer(100, Failed("no answer in time", timeout=True))
-        return Answer(100, None)
+            return Answer(next(clock), Failed("no answer in time", timeout=True))
+        return Answer(next(clock), None)
 
     actions = _run(sup.reconfigure(), answer)
     assert any(isinstance(a, Helpers) and "n3" in a.peers for a in actions)
