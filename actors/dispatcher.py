@@ -211,7 +211,7 @@ class EntryDispatcherActor:
                 )
                 self.driver.deliver(Fetched(f, answer))
             elif f.kind == "snapshot":
-                answer = await self.member.snapshot_for_push.remote(f.term)
+                answer = await self.member.snapshot_for_push.remote(f.term, f.index)
                 self.driver.deliver(Fetched(f, answer))
             else:
                 answer = await self.member.entry_meta.remote(f.term, f.index)

@@ -180,9 +180,9 @@ class LeaderView:
             raise NotCached("meta", index)
         return m[1]
 
-    def peek_snapshot(self) -> Any:
+    def peek_snapshot(self, at_least: int = -1) -> Any:
         if self.snapshot is _UNKNOWN:
-            raise NotCached("snapshot", -1)
+            raise NotCached("snapshot", at_least)
         return self.snapshot
 
     def take_snapshot(self) -> Any:

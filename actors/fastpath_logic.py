@@ -277,10 +277,14 @@ class FastPathLogic:
         self._build_at = now_ms
 
     def _stop(self) -> None:
+        """Leave the graph.  Its rounds go back as plain calls: a stop within the term (a
+        reconfiguration, a restored helper) leaves them waiting for an answer -- dropped,
+        they would wait until the term ended; at a term's end the member fails them and
+        finds none of them waiting."""
         self._build_at = None
         self.parked = False
         self.building = None
-        self._abandon()
+        self._out.fallback += self._abandon()
         self.term = -1
 
     def _set_enabled(self, enabled: bool, now_ms: int) -> None:

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -234,6 +234,9 @@ class MemberLogic:
         # the machine's snapshots (issue 23): offered to followers below our begin, and
         # where a follower's INSTALL chunks go; None when the member takes no snapshots
         self.snapshots: SnapshotSource | None = None
+        # the machine's answer to a follower that needs a snapshot further than our newest:
+        # take one as soon as it stands that far (set with the snapshots)
+        self.snapshot_asked: Callable[[int], None] | None = None
 
     def take_snapshots(self, source: SnapshotSource) -> None:
         """The member's machine takes snapshots: offer them, and take them from leaders.
@@ -537,12 +540,17 @@ class MemberLogic:
             return None
         return start >= self.store.ledger_begin_index, self.leader_info()
 
-    def snapshot_for_push(self, term: int):
+    def snapshot_for_push(self, term: int, at_least: int = -1):
         """``(newest valid snapshot or None, leader info)`` for a dispatcher of ``term``
-        about to reset a follower below our begin; None when fenced."""
+        about to reset a follower below our begin, or whose follower's machine needs a
+        snapshot at or past ``at_least``; None when fenced.  When ours stop short of
+        ``at_least`` the machine is asked for one: a stranded follower would otherwise wait
+        for the next periodic snapshot, which an idle group never reaches."""
         if not self.leads(term):
             return None
         snap = self.snapshots.newest() if self.snapshots is not None else None
+        if at_least >= 0 and (snap is None or snap.index < at_least) and self.snapshot_asked:
+            self.snapshot_asked(at_least)
         return snap, self.leader_info()
 
     def snapshot_chunk(self, term: int, index: int, snap_term: int, offset: int, n: int):

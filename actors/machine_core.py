@@ -279,6 +279,17 @@ class MachineCore:
         p.begin(self.applied)
         return self.applied
 
+    def snapshot_asked(self, index: int, begin: int) -> int | None:
+        """A follower's machine waits for a snapshot at or past ``index`` and ours stop
+        short of it: the index to snapshot at now (the machine is idle and stands that
+        far), or None -- the snapshot follows the batch that reaches it."""
+        if self.snapshots is None:
+            return None
+        self.snapshots.ask(index)
+        if self.applying is not None:
+            return None  # its end asks snapshot_due
+        return self.snapshot_due([], begin)
+
     def snapshot_done(self, index: int, have: list, saved: int) -> tuple[list, int | None]:
         """Snapshot ``index`` is sealed on disk (``have``: every snapshot now): returns the
         snapshots to delete (beyond the newest ``keep``) and the log's new compaction floor

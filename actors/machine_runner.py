@@ -46,6 +46,7 @@ class MachineRunner:
             member.logic.take_snapshots(self.applier.shelf)
             # push answers carry what the core says the machine needs from the leader
             member.logic.handler.snapshot_wanted = self.core.snapshot_wanted
+            member.logic.snapshot_asked = self.snapshot_asked
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
         self.member = member
@@ -116,6 +117,16 @@ class MachineRunner:
         if index is not None:
             self._cut(index, term)
         self._pump()  # whatever committed meanwhile
+
+    def snapshot_asked(self, index: int) -> None:
+        """A follower's machine needs a snapshot at or past ``index`` (on the member's
+        loop, under its lock): cut one now if the core says so, before any later batch."""
+        m = self.member
+        with m._lock:
+            now = self.core.snapshot_asked(index, m.store.ledger_begin_index)
+            term = m.store.get_term(now) if now is not None else -1
+        if now is not None:
+            self._cut(now, term)
 
     def _cut(self, index: int, term: int) -> None:
         """The snapshot's cut on the machine's thread, queued before any later batch; it

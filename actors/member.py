@@ -665,10 +665,11 @@ class MemberActor:
             batch.first_index, batch.count, to_wire(Inline(batch)), len(batch.data)
         ), info
 
-    async def snapshot_for_push(self, term: int):
-        """For a dispatcher of ``term`` about to reset a follower: our newest snapshot."""
+    async def snapshot_for_push(self, term: int, at_least: int = -1):
+        """For a dispatcher of ``term`` about to reset a follower, or whose follower's
+        machine needs a snapshot at or past ``at_least``: our newest snapshot."""
         with self._lock:
-            return self.logic.snapshot_for_push(term)
+            return self.logic.snapshot_for_push(term, at_least)
 
     async def read_snapshot(self, term: int, index: int, snap_term: int, offset: int, n: int):
         """A chunk of snapshot ``index`` for a dispatcher of ``term`` (fenced under the

@@ -121,9 +121,12 @@ class RoundPath:
     def fallback(self, items: Sequence[tuple[Announcement, Sequence[Span]]]) -> list:
         """Rounds that were queued or in flight in an abandoned graph: those still waiting
         travel again as plain calls (a follower answers a push it already holds from its
-        log) and are registered again."""
+        log) and are registered again.  Those of a term whose office is over are left to
+        its end, which fails them."""
         out: list[Announce | Register] = []
         for a, spans in items:
+            if not self.logic.holds_office(a.term):
+                continue
             waiting = [(f, la, rid) for f, la, rid in spans if self.book.waiting(rid)]
             if not waiting:
                 continue

@@ -5,6 +5,9 @@ Issue 23's decisions, once, for the Ray member and the simulation alike:
 
 * **due**: a snapshot is taken every ``every_entries`` applied entries or
   ``every_bytes`` applied bytes since the last one (0 turns a trigger off), one at a time;
+  and as soon as the machine stands at an index a follower's machine asked for (``ask``):
+  a follower stranded below its log's begin waits for a leader's snapshot that far, and
+  an idle group applies no more batches to reach the next periodic one;
 * **keep**: the newest ``keep`` snapshots stay, older ones go;
 * **start from**: the newest snapshot that verifies (a damaged one is logged and skipped in
   favour of an older one, or of the log alone);
@@ -55,10 +58,19 @@ class SnapshotPolicy:
         self.kept = sorted(kept) or ([last] if last >= 0 else [])  # indexes on disk
         self._bytes_since = 0
         self.taking: int | None = None  # the index of the snapshot being written
+        self.asked = -1  # a follower's machine waits for a snapshot at or past this index
 
     def applied(self, nbytes: int) -> None:
         """A batch of ``nbytes`` body bytes was applied."""
         self._bytes_since += nbytes
+
+    def ask(self, index: int) -> None:
+        """A follower's machine needs a snapshot at or past ``index`` (the newest one we
+        have stands below it).  The nearest ask counts: the snapshot that answers it
+        answers every ask at or below where it is cut, and a follower still short asks
+        again when its dispatcher looks again."""
+        if index > self.last:
+            self.asked = index if self.asked <= self.last else min(self.asked, index)
 
     def due(self, applied: int) -> bool:
         """Whether to snapshot the machine now, standing at ``applied`` (none while one is
@@ -66,6 +78,8 @@ class SnapshotPolicy:
         cfg = self.config
         if self.taking is not None or applied <= self.last:
             return False
+        if self.last < self.asked <= applied:
+            return True
         if cfg.every_entries and applied - self.last >= cfg.every_entries:
             return True
         return bool(cfg.every_bytes) and self._bytes_since >= cfg.every_bytes

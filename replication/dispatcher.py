@@ -58,11 +58,12 @@ class DispatcherState(str, Enum):
     INSTALL = "INSTALL"
 
 
-def _peek_snapshot(log_: LeaderLog) -> Any:
+def _peek_snapshot(log_: LeaderLog, at_least: int = -1) -> Any:
     """The leader's newest snapshot as the log offers it (None: it has none, or the log
-    offers no snapshots at all); may raise NotCached."""
+    offers no snapshots at all); may raise NotCached.  ``at_least``: the index a
+    follower's machine needs (the leader snapshots that far when its newest is short)."""
     peek = getattr(log_, "peek_snapshot", None)
-    return None if peek is None else peek()
+    return None if peek is None else peek(at_least)
 
 
 def _config_below(log_: LeaderLog, begin: int) -> bytes | None:
@@ -306,7 +307,7 @@ class EntryDispatcher:
         match: start sending our newest when it reaches that far (True).  None does yet
         (the follower's own snapshots, or another leader's, went further than ours): look
         again later (:meth:`_machine_install_due`).  May raise NotCached before any change."""
-        snap = _peek_snapshot(log_)
+        snap = _peek_snapshot(log_, self._wanted)
         if snap is None or snap.index < self._wanted:
             self._event(DEBUG, "install.none", self._wanted,
                         snapshot=None if snap is None else snap.index)  # fmt: skip

@@ -132,3 +132,19 @@ def test_a_graph_that_served_long_falls_back_with_the_shortest_backoff() -> None
     fp.ready(t + 20_000)
     assert fp.ready(t + 20_050).fallback
     assert fp.ready(t + 20_050).wake_at_ms == t + 20_050 + 1000
+
+
+def test_a_stop_within_the_term_hands_its_rounds_back_as_plain_calls() -> None:
+    """A reconfiguration or a restored helper stops the graph while the member still leads:
+    rounds in flight or queued in it must go as plain calls -- dropped, they waited
+    unanswered until the term ended."""
+    fp, graph = live(0)
+    assert fp.step(Admits(Ann()), 10) is Route.GRAPH
+    fp.step(Enqueue(Ann(), [(0, 0, "in flight")]), 10)
+    fp.ready(10)  # executing
+    assert fp.step(Admits(Ann(5000)), 11) is Route.GRAPH
+    fp.step(Enqueue(Ann(5000), [(1, 1, "queued")]), 11)
+    fp.step(Stop(), 12)
+    out = fp.ready(12)
+    assert [rounds for _, rounds in out.fallback] == [((0, 0, "in flight"),), ((1, 1, "queued"),)]
+    assert graph in out.teardown and not fp.active

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
-from rayledger.actors.logic import MemberLogic
+from rayledger.actors.logic import MemberLogic, StopLeading
 from rayledger.actors.rounds import RoundBook
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
@@ -135,3 +135,13 @@ def test_the_role_queue_runs_one_at_a_time_a_role_change_first(plain) -> None:
     assert q.next() is restore
     assert q.next() is None and not q.busy  # free again
     assert q.role_changed()
+
+
+def test_the_fallback_of_a_term_whose_office_is_over_is_left_to_its_end(plain) -> None:
+    """A graph stopped at a term's end hands its rounds back too; the term's end fails
+    them, so none is announced or registered again for a term the member left."""
+    w = _written(plain, b"a")
+    a = plain.logic.announcement(w.round)
+    plain.logic.state.change_to_candidate(3)
+    assert [type(x) for x in plain.logic.leadership()] == [StopLeading]
+    assert plain.fallback([(a, [(1, 1, w.rid)])]) == []

@@ -72,3 +72,22 @@ def test_bad_settings_are_a_coded_error() -> None:
     with pytest.raises(LedgerError) as e:
         SnapshotConfig(keep=0)
     assert e.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+
+
+def test_a_snapshot_asked_for_is_due_once_the_machine_stands_that_far() -> None:
+    """A follower stranded below its log's begin waits for a snapshot at or past its
+    point; an idle group never reaches the next periodic one."""
+    p = SnapshotPolicy(SnapshotConfig(every_entries=100), last=86)
+    assert not p.due(140)
+    p.ask(150)
+    assert not p.due(140)  # not that far yet: the batch that gets there takes it
+    p.ask(98)
+    assert p.due(140)  # the nearest ask counts
+    p.begin(140)
+    assert not p.due(141)  # one at a time
+    p.taken(140, [Snap(86), Snap(140)])
+    assert not p.due(160)  # answered: periodic again (a follower still short asks again)
+    p.ask(120)
+    assert not p.due(160)  # what the newest snapshot holds already
+    p.ask(150)
+    assert p.due(150) and not p.due(149)

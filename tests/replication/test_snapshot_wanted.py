@@ -63,7 +63,7 @@ class SnapLog:
     def __getattr__(self, name):
         return getattr(self.store, name)
 
-    def peek_snapshot(self):
+    def peek_snapshot(self, at_least=-1):
         return self.snap
 
     def take_snapshot(self):

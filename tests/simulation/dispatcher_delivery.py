@@ -153,7 +153,7 @@ class DispatcherDelivery:
             args = (f.term, f.index, f.max_bytes, f.max_count)
             (answer,) = yield [lambda: _call(lg.read_for_push, *args)]
         elif f.kind == "snapshot":
-            (answer,) = yield [lambda: _call(lg.snapshot_for_push, f.term)]
+            (answer,) = yield [lambda: _call(lg.snapshot_for_push, f.term, f.index)]
         else:
             (answer,) = yield [lambda: _call(lg.entry_meta, f.term, f.index)]
         if self._d_gone(node, peer, gen):

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from rayledger.actors import client_session as cs
+from rayledger.actors.fastpath_logic import FastPathLogic
 from rayledger.actors.logic import MemberLogic
 from rayledger.actors.machine_core import MachineCore
 from rayledger.actors.membership import Membership
@@ -347,6 +348,26 @@ def _same_term_campaign(patch: Callable) -> None:
     patch(MemberState, "voters_changed_in_term", lambda self: False)
 
 
+def _graph_stop(patch: Callable) -> None:
+    """A graph stopped within the term (a reconfiguration, a restored helper) drops the
+    rounds in it: they wait unanswered until the term ends."""
+
+    def stop(self):
+        self._build_at = None
+        self.parked = False
+        self.building = None
+        self._abandon()
+        self.term = -1
+
+    patch(FastPathLogic, "_stop", stop)
+
+
+def _snapshot_ask(patch: Callable) -> None:
+    """A leader whose newest snapshot stops short of what a follower's machine needs
+    waits for its next periodic one, which an idle group never takes."""
+    patch(MachineCore, "snapshot_asked", lambda self, index, begin: None)
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -372,6 +393,8 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "snapshot-after-reset": _snapshot_after_reset,
     "reset-term-floor": _reset_term_floor,
     "read-index-end": _read_index_end,
+    "graph-stop": _graph_stop,
+    "snapshot-ask": _snapshot_ask,
 }
 _ABSENT = object()
 

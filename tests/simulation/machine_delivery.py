@@ -113,6 +113,7 @@ class MachineDelivery:
         if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
             node.logic.take_snapshots(node.applier.shelf)
             node.logic.handler.snapshot_wanted = node.applier.core.snapshot_wanted
+            node.logic.snapshot_asked = lambda index, node=node: self._m_asked(node, index)
         store = m.store
         store.keep_from = node.applier.core.keep_from(node.applier.saved)
         inner = machine.apply
@@ -312,6 +313,13 @@ class MachineDelivery:
         self.stats["machine_installs"] += 1
         self.net.note(f"{node.id} machine loads the leader's snapshot at {job.index}")
         self._m_pump(node)
+
+    def _m_asked(self, node: Node, index: int) -> None:
+        """``MachineRunner.snapshot_asked``: a follower's machine needs a snapshot that far."""
+        now = node.applier.core.snapshot_asked(index, node.logic.store.ledger_begin_index)
+        if now is not None:
+            self.stats["snapshots_asked"] += 1
+            self._m_snapshot(node, now)
 
     def _m_snapshot(self, node: Node, index: int) -> None:
         """``MachineRunner._snapshot``: the cut on the machine's thread (now, right after

@@ -101,6 +101,8 @@ PINNED: dict[str, int] = {
     "read-index-end": 121_596,
     "term-queue": 111_006,
     "stranded-at-start": 111_054,
+    "graph-stop": 122_722,
+    "snapshot-ask": 123_686,
 }
 
 
