@@ -559,6 +559,13 @@ class Supervisor:
                       term, kind, peer or "", self.pids.get((kind, peer)))  # fmt: skip
         return Replace(term, keys, tuple(self.pids.get(k) for k in keys))
 
+    def _may_replace(self, term: int) -> bool:
+        """Whether the watch of ``term`` replaces its silent helpers now: while the term's
+        office is this member's, also as a candidate for a moment in it -- waiting for a
+        ping to end while it leads again cost a ping's whole wait each time, seconds of
+        rounds unanswered behind a hung checker while its heartbeats came and went."""
+        return self.logic.holds_office(term)
+
     def watch(self, term: int) -> Process:
         """While this member leads ``term``, ask each helper for its pid every quarter of
         the steady helper wait (:meth:`steady_wait_ms`).  A killed helper is restarted by
@@ -596,11 +603,12 @@ class Supervisor:
                 if how == "ok":
                     answered[k] = now
             silent = tuple(k for k in keys if now - answered.setdefault(k, now) >= self.wait_for(k))
-            if silent and self.logic.leads(term):
+            if silent and self._may_replace(term):
                 kind, peer = silent[0]
                 yield self._replace(term, silent)
-                yield self.hand_over(term, f"its {kind} {peer or ''} answered nothing for "
-                                           f"{now - answered[silent[0]]} ms")  # fmt: skip
+                if self.logic.leads(term):
+                    yield self.hand_over(term, f"its {kind} {peer or ''} answered nothing "
+                                               f"for {now - answered[silent[0]]} ms")  # fmt: skip
                 # the hand-over ends the term (transferred, or stepped down) -- unless this
                 # member is elected again in it: then watch on, the new processes afresh
                 answered.update(dict.fromkeys(silent, now))

@@ -162,6 +162,34 @@ def test_a_watch_goes_on_through_a_re_election_in_its_term() -> None:
     assert isinstance(newer.start(), Sleep)
 
 
+def test_a_hung_helper_is_replaced_while_its_leader_is_a_candidate_for_a_moment() -> None:
+    """A leader that loses its heartbeat majority now and then (a slow follower) and is
+    elected again in the same term: a ping that ends while it is a candidate still replaces
+    the hung checker.  Waiting to lead at the end of a ping cost the simulation's leader
+    three whole pings, seconds of rounds unanswered; no hand-over while not leading."""
+    sup = _supervisor()
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    proc = sup.watch(3)
+    action, now = proc.start(), 0
+    while not isinstance(action, Replace):
+        assert now < 2 * sup.helper_wait_ms(), action
+        value = None
+        if isinstance(action, Ping):
+            m.elector._change_role_to_candidate(3, now)  # as the ping ends: a candidate
+            now += action.timeout_ms
+            value = {k: "timeout" for k in action.keys}
+        elif isinstance(action, Sleep):
+            now += action.ms
+            if m.state.role.name == "CANDIDATE":
+                m.state.change_to_leader(3)  # elected again in term 3 before the next ping
+        action = proc.send(Answer(now, value))
+    assert CHECKER in action.keys and not m.leads(3)
+    assert isinstance(proc.send(Answer(now, None)), Sleep)  # no hand-over: it does not lead
+
+
 def test_a_watch_begun_before_a_helper_reported_its_start_still_catches_it_hanging() -> None:
     """CI (stop 33): the checker's "I started" call reached the member after its first
     Install had answered, so the watch began while that helper still counted as booting and

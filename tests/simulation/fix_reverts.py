@@ -18,6 +18,7 @@ from rayledger.actors.membership import Membership
 from rayledger.actors.reads import ReadIndexLogic
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook
+from rayledger.actors.supervision import Supervisor
 from rayledger.election.messages import VoteResult
 from rayledger.election.voting import VotingSteps
 from rayledger.integration.kv.machine import KvMachine
@@ -368,6 +369,11 @@ def _snapshot_ask(patch: Callable) -> None:
     patch(MachineCore, "snapshot_asked", lambda self, index, begin: None)
 
 
+def _watch_candidate(patch: Callable) -> None:
+    """A watch replaces a hung helper only when a ping ends while its member leads."""
+    patch(Supervisor, "_may_replace", lambda self, term: self.logic.leads(term))
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -395,6 +401,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "read-index-end": _read_index_end,
     "graph-stop": _graph_stop,
     "snapshot-ask": _snapshot_ask,
+    "watch-candidate": _watch_candidate,
 }
 _ABSENT = object()
 

@@ -103,6 +103,7 @@ PINNED: dict[str, int] = {
     "stranded-at-start": 111_054,
     "graph-stop": 122_722,
     "snapshot-ask": 123_686,
+    "watch-candidate": 124_208,
 }
 
 
