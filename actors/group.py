@@ -139,12 +139,39 @@ class LedgerGroup:
                 return doc
             fallback = fallback or doc
             hint = doc.get("leader_id")
+            if hint and hint not in self._handles:
+                # a leader this driver has no handle for: a member added meanwhile, maybe
+                # the one a leader to leave handed over to (a refresh before its change
+                # committed dropped it) -- ignoring it, a replace waited for good
+                self._attach(hint)
             if hint in self._handles and hint not in tried:
                 order.insert(0, hint)
         if fallback is not None:
             return fallback
         raise LedgerError.of(ResponseCode.UNKNOWN_GROUP,
                              f"no member of {self.name!r} answers: {last}")  # fmt: skip
+
+    def _views(self) -> dict[str, str]:
+        """What each member says of the group, a second at most: for an error that has to
+        tell a group without a leader from a driver that does not find it."""
+        refs = {m: h.membership.remote() for m, h in self._handles.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0)
+        views = {}
+        for m, ref in refs.items():
+            try:
+                doc = ray.get(ref, timeout=0.1) if ref in ready else None
+            except Exception as exc:
+                views[m] = f"fails: {type(exc).__name__}"
+                continue
+            views[m] = (
+                "no answer in 1 s"
+                if doc is None
+                else (
+                    f"term {doc['term']} {'leads' if doc['leads'] else 'follows'} "
+                    f"{doc['leader_id']} committed {doc['committed_index']}"
+                )
+            )
+        return views
 
     def refresh(self) -> None:
         """Follow the committed configuration: handles for members added (by any driver, or
@@ -232,7 +259,8 @@ class LedgerGroup:
                 return c
             if time.monotonic() > deadline:
                 raise LedgerError.of(ResponseCode.TIMEOUT,
-                                     f"{what} not committed within {timeout_s}s: {doc}")  # fmt: skip
+                                     f"{what} not committed within {timeout_s}s: {doc}; "
+                                     f"every member's view: {self._views()}")  # fmt: skip
             time.sleep(pause)
             pause = min(0.25, pause * 1.5)
 
