@@ -134,7 +134,9 @@ def _alive(g: list[str], member: str, run) -> bool:
 
 
 def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
-    """Each new command's happy path as a process of its own against the session's Ray."""
+    """Each operating command's happy path against the session's Ray: the group started by a
+    process of its own, the commands through the CLI's main in this process (test_start_...
+    runs every command of the first set as a process)."""
     address = ray.get_runtime_context().gcs_address
     g = ["--group", group_name, "--address", address]
     out = cli("start", *g, "--members", "3", "--store-dir", str(tmp_path), "--fast")
@@ -145,13 +147,16 @@ def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
         first = appended[0]["index"]
 
         # tail (JSON and text), tail --follow, status --watch (JSON and table), list
-        tail, text, follow, watch, table, listed = cli_many(
-            ["tail", *g, "--from", str(first), "--json"],
-            ["tail", *g, "--from", str(first), "--max", "2"],
-            ["tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json"],
-            ["status", *g, "--watch", "--json", "--count", "4", "--interval", "0.2"],
-            ["status", *g, "--watch", "--count", "1"],
-            ["list", "--address", address, "--json"],
+        tail, text, follow, watch, table, listed = (
+            cli_here(*args)
+            for args in (
+                ["tail", *g, "--from", str(first), "--json"],
+                ["tail", *g, "--from", str(first), "--max", "2"],
+                ["tail", *g, "--from", str(first + 3), "--follow", "--max", "2", "--json"],
+                ["status", *g, "--watch", "--json", "--count", "4", "--interval", "0.2"],
+                ["status", *g, "--watch", "--count", "1"],
+                ["list", "--address", address, "--json"],
+            )
         )
         rows = _json_lines(tail)
         assert [r["body"] for r in rows[:5]] == bodies and rows[0]["index"] == first
@@ -179,15 +184,15 @@ def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
         # fault: pause and resume a follower, partition and heal, kill the leader
         leader = _leader(g, cli_here)
         follower = next(m for m in ["n0", "n1", "n2"] if m != leader)
-        assert _json_lines(cli("fault", "pause", *g, follower))[0]["member"] == follower
+        assert _json_lines(cli_here("fault", "pause", *g, follower))[0]["member"] == follower
         assert not _alive(g, follower, cli_here)
-        assert _json_lines(cli("fault", "resume", *g, follower))[0]["member"] == follower
+        assert _json_lines(cli_here("fault", "resume", *g, follower))[0]["member"] == follower
         assert _alive(g, follower, cli_here)
         others = ",".join(m for m in ["n0", "n1", "n2"] if m != leader)
-        done = _json_lines(cli("fault", "partition", *g, leader, others))[0]
+        done = _json_lines(cli_here("fault", "partition", *g, leader, others))[0]
         assert done["sides"] == [[leader], others.split(",")]
-        assert _json_lines(cli("fault", "heal", *g))[0]["fault"] == "heal"
-        killed = _json_lines(cli("fault", "kill", *g, "leader"))[0]
+        assert _json_lines(cli_here("fault", "heal", *g))[0]["fault"] == "heal"
+        killed = _json_lines(cli_here("fault", "kill", *g, "leader"))[0]
         assert killed["member"] in ["n0", "n1", "n2"]
         deadline = time.monotonic() + 60
         while True:  # right after the kill an append may reach the restarting member
@@ -203,7 +208,7 @@ def test_operating_commands(ray_session, group_name, tmp_path, cli_here):
             time.sleep(0.5)
         assert _json_lines(out)[0]["index"] > appended[-1]["index"]
 
-        out = _json_lines(cli("stop", *g, "--delete-data"))[0]
+        out = _json_lines(cli_here("stop", *g, "--delete-data"))[0]
         assert out["stopped"] and not (tmp_path / group_name).exists()
         listed = _json_lines(cli_here("list", "--address", address, "--json"))[0]
         assert group_name not in [r["group"] for r in listed]
@@ -241,8 +246,10 @@ sys.exit(main(["list"]))
 
 
 def test_operating_commands_bad_input(ray_session, group_name, tmp_path, cli_here):
-    """Every new command's bad-input paths, each as a process: unknown group, no cluster
-    (a port where nothing listens), bad index, and an unexpected error."""
+    """Every operating command's bad-input paths: no cluster (a port where nothing
+    listens), a bad argument before any connection and an unexpected error, each as a
+    process (the test's own process is attached to a cluster); unknown group and bad
+    values through the CLI's main in this process, meanwhile."""
     address = ray.get_runtime_context().gcs_address
     nog = ["--group", "no-such-group", "--address", address]
     nowhere = ["--group", group_name, "--address", "127.0.0.1:1"]
@@ -253,8 +260,8 @@ def test_operating_commands_bad_input(ray_session, group_name, tmp_path, cli_her
         def run(*calls: Sequence[str]):
             return [pool.submit(cli, *args) for args in calls]
 
-        # no group needed: submitted first, they run while the group starts
-        unknown = run(*([*cmd, *nog] for cmd in GROUP_COMMANDS))
+        # processes first: they run while this one asks for an unknown group, starts the
+        # group and sends it bad values
         unreachable = run(
             *([*cmd, *nowhere] for cmd in GROUP_COMMANDS), ["list", "--address", "127.0.0.1:1"]
         )
@@ -262,32 +269,36 @@ def test_operating_commands_bad_input(ray_session, group_name, tmp_path, cli_her
         crash = pool.submit(
             subprocess.run, [sys.executable, "-c", CRASH], capture_output=True, text=True
         )
+        unknown = [cli_here(*cmd, *nog) for cmd in GROUP_COMMANDS]
         out = cli_here("start", *g, "--members", "3", "--fast")
         assert out.returncode == 0, out.stderr[-2000:]
         try:
-            bad = run(
-                ["tail", *g, "--from", "-1"],
-                ["tail", *g, "--from", "abc"],
-                ["tail", *g, "--from", "1000000"],
-                ["get", *g, "-1"],
-                ["get", *g, "abc"],
-                ["get", *g, "1000000"],
-                ["fault", "kill", *g, "n9"],
-                ["fault", "partition", *g, "n0"],
-                ["status", *g, "--watch", "--interval", "0"],
-            )
+            bad = [
+                cli_here(*args)
+                for args in (
+                    ["tail", *g, "--from", "-1"],
+                    ["tail", *g, "--from", "abc"],
+                    ["tail", *g, "--from", "1000000"],
+                    ["get", *g, "-1"],
+                    ["get", *g, "abc"],
+                    ["get", *g, "1000000"],
+                    ["fault", "kill", *g, "n9"],
+                    ["fault", "partition", *g, "n0"],
+                    ["status", *g, "--watch", "--interval", "0"],
+                )
+            ]
             codes = ["UNEXPECTED_ARGUMENT"] * 2 + ["INDEX_OUT_OF_BOUNDS"]
             codes += ["UNEXPECTED_ARGUMENT"] * 2 + ["INDEX_OUT_OF_BOUNDS", "UNKNOWN_MEMBER"]
             codes += ["UNEXPECTED_ARGUMENT"] * 2
-            for f, code in zip(bad, codes, strict=True):
-                _error(f.result(), code)
+            for out, code in zip(bad, codes, strict=True):
+                _error(out, code)
             status = _json_lines(cli_here("status", *g, "--json"))[0]
             assert all(r["alive"] for r in status)  # nothing above touched the group
         finally:
             LedgerGroup.get(group_name).shutdown(delete_data=True)
 
-        for f in unknown:
-            assert "rayledger list" in _error(f.result(), "UNKNOWN_GROUP")
+        for out in unknown:
+            assert "rayledger list" in _error(out, "UNKNOWN_GROUP")
         for f in unreachable:
             assert "ray start --head" in _error(f.result(), "NETWORK_ERROR")
         assert "--members" in _error(bad_start[0].result(), "UNEXPECTED_ARGUMENT")
