@@ -99,7 +99,10 @@ def test_followers_leave_a_killed_leaders_graph_by_themselves(make_group):
     """Nothing tears down a killed leader's graph, and each of its followers' loops spins
     on a core: a follower closes its loop as soon as it stops following that leader, not
     when (and if) a next leader compiles."""
-    g = make_group(config=dataclasses.replace(FAST, fast_path_park_ms=60_000))
+    # no stall fallback either: a busy host's late execution would end the graph through
+    # the leader (cg_end) before the kill, and no follower would have a loop to leave
+    cfg = dataclasses.replace(FAST, fast_path_park_ms=60_000, fast_path_stall_ms=30_000)
+    g = make_group(config=cfg)
     old = wait_active(g)
     c = g.client(timeout_s=30)
     acked = {c.append(b"before").index: b"before"}
