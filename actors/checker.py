@@ -79,7 +79,7 @@ class QuorumAckCheckerActor:
         return self.driver.deliver(BecomeLeader(term, term_start_index, info))
 
     async def configure(self, term: int, info: LeaderInfo) -> bool:
-        """The leader of ``term`` acts on a new configuration (issue 22)."""
+        """The leader of ``term`` acts on a new configuration."""
         self._attach()
         return self.driver.deliver(Configure(term, info))
 

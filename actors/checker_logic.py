@@ -93,7 +93,7 @@ class GraphReport:
 
 @dataclass(frozen=True, slots=True)
 class Configure:
-    """The leader of ``term`` acts on a new configuration (``info.configs``, issue 22): the
+    """The leader of ``term`` acts on a new configuration (``info.configs``): the
     majority is of its voters from now on."""
 
     term: int

@@ -35,7 +35,7 @@ class LedgerConfig:
     # tear the graph down after this long without a round (its participants spin while it
     # lives); the next round goes as plain calls while it is built again (fastpath_logic.py)
     fast_path_park_ms: int = 2000
-    # rounds a leader lets wait for their quorum at once (issue 25: rounds that overlap);
+    # rounds a leader lets wait for their quorum at once (rounds that overlap);
     # appends arriving while that many wait join one larger round when one ends
     max_rounds: int = 1
     # lease reads assume members' clocks run at rates differing by at most this (see reads.py)
@@ -43,19 +43,19 @@ class LedgerConfig:
     # a state machine every member runs, "package.module:Class" (see machine.py)
     state_machine: str | None = None
     state_machine_args: dict = field(default_factory=dict)
-    # a machine's snapshots (issue 23): every N applied entries (0: off) or bytes (0: off),
+    # a machine's snapshots: every N applied entries (0: off) or bytes (0: off),
     # the newest K kept; the log may be compacted up to the newest
     snapshot_every_entries: int = 100_000
     snapshot_every_bytes: int = 0
     snapshot_keep: int = 2
-    # membership (issue 22): a learner planned to vote is promoted once it stores all but
+    # membership: a learner planned to vote is promoted once it stores all but
     # this many of the leader's entries; a member whose node Ray reports dead this long is
     # replaced by the leader on a live node hosting no member of the group (None: never).
     # Ray itself declares a node dead after ~30 s without health checks, so a minute more
     # rides out a slow reboot but not a lost host.
     promote_lag: int = 1000
     replace_lost_after_s: float | None = 60.0
-    # exactly-once appends (issue 24): an idempotent client's session silent this long, by
+    # exactly-once appends: an idempotent client's session silent this long, by
     # its leaders' stamps, expires (its appends then get SESSION_EXPIRED); None keeps the
     # replication layer's ``client_session_ttl_ms`` (1 h)
     client_session_ttl_s: float | None = None

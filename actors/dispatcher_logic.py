@@ -521,7 +521,7 @@ class DispatcherLogic:
         """The checker did not answer (its process died or was killed): report again after
         :data:`REPORT_RETRY_MS`.  Waiting for the next rise of the water mark instead would
         leave a restarted checker without this follower's mark for good once the follower
-        has caught up (found by the simulation, seed 40129: a round never answered)."""
+        has caught up (found by the simulation: a round never answered)."""
         self.reporting = False
         self._report_due = True
         self._report_after = now_ms + REPORT_RETRY_MS

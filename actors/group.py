@@ -95,7 +95,7 @@ class LedgerGroup:
         except ValueError:  # its actor is gone (a member lost with its node, then removed)
             self._handles.pop(member, None)
 
-    # -- membership (issue 22) ----------------------------------------------------------------
+    # -- membership ----------------------------------------------------------------
     @property
     def members(self) -> list[str]:
         """The committed configuration's members (voters, then learners), as the group
@@ -476,7 +476,7 @@ class LedgerGroup:
         return group
 
     def client(self, timeout_s: float = 30.0, idempotent: bool = True) -> LedgerClient:
-        """A client of this group: exactly-once appends (issue 24), an unknown outcome
+        """A client of this group: exactly-once appends, an unknown outcome
         retried under the same identity until the deadline; ``idempotent=False`` keeps the
         smallest entries and leaves unknown outcomes to the caller."""
         return LedgerClient(self.name, self.members, timeout_s=timeout_s, idempotent=idempotent)

@@ -211,7 +211,7 @@ class MemberLogic:
         self.peers = list(peers)
         self.store = store
         self.replication = replication
-        # the configurations in its log (issue 22), kept beside it: a restart reads them back
+        # the configurations in its log, kept beside it: a restart reads them back
         # (an added member starts from ``initial``, the group's first ones from ``peers``)
         if config_store is None:
             config_store = FileConfigStore(data_dir) if data_dir else MemoryConfigStore()
@@ -221,7 +221,7 @@ class MemberLogic:
                                  config=self.config_log)  # fmt: skip
         self.state.attach_log(store)  # the store owns the log end; the state reads it
         store.watch_channel(CONFIG_CHANNEL, ConfigWatch(self.config_log))
-        # idempotent clients' sessions as this log holds them (issue 24): any member that
+        # idempotent clients' sessions as this log holds them: any member that
         # leads next answers a retry from its own log
         self.sessions = recover_sessions(store, replication.client_session_ttl_ms)
         self.elector = Elector(self.state, election, rng or random.Random())
@@ -231,7 +231,7 @@ class MemberLogic:
         self.term_start_index = -1  # the index of the leading term's empty entry
         # (term, index): the configuration entry whose voters this leader's checker counts
         self.checker_config = (-1, -1)
-        # the machine's snapshots (issue 23): offered to followers below our begin, and
+        # the machine's snapshots: offered to followers below our begin, and
         # where a follower's INSTALL chunks go; None when the member takes no snapshots
         self.snapshots: SnapshotSource | None = None
         # the machine's answer to a follower that needs a snapshot further than our newest:
@@ -240,7 +240,7 @@ class MemberLogic:
 
     def take_snapshots(self, source: SnapshotSource) -> None:
         """The member's machine takes snapshots: offer them, and take them from leaders.
-        Each carries the client sessions at its index (issue 24): a log compacted up to
+        Each carries the client sessions at its index: a log compacted up to
         one is rebuilt from it, and so is a log reset to one installed from a leader."""
         self.snapshots = source
         self.handler.installs = InstallReceiver(self.self_id, source.store)
@@ -494,7 +494,7 @@ class MemberLogic:
 
     def existing_round(self, first: int, last: int, term: int) -> Round:
         """Entries ``first..last`` of ``term`` already in the log, as a round to send on
-        again (a retry waits on them, issue 24): no append call of its own."""
+        again (a retry waits on them): no append call of its own."""
         store = self.store
         data = store.read_batch(first, 1 << 62, last - first + 1).data
         positions = [store.get_pos(i) for i in range(first, last + 1)]

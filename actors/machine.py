@@ -11,7 +11,7 @@ so the simulation runs the same code:
   so ``apply`` sees every committed entry in order, at most once per lifetime.
 * ``apply(entries)`` with committed entries in index order (a term's first entry has an
   empty body: machines usually skip empty bodies).  A group's configuration entries
-  (issue 22, on their own channel) are the group's, not the machine's: ``apply`` never
+  (on their own channel) are the group's, not the machine's: ``apply`` never
   sees them, so the indexes it is given skip theirs.
 * ``pre_append(index, pos, body)`` on the leader, before the write: it may rewrite the
   ``bytearray`` body in place with the same length (DLedger's AppendHook; RocketMQ stamps
@@ -20,7 +20,7 @@ so the simulation runs the same code:
   LEADER_NOT_READY until it says True (RocketMQ waits until dispatch caught up).
 * ``query(request)`` answers ``client.query(request, consistency=...)`` once the member has
   applied everything the read consistency requires.
-* ``snapshot()`` (issue 23) at a consistent cut: on the machine's thread, right after a
+* ``snapshot()`` at a consistent cut: on the machine's thread, right after a
   whole batch, every ``snapshot_every_entries`` (or ``snapshot_every_bytes``); returns a
   function that writes that state into an empty directory, run on another thread while
   the machine applies on (so it must capture an immutable copy), or None (no snapshots).
@@ -231,7 +231,7 @@ class Applier:
         thread; the core learns of it through ``core.batch_done``)."""
         if entries:
             self.core.check_continues(entries[0].index)
-            # configuration entries (issue 22) are the group's, not the machine's: it sees
+            # configuration entries are the group's, not the machine's: it sees
             # client entries (and a term's empty first entry) only
             mine = [e for e in entries if not e.channel]
             if mine:

@@ -18,7 +18,7 @@ and futures, the seeded simulation with simulated time.  The core decides:
   ``on_role_change`` raised applies no more (its state is unknown), and every waiting and
   later query fails INTERNAL_ERROR;
 * **role news**: the machine hears each distinct (role, term) once;
-* **installs** (issue 23): a snapshot sealed from the leader (:meth:`MachineCore.offer`) is
+* **installs**: a snapshot sealed from the leader (:meth:`MachineCore.offer`) is
   loaded next, between batches, only when it is ahead of where the machine stands (never
   applied twice, never skipped: the machine then stands exactly at its index); a machine
   that stands below its log's begin (the log was reset to the leader's after a long
@@ -263,7 +263,7 @@ class MachineCore:
             f"the state machine of {self.member} failed: {self.failed}",
         )
 
-    # -- snapshots (issue 23) -------------------------------------------------------------------
+    # -- snapshots -------------------------------------------------------------------
     def snapshot_due(self, entries: list, begin: int = 0) -> int | None:
         """After a batch of ``entries`` applied: the index to snapshot the machine at now
         (its consistent cut: where it stands), or None -- also when the log now begins

@@ -140,7 +140,7 @@ class MachineRunner:
         m, snaps = self.member, self.applier.snapshots
         loop = asyncio.get_running_loop()
         tmp = None
-        with m._lock:  # the client sessions as of the cut travel with it (issue 24)
+        with m._lock:  # the client sessions as of the cut travel with it
             sessions = m.logic.sessions.at(index)
         try:
             writer = await cut

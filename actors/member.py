@@ -116,7 +116,7 @@ class MemberActor:
             initial=Configuration.from_doc(initial) if initial is not None else None,
         )
         self.store = store
-        # the members of the configuration it acts on (it changes: issue 22); the parts share
+        # the members of the configuration it acts on (it changes); the parts share
         # this list, changed in place
         self.peers[:] = [*self.logic.config_log.latest().members]
         # sync_flush: fdatasync outside the member's lock, so heartbeats and votes never
@@ -435,7 +435,7 @@ class MemberActor:
         ident: tuple[int, int] | None = None,
     ):
         """Append a batch as leader (see :meth:`~.member_appends.AppendPart.append`);
-        ``ident``: an idempotent client's (client id, first sequence), issue 24."""
+        ``ident``: an idempotent client's (client id, first sequence)."""
         return await self.appends.append(bodies, group, target, ident)
 
     @ray.method(enable_task_events=False)
@@ -464,7 +464,7 @@ class MemberActor:
     async def query(self, request, consistency: str = "committed"):
         return await self.reads.query(request, consistency)
 
-    # -- membership (issue 22) ------------------------------------------------------------
+    # -- membership ------------------------------------------------------------
     async def change_members(self, op: str, member: str, replaces: str = "") -> int:
         """On the leader: change the configuration (an :class:`~.membership.Op`); returns the
         index of the configuration entry once it committed.  Coded errors: see

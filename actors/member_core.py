@@ -264,7 +264,7 @@ class MemberOut:
     run: list[Run] = field(default_factory=list)
     written: Written | None = None  # the round written by this step
     finished: list[Finished] = field(default_factory=list)  # rounds that ended
-    # append calls answered outside a round (issue 24: a retry answered from the log, or
+    # append calls answered outside a round (a retry answered from the log, or
     # its unknown outcome): (token, Spread | LedgerError)
     settled: list[tuple[Any, Any]] = field(default_factory=list)
     write_due: bool = False  # step WriteRound at the end of this turn

@@ -1,4 +1,4 @@
-"""The leader's membership decisions (issue 22; sans-I/O: no clock, no Ray, no files).
+"""The leader's membership decisions (sans-I/O: no clock, no Ray, no files).
 
 A change is one configuration entry written through the append path (``RoundBook.admit_config``,
 checked by ``check_change``: one voter at a time, one change in flight, none before the
@@ -171,7 +171,7 @@ class Membership:
         voter's progress in this term is known yet (ask again).  Handing over to a
         replacement that fell behind after its promotion -- again and again, each time the
         leader was re-elected in its term, while it could not win an election -- wedged
-        the group (seed 93306)."""
+        the group."""
         lag = end_index - self.promote_lag
         known = {v: m for v, m in self.match.items() if m >= lag}  # reported in this term
         if new in known:

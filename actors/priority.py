@@ -1,5 +1,5 @@
 """Catch-up work in the background: OS scheduling for a learner and the dispatcher that
-feeds it (issue 22).
+feeds it.
 
 Ray starts every worker at nice 15, so a learner writing 100 MB/s and the dispatcher
 reading it competed as equals with the voters' rounds: on two cores, a single client's

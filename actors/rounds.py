@@ -14,7 +14,7 @@ whole-group simulation run the same decisions:
 * the rounds of a term that ended (:meth:`RoundBook.of_term`) are failed by the shell with
   TERM_CHANGED, or registered again with a restarted checker.
 
-* an idempotent client's append (issue 24: ``ident`` = its client id and first sequence)
+* an idempotent client's append (``ident`` = its client id and first sequence)
   is checked against the client-session table the member keeps from its own log
   (:mod:`rayledger.replication.sessions`): its session's next entries are queued and
   written with the session prefix; a retry of entries already in the log is answered with
@@ -91,7 +91,7 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class Spread:
     """Where an append call's entries sit when they are not one stretch of one round (a
-    retry answered from the log, issue 24): per entry, little-endian int64 bytes."""
+    retry answered from the log): per entry, little-endian int64 bytes."""
 
     indexes: bytes
     terms: bytes
@@ -259,7 +259,7 @@ class RoundBook:
         return out
 
     def admit_config(self, proposed: Any, token: Any) -> None:
-        """A configuration change (issue 22): the single-server rules first (raises, nothing
+        """A configuration change: the single-server rules first (raises, nothing
         queued), then it waits to be written as a round of its own, on the configuration
         channel, before the appends queued.  One may be queued at a time, and none while one
         is uncommitted.  ``token`` None: the leader's own change, answered to no one."""

@@ -1,7 +1,7 @@
 """When a member snapshots its state machine, which snapshots it keeps, which one it
 starts from and how far its log may be compacted (sans-I/O: no Ray, no clock, no files).
 
-Issue 23's decisions, once, for the Ray member and the simulation alike:
+Its decisions, once, for the Ray member and the simulation alike:
 
 * **due**: a snapshot is taken every ``every_entries`` applied entries or
   ``every_bytes`` applied bytes since the last one (0 turns a trigger off), one at a time;

@@ -201,7 +201,7 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Helpers:
-    """The members of the configuration changed (issue 22): keep exactly one dispatcher per
+    """The members of the configuration changed: keep exactly one dispatcher per
     member in ``peers`` other than this one -- create those added, stop and drop those gone --
     and tell the checker the dispatchers.  ``start``: helpers not started yet (a promoted
     learner's, see :meth:`Supervisor.runs_helpers`) start now.  ``background``: a learner,
@@ -338,7 +338,7 @@ class Supervisor:
     def _stop_leading(self, change: StopLeading) -> Generator[Action, Answer, None]:
         """Stop the helpers of ``change.term``.  Each call waits one RPC timeout at most: a
         hung helper (a SIGSTOPped process Ray does not restart) must not hold the role lock,
-        or this member could never take office again (issue 20 item 4).  A helper that did
+        or this member could never take office again.  A helper that did
         not answer is harmless: it serves an old term, and every answer to it is fenced."""
         yield FailReaders()
         yield FastStop()
@@ -365,8 +365,8 @@ class Supervisor:
         wait (``HELPER_START_MS`` while a helper has never started: at a member's first term
         they may still be booting).  Each try waits one RPC timeout, or -- while no helper
         has started yet -- the whole wait: a hung helper that started must not be waited
-        for as if it were booting (the simulation's membership seed 94010: a checker hung
-        before its member's first term, with new dispatchers still booting)."""
+        for as if it were booting (a checker hung before its member's first term, with new
+        dispatchers still booting)."""
         term, info = change.term, change.info
         if self.sync:  # the term's first entry is on disk before we count ourselves
             flushed = yield Flush()
@@ -450,7 +450,7 @@ class Supervisor:
         A voter does from the first time it takes office (:meth:`_start_leading` starts
         them), and keeps them while it follows, ready for its next term.  Until then it runs
         none: in a steady group only the leader's helpers do any work, and a follower's
-        three idle processes doubled the group's processes, memory and idle CPU (issue 25).
+        three idle processes doubled the group's processes, memory and idle CPU.
         The price is paid once per member, in its first election: about a second of process
         start before its first round.  A learner runs none either (it cannot lead; its
         catch-up should cost the voters' rounds as little as possible), nor a member its
@@ -580,8 +580,8 @@ class Supervisor:
         """Runs while ``term``'s leadership lasts (``leading_term``), not only while this
         member is leader: a leader that steps down and is elected again in the same term
         before its role change runs keeps the term's helpers and gets no new watch -- the
-        simulation's membership seed 93025 found such a leader behind a hung checker, its
-        rounds unanswered for good (so a hand-over does not end it either).  Each helper's
+        simulation found such a leader behind a hung checker, its rounds unanswered for
+        good (so a hand-over does not end it either).  Each helper's
         silence counts from when it was first asked (a dispatcher added meanwhile) and
         ends with it (one removed)."""
         now = (yield Sleep(0)).now_ms
@@ -590,10 +590,10 @@ class Supervisor:
             # a ping may take up to the steady wait: a helper slow on a loaded machine answers
             # late, and only one that answers nothing for the whole wait is lost.  A helper
             # that has not started yet (a dispatcher just added) may take HELPER_START_MS,
-            # counted for it alone: the ping does not wait that long for the others (the
-            # simulation's membership seed 93315: a checker hung during such a ping went
-            # unnoticed for 30 s), and the others' wait is asked again each time (a helper's
-            # "I started" may arrive after its term's setup answered: CI, stop 33)
+            # counted for it alone: the ping does not wait that long for the others (in the
+            # simulation a checker hung during such a ping went unnoticed for 30 s), and the
+            # others' wait is asked again each time (a helper's "I started" may arrive after
+            # its term's setup answered)
             wait_ms = self.steady_wait_ms()
             keys = self.keys()
             pinged = yield Ping(keys, wait_ms)
@@ -623,8 +623,8 @@ class Supervisor:
         :meth:`RoundPath.reregister` gives it again, and every follower's water mark, which
         each dispatcher set up again in the same term reports at once).  The helper says
         which, rather than the member telling by a second pid: a first process's report
-        may arrive after its restart's, or never -- the simulation's membership seed 93139
-        took a restart for a first start, and that dispatcher served no term again."""
+        may arrive after its restart's, or never -- the simulation saw a restart taken for
+        a first start, and that dispatcher served no term again."""
         key = (kind, peer)
         known = self.pids.get(key)
         if not restarted:  # a first process: nothing to set up again

@@ -27,7 +27,7 @@ class MemberStatus:
     ledger_end_index: int
     committed_index: int
     alive: bool
-    # issue 22: "voter" or "learner" in the committed configuration this member knows,
+    # "voter" or "learner" in the committed configuration this member knows,
     # "removed", or None (no answer); on the leader, the lost members waiting for a node
     membership: str | None = None
     lost: tuple[str, ...] = ()

@@ -1,4 +1,4 @@
-"""Group membership as data (issue 22): who votes, who only learns, and how a change may
+"""Group membership as data: who votes, who only learns, and how a change may
 be made (sans-I/O: no clock, no Ray, no files).
 
 A configuration is an entry in the log, on its own channel (:data:`CONFIG_CHANNEL`, in

@@ -320,8 +320,8 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         if st.vote_for is None:
             # following ``leader_id`` in ``term`` spends this member's vote of the term on it:
             # DLedger grants a vote in the current term to whoever asks first, so a member
-            # that took the term from a heartbeat (a voter added in the term, issue 22) could
-            # otherwise help a second leader to a majority of the term (seed 90006)
+            # that took the term from a heartbeat (a voter added in the term) could
+            # otherwise help a second leader to a majority of the term
             st.set_vote_for(leader_id)
         self._vote_round = None
         self._pre_vote_granted_term = -1  # a grant is only good for the round it enabled

@@ -164,8 +164,7 @@ class HeartbeatSteps(ElectorParts):
             actions = self._change_role_to_candidate(rnd.max_term, now_ms)
             # take that term before campaigning, as a follower does on a larger heartbeat:
             # campaigning again in this term re-elected this leader by the same voters, and a
-            # non-voter at the larger term (a learner) then deposed it again, for good (the
-            # simulation's membership seed 93151)
+            # non-voter at the larger term (a learner) then deposed it again, for good
             self._need_increase_term_immediately = True
             return actions
         if st.is_quorum(rnd.succ_num):
@@ -232,8 +231,8 @@ class HeartbeatSteps(ElectorParts):
             return self._heartbeat_response(req, C.UNKNOWN_MEMBER), []
         # a leader outside this member's latest configuration is still followed (Raft
         # §4.2.1: requests are processed without consulting the configuration): this
-        # member's newest configuration may be an uncommitted one the leader will cut
-        # (seed 90007), or this member the one being added
+        # member's newest configuration may be an uncommitted one the leader will cut, or
+        # this member the one being added
         if req.leader_id == st.self_id:
             self._log(WARNING, "BUG HandleHeartBeat", from_self=req.leader_id)
             return self._heartbeat_response(req, C.UNEXPECTED_MEMBER), []

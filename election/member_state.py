@@ -141,7 +141,7 @@ class MemberState:
             term_store = FileTermStore(data_dir) if data_dir is not None else MemoryTermStore()
         self.group = group
         self.self_id = self_id
-        # the configurations in this member's log; it acts on the latest (issue 22)
+        # the configurations in this member's log; it acts on the latest
         self.config = config if config is not None else ConfigLog.initial(peers)
         self.term_store = term_store
 

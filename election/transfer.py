@@ -236,7 +236,7 @@ class TransferSteps(ElectorParts):
         """The shell reports a follower's match index (its replication water mark), as a
         dispatcher of ``term`` learned it.  A report of another term is dropped: an old
         term's water mark must not refill ``peer_match_index`` after an election, or a take
-        order could go to a transferee that lags (issue 20 item 5)."""
+        order could go to a transferee that lags."""
         st = self.state
         if term != st.current_term or st.role is not Role.LEADER:
             return []

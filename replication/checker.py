@@ -55,7 +55,7 @@ class QuorumAckChecker:
         self.is_leader = False
         self.committed_index = -1
         self.term_start_index = -1
-        self.voters = list(self.peers)  # whose water marks make a majority (issue 22)
+        self.voters = list(self.peers)  # whose water marks make a majority
         self._water_marks: dict[int, dict[str, int]] = {}
         # (first, last, token, deadline) in index order
         self._pending: deque[tuple[int, int, Any, int]] = deque()

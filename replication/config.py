@@ -23,7 +23,7 @@ class ReplicationConfig:
     max_pending_pushes: int = 1000  # pushes in flight per follower (pipelining window)
     peer_push_throttle_point: int = 300 * 1024 * 1024  # lag in bytes above which the quota applies
     peer_push_quota: int = 20 * 1024 * 1024  # bytes per second to a lagging follower
-    # ... and to a learner, whatever its lag (issue 22): a member being added catches up
+    # ... and to a learner, whatever its lag: a member being added catches up
     # faster, its pushes paced evenly, and on CPU the voters leave (actors/priority.py)
     learner_push_quota: int = 150 * 1024 * 1024
     compare_timeout_ms: int = 3000  # a COMPARE/TRUNCATE unanswered this long is sent again
@@ -38,7 +38,7 @@ class ReplicationConfig:
     )
     install_chunk_bytes: int = 8 * 1024 * 1024  # a snapshot goes to a follower in chunks this big
     # an idempotent client's session silent this long (by its leaders' stamps) expires: its
-    # appends are refused with SESSION_EXPIRED and the members forget it (issue 24)
+    # appends are refused with SESSION_EXPIRED and the members forget it
     client_session_ttl_ms: int = 3_600_000
 
     def __post_init__(self) -> None:

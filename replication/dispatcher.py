@@ -15,7 +15,7 @@ States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
 * TRUNCATE -- cut the follower's log at the matching index (or reset it to the
   leader's begin when the logs do not overlap), then APPEND.
 * INSTALL -- before such a reset, when the leader has a snapshot at or past the entry
-  before its begin (its state machine's, issue 23): send it in chunks, one in flight,
+  before its begin (its state machine's): send it in chunks, one in flight,
   resuming at the offset the follower holds; then the reset.  Without it a follower whose
   machine stands below the leader's begin could never apply again.  A failed or lost chunk
   goes back to TRUNCATE, which fetches the newest snapshot again (a lost chunk of the same

@@ -1,4 +1,4 @@
-"""InstallReceiver: a follower's side of snapshot install (issue 23).
+"""InstallReceiver: a follower's side of snapshot install.
 
 When a follower needs entries below the leader's begin index (it was away while the
 group compacted its logs, or it joins with an empty disk), or its state machine stands

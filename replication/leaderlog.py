@@ -25,7 +25,7 @@ class LeaderLog(Protocol):
 
     A cache of the leader's log may raise :class:`NotCached` from any read.
 
-    A log may also offer the leader's newest snapshot (issue 23), for followers below its
+    A log may also offer the leader's newest snapshot, for followers below its
     begin: ``peek_snapshot()`` returns it (index, term, files) or None, and
     ``take_snapshot()`` returns it and forgets it, so that the next install asks afresh.
     A log without these offers none.

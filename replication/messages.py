@@ -83,7 +83,7 @@ class PushEntryRequest:
     batch_bytes: int = 0
     reset: bool = False
     snapshot: SnapshotChunk | None = None
-    # a reset's: the leader's configuration in effect just below its begin (issue 22)
+    # a reset's: the leader's configuration in effect just below its begin
     config: bytes | None = None
 
     @property

@@ -1,4 +1,4 @@
-"""Client sessions of idempotent appends, as a member's log holds them (issue 24).
+"""Client sessions of idempotent appends, as a member's log holds them.
 
 An idempotent client numbers its entries 0, 1, 2, ... in a session named by its client id;
 each entry carries both, and its leader's stamp, in a prefix (``storage.codec.SESSION``).

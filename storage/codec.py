@@ -75,7 +75,7 @@ HEADER_DTYPE = np.dtype(
     ]
 )
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
-# Exactly-once appends (issue 24).  An entry of an idempotent client has this bit set in
+# Exactly-once appends.  An entry of an idempotent client has this bit set in
 # its header's channel, and its stored body starts with SESSION: who appended it (the
 # client's id and the entry's sequence number in that client's session), when its leader
 # wrote it (wall-clock ms, never below the stamp before it) and the CRC-32 of the body as
@@ -165,11 +165,11 @@ class Entry:
     """One log entry as callers see it.
 
     ``channel`` is DLedger's header field: 0 for a client's entry (a term's first entry,
-    with an empty body, among them); a group's configuration entry (issue 22) is on
+    with an empty body, among them); a group's configuration entry is on
     ``rayledger.election.configuration.CONFIG_CHANNEL``, its body the configuration's
     JSON -- group data, not a client's, which readers of client data skip or mark.
-    ``body`` is what the client appended: an idempotent client's session prefix (issue 24,
-    :data:`SESSION`) is not part of it, nor its bit part of ``channel``."""
+    ``body`` is what the client appended: an idempotent client's session prefix
+    (:data:`SESSION`) is not part of it, nor its bit part of ``channel``."""
 
     index: int
     term: int
@@ -255,7 +255,7 @@ def encode_entries(
     channel: int | Sequence[int] = 0,
 ) -> tuple[bytes, int]:
     """Encode a batch into one buffer; returns (data, the last chain CRC).  ``channel``:
-    every entry's, or one per entry (a round of several clients' appends, issue 24)."""
+    every entry's, or one per entry (a round of several clients' appends)."""
     n = len(bodies)
     if len(positions) != n:
         raise ValueError(f"{n} bodies but {len(positions)} positions")

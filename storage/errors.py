@@ -50,7 +50,7 @@ class ResponseCode(IntEnum):
     CONFIG_CHANGE_IN_PROGRESS = 429
     NODE_UNAVAILABLE = 430  # a node that is not alive, or already hosts a member of the group
     NO_LIVE_QUORUM = 431  # a change that would leave no majority of live voters
-    # exactly-once appends (issue 24): an idempotent client's session and sequence numbers
+    # exactly-once appends: an idempotent client's session and sequence numbers
     SESSION_EXPIRED = 432  # no such session: silent longer than client_session_ttl_s
     OUT_OF_ORDER_SEQUENCE = 433  # a sequence past the session's next: an earlier one is missing
     DUPLICATE_SEQUENCE = 434  # appended long ago: its result is no longer kept
@@ -155,7 +155,7 @@ class OutcomeUnknownError(LedgerError):
 
 
 class SessionError(LedgerError):
-    """An idempotent append refused for its session or sequence (issue 24); nothing was
+    """An idempotent append refused for its session or sequence; nothing was
     appended."""
 
     codes = frozenset(

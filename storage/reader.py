@@ -15,7 +15,7 @@ the segment sizes the store was written with.
 (``index``, ``term``, ``pos``, ``body``) with numpy, with no Python object per
 entry; this is the block format of the Spark reader.  Its ``channel`` argument keeps
 only the entries of one header channel: the Spark reader passes 0, the client entries,
-so a group's configuration entries (issue 22, on their own channel) are left out.
+so a group's configuration entries (on their own channel) are left out.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class StoreReader:
         """Entries from ``start`` exactly as the member's store would push them (its
         :meth:`~rayledger.storage.LogStore.read_batch`): at least one, then up to
         ``max_bytes`` / ``max_count``.  The caller bounds ``max_count`` by an index it
-        knows is committed (a leader's dispatcher catching a follower up, issue 22): the
+        knows is committed (a leader's dispatcher catching a follower up): the
         headers are checked against the index units, the bodies are the follower's to
         verify."""
         if max_count <= 0 or max_bytes <= 0:
@@ -401,7 +401,7 @@ def _bodies(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, skips: np.n
 
 
 def _skips(heads: np.ndarray) -> np.ndarray:
-    """Per entry, the bytes before the client's body: header and session prefix (issue 24)."""
+    """Per entry, the bytes before the client's body: header and session prefix."""
     flagged = (heads["channel"] & SESSION_FLAG) != 0
     return HEADER_SIZE + SESSION_SIZE * flagged.astype(np.int64)
 

@@ -1,4 +1,4 @@
-"""A member's state-machine snapshots on disk (issue 23): written whole or not at all,
+"""A member's state-machine snapshots on disk: written whole or not at all,
 checked by checksum when read.
 
 Layout under the member's ``snapshots/`` directory::

@@ -136,7 +136,7 @@ class ChannelWatcher(Protocol):
 
 
 class SessionWatcher(Protocol):
-    """Follows the session prefixes of idempotent clients' entries (issue 24, see
+    """Follows the session prefixes of idempotent clients' entries (see
     :meth:`LogStore.watch_sessions`)."""
 
     def appended(self, indexes, records) -> None:
@@ -205,7 +205,7 @@ class LogStore:
     def add_append_hook(self, hook: AppendHook) -> None:
         """Run ``hook(index, pos, body)`` on every entry a leader appends on channel 0 (the
         client entries, a term's empty first entry among them), before the CRCs are
-        computed.  Entries on another channel -- a group's configuration entries (issue 22)
+        computed.  Entries on another channel -- a group's configuration entries
         -- are the group's own: no hook sees or rewrites them."""
         if not callable(hook):
             raise _err(ResponseCode.UNEXPECTED_ARGUMENT, "an append hook must be callable")
@@ -214,13 +214,13 @@ class LogStore:
     def watch_channel(self, channel: int, watcher: ChannelWatcher) -> None:
         """Tell ``watcher`` of every entry written on ``channel`` (leader or follower append,
         under the store's lock) and of every truncation and reset: how a member follows the
-        configuration entries in its log (issue 22)."""
+        configuration entries in its log."""
         self._watchers[channel] = watcher
 
     def watch_sessions(self, watcher: SessionWatcher) -> None:
         """Tell ``watcher`` of the session prefix of every idempotent client's entry written
         (leader or follower append, under the store's lock) and of every truncation and
-        reset: how a member keeps its client sessions in step with its log (issue 24)."""
+        reset: how a member keeps its client sessions in step with its log."""
         self._sessions = watcher
 
     def session_records(self, start: int = 0):
@@ -419,7 +419,7 @@ class LogStore:
         self, bodies: Sequence[bytes], term: int, channel: int | Sequence[int] = 0
     ) -> Appended:
         """Append a batch at ``ledger_end_index + 1`` with ``term`` (DLedger appendAsLeader).
-        ``channel``: every entry's, or one per entry (issue 24: an idempotent client's
+        ``channel``: every entry's, or one per entry (an idempotent client's
         entries carry :data:`~.codec.SESSION_FLAG` and their body starts with the session
         prefix).
 

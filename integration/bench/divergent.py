@@ -2,7 +2,7 @@
 
 An old leader that rejoins with a long uncommitted tail of its own term must find where its
 log stops matching the new leader's, drop the rest and take the leader's entries.  COMPARE
-used to step back one index per round trip; with the follower's conflict hint (issue 10 §5)
+used to step back one index per round trip; with the follower's conflict hint
 it skips a term per round trip.  :func:`converge` drives the real :class:`EntryDispatcher`
 and :class:`EntryHandler` cores against each other in process (a push is answered by a
 function call) and counts round trips; :func:`divergent_tail` times the worst case.

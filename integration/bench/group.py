@@ -11,7 +11,7 @@ Figures (``--json`` prints them as one object):
   driver gets from ``append_async``);
 - ``batch_entries_per_s`` / ``batch_p50_ms`` / ``batch_p99_ms``: ``clients`` clients
   each appending batches of ``batch`` entries;
-- exactly-once appends (issue 24): the figures above are of plain clients
+- exactly-once appends: the figures above are of plain clients
   (``idempotent=False``); ``idempotent_single_p50_ms`` / ``_p99_ms`` and
   ``idempotent_batch_entries_per_s`` are the same loads through idempotent clients (the
   default), call by call in turn with plain ones (``interleaved_plain_*``), with

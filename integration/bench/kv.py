@@ -1,4 +1,4 @@
-"""`rayledger bench kv`: the replicated key-value store (issue 23) on a local Ray.
+"""`rayledger bench kv`: the replicated key-value store on a local Ray.
 
 Figures (``--json`` prints them as one object):
 

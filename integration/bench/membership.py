@@ -1,4 +1,4 @@
-"""`rayledger bench membership`: changing a running group's members (issue 22).
+"""`rayledger bench membership`: changing a running group's members.
 
 Figures (``--json`` prints them as one object):
 

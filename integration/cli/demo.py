@@ -4,7 +4,7 @@
 2. append ``--entries`` entries from ``--clients`` threads (each with its own
    :class:`~rayledger.actors.LedgerClient`, batches of ``--batch``), with a progress bar;
 3. half-way, kill the leader's process and time the new leader's take-over while
-   the writes go on.  The clients are idempotent (issue 24): a call the kill cut short is
+   the writes go on.  The clients are idempotent: a call the kill cut short is
    sent again, under the same identity, to the new leader, which answers the entries it
    already holds with where they are and appends the rest -- so no append ends unknown
    (an ``OutcomeUnknownError`` would mean a client's 15 s deadline ran out) and none is

@@ -67,7 +67,7 @@ def cmd_get(args) -> int:
         )
     for e in entries:
         body = e.body.decode("utf-8", "backslashreplace")
-        # "channel": 0 for a client's entry, CONFIG_CHANNEL for a configuration (issue 22)
+        # "channel": 0 for a client's entry, CONFIG_CHANNEL for a configuration
         say(json.dumps({"index": e.index, "term": e.term, "pos": e.pos, "body": body,
                         "channel": e.channel}))  # fmt: skip
     return 0

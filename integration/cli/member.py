@@ -1,4 +1,4 @@
-"""``rayledger member``: see and change a running group's members (issue 22).
+"""``rayledger member``: see and change a running group's members.
 
 ``list`` prints one line per member of the committed configuration (its id, voter or
 learner, its Raft role, term, end and committed indexes, and whether it answers), then a

@@ -138,7 +138,7 @@ CONFIG_MARK = "[configuration] "
 
 def _entry_line(e, as_json: bool) -> str:
     """One entry as ``tail`` prints it.  Every entry of the log is printed, as a term's
-    empty first entry (an empty body) always was: a configuration entry (issue 22, on
+    empty first entry (an empty body) always was: a configuration entry (on
     :data:`~rayledger.election.configuration.CONFIG_CHANNEL`) is marked, with
     ``"channel"`` (0 for a client's entry) in JSON and :data:`CONFIG_MARK` before its body
     in text, so it is never taken for a client's data."""

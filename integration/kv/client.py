@@ -1,6 +1,6 @@
 """KVClient: an etcd-style key-value store on a group running :class:`~.machine.KvMachine`
-(issue 23, first part: put, get, delete, compare-and-set, prefix scans and watches; the CLI
-is still being built).
+(put, get, delete, compare-and-set, prefix scans and watches; ``rayledger kv`` on the
+command line).
 
 Keys are non-empty strings, values bytes.  Writes are appends (with ``LedgerClient``'s
 error model: a coded :class:`~rayledger.storage.LedgerError`, ``OutcomeUnknownError`` when
@@ -140,7 +140,7 @@ class KVClient:
                 continue
             stop = min(committed + 1, nxt + WATCH_READ)
             for e in self.client.read(nxt, stop, consistency="committed"):
-                if e.channel:  # a configuration entry (issue 22): the group's, no command
+                if e.channel:  # a configuration entry: the group's, no command
                     continue
                 change = self._change(e.index, e.body, prefix)
                 if change is not None:

@@ -12,7 +12,7 @@ Queries: ``{"get": key}`` -> ``[value, rev]`` or None; ``{"keys": True}`` -> sor
 optional); ``{"cas": index}`` ->
 whether the compare-and-set at ``index`` swapped (None: not a recent one).
 
-Commands of :class:`~.client.KVClient` (issue 23): ``put`` (a bytes value, base64 in the
+Commands of :class:`~.client.KVClient`: ``put`` (a bytes value, base64 in the
 body, held as bytes), ``del``, and ``cas`` (put only when the key holds
 ``expected`` -- None: absent; every member decides alike, and keeps the last
 ``CAS_RESULTS`` outcomes by index for the appender to ask).

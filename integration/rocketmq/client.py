@@ -223,7 +223,7 @@ class CommitLog:
         if None in offsets:
             stored = self.client.read(results[0].index, results[-1].index + 1, "committed")
             # only the entries of these results: a large batch goes in several calls, so a
-            # configuration entry (issue 22) or another client's append may sit between them
+            # configuration entry or another client's append may sit between them
             mine = {e.index: e for e in stored if not e.channel}
             offsets = [decode(mine[r.index].body, verify=False).queue_offset for r in results]
         out = []

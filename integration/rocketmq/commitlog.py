@@ -81,7 +81,7 @@ def _is_record(body: bytes | bytearray) -> bool:
 
 def _prefixed(data, heads: np.ndarray) -> bool:
     """Whether any entry starting at ``heads`` in ``data`` has a session prefix (an
-    idempotent producer's, issue 24): its channel, 32 bytes into its header, says."""
+    idempotent producer's): its channel, 32 bytes into its header, says."""
     buf = np.frombuffer(data, dtype=np.uint8)
     channels = buf[(heads + 32)[:, None] + np.arange(4)].copy().view(">i4").reshape(-1)
     return bool((channels & SESSION_FLAG).any())

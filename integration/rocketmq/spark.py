@@ -3,7 +3,7 @@
 Built on the committed-log reader (integration/spark): it never shows an entry past the
 committed index.  A row is a message the consume queues hold: entries that are no
 well-formed record (a term's empty first entry, say), and prepared or rolled-back
-transactional messages, are left out; the group's configuration entries (issue 22) never
+transactional messages, are left out; the group's configuration entries never
 reach ``decode_block``: the committed-log reader leaves them out, as the commit log's
 dispatch never sees them.
 ``start`` (a ledger index) or ``read_new_messages`` with a ConsumerCheckpoint make

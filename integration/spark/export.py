@@ -9,7 +9,7 @@ run that died between the rename and the commit) is removed and written again,
 so a resumed export neither skips nor repeats an entry.
 
 The rows are those of :func:`~rayledger.integration.spark.reader.committed_dataframe`: a
-client entry each (a term's empty first entry included), configuration entries (issue 22)
+client entry each (a term's empty first entry included), configuration entries
 left out -- their indexes are missing from the ``index`` column, while chunk names and the
 checkpoint count log indexes.
 """

@@ -19,7 +19,7 @@ Where the tasks read:
 A member that is down simply does not answer the status call and is skipped.
 
 Rows are the client entries (channel 0), a term's empty first entry among them (an empty
-``body``).  A group's configuration entries (issue 22: membership changes, on their own
+``body``).  A group's configuration entries (membership changes, on their own
 channel, JSON bodies) are left out: the ``index`` column keeps the log's numbering, so
 their indexes are missing from it, and a range may hold fewer rows than indexes.
 """
@@ -226,7 +226,7 @@ def snapshot(group: str | os.PathLike, timeout_s: float = 5.0) -> CommittedSnaps
         except Exception as exc:  # a member dying right now
             log.debug("member %s/%s skipped: %s", group, m, exc)
             continue
-        if st.membership == "removed":  # left the configuration (issue 22): not a source
+        if st.membership == "removed":  # left the configuration: not a source
             continue
         views.append(
             MemberView(
@@ -436,7 +436,7 @@ def committed_dataframe(
     store directory of a stopped group.
 
     A row per client entry, a term's empty first entry included (an empty ``body``).  A
-    group's configuration entries (issue 22: its membership changes, JSON bodies on their
+    group's configuration entries (its membership changes, JSON bodies on their
     own header channel) are skipped: ``index`` keeps the log's numbering, so their indexes
     are missing, and ``df.count()`` may be below the number of indexes read.
     """
