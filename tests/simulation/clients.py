@@ -133,6 +133,7 @@ class Client:
     deadline_ms: int | None = None  # an idempotent client gives an append up after this
     sessions: ClientSessions | None = None  # its identity decisions (made on first use)
     appends: dict[int, SessionAppend] = field(default_factory=dict)  # live, by key
+    acks: int = 0  # bodies acknowledged to it
 
 
 class Clients:
@@ -415,6 +416,7 @@ class Clients:
             if index in self.acked and not self.durability_void:
                 self.fail(f"index {index} acknowledged twice ({self.acked[index]!r} and {body!r})")
             self.acked[index] = body
+            c.acks += 1
             self.max_acked = max(self.max_acked, index)
             self.acked_terms[index] = reply.term
             got = self.committed.get(index)

@@ -840,6 +840,31 @@ class GroupSim(
             self.check_kv_history()
         return self._result(converge_ms)
 
+    def clients_again(
+        self, ms: int = 3000, wait_ms: int = 20_000, converge_within_ms: int = 20_000
+    ) -> dict[str, int]:
+        """Clients on again once the group healed and converged -- for ``ms``, and up to
+        ``wait_ms`` more until each got an append acknowledged (one may first give up an
+        append left from the faults) -- then every check again: returns how many appends
+        each client got acknowledged meanwhile, none for a client wedged on its session (a
+        hole no later append can fill)."""
+        before = {c.id: c.acks for c in self.clients}
+        leader = next(m.id for m in self.members.values() if m.alive and m.state.is_leader)
+        for c in self.clients:  # as LedgerClient finds it: the harness's clients pick members
+            c.believed = leader  # at random on a timeout, and may keep picking a lost one
+        self.clients_on = True
+        self.run_for(ms)
+        self.run_for(wait_ms, lambda: all(c.acks > before[c.id] for c in self.clients))
+        self.clients_on = False
+        if not self.run_for(converge_within_ms, self.converged):
+            self.fail("no convergence after the clients' second run")
+        self.check_invariants()
+        self.final_check()
+        if self.machine_path is not None:
+            self.check_machines()
+            self.check_kv_history()
+        return {c.id: c.acks - before[c.id] for c in self.clients}
+
     def _result(self, converge_ms: int) -> SimResult:
         return SimResult(
             seed=self.seed,

@@ -36,24 +36,11 @@ def _sim(seed: int, **kw) -> GroupSim:
     return sim
 
 
-def _writers_after_the_faults(sim: GroupSim, ms: int = 3000) -> Counter:
-    """Clients on again with the group healed: each one's acknowledged appends then."""
-    before = set(sim.acked.values())
-    sim.clients_on = True
-    sim.run_for(ms)
-    sim.clients_on = False
-    if not sim.run_for(20_000, sim.converged):
-        sim.fail("no convergence after the clients' second run")
-    sim.check_invariants()
-    sim.final_check()
-    return Counter(b.split(b":")[0].decode() for b in set(sim.acked.values()) - before)
-
-
 def _run(seed: int, **kw) -> GroupSim:
     sim = _sim(seed, **kw)
     try:
         sim.run()
-        acks = _writers_after_the_faults(sim)
+        acks = sim.clients_again()
         idle = [c.id for c in sim.clients if acks[c.id] < 5]
         assert not idle, f"seed {seed}: no appends acknowledged after the faults for {idle}"
     finally:
