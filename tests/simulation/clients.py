@@ -55,6 +55,7 @@ class ClientAppend:
     target: str
     bodies: tuple[bytes, ...]
     ident: tuple[int, int] | None = None  # an idempotent client's (session, first seq)
+    maybe_stored: bool = False  # ... whose earlier call carrying it ended unknown
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,8 @@ class Clients:
         c.ident = out.ident
         self._inflight_clients[req_id] = c
         self._sync_outstanding(c)
-        self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, a.bodies, a.ident))
+        msg = ClientAppend(c.id, req_id, c.believed, a.bodies, a.ident, out.maybe_stored)
+        self._to_client(c.id, c.believed, msg)
 
     def _sync_outstanding(self, c: Client) -> None:
         live = [a for a in c.appends.values() if a.req_id]
