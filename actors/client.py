@@ -193,17 +193,16 @@ class LedgerClient:
                      "in session %d", self.group, out.left_behind, out.why.value, out.started)  # fmt: skip
         return out
 
-    def _number(self, batch: list[_Pending]) -> tuple[tuple[int, int] | None, bool]:
+    def _number(self, batch: list[_Pending]) -> tuple[int, int] | None:
         """The identity of a call carrying ``batch`` (called with the send lock and ``_cv``
         held): an append that may be stored, or whose sequences are in line, keeps its own
-        (and goes alone); the others take the current session's next sequences.  With it,
-        whether the call's append may be stored already."""
+        (and goes alone); the others take the current session's next sequences."""
         if not self.idempotent or self._sessions is None:
-            return None, False
+            return None
         out = self._session_step(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
         for p, ident in zip(batch, out.idents, strict=True):
             p.ident = ident
-        return out.ident, out.maybe_stored
+        return out.ident
 
     def _pinned(self, p: _Pending) -> bool:
         """``p`` goes in a call of its own under its identity (called with ``_cv`` held)."""
@@ -522,13 +521,13 @@ class LedgerClient:
                     self._in_flight -= 1
                     self._cv.notify_all()
                     return
-                ident, maybe_stored = self._number(batch)
+                ident = self._number(batch)
             bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
             try:
                 if ident is None:
                     ref = handle.append.remote(bodies, self.group, target)
                 else:
-                    ref = handle.append.remote(bodies, self.group, target, ident, maybe_stored)
+                    ref = handle.append.remote(bodies, self.group, target, ident)
             except ValueError as exc:  # the actor is gone: the call never left
                 failed = exc
             else:

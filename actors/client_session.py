@@ -130,9 +130,6 @@ class SessionOut:
     ident: Ident | None = None  # Sending: the identity the call carries
     idents: tuple[Ident, ...] = ()  # Sending: each append's
     renumbered: int = 0  # Sending: appends of a session left behind that took new sequences
-    # Sending: the call's append may be stored already (a call carrying it ended unknown):
-    # a leader that does not know its session must not take it for a new session's first
-    maybe_stored: bool = False
     left_behind: int | None = None  # a session left behind ...
     started: int | None = None  # ... for this new one
     why: Why | None = None
@@ -210,7 +207,7 @@ class ClientSessions:
             a = self._appends[keys[0]]
             a.in_flight = True
             a.acks_at_send = self._acks.get(a.ident[0], 0)
-            return SessionOut(ident=a.ident, idents=(a.ident,), maybe_stored=a.maybe)
+            return SessionOut(ident=a.ident, idents=(a.ident,))
         if any(self.pinned(k) for k in keys):
             raise ValueError("an append that keeps its identity goes in a call of its own")
         seq, idents, renumbered = self.next_seq, [], 0

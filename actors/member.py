@@ -433,12 +433,10 @@ class MemberActor:
         group: str | None = None,
         target: str | None = None,
         ident: tuple[int, int] | None = None,
-        maybe_stored: bool = False,
     ):
         """Append a batch as leader (see :meth:`~.member_appends.AppendPart.append`);
-        ``ident``: an idempotent client's (client id, first sequence); ``maybe_stored``: a
-        call carrying it ended unknown."""
-        return await self.appends.append(bodies, group, target, ident, maybe_stored)
+        ``ident``: an idempotent client's (client id, first sequence)."""
+        return await self.appends.append(bodies, group, target, ident)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, r: Resolution) -> None:

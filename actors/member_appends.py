@@ -94,7 +94,6 @@ class AppendPart(Part):
         group: str | None = None,
         target: str | None = None,
         ident: tuple[int, int] | None = None,
-        maybe_stored: bool = False,
     ):
         """Append a batch as leader; once a quorum stores it, returns ``(first index, term,
         positions)`` with the positions as little-endian int64 bytes (compact to send back),
@@ -104,7 +103,7 @@ class AppendPart(Part):
         """
         fut = self.ctx.loop.create_future()
         g = group if group is not None else self.group
-        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut, ident, maybe_stored)))
+        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut, ident)))
         return await fut
 
     def write_round(self) -> None:

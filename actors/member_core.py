@@ -117,7 +117,6 @@ class ClientAppend:
     target: str | None
     token: Any
     ident: tuple[int, int] | None = None  # an idempotent client's (client id, first seq)
-    maybe_stored: bool = False  # ... whose earlier call carrying it ended unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,8 +340,7 @@ class MemberCore:
                 self._answers(lg.on_push(ev.req, ev.token, now_ms), out)
                 out.commits_moved = True
             case ClientAppend():
-                self.book.admit(ev.bodies, ev.group, ev.target, ev.token, ev.ident,
-                                ev.maybe_stored)  # fmt: skip
+                self.book.admit(ev.bodies, ev.group, ev.target, ev.token, ev.ident)
                 out.write_due = self.book.write_due()
             case WriteRound():
                 self._write(ev.fast, ev.wall_ms, now_ms, out)

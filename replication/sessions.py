@@ -200,29 +200,17 @@ class SessionTable:
         self._committed = max(self._committed, begin_index - 1)
 
     # -- what a leader decides -------------------------------------------------------------
-    def check(
-        self,
-        client: int,
-        first_seq: int,
-        n: int,
-        now: int,
-        queued: int = -1,
-        maybe_stored: bool = False,
-    ) -> Check:
+    def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1) -> Check:
         """The verdict on ``n`` entries of ``client`` from ``first_seq``, the leader's stamp
         being ``now``; ``queued``: the last sequence of this session admitted and not yet
-        written (-1: none); ``maybe_stored``: the client says a call carrying these entries
-        ended unknown -- of a session this table does not know, they are no new session's
-        first entries but may be an expired one's, stored and forgotten: EXPIRED, never
-        stored a second time."""
+        written (-1: none)."""
         s = self.sessions.get(client)
         last_seq = -1 if s is None else s.last_seq
         if last_seq < first_seq <= queued:  # the call it retries waits to be written here:
             return Check(Verdict.QUEUED, next_seq=queued + 1)  # its outcome is not known yet
         if s is None:  # a new session starts at 0 (its first entries may wait to be written)
             if queued < 0:
-                fresh = first_seq == 0 and not maybe_stored
-                return Check(Verdict.NEW if fresh else Verdict.EXPIRED)
+                return Check(Verdict.NEW if first_seq == 0 else Verdict.EXPIRED)
             verdict = Verdict.NEW if first_seq == queued + 1 else Verdict.GAP
             return Check(verdict, next_seq=queued + 1)
         if s.stamp < now - self.ttl_ms:

@@ -24,7 +24,7 @@ class Scripted:
         self.script, self.calls = list(script), []
         self.append = self
 
-    def remote(self, bodies, group, target, ident=None, maybe_stored=False):
+    def remote(self, bodies, group, target, ident=None):
         self.calls.append((list(bodies), ident))
         f: concurrent.futures.Future = concurrent.futures.Future()
         what = self.script.pop(0)

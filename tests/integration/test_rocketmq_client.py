@@ -53,7 +53,7 @@ class FakeMember:
         self.exc, self.calls = exc, 0
         self.append = self
 
-    def remote(self, bodies, group, target, ident=None, maybe_stored=False):
+    def remote(self, bodies, group, target, ident=None):
         self.calls += 1
         f: concurrent.futures.Future = concurrent.futures.Future()
         f.set_exception(self.exc)

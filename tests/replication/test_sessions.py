@@ -194,16 +194,3 @@ def test_a_snapshots_table_leaves_out_expiries_by_later_entries():
     at = t.at(1)
     assert [row[0] for row in at["sessions"]] == [1, 2]
     assert t.at(2)["sessions"][0][0] == 2 and len(t.at(2)["sessions"]) == 1
-
-
-def test_a_retry_that_may_be_stored_never_starts_a_session_this_table_forgot():
-    """Session 1's first append is stored, the session expires and is forgotten; the
-    client's retry of that append (a call carrying it ended unknown) looks like a new
-    session's first: it is EXPIRED, never stored a second time.  A first call (nothing
-    stored yet) still starts its session."""
-    t = SessionTable(ttl_ms=100)
-    write(t, [(0, 1, 0, 0), (1, 2, 0, 150)])
-    assert 1 not in t.sessions
-    assert t.check(1, 0, 1, now=150, maybe_stored=True).verdict is V.EXPIRED
-    assert t.check(1, 0, 1, now=150).verdict is V.NEW
-    assert t.check(3, 0, 1, now=150).verdict is V.NEW  # a new client's first call

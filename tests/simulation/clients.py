@@ -55,7 +55,6 @@ class ClientAppend:
     target: str
     bodies: tuple[bytes, ...]
     ident: tuple[int, int] | None = None  # an idempotent client's (session, first seq)
-    maybe_stored: bool = False  # ... whose earlier call carrying it ended unknown
 
 
 @dataclass(frozen=True)
@@ -222,8 +221,7 @@ class Clients:
         c.ident = out.ident
         self._inflight_clients[req_id] = c
         self._sync_outstanding(c)
-        msg = ClientAppend(c.id, req_id, c.believed, a.bodies, a.ident, out.maybe_stored)
-        self._to_client(c.id, c.believed, msg)
+        self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, a.bodies, a.ident))
 
     def _sync_outstanding(self, c: Client) -> None:
         live = [a for a in c.appends.values() if a.req_id]

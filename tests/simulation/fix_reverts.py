@@ -374,16 +374,6 @@ def _watch_candidate(patch: Callable) -> None:
     patch(Supervisor, "_may_replace", lambda self, term: self.logic.leads(term))
 
 
-def _session_ttl_retry(patch: Callable) -> None:
-    """A retry that may be stored starts a session the table forgot, as a first call."""
-    real = SessionTable.check
-
-    def check(self, client, first_seq, n, now, queued=-1, maybe_stored=False):
-        return real(self, client, first_seq, n, now, queued)
-
-    patch(SessionTable, "check", check)
-
-
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -412,7 +402,6 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "graph-stop": _graph_stop,
     "snapshot-ask": _snapshot_ask,
     "watch-candidate": _watch_candidate,
-    "session-ttl-retry": _session_ttl_retry,
 }
 _ABSENT = object()
 

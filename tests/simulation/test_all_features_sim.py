@@ -18,7 +18,6 @@ runs others; ``python -m tests.simulation.sweep`` runs many and prints a summary
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import pytest
@@ -40,17 +39,11 @@ def _quiet_logs():
     logging.disable(logging.NOTSET)
 
 
-def run_all_features(
-    seed: int, name: str = "test_all_features", session_ttl_ms: int | None = None, **kw
-) -> GroupSim:
-    """One seed of the mode: three voters (five on every fifth seed) and two spares
-    (``session_ttl_ms``: the client sessions' TTL, else the default hour)."""
+def run_all_features(seed: int, name: str = "test_all_features", **kw) -> GroupSim:
+    """One seed of the mode: three voters (five on every fifth seed) and two spares."""
     args = {**all_features(seed), **kw}
     n = 5 if seed % 5 == 4 else 3
-    replication = sim_config_for(seed)
-    if session_ttl_ms is not None:
-        replication = dataclasses.replace(replication, client_session_ttl_ms=session_ttl_ms)
-    sim = GroupSim(n, seed, replication=replication, test_name=name, test_file=FILE,
+    sim = GroupSim(n, seed, replication=sim_config_for(seed), test_name=name, test_file=FILE,
                    label=f"all-features n={n} {args['machine']}", **args)  # fmt: skip
     try:
         sim.run(chaos_ms=CHAOS_MS, converge_within_ms=CONVERGE_MS)
@@ -123,14 +116,6 @@ PINNED: dict[str, int] = {
     "votes-by-configuration": 127_018,
     "client-stays": 127_000,
 }
-
-
-def test_a_retry_that_outlives_its_session_is_never_stored_twice() -> None:
-    """Sessions that expire in 3 s while clients retry for 8 s: a retry of a stored append
-    whose session a member forgot is refused, not stored again as a new session's first.
-    Without the client saying the retry may be stored, this seed commits a body twice."""
-    run_all_features(129_014, "test_a_retry_that_outlives_its_session_is_never_stored_twice",
-                     session_ttl_ms=3000)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
