@@ -151,43 +151,42 @@ class LedgerGroup:
         raise LedgerError.of(ResponseCode.UNKNOWN_GROUP,
                              f"no member of {self.name!r} answers: {last}")  # fmt: skip
 
-    def _views(self) -> dict[str, str]:
-        """What each member says of the group, a second at most: for an error that has to
-        tell a group without a leader from a driver that does not find it."""
+    def _ask_all(self) -> dict[str, dict | Exception | None]:
+        """Every member's membership doc, all at once and a second at most (a dead member,
+        a lost node, must not slow every look): the doc, the call's error, or None for no
+        answer in time."""
         refs = {m: h.membership.remote() for m, h in self._handles.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0)
-        views = {}
+        ready, _ = (
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0) if refs else ([], [])
+        )
+        out: dict[str, dict | Exception | None] = {}
         for m, ref in refs.items():
             try:
-                doc = ray.get(ref, timeout=0.1) if ref in ready else None
+                out[m] = ray.get(ref, timeout=0.1) if ref in ready else None
             except Exception as exc:
-                views[m] = f"fails: {type(exc).__name__}"
-                continue
-            views[m] = (
-                "no answer in 1 s"
-                if doc is None
-                else (
-                    f"term {doc['term']} {'leads' if doc['leads'] else 'follows'} "
-                    f"{doc['leader_id']} committed {doc['committed_index']}"
-                )
-            )
+                out[m] = exc
+        return out
+
+    def _views(self) -> dict[str, str]:
+        """What each member says of the group: for an error that has to tell a group
+        without a leader from a driver that does not find it."""
+        views = {}
+        for m, doc in self._ask_all().items():
+            if doc is None:
+                views[m] = "no answer in 1 s"
+            elif isinstance(doc, Exception):
+                views[m] = f"fails: {type(doc).__name__}"
+            else:
+                views[m] = (f"term {doc['term']} {'leads' if doc['leads'] else 'follows'} "
+                            f"{doc['leader_id']} committed {doc['committed_index']}")  # fmt: skip
         return views
 
     def refresh(self) -> None:
         """Follow the committed configuration: handles for members added (by any driver, or
         a leader replacing a lost member), none for members removed."""
         self._refreshed = time.monotonic()
-        refs = [h.membership.remote() for h in self._handles.values()]
-        # all at once, a second at most: a dead member (a lost node) must not slow every look
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0) if refs else ([], [])
-        best = None
-        for ref in ready:
-            try:
-                doc = ray.get(ref, timeout=0.1)
-            except Exception:
-                continue
-            if best is None or doc["committed_index"] > best["committed_index"]:
-                best = doc
+        docs = [d for d in self._ask_all().values() if isinstance(d, dict)]
+        best = max(docs, key=lambda d: d["committed_index"], default=None)
         if best is None:
             return
         c = Configuration.from_doc(best["committed"])

@@ -84,6 +84,7 @@ def test_the_logic_fetches_the_newest_snapshot_for_a_machine_that_asks() -> None
     d.step(PushAnswered(commit, replace(ok, snapshot_wanted=9)), 1000)
     r = d.ready(1000)
     assert r.pushes == [] and r.fetch is not None and r.fetch.kind == "snapshot"
+    assert r.fetch.index == 9  # the index the machine needs: the leader snapshots that far
     d.step(Fetched(r.fetch, (Snap(12, 2, (("a", 3, "h"),)), INFO)), 1001)
     (c,) = d.ready(1001).pushes
     assert c.type is PushType.INSTALL and c.snapshot.index == 12
@@ -104,16 +105,3 @@ def test_a_busy_machine_snapshots_after_the_batch_that_reaches_the_index() -> No
     assert c.snapshot_asked(12, begin=0) is None  # a batch is applying
     c.batch_done(batch.stop - 1)
     assert c.snapshot_due([], begin=0) == 15
-
-
-def test_the_fetch_for_a_machine_names_the_index_it_needs() -> None:
-    d = DispatcherLogic("g", "n0", "n1", ReplicationConfig(install_chunk_bytes=2))
-    d.step(Activate(INFO), 0)
-    (cmp,) = d.ready(0).pushes
-    ok = PushEntryResponse("g", "n1", 2, ResponseCode.SUCCESS, index=14, begin_index=10,
-                           end_index=14)  # fmt: skip
-    d.step(PushAnswered(cmp, ok), 0)
-    (commit,) = d.ready(1000).pushes
-    d.step(PushAnswered(commit, replace(ok, snapshot_wanted=9)), 1000)
-    fetch = d.ready(1000).fetch
-    assert fetch.kind == "snapshot" and fetch.index == 9  # the leader snapshots that far

@@ -53,6 +53,15 @@ def _supervisor(led: bool = True) -> Supervisor:
     return sup
 
 
+def _lead_term_3(sup: Supervisor) -> MemberLogic:
+    """The supervisor's member leads term 3 with its helpers set up; returns its logic."""
+    m = sup.logic
+    m.state.change_to_leader(3)
+    m.leadership()
+    assert m.mark_ready(3)
+    return m
+
+
 def _run_hung(proc: Process, now: int, limit: int = 200, until: type | None = None):
     """Run ``proc`` against helpers that never answer; returns its actions and the time
     it ended (or gave its first ``until`` action).  A call without a time-out would hang
@@ -118,10 +127,7 @@ def test_a_new_leader_with_hung_helpers_replaces_them_then_hands_over() -> None:
 
 def test_a_watched_helper_that_stops_answering_costs_the_leadership() -> None:
     sup = _supervisor()
-    m = sup.logic
-    m.state.change_to_leader(3)
-    m.leadership()
-    assert m.mark_ready(3)
+    _lead_term_3(sup)
     actions, ended = _run_hung(sup.watch(3), 0, until=HandOver)
     assert isinstance(actions[-2], Replace) and CHECKER in actions[-2].keys
     assert isinstance(actions[-1], HandOver) and actions[-1].term == 3
@@ -135,10 +141,7 @@ def test_a_watch_goes_on_through_a_re_election_in_its_term() -> None:
     rounds unanswered for good.  The watch ends with the term's leadership, or when a
     newer watch begins."""
     sup = _supervisor()
-    m = sup.logic
-    m.state.change_to_leader(3)
-    m.leadership()
-    assert m.mark_ready(3)
+    m = _lead_term_3(sup)
     proc = sup.watch(3)
     action, now, handed = proc.start(), 0, 0
     while handed < 2:  # helpers never answer: replaced and handed over, again and again
@@ -168,10 +171,7 @@ def test_a_hung_helper_is_replaced_while_its_leader_is_a_candidate_for_a_moment(
     the hung checker.  Waiting to lead at the end of a ping cost the simulation's leader
     three whole pings, seconds of rounds unanswered; no hand-over while not leading."""
     sup = _supervisor()
-    m = sup.logic
-    m.state.change_to_leader(3)
-    m.leadership()
-    assert m.mark_ready(3)
+    m = _lead_term_3(sup)
     proc = sup.watch(3)
     action, now = proc.start(), 0
     while not isinstance(action, Replace):
@@ -197,10 +197,7 @@ def test_a_watch_begun_before_a_helper_reported_its_start_still_catches_it_hangi
     only after 30 s, and the Ray test gave up first.  The wait follows what is known now."""
     sup = _supervisor()
     del sup.pids[CHECKER]  # its start not yet heard of when the term's watch begins
-    m = sup.logic
-    m.state.change_to_leader(3)
-    m.leadership()
-    assert m.mark_ready(3)
+    _lead_term_3(sup)
     proc = sup.watch(3)
     action, now, hung_at = proc.start(), 0, None
     while not isinstance(action, HandOver):
