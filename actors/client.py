@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import ray
 from rayledger.election import Role
+from rayledger.replication.sessions import NONCE_BITS, new_client_id
 from rayledger.storage import (
     Entry,
     InvalidRequestError,
@@ -96,8 +97,8 @@ class _Pending:
 
 
 def _random_id() -> int:
-    """A new session's client id: 63 random bits, never 0."""
-    return secrets.randbits(63) or 1
+    """A new session's client id: when it begins, and random bits."""
+    return new_client_id(int(time.time() * 1000), secrets.randbits(NONCE_BITS))
 
 
 def _settle(p: _Pending, result: list | None = None, exc: BaseException | None = None) -> bool:

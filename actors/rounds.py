@@ -122,7 +122,8 @@ _REFUSED = {
     Verdict.GAP: (ResponseCode.OUT_OF_ORDER_SEQUENCE, "an earlier append of the session is "
                   "not in the log; the session expects sequence {next}"),
     Verdict.EXPIRED: (ResponseCode.SESSION_EXPIRED, "the session is unknown here: silent "
-                      "longer than client_session_ttl_s, or never started at 0"),
+                      "longer than client_session_ttl_s, never started at 0, or begun more "
+                      "than half that TTL ago by its id (a client clock behind its leader's?)"),
     Verdict.FORGOTTEN: (ResponseCode.DUPLICATE_SEQUENCE, "appended long ago; where it went is "
                         "no longer kept"),
 }  # fmt: skip

@@ -16,6 +16,15 @@ leader -- knows from its own log, committed or not:
   (SESSION_EXPIRED) and forgets it, which bounds the table.  Stamps come from the log, so
   every member expires the same sessions at the same point of the log.
 
+A session the table does not hold is either new or forgotten, and a forgotten one may have
+stored its first entry: a retry of that entry must not start it again.  So a client id says
+when its session began (:func:`new_client_id`: the client's clock, in its high bits), and a
+leader starts a session at sequence 0 only while that is less than half a TTL behind the
+log's stamps; an older one is SESSION_EXPIRED.  A session that stored an entry expires
+only a whole TTL after that entry's stamp, so a retry that outlives its session is refused
+instead of stored twice, as long as clients' clocks are no more than half a TTL ahead of
+their leaders' (docs/SAFETY.md).
+
 Sans-I/O: no clock (stamps are handed in), no Ray, no store reads.  The decisions it
 returns (:class:`Verdict`) are acted on by the leader's round book (``actors/rounds.py``).
 """
@@ -28,6 +37,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 KEEP_RUNS = 8  # runs kept per session: a client retries at most its calls in flight (4)
+NONCE_BITS = 21  # a client id: the ms its session began (42 bits, to 2109), 21 random bits
+
+
+def new_client_id(wall_ms: int, nonce: int) -> int:
+    """The id of a session a client starts at ``wall_ms`` (its clock), ``nonce`` telling
+    apart the sessions begun in the same millisecond (random on Ray)."""
+    if wall_ms < 0 or wall_ms >> (63 - NONCE_BITS):
+        raise ValueError(f"a session begins at a clock in [0, 2**42) ms, got {wall_ms}")
+    return (wall_ms << NONCE_BITS) | (nonce & ((1 << NONCE_BITS) - 1))
+
+
+def born_ms(client: int) -> int:
+    """When the session ``client`` began, by its client's clock (:func:`new_client_id`)."""
+    return client >> NONCE_BITS
 
 
 class Verdict(enum.Enum):
@@ -98,14 +121,13 @@ class SessionTable:
         stamp = records["stamp"].astype(np.int64)
         brk = np.ones(n, dtype=bool)
         brk[1:] = (
-            (client[1:] != client[:-1]) | (seq[1:] != seq[:-1] + 1) | (idx[1:] != idx[:-1] + 1)
-        )
+            (client[1:] != client[:-1]) | (seq[1:] != seq[:-1] + 1)
+            | (idx[1:] != idx[:-1] + 1) | (stamp[1:] != stamp[:-1])
+        )  # fmt: skip
         starts = np.flatnonzero(brk).tolist()
         ends = starts[1:] + [n]
         for a, z in zip(starts, ends, strict=True):
-            self._run(int(client[a]), int(seq[a]), int(idx[a]), z - a, int(stamp[z - 1]))
-        self.last_stamp = max(self.last_stamp, int(stamp.max()))
-        self._expire_at(int(idx[-1]))  # bounded: what the log's own stamps say is gone
+            self._run(int(client[a]), int(seq[a]), int(idx[a]), z - a, int(stamp[a]))
 
     def _rows(self, indexes: list[int], rows: list[tuple]) -> None:
         """:meth:`appended` for a few entries, in plain Python."""
@@ -119,19 +141,19 @@ class SessionTable:
                 and rows[z][0] == client
                 and rows[z][1] == seq + (z - a)
                 and (indexes[z] == indexes[a] + (z - a))
+                and rows[z][2] == rows[a][2]
             ):
                 z += 1
-            self._run(client, seq, indexes[a], z - a, rows[z - 1][2])
+            self._run(client, seq, indexes[a], z - a, rows[a][2])
             a = z
-        self.last_stamp = max(self.last_stamp, max(r[2] for r in rows))
-        self._expire_at(indexes[-1])
 
     def _expire_at(self, index: int) -> None:
-        """Expire by the stamps up to entry ``index``, keeping what it forgot until that
-        entry is committed (:meth:`committed`)."""
-        gone = self.expire(self.last_stamp, keep=index > self._committed)
-        if gone:
-            self._expired += [(index, c, s) for c, s in gone]
+        """Expire by the stamps up to entry ``index`` (whose stamp is the log's latest),
+        keeping what it forgot until that entry is committed (:meth:`committed`)."""
+        if index <= self._committed:  # never truncated: forgotten for good
+            self.expire(self.last_stamp)
+            return
+        self._expired += [(index, c, s) for c, s in self.expire(self.last_stamp, keep=True)]
 
     def committed(self, index: int) -> None:
         """Entries up to ``index`` are committed (never truncated): sessions they expired
@@ -141,6 +163,16 @@ class SessionTable:
             self._expired = [e for e in self._expired if e[0] > index]
 
     def _run(self, client: int, first_seq: int, first_index: int, count: int, stamp: int) -> None:
+        """Consecutive entries of one session under one stamp (so that a truncation inside
+        the run leaves its stamp right); then what that stamp expires, as of the run's
+        first entry (a truncation that keeps it keeps the expiry)."""
+        self._follow(client, first_seq, first_index, count, stamp)
+        if stamp > self.last_stamp:
+            self.last_stamp = stamp
+            self._expire_at(first_index)  # bounded: what the log's own stamps say is gone
+
+    def _follow(self, client: int, first_seq: int, first_index: int, count: int,
+                stamp: int) -> None:  # fmt: skip
         s = self.sessions.pop(client, None)  # re-inserted last: the newest activity
         if s is None:
             s = Session(first_seq - 1, stamp)
@@ -210,7 +242,8 @@ class SessionTable:
             return Check(Verdict.QUEUED, next_seq=queued + 1)  # its outcome is not known yet
         if s is None:  # a new session starts at 0 (its first entries may wait to be written)
             if queued < 0:
-                return Check(Verdict.NEW if first_seq == 0 else Verdict.EXPIRED)
+                return Check(Verdict.NEW if first_seq == 0 and self.young(client, now)
+                             else Verdict.EXPIRED)  # fmt: skip
             verdict = Verdict.NEW if first_seq == queued + 1 else Verdict.GAP
             return Check(verdict, next_seq=queued + 1)
         if s.stamp < now - self.ttl_ms:
@@ -229,6 +262,12 @@ class SessionTable:
         known = last - first_seq + 1
         verdict = Verdict.DUPLICATE if known == n else Verdict.PARTIAL
         return Check(verdict, spans, known, expected)
+
+    def young(self, client: int, now: int) -> bool:
+        """Whether session ``client`` began too recently to have expired by stamps up to
+        ``now``: less than half a TTL ago (the other half covers a client's clock running
+        ahead of the stamp its first entry got)."""
+        return born_ms(client) >= now - self.ttl_ms // 2
 
     @staticmethod
     def _spans(s: Session, lo: int, hi: int) -> tuple[tuple[int, int], ...] | None:
@@ -324,10 +363,13 @@ def recover_sessions(store, ttl_ms: int) -> SessionTable:
 
 __all__ = [
     "KEEP_RUNS",
+    "NONCE_BITS",
     "SESSIONS_FILE",
     "Check",
     "Session",
     "SessionTable",
     "Verdict",
+    "born_ms",
+    "new_client_id",
     "recover_sessions",
 ]

@@ -1,4 +1,4 @@
-"""The client-session table (issue 24): what a leader decides for an idempotent append,
+"""The client-session table: what a leader decides for an idempotent append,
 from what its log holds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rayledger.replication.sessions import SessionTable, Verdict
+from rayledger.replication.sessions import SessionTable, Verdict, born_ms, new_client_id
 from rayledger.storage.codec import SESSION_DTYPE
 
 V = Verdict
@@ -172,7 +172,7 @@ def test_sessions_expired_by_an_entry_later_truncated_come_back():
     write(t, [(0, 1, 0, 10), (1, 1, 1, 10), (2, 2, 0, 20)])
     t.committed(2)
     write(t, [(3, 2, 1, 500)])  # a stamp far ahead: client 1's session expires by it
-    assert 1 not in t.sessions and t.check(1, 0, 1, now=500).verdict is V.NEW
+    assert 1 not in t.sessions and t.check(1, 0, 1, now=500).verdict is V.EXPIRED
     others = SessionTable(ttl_ms=100)
     write(others, [(0, 1, 0, 10), (1, 1, 1, 10), (2, 2, 0, 20)])
     t.truncated(2)
@@ -194,3 +194,64 @@ def test_a_snapshots_table_leaves_out_expiries_by_later_entries():
     at = t.at(1)
     assert [row[0] for row in at["sessions"]] == [1, 2]
     assert t.at(2)["sessions"][0][0] == 2 and len(t.at(2)["sessions"]) == 1
+
+
+def test_a_retry_of_a_first_entry_that_outlived_its_session_is_never_stored_again():
+    """A session whose first entry is in the log expires a TTL after that entry's stamp;
+    the client retrying it (an unknown outcome) is then refused, not taken for a new
+    session: the id says the session began too long ago to be new."""
+    ttl = 3000
+    t = SessionTable(ttl_ms=ttl)
+    client = new_client_id(10_000, 5)
+    assert born_ms(client) == 10_000 and client > 0
+    assert t.check(client, 0, 1, now=10_000).verdict is V.NEW
+    write(t, [(0, client, 0, 10_000)])
+    other = new_client_id(13_500, 6)
+    write(t, [(1, other, 0, 13_500)])  # a TTL later: the first session expires by it
+    assert client not in t.sessions
+    c = t.check(client, 0, 1, now=t.last_stamp)
+    assert c.verdict is V.EXPIRED  # (NEW would store the first entry a second time)
+    # a session begun less than half a TTL before the log's stamps may start
+    assert t.check(new_client_id(12_000, 7), 0, 1, now=t.last_stamp).verdict is V.NEW
+    assert t.check(new_client_id(11_999, 7), 0, 1, now=t.last_stamp).verdict is V.EXPIRED
+
+
+@given(born=st.integers(0, 50_000), ahead=st.integers(0, 1500), later=st.integers(0, 60_000))
+def test_no_session_that_stored_an_entry_starts_again_once_expired(born, ahead, later):
+    """Whatever the times: a client clock at most half a TTL ahead of its leader's stamp,
+    and any later stamp that expired the session, its first sequence is never NEW again."""
+    ttl = 3000
+    t = SessionTable(ttl_ms=ttl)
+    client = new_client_id(born + ahead, 1)  # the client's clock runs ``ahead``
+    write(t, [(0, client, 0, born)])  # the leader stamps its first entry at ``born``
+    write(t, [(1, new_client_id(0, 2), 0, born + later)])
+    if client not in t.sessions:
+        assert t.check(client, 0, 1, now=t.last_stamp).verdict is V.EXPIRED
+
+
+def test_a_batch_cut_in_the_middle_leaves_the_table_its_remaining_entries_make():
+    """A follower takes several rounds (several stamps) in one batch, and a restart takes
+    the whole log at once: a truncation inside that batch must leave the table the kept
+    entries make -- the expiry by a kept entry's stamp stays, a cut entry's stamp goes."""
+    t = SessionTable(ttl_ms=100)
+    write(t, [(0, 1, 0, 10)])
+    t.committed(0)
+    write(t, [(1, 2, 0, 20), (2, 2, 1, 200), (3, 2, 2, 300)])  # entry 2 expires session 1
+    t.truncated(2)
+    kept = SessionTable(ttl_ms=100)
+    write(kept, [(0, 1, 0, 10)])
+    write(kept, [(1, 2, 0, 20)])
+    write(kept, [(2, 2, 1, 200)])
+    assert t.dump() == kept.dump()
+    assert 1 not in t.sessions and t.sessions[2].stamp == 200
+
+
+def test_a_restart_expires_by_committed_entries_for_good():
+    """A member restarting with a committed log rebuilds its table from it: sessions that
+    committed entries expired are forgotten for good (a truncation cannot reach them)."""
+    t = SessionTable(ttl_ms=100)
+    t.committed(3)
+    write(t, [(0, 1, 0, 10), (1, 2, 0, 20), (2, 2, 1, 500), (3, 2, 2, 510)])
+    assert 1 not in t.sessions and t._expired == []
+    t.truncated(2)
+    assert 1 not in t.sessions

@@ -26,6 +26,7 @@ from rayledger.actors.client_session import (
     Outcome,
     Sending,
 )
+from rayledger.replication.sessions import new_client_id
 from rayledger.storage import ResponseCode
 
 _BAD_IDENTITY = frozenset({ResponseCode.DUPLICATE_SEQUENCE, ResponseCode.SEQUENCE_MISMATCH})
@@ -176,7 +177,8 @@ class Clients:
     def _sessions_of(self, c: Client) -> ClientSessions:
         if c.sessions is None:
             ids = itertools.count(c.session, SESSION_ID_STRIDE)
-            c.sessions = ClientSessions(lambda: next(ids))
+            # begun at the simulation's clock, as a client on Ray stamps its ids
+            c.sessions = ClientSessions(lambda: new_client_id(self.clock.now_ms, next(ids)))
         return c.sessions
 
     def _append_deadline(self, c: Client) -> int | None:

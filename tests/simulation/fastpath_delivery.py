@@ -261,7 +261,10 @@ class FastPathDelivery:
             graphs = [
                 m.node
                 for m in self.members.values()
-                if m.alive and m.node.fast is not None and m.node.fast.logic.active
+                if m.alive
+                and m.node.fast is not None
+                and m.node.fast.logic.active
+                and m.node.fast.logic.graph  # (a single voter's graph has no edges)
             ]
             if not graphs:
                 kind = "on"

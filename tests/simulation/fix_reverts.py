@@ -72,10 +72,26 @@ def _lease_config(patch: Callable) -> None:
 
 
 def _session_expiry(patch: Callable) -> None:
-    """Sessions expired by an entry later truncated stay forgotten, and a run keeps the
-    stamp of its last entry even after a truncation cuts that entry."""
+    """Sessions expired by an entry later truncated stay forgotten, and a run of entries
+    (one client's, in one batch) keeps the stamp of its last entry even after a truncation
+    cuts that entry."""
 
-    def expire_at(self, index):
+    def appended(self, indexes, records):
+        if not len(indexes):
+            return
+        if not isinstance(records, list):
+            records = [tuple(int(x) for x in r) for r in records.tolist()]
+        indexes = [int(i) for i in indexes]
+        a = 0
+        while a < len(records):
+            client, seq = records[a][0], records[a][1]
+            z = a + 1
+            while (z < len(records) and records[z][0] == client
+                   and records[z][1] == seq + (z - a) and indexes[z] == indexes[a] + (z - a)):  # fmt: skip
+                z += 1
+            run(self, client, seq, indexes[a], z - a, records[z - 1][2])
+            a = z
+        self.last_stamp = max(self.last_stamp, max(r[2] for r in records))
         self.expire(self.last_stamp)
 
     def run(self, client, first_seq, first_index, count, stamp):
@@ -95,8 +111,7 @@ def _session_expiry(patch: Callable) -> None:
         s.stamp = max(s.stamp, stamp)
         self.sessions[client] = s
 
-    patch(SessionTable, "_expire_at", expire_at)
-    patch(SessionTable, "_run", run)
+    patch(SessionTable, "appended", appended)
 
 
 def _snapshot_point(patch: Callable) -> None:
@@ -374,6 +389,12 @@ def _watch_candidate(patch: Callable) -> None:
     patch(Supervisor, "_may_replace", lambda self, term: self.logic.leads(term))
 
 
+def _session_born(patch: Callable) -> None:
+    """An unknown session's first sequence always starts a new session, however long ago
+    the session began: a retry that outlived its session is stored a second time."""
+    patch(SessionTable, "young", lambda self, client, now: True)
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -402,6 +423,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "graph-stop": _graph_stop,
     "snapshot-ask": _snapshot_ask,
     "watch-candidate": _watch_candidate,
+    "session-born": _session_born,
 }
 _ABSENT = object()
 

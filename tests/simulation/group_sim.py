@@ -271,6 +271,8 @@ class GroupSim(
         lost_members: bool = False,
         kv_getters: int = 0,
         client_deadline_ms: int | None = None,
+        stamp_skew_ms: int = 0,
+        cut_removals: bool = False,
         test_file: str = "tests/simulation/test_group_sim.py",
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there
@@ -302,7 +304,10 @@ class GroupSim(
         (:mod:`.lost_members`); ``kv_getters``: KV gets at every consistency on any member, and
         the clients' KV history checked for linearizability (:mod:`.kv_history`);
         ``client_deadline_ms``: an idempotent client's deadline for an append (for
-        :mod:`.clients`).  ``test_file``: what the reproduce line names."""
+        :mod:`.clients`).  ``stamp_skew_ms``: each member's wall clock, which stamps its
+        clients' entries, is off the simulation's (the clients') by a seeded amount within
+        this much either way.  ``cut_removals``: now and then the leader is cut off from a
+        voter and the operator removes it (down to a single voter).  ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -310,6 +315,9 @@ class GroupSim(
         self.test_file = test_file
         self.helper_delays = helper_delays
         self.client_deadline_ms = client_deadline_ms
+        self.stamp_skew_ms = stamp_skew_ms
+        self._skews: dict[str, int] = {}
+        self._skew_rng = random.Random(seed * 7919 + 113)  # its own stream
         self._helper_rng = random.Random(seed * 7919 + 107)  # its own stream
         self._slow_hop_rng = random.Random(seed * 7919 + 109) if slow_hops else None
         self.rng = random.Random(seed)
@@ -339,7 +347,7 @@ class GroupSim(
         self.ids = [f"n{i}" for i in range(n + spares)]
         self.voters0 = self.ids[:n]
         self.committed_configs: dict[int, object] = {}
-        self._init_membership(seed, membership and faults is not False)
+        self._init_membership(seed, membership and faults is not False, cut_removals)
         self._init_lost(seed, lost_members and faults is not False)
         self._init_network(network, rpc_timeout_ms)
         self._tmp = (
@@ -806,7 +814,7 @@ class GroupSim(
         self._next_hang_ms = None  # no new hangs; a hung checker stays hung until killed
         self._stop_helper_faults()
         self._next_transfer_ms = None
-        self._next_change_ms = None
+        self._next_change_ms = self._next_cut_removal_ms = None
         self._stop_losing()
         self._heal_disks()
         self._lease_cuts.clear()

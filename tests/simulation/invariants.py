@@ -187,6 +187,25 @@ class Invariants:
             return False
         return True
 
+    def _same_sessions(self, members) -> None:
+        """Identical logs make identical session tables: every member knows the same
+        sessions, each at the same last sequence and stamp (a member that forgot one its
+        log still holds would refuse the client, or take a retry as new)."""
+        tables = {}
+        for m in members:
+            if m.node is None:
+                continue
+            table = m.node.logic.sessions.sessions
+            tables[m.id] = {c: (s.last_seq, s.stamp) for c, s in table.items()}
+        if len({repr(sorted(t.items())) for t in tables.values()}) > 1:
+            a, b = list(tables)[:2]
+            for mid in tables:
+                if tables[mid] != tables[a]:
+                    b = mid
+                    break
+            only = set(tables[a].items()) ^ set(tables[b].items())
+            self.fail(f"session tables differ after convergence: {a} vs {b}: {sorted(only)[:6]}")
+
     def final_check(self) -> None:
         """Identical logs everywhere; acknowledged appends committed where acknowledged; no body twice."""
         if self.acked_unseen and not self.durability_void:
@@ -213,6 +232,7 @@ class Invariants:
                     self.stats["diverged_after_power_loss"] += 1
                     return
                 self.fail(f"logs differ after convergence: {mid} {got[:2]} vs {first[:2]}")
+        self._same_sessions(members)
         store = members[0].store
         bodies: dict[bytes, int] = {}
         key = self._body_key  # as the client sent it: without a state machine's stamps

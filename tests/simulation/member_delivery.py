@@ -322,7 +322,15 @@ class MemberDelivery:
         """Group commit: the queued appends become one store batch and one round, sent on
         by the shipped round path (:class:`~rayledger.actors.round_path.RoundPath`)."""
         fast = node.fast is not None and node.fast.logic.offered  # live or parked
-        self._step(node, mc.WriteRound(fast, self.clock.now_ms))  # the sim's clock stamps
+        self._step(node, mc.WriteRound(fast, self.clock.now_ms + self._skew(node.id)))
+
+    def _skew(self, member: str) -> int:
+        """How far ``member``'s wall clock is off the simulation's (``stamp_skew_ms``)."""
+        if not self.stamp_skew_ms:
+            return 0
+        if member not in self._skews:
+            self._skews[member] = self._skew_rng.randint(-self.stamp_skew_ms, self.stamp_skew_ms)
+        return self._skews[member]
 
     def _announce_plain(self, node: Node, a: Announcement) -> None:
         for p in node.dispatchers:

@@ -25,21 +25,28 @@ from .node_state import NeedWatch, Node
 from .sim_config import HELPER_BOOT_MS
 
 CHANGE_MEAN_MS = 900  # between two operator changes, on average
+CUT_REMOVAL_MEAN_MS = 4000  # between two removals of a member the leader cannot reach
 
 
 class MembershipChanges:
     """The operator's changes and the configuration checks (a mixin of
     :class:`~.group_sim.GroupSim`)."""
 
-    def _init_membership(self, seed: int, on: bool) -> None:
+    def _init_membership(self, seed: int, on: bool, cut_removals: bool = False) -> None:
         self._member_rng = random.Random(seed * 7919 + 97)
         self._next_change_ms: int | None = (
             int(self._member_rng.expovariate(1 / CHANGE_MEAN_MS)) + 300 if on else None
         )
+        self._cut_rng = random.Random(seed * 7919 + 131)  # its own stream
+        self._next_cut_removal_ms: int | None = (
+            int(self._cut_rng.expovariate(1 / CUT_REMOVAL_MEAN_MS)) + 1000
+            if on and cut_removals else None
+        )  # fmt: skip
         self.config_checked: dict[str, int] = {}  # member -> committed index checked
 
     def _membership_step(self, now: int) -> None:
         """Now and then an operator asks the member it believes leads for a change."""
+        self._cut_removal_step(now)
         if self._next_change_ms is None or now < self._next_change_ms:
             return
         rng = self._member_rng
@@ -74,9 +81,8 @@ class MembershipChanges:
             op, member, old = Op.REMOVE, rng.choice(learners), ""
         else:
             op, member, old = Op.REMOVE, rng.choice(voters), ""
-            after = [v for v in voters if v != member]
-            if self.lost and sum(v not in self.lost for v in after) < len(after) // 2 + 1:
-                return  # LedgerGroup.remove_member: no live majority after it (NO_LIVE_QUORUM)
+            if not self._live_majority_without(voters, member):
+                return
         try:
             self._step(node, mc.ChangeMembers(op, member, None, old))
         except LedgerError as exc:
@@ -84,6 +90,39 @@ class MembershipChanges:
             return
         self.stats[f"change_{op}"] += 1
         self.net.note(f"OPERATOR {node.id} takes {op} {member}" + (f" for {old}" if old else ""))
+
+    def _live_majority_without(self, voters, member: str) -> bool:
+        """LedgerGroup.remove_member refuses a removal that leaves no live majority
+        (NO_LIVE_QUORUM): members whose node is lost do not count."""
+        after = [v for v in voters if v != member]
+        return not self.lost or sum(v not in self.lost for v in after) >= len(after) // 2 + 1
+
+    def _cut_removal_step(self, now: int) -> None:
+        """Now and then the leader loses its links to a voter, and the operator removes that
+        member -- down to the leader alone, as an operator removes a member that stopped
+        answering: reads and rounds in flight then wait on a member being removed."""
+        if self._next_cut_removal_ms is None or now < self._next_cut_removal_ms:
+            return
+        rng = self._cut_rng
+        self._next_cut_removal_ms = now + int(rng.expovariate(1 / CUT_REMOVAL_MEAN_MS)) + 1
+        leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
+        if not leaders:
+            return
+        node = rng.choice(leaders).node
+        others = [v for v in node.logic.config_log.latest().voters if v != node.id]
+        if not others:
+            return
+        member = rng.choice(others)
+        if not self._live_majority_without([node.id, *others], member):
+            return
+        self.net.cut_both(node.id, member)
+        try:
+            self._step(node, mc.ChangeMembers(Op.REMOVE, member, None, ""))
+        except LedgerError as exc:
+            self.stats[f"change_refused_{exc.code.name}"] += 1
+            return
+        self.stats["change_cut_remove"] += 1
+        self.net.note(f"OPERATOR {node.id} removes {member}, which it cannot reach")
 
     # -- the members' helpers follow their configuration ---------------------------------
     def _m_helpers(self, node: Node, peers: tuple[str, ...], booting: bool = False) -> None:

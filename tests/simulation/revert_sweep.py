@@ -29,7 +29,7 @@ def sweep(name: str, seeds: list[int], first_only: bool = False) -> tuple[list[i
                 run_all_features(seed, "revert_sweep")
             except (SimulationFailure, AssertionError, Exception) as exc:  # noqa: B014
                 failed.append(seed)
-                first = first or f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                first = first or f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
                 if first_only:
                     break
     return failed, first

@@ -201,11 +201,34 @@ checked for linearizability, transfers, hung and killed helpers, helpers' config
 that lags by up to seconds, and every other fault of the simulation."""
 
 
+SHORT_TTL_SHARE = 0.3
+SHORT_TTL_MS = (2000, 3000, 5000)
+"""On this share of the all-features seeds, client sessions expire after a few seconds of
+silence (``client_session_ttl_ms``; 1 h otherwise), shorter than a client's deadline: retries
+outlive their sessions, sessions expire by entries later truncated, and the members' clocks
+that stamp the entries are off the clients' by up to a quarter of the TTL either way."""
+
+
+CUT_REMOVALS_SHARE = 0.3
+"""On this share of the all-features seeds, the operator also removes voters the leader
+has just lost its links to, down to a single voter (``GroupSim(cut_removals=True)``)."""
+
+
 def all_features(seed: int) -> dict:
     """The all-features arguments for ``seed``: the KV machine on three seeds of four (the
-    RocketMQ commit log on the fourth), sync_flush on odd seeds."""
+    RocketMQ commit log on the fourth), sync_flush on odd seeds, the replication settings of
+    :func:`sim_config_for`, short session TTLs on some (:data:`SHORT_TTL_SHARE`), removals
+    of unreachable voters on some (:data:`CUT_REMOVALS_SHARE`)."""
     kw = dict(ALL_FEATURES)
     kw["machine"] = "mq" if seed % 4 == 3 else "kv"
     if seed % 2:
         kw.update(sync_flush=True, power_loss=1.0)
+    replication = sim_config_for(seed)
+    rng = random.Random(seed * 7919 + 132)
+    if rng.random() < SHORT_TTL_SHARE:
+        ttl = rng.choice(SHORT_TTL_MS)
+        replication = replace(replication, client_session_ttl_ms=ttl)
+        kw["stamp_skew_ms"] = ttl // 4
+    kw["replication"] = replication
+    kw["cut_removals"] = random.Random(seed * 7919 + 149).random() < CUT_REMOVALS_SHARE
     return kw
