@@ -1,4 +1,4 @@
-"""Seeded chaos on a real Ray group (issue 10 §6): writers record every append's outcome
+"""Seeded chaos on a real Ray group: writers record every append's outcome
 while a nemesis kills, pauses and partitions members, makes links lossy and slow, and
 SIGKILLs the leader's checker and dispatchers.  Afterwards every ack is on every member,
 nothing is committed twice or out of nowhere, and linearizable reads see every ack.
@@ -35,7 +35,7 @@ log = logging.getLogger("rayledger.tests.chaos")
 def chaos_run(g: LedgerGroup, seed: int, steps: int) -> Outcomes:
     """Writers (three threads on one shared client, one on a second client) append while
     the nemesis runs; then heal, resume everything and check the history.  The clients
-    are idempotent (issue 24): every append whose call a fault cut short is retried under
+    are idempotent: every append whose call a fault cut short is retried under
     its identity, so none may end unknown and none may commit twice."""
     out = Outcomes()
     shared, second = g.client(timeout_s=60), g.client(timeout_s=60)

@@ -364,7 +364,7 @@ def test_help_for_every_subcommand(cli_here):
 
 def test_bench_flags_reach_the_group_bench() -> None:
     """``bench group --fast-path on --max-rounds 4`` becomes the group bench's keywords
-    (issue 25: the knee of overlapping rounds is measured with them)."""
+    (the knee of overlapping rounds is measured with them)."""
     from rayledger.integration.bench.run import group_options
     from rayledger.integration.cli.main import parse_args
 

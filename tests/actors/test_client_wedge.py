@@ -289,7 +289,7 @@ def _wait(cond, timeout_s: float = 5.0) -> None:
         time.sleep(0.002)
 
 
-# -- the review's reproduction -----------------------------------------------------------------
+# -- the wedge, reproduced --------------------------------------------------------------------
 def test_appends_after_an_unknown_outcome_flow_in_a_new_session():
     """Append 1's entry was taken by a leader that lost it, and it is never answered: it
     ends unknown at its deadline; appends 2..4 then commit at once (before: each was refused

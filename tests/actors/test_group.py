@@ -283,7 +283,7 @@ def test_lossy_slow_links_and_one_way_cut_keep_the_log_safe(make_group):
 
 
 def test_a_sync_flush_group_replicates_and_survives_a_leader_kill(make_group):
-    """Issue 10 §3(c): ``sync_flush`` set on the group's store works for every member."""
+    """``sync_flush`` set on the group's store works for every member."""
     from dataclasses import replace
 
     from rayledger.storage import StoreConfig

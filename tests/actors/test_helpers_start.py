@@ -1,6 +1,6 @@
-"""Issue 25, without Ray: a member runs no checker or dispatchers until it first takes
-office (a follower's helpers idled: they doubled an idle group's processes, memory and CPU),
-then keeps them while it follows."""
+"""Helpers start with leadership, without Ray: a member runs no checker or dispatchers until
+it first takes office (a follower's helpers idled: they doubled an idle group's processes,
+memory and CPU), then keeps them while it follows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exactly-once appends on Ray (issue 24): a leader answers a retried identity with the
+"""Exactly-once appends on Ray: a leader answers a retried identity with the
 original result, refuses bad identities with a code and appends nothing, and an idempotent
 client retries unknown outcomes -- a round lost on the way, a leader killed -- into exactly
 one copy of each append."""

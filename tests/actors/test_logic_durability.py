@@ -1,5 +1,5 @@
-"""MemberLogic.write_round on a real FileStore whose disk fails mid-append (issue 10 §5):
-a failure after the bytes were written is an unknown outcome, never a plain error to retry."""
+"""MemberLogic.write_round on a real FileStore whose disk fails mid-append: a failure after
+the bytes were written is an unknown outcome, never a plain error to retry."""
 
 from __future__ import annotations
 
@@ -71,9 +71,9 @@ def test_a_refusal_before_the_write_stays_a_plain_error(leader):
 
 
 def test_with_sync_flush_a_follower_acknowledges_only_what_is_on_disk(tmp_path):
-    """Issue 10 §3(c): with ``sync_flush`` an ack means fdatasync on the follower too (the
-    leader's own round is flushed before it is announced, test above), so an acknowledged
-    append is on disk on a quorum."""
+    """With ``sync_flush`` an ack means fdatasync on the follower too (the leader's own
+    round is flushed before it is announced, test above), so an acknowledged append is on
+    disk on a quorum."""
     from rayledger.election import MemberState
     from rayledger.replication import EntryHandler, PushEntryRequest, PushType
     from rayledger.storage import MemoryStore
@@ -104,12 +104,12 @@ def test_with_sync_flush_a_follower_acknowledges_only_what_is_on_disk(tmp_path):
 
 
 def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_copy(tmp_path):
-    """Issue 20 item 3 (review c3_sync): a round is stored and announced before the leader's
-    own fdatasync (the followers write meanwhile).  A checker restarted during that flush
-    starts from the leader's ``LeaderInfo`` and gets the rounds of the term again; on
-    24eedd2 it took the leader's mark from the log end, so the unflushed copy plus one
-    follower made a quorum and the append was acknowledged before it was on a quorum's
-    disk.  In sync mode the leader's mark is its flushed end, everywhere."""
+    """A round is stored and announced before the leader's own fdatasync (the followers
+    write meanwhile).  A checker restarted during that flush starts from the leader's
+    ``LeaderInfo`` and gets the rounds of the term again; on 24eedd2 it took the leader's
+    mark from the log end, so the unflushed copy plus one follower made a quorum and the
+    append was acknowledged before it was on a quorum's disk.  In sync mode the leader's
+    mark is its flushed end, everywhere."""
     from rayledger.actors.checker_logic import AddRound, BecomeLeader, CheckerLogic, Report
 
     cfg = StoreConfig(data_dir=str(tmp_path), sync_flush=True, flush_interval_ms=3_600_000)

@@ -1,4 +1,4 @@
-"""The state-machine API (issue 11): the Ray-free Applier, the KV example machine, and a
+"""The state-machine API: the Ray-free Applier, the KV example machine, and a
 real group running it on every member."""
 
 from __future__ import annotations
@@ -151,9 +151,9 @@ def test_a_group_without_a_machine_answers_no_queries(make_group):
 
 @pytest.mark.ray
 def test_every_member_snapshots_its_machine_and_keeps_the_newest(make_group):
-    """Issue 23, first part: every ``snapshot_every_entries`` applied entries each member
-    writes a checksummed snapshot of its KV machine off the machine's thread and keeps
-    the newest ``snapshot_keep``."""
+    """Every ``snapshot_every_entries`` applied entries each member writes a checksummed
+    snapshot of its KV machine off the machine's thread and keeps the newest
+    ``snapshot_keep``."""
     from rayledger.actors.snapshot_policy import SnapshotPolicy
     from rayledger.integration.kv.machine import read_snapshot
     from rayledger.storage.snapshots import SnapshotStore

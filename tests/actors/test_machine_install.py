@@ -1,4 +1,4 @@
-"""Snapshot install on the member side (issue 23), stepped by hand (no Ray): the machine
+"""Snapshot install on the member side, stepped by hand (no Ray): the machine
 runner's core loads a snapshot sealed from the leader between batches, and a dispatcher's
 view of its leader's log refuses reads below its begin and fetches the leader's snapshot."""
 

@@ -1,4 +1,4 @@
-"""State-machine snapshots (issue 23, first part), without Ray: the Applier opens a machine
+"""State-machine snapshots, without Ray: the Applier opens a machine
 from its newest snapshot that verifies and the runner core says when one is due."""
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def test_the_kv_snapshot_is_sorted_and_holds_values_of_every_kind(tmp_path) -> N
 
 
 def test_the_machine_never_sees_configuration_entries(tmp_path) -> None:
-    """Issue 22 (branch): an entry on the configuration channel is the group's; the machine
-    applies the client entries around it and stands past it."""
+    """An entry on the configuration channel is the group's; the machine applies the
+    client entries around it and stands past it."""
     from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 
     a = Applier(KvMachine(), _ctx(tmp_path))

@@ -1,4 +1,4 @@
-"""Membership on Ray (issue 22): add, promote, replace and remove members of a running
+"""Membership on Ray: add, promote, replace and remove members of a running
 group while a client appends, and the coded refusals that change nothing."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _policy(pid: int) -> int:
 
 
 def test_a_learner_catches_up_from_the_leaders_files_in_the_background(make_group) -> None:
-    """The catch-up path of issue 22 on Ray: the leader's dispatcher reads the committed
+    """A learner's catch-up path on Ray: the leader's dispatcher reads the committed
     batches from the leader's files (the leader's process serves none of them), batches
     larger than 64 KiB cross as numpy arrays, and the learner and that dispatcher run in
     SCHED_IDLE until the learner votes."""

@@ -1,4 +1,4 @@
-"""Membership on a Ray cluster (issue 22): a group that heals itself.
+"""Membership on a Ray cluster: a group that heals itself.
 
 A four-node cluster (ray.cluster_utils.Cluster, in a child process so that it does not
 collide with the session's local Ray) runs a three-member group on the three worker nodes,

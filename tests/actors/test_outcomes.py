@@ -1,4 +1,4 @@
-"""An append stored on the leader but not sent on (issue 10 §5): the caller gets an
+"""An append stored on the leader but not sent on: the caller gets an
 unknown outcome at once, never a raw Ray error that invites a duplicating retry, and
 the stored entry may still commit."""
 

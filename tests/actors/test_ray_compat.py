@@ -1,4 +1,4 @@
-"""The private Ray APIs live in actors/ray_compat.py behind a version check (issue 21 §4)."""
+"""The private Ray APIs live in actors/ray_compat.py behind a version check."""
 
 from __future__ import annotations
 

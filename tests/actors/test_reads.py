@@ -1,4 +1,4 @@
-"""Read consistencies on a real group: linearizable, lease and follower reads (issue 10 §4)."""
+"""Read consistencies on a real group: linearizable, lease and follower reads."""
 
 from __future__ import annotations
 

@@ -94,9 +94,9 @@ def test_a_refused_write_keeps_no_round(book) -> None:
 
 
 def test_a_configuration_change_is_a_round_of_its_own_on_its_channel(book) -> None:
-    """Issue 22 (branch): the leader appends a configuration as its own round, acts on it
-    at once, and takes no other change until it commits; none before its term's first
-    entry committed (Ongaro's fix)."""
+    """The leader appends a configuration as its own round, acts on it at once, and takes
+    no other change until it commits; none before its term's first entry committed
+    (Ongaro's fix)."""
     from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 
     m = book.logic
@@ -154,7 +154,7 @@ def test_queued_appends_and_changes_are_refused_when_the_term_ends(book) -> None
 
 
 def test_with_max_rounds_two_rounds_wait_side_by_side_and_finish_in_any_order(book) -> None:
-    """``LedgerConfig.max_rounds`` (issue 25): a second round goes out while the first
+    """``LedgerConfig.max_rounds``: a second round goes out while the first
     waits; a third waits for one of them."""
     book.max_rounds = 2
     spans = []

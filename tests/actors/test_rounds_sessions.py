@@ -1,4 +1,4 @@
-"""The round book's idempotent appends (issue 24), sans-I/O: what a leader answers for a
+"""The round book's idempotent appends, sans-I/O: what a leader answers for a
 retried identity, from its own log."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Issue 20, items 1 and 4, on a real group through the public API.
+"""Two safety properties on a real group through the public API.
 
-* Item 1: a leader that sent a take order and then gave the transfer up must not answer
-  lease reads from the lease it held before: the transferee skips pre-vote, so it may lead a
-  newer term and commit while the old leader's lease has not run out.
-* Item 4: a leader whose checker hangs (SIGSTOP: Ray sees nothing to restart) must not
-  wedge its member: when leadership comes back to that member, the group takes appends
+* An abandoned transfer: a leader that sent a take order and then gave the transfer up
+  must not answer lease reads from the lease it held before: the transferee skips pre-vote,
+  so it may lead a newer term and commit while the old leader's lease has not run out.
+* A hung checker: a leader whose checker hangs (SIGSTOP: Ray sees nothing to restart) must
+  not wedge its member: when leadership comes back to that member, the group takes appends
   again instead of a leader that answers LEADER_NOT_READY and heartbeats forever.
 """
 
@@ -99,10 +99,10 @@ def _followed_by_all(g) -> str | None:
 
 
 def _abandoned_transfer_then_lease_reads(g):
-    """One try of item 1: ``(old leader, its term, W, reads)``, or a string saying why the
-    try proves nothing (then the caller tries again): the old leader heard of the newer
-    term before the cut (its heartbeat reached the transferee in the few ms between the
-    take order and the cut), or W was acked only after the lease ran out (a slow machine)."""
+    """One try: ``(old leader, its term, W, reads)``, or a string saying why the try proves
+    nothing (then the caller tries again): the old leader heard of the newer term before the
+    cut (its heartbeat reached the transferee in the few ms between the take order and the
+    cut), or W was acked only after the lease ran out (a slow machine)."""
     old = wait_until(lambda: _followed_by_all(g), 30, "every member to follow one leader")
     a, b = [m for m in g.members if m != old]
     h = g.handle(old)
@@ -165,10 +165,10 @@ def _abandoned_transfer_then_lease_reads(g):
 
 
 def test_no_lease_read_after_an_abandoned_transfer_misses_a_newer_commit(make_group):
-    """Item 1.  L leads term T with a lease; a transfer to A sends the take order, and L is
-    cut off from {A, B} before it hears of term T+1.  L gives the transfer up after its
-    wait, while A (no pre-vote as the transferee) leads T+1 and commits W with B.  Until the
-    lease would have run out, every lease read from L must include W or be refused."""
+    """L leads term T with a lease; a transfer to A sends the take order, and L is cut off
+    from {A, B} before it hears of term T+1.  L gives the transfer up after its wait, while
+    A (no pre-vote as the transferee) leads T+1 and commits W with B.  Until the lease would
+    have run out, every lease read from L must include W or be refused."""
     g = make_group(members=3, store=False, config=LEASE_CONFIG)
     why = []
     for _ in range(3):
@@ -195,8 +195,8 @@ def test_no_lease_read_after_an_abandoned_transfer_misses_a_newer_commit(make_gr
     )
 
 
-# Item 4's timers: an election timeout (2 s) of two RPC timeouts, as with DLedger's
-# defaults (6 s, 3 s): the shell's wait for a helper is then one election timeout.
+# The hung-checker test's timers: an election timeout (2 s) of two RPC timeouts, as with
+# DLedger's defaults (6 s, 3 s): the shell's wait for a helper is then one election timeout.
 ZOMBIE_CONFIG = LedgerConfig.fast(
     heartbeat_interval_ms=500, max_heartbeat_leak=4, rpc_timeout_ms=1000
 )
@@ -226,8 +226,8 @@ def _first_and_last(exc: Exception | None) -> str:
 def test_leadership_back_to_a_member_whose_checker_is_stopped_does_not_halt_the_group(
     make_group,
 ):
-    """Item 4.  SIGSTOP the leader's checker, move leadership away and back to that member
-    while the checker stays stopped: the group takes appends again within a bound (see
+    """SIGSTOP the leader's checker, move leadership away and back to that member while
+    the checker stays stopped: the group takes appends again within a bound (see
     :func:`_zombie_bound_s`), instead of a leader that answers LEADER_NOT_READY and
     heartbeats forever (its role sync waits on the stopped checker under _role_lock)."""
     cfg = ZOMBIE_CONFIG

@@ -1,4 +1,4 @@
-"""Client sessions travel with a state machine's snapshots (issue 24): a member whose log
+"""Client sessions travel with a state machine's snapshots: a member whose log
 starts after a snapshot -- installed from a leader, or compacted -- knows the sessions of
 the entries it no longer holds, and answers a retry of them from its log."""
 

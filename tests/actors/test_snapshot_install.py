@@ -1,4 +1,4 @@
-"""Issue 23 on Ray: a member that was away while the group compacted its logs comes back
+"""Snapshot install on Ray: a member that was away while the group compacted its logs comes back
 below the leader's begin, gets the leader's snapshot through the object store in chunks,
 loads it into its machine and serves reads; the keys it missed are all there."""
 

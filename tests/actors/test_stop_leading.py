@@ -1,4 +1,4 @@
-"""Issue 20 item 4 (review c4_zombie), without Ray: a member whose helpers never answer (a
+"""Stepping down with hung helpers, without Ray: a member whose helpers never answer (a
 SIGSTOPped process) must still finish stopping its term, so that when it leads again it
 takes office; and a new leader whose helpers are hung replaces them and then hands
 leadership on.  On 24eedd2 ``_stop_leading`` awaited ``checker.step_down`` with no timeout

@@ -1,4 +1,4 @@
-"""Supervised helpers (issue 10 §2): SIGKILL a leader's checker or dispatcher while clients
+"""Supervised helpers: SIGKILL a leader's checker or dispatcher while clients
 append; the leader restores it (or hands leadership on) and writes continue."""
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def test_a_hung_checker_costs_the_leadership_and_writes_continue(make_group):
 
 
 def test_a_leader_whose_first_entry_cannot_be_written_steps_down(make_group):
-    """Issue 10 §2: a new leader that cannot write its term's empty entry (a full disk)
-    used to hold leadership with heartbeats while every append got LEADER_NOT_READY."""
+    """A new leader that cannot write its term's empty entry (a full disk) used to hold
+    leadership with heartbeats while every append got LEADER_NOT_READY."""
 
     def _break_leader_writes(self) -> None:  # runs inside the member
         def refuse(*_a, **_k):
@@ -143,8 +143,8 @@ def _cut_off_a_follower(make_group):
 
 
 def test_a_partition_follows_a_member_through_its_restart_until_heal(make_group):
-    """Issue 10 §5: a member partitioned while it restarts used to come back healed.  Its
-    outgoing links are cut: a linearizable read there must ask the leader and cannot."""
+    """A member partitioned while it restarts used to come back healed.  Its outgoing
+    links are cut: a linearizable read there must ask the leader and cannot."""
     g, isolated, c, r = _cut_off_a_follower(make_group)
     h = g.handle(isolated)
 

@@ -1,4 +1,4 @@
-"""Membership as data (issue 22, first part): configurations, the single-server change
+"""Membership as data: configurations, the single-server change
 rules, and a member's view of the configurations in its log."""
 
 from __future__ import annotations

@@ -194,9 +194,9 @@ def test_vote_wait_uses_configured_base(h) -> None:
 
 
 def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
-    """Issue 10 §3(a): after a restart (persisted term or vote) the first candidacy raises
-    the term: a power loss may have dropped entries the member acknowledged in its old
-    term, and leading that term again could write different ones at the same (index, term)."""
+    """After a restart (persisted term or vote) the first candidacy raises the term: a power
+    loss may have dropped entries the member acknowledged in its old term, and leading that
+    term again could write different ones at the same (index, term)."""
     for term, vote in ((3, None), (3, "n0"), (0, "n1")):
         el = h.make(term=term, vote=vote)
         now, vote_terms = 0, []
@@ -216,7 +216,7 @@ def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
 
 @pytest.mark.parametrize("answer", [R.REJECT_ALREADY_HAS_LEADER, None])
 def test_a_restarted_member_whose_pre_votes_fail_never_votes_in_its_old_term(h, answer) -> None:
-    """Issue 10 §3(a), the other path: pre-votes refused (a live leader is heard) or
+    """After a restart, the other path: pre-votes refused (a live leader is heard) or
     unanswered leave the candidate waiting to revote; its next real round must still not
     be in the term it held before the restart, where voters would grant it again."""
     el = h.make(term=3, vote="n0")
@@ -248,9 +248,9 @@ def test_a_fresh_member_campaigns_in_term_zero(h) -> None:
 
 
 def test_a_leader_that_steps_down_waits_an_election_timeout_before_it_campaigns(h) -> None:
-    """Issue 10 §2: a leader that cannot serve its term (its first entry cannot be
-    written, its helpers are lost) leaves it at once, and campaigns only after one
-    election timeout, so a peer that can serve is elected first."""
+    """A leader that cannot serve its term (its first entry cannot be written, its helpers
+    are lost) leaves it at once, and campaigns only after one election timeout, so a peer
+    that can serve is elected first."""
     el = h.make(term=3, midlife=True)
     h.become_leader(el, 0)
     assert el.role is Role.LEADER

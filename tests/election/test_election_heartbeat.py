@@ -49,7 +49,7 @@ def test_heartbeat_from_a_non_member_is_refused(h, kw, code) -> None:
 
 
 def test_a_leader_outside_the_configuration_is_followed(h) -> None:
-    """Raft §4.2.1 (issue 22): this member's newest configuration may be an uncommitted one
+    """Raft §4.2.1: this member's newest configuration may be an uncommitted one
     that the leader is about to cut, or this member the one being added."""
     el = h.make(term=4)
     resp, _ = el.handle_heartbeat(h.hb_req(el, "n1", leader_id="stranger", local_id="stranger"), 0)

@@ -1,5 +1,5 @@
-"""Issue 22, the elector on a configuration with learners: only voters are asked for votes,
-only voters' answers make a majority, and a learner (or a member removed) never campaigns."""
+"""The elector on a configuration with learners: only voters are asked for votes, only
+voters' answers make a majority, and a learner (or a member removed) never campaigns."""
 
 from __future__ import annotations
 

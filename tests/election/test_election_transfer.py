@@ -337,9 +337,9 @@ def test_role_change_action_carries_the_leader(h) -> None:
 
 
 def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
-    """Issue 20 item 5 (review c5_small): a dispatcher's report of term T landing after the
-    leader was deposed and re-elected in T+2 must not refill ``peer_match_index``, or a take
-    order goes at once to a transferee that may lag by any amount."""
+    """A dispatcher's report of term T landing after the leader was deposed and re-elected
+    in T+2 must not refill ``peer_match_index``, or a take order goes at once to a
+    transferee that may lag by any amount."""
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, midlife=True, config=cfg)
     el.state.update_ledger(1000, 0)
@@ -360,7 +360,7 @@ def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
 
 
 def test_a_hand_over_that_is_given_up_ends_in_a_step_down(h) -> None:
-    """Issue 20 item 4, second path (found by the Ray test): a leader re-elected with a hung
+    """A wedged leader's second path (found by the Ray test): a leader re-elected with a hung
     checker never activates its dispatchers, so the transferee of its hand-over cannot catch
     up, the transfer times out, and on 24eedd2 nothing ended the term.  A hand-over that is
     given up steps the leader down; a plain transfer that is given up does not."""

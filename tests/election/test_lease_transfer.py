@@ -1,8 +1,8 @@
-"""Issue 20 item 1 (review c1_lease_sim): a lease must not survive an abandoned leadership
-transfer.  Three electors on a small message bus with one-way link cuts; the leader's lease
-check is :meth:`Elector.lease_allowed` with a :class:`ReadIndexLogic` lease, as the member's
-shell asks it (``MemberLogic.lease_holds``).  The property: the old leader's lease never
-holds while another member leads a later term."""
+"""A lease must not survive an abandoned leadership transfer.  Three electors on a small
+message bus with one-way link cuts; the leader's lease check is :meth:`Elector.lease_allowed`
+with a :class:`ReadIndexLogic` lease, as the member's shell asks it
+(``MemberLogic.lease_holds``).  The property: the old leader's lease never holds while
+another member leads a later term."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 22: a group's configuration entries (membership changes, on their own header
-channel) are never handed to a reader as a client's data.  Each reader treats them the way
+"""A group's configuration entries (membership changes, on their own header channel) are
+never handed to a reader as a client's data.  Each reader treats them the way
 it treats a term's empty first entry: ``LedgerClient.read/get`` and ``tail`` return it,
 marked by its channel; Spark, Ray Data, ``export``, the RocketMQ layer and the KV watch
 skip it.  One group and the session's Spark for all the Ray checks; the rest needs no Ray.

@@ -212,8 +212,8 @@ def test_help_for_every_kv_subcommand(kv_here):
 
 
 def test_kv_start_keeps_the_store_on_disk_by_default(ray_session, kv_here, tmp_path, monkeypatch):
-    """Issue 22 (6): `start` keeps a group's files under $RAYLEDGER_DATA (else
-    ~/.rayledger/data) unless told --memory; --memory with --store-dir is refused."""
+    """`start` keeps a group's files under $RAYLEDGER_DATA (else ~/.rayledger/data)
+    unless told --memory; --memory with --store-dir is refused."""
     monkeypatch.setenv("RAYLEDGER_DATA", str(tmp_path / "data"))
     name = f"t-kvstart-{uuid.uuid4().hex[:8]}"
     g = ["--group", name, "--address", ray.get_runtime_context().gcs_address]

@@ -1,4 +1,4 @@
-"""Issue 23 on a real KV group: a member holding 100,000 keys killed and restarted (from
+"""Snapshots on a real KV group: a member holding 100,000 keys killed and restarted (from
 its newest snapshot that verifies -- the newest is damaged -- and the log after it), and a
 member whose data directory was wiped, which gets the leader's snapshot and serves reads."""
 

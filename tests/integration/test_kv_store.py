@@ -1,4 +1,4 @@
-"""The KV store (issue 23, first part): the machine's put, delete, compare-and-set and scans,
+"""The KV store: the machine's put, delete, compare-and-set and scans,
 and KVClient on a real group."""
 
 from __future__ import annotations

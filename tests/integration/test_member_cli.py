@@ -1,4 +1,4 @@
-"""`rayledger member list|add|remove|replace` (issue 22) against real groups on a local Ray,
+"""`rayledger member list|add|remove|replace` against real groups on a local Ray,
 through the CLI's ``main`` in this process (attached to the session's cluster)."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_reads_match_the_store_for_every_range(small_store):
 
 
 def test_batches_are_the_stores_pushes_byte_for_byte(small_store):
-    """A leader's dispatcher reads committed batches from the files (issue 22): exactly what
+    """A leader's dispatcher reads committed batches from the files: exactly what
     the member's store would push, across segment ends, within both bounds."""
     store, bodies = small_store
     n = len(bodies)
@@ -182,9 +182,9 @@ def test_checkpoint_bound(small_store):
 
 
 def test_configuration_entries_are_left_out_on_request(tmp_path):
-    """Issue 22: ``channel=0`` keeps the client entries (a term's empty first entry among
-    them) and leaves the configuration entries out, indexes as the log's; with no channel
-    every entry comes back, with its channel."""
+    """``channel=0`` keeps the client entries (a term's empty first entry among them) and
+    leaves the configuration entries out, indexes as the log's; with no channel every entry
+    comes back, with its channel."""
     from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 
     cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=4096)

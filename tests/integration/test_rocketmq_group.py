@@ -75,8 +75,8 @@ def test_produce_and_consume_through_a_leader_kill(commitlog):
 
 
 def test_producer_threads_keep_queue_offsets_contiguous_through_a_master_kill(commitlog):
-    """Issue 11 §5: the master is killed while producer threads put; the new master's
-    table continues every queue with no gap and no duplicate (stored offsets included)."""
+    """The master is killed while producer threads put; the new master's table continues
+    every queue with no gap and no duplicate (stored offsets included)."""
     log, out = commitlog, Produced()
     own = CommitLog.connect(log.group.name)  # half the threads share a client, half do not
     producers = [Producer(log if k % 2 else own, f"p{k}", out) for k in range(4)]

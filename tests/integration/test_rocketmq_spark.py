@@ -1,4 +1,4 @@
-"""Topics in Spark (issue 11 §7): the rows are the messages the consume queues hold, and a
+"""Topics in Spark: the rows are the messages the consume queues hold, and a
 ConsumerCheckpoint makes runs incremental (RayDP starts in 10-40 s: one test)."""
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def test_offline_directory_is_bounded_by_its_checkpoint(spark, tmp_path):
 
 
 def test_rocketmq_topics_as_dataframes(spark, ray_session, tmp_path, group_name):
-    """Issue 11 §7: a topic's committed messages, decoded, bounded by the committed index."""
+    """A topic's committed messages, decoded, bounded by the committed index."""
     from rayledger.integration.rocketmq import CommitLog
     from rayledger.integration.rocketmq.spark import messages_dataframe
 

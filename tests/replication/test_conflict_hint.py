@@ -1,4 +1,4 @@
-"""The follower's conflict hint on a refused COMPARE, and the dispatcher's jump (issue 10 §5).
+"""The follower's conflict hint on a refused COMPARE, and the dispatcher's jump.
 
 Without the hint COMPARE steps back one index per round trip; with it a round trip skips a
 whole term, and the dispatcher still lands on the exact match point (Log Matching).

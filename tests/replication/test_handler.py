@@ -286,11 +286,11 @@ def test_unknown_push_type() -> None:
 
 
 def test_the_truncate_guard_remembers_the_term_through_a_same_term_flap() -> None:
-    """Issue 20 item 2 (review c2_flap): a follower whose heartbeats time out becomes a
-    candidate in the same term with no leader, then follows the same leader again.  There
-    is one leader per term, so what matched it is still known: a late duplicate TRUNCATE
-    must not cut entries the follower acknowledged (the store only refuses cuts below its
-    own committed index, which lags the leader's)."""
+    """A follower whose heartbeats time out becomes a candidate in the same term with no
+    leader, then follows the same leader again.  There is one leader per term, so what
+    matched it is still known: a late duplicate TRUNCATE must not cut entries the follower
+    acknowledged (the store only refuses cuts below its own committed index, which lags the
+    leader's)."""
     leader = store_with([2] * 21)
     h, store, state = handler([2] * 10)
     trunc = push(PushType.TRUNCATE, first_index=9, entry_term=2, entry_pos=leader.get_pos(9))

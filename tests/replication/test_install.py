@@ -1,4 +1,4 @@
-"""Snapshot install (issue 23): the follower's InstallReceiver over a real SnapshotStore, the
+"""Snapshot install: the follower's InstallReceiver over a real SnapshotStore, the
 EntryHandler's INSTALL pushes, and the EntryDispatcher's INSTALL state in front of the
 reset of a follower whose log lies entirely below the leader's begin."""
 

@@ -1,4 +1,4 @@
-"""The single-server change bug (issue 22): testdata/single_server_change.txt runs the
+"""The single-server change bug: testdata/single_server_change.txt runs the
 scenario with the shipped guard -- one leader per term.  Here the same script runs with the
 guard removed (a leader may change the configuration before it committed an entry of its
 own term), and two leaders of one term appear: the guard is what prevents it."""

@@ -1,4 +1,4 @@
-"""Entries of idempotent clients (issue 24): the session prefix is stored, replicated and
+"""Entries of idempotent clients: the session prefix is stored, replicated and
 followed, and every reader strips it -- a caller sees exactly the bytes it appended."""
 
 from __future__ import annotations

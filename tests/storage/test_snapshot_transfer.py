@@ -1,4 +1,4 @@
-"""SnapshotStore as both ends of a snapshot install (issue 23): the leader reads a snapshot
+"""SnapshotStore as both ends of a snapshot install: the leader reads a snapshot
 as one byte stream cut into chunks, the follower writes them at their offsets and seals the
 result against the leader's sizes and checksums."""
 

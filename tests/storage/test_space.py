@@ -165,8 +165,8 @@ def test_enospc_rolls_back(make_file_store, monkeypatch, fail_on_call, partial):
 
 
 def test_clean_stops_at_what_the_state_machine_still_needs(make_file_store):
-    """Issue 23: a segment goes only when the member's machine can come back without its
-    entries (``keep_from``: after its newest snapshot or what it saved), even when forced."""
+    """A segment goes only when the member's machine can come back without its entries
+    (``keep_from``: after its newest snapshot or what it saved), even when forced."""
     s = filled(make_file_store)  # entries 4k..4k+3 in segment k
     s.update_committed_index(39)
     age(data_files(s.dir), 100)

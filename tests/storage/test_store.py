@@ -343,7 +343,7 @@ def test_hooks_stamp_before_crc_and_replicate(make_store):
 
 
 def test_hooks_leave_configuration_entries_alone(make_store):
-    """Issue 22: a configuration entry is the group's; a machine's pre_append never sees it."""
+    """A configuration entry is the group's; a machine's pre_append never sees it."""
     from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 
     store = make_store()
