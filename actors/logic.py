@@ -265,7 +265,8 @@ class MemberLogic:
                 if why is None:
                     with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
                         doc = json.load(f)
-                    self.sessions.rebuild(doc, self.store.session_records(meta.index + 1))
+                    self.sessions.rebuild(doc, self.store.session_records(meta.index + 1),
+                                          covered=meta.index)  # fmt: skip
                     return
             except (OSError, ValueError) as exc:
                 why = repr(exc)

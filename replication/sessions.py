@@ -100,6 +100,9 @@ class SessionTable:
         # back, so every member's table is the one its log makes, whatever it once held
         self._expired: list[tuple[int, int, Session]] = []
         self._committed = -1
+        # entries up to here are in the snapshot's table this one was rebuilt from: a log
+        # reset below a snapshot gets them again, and they must not count twice
+        self._covered = -1
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -110,6 +113,13 @@ class SessionTable:
         consecutive entries are taken as one.  numpy arrays (``records`` of
         ``SESSION_DTYPE``), or for a few entries lists (``(client, seq, stamp, crc)``)."""
         n = len(indexes)
+        if n and indexes[0] <= self._covered:
+            keep = [k for k in range(n) if indexes[k] > self._covered]
+            if isinstance(records, list):
+                indexes, records = [indexes[k] for k in keep], [records[k] for k in keep]
+            else:
+                indexes, records = np.asarray(indexes)[keep], records[keep]
+            n = len(indexes)
         if not n:
             return
         if isinstance(records, list):
@@ -230,6 +240,7 @@ class SessionTable:
         self.sessions.clear()
         self._expired = []
         self._committed = max(self._committed, begin_index - 1)
+        self._covered = -1
 
     # -- what a leader decides -------------------------------------------------------------
     def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1) -> Check:
@@ -328,10 +339,13 @@ class SessionTable:
         copy.truncated(index)
         return copy.dump()
 
-    def rebuild(self, doc: dict | None, records) -> None:
-        """Start again from a snapshot's table (``doc``; None: empty) and the log's session
-        prefixes after the snapshot (``records``: ``(indexes, records)`` stretches)."""
+    def rebuild(self, doc: dict | None, records, covered: int = -1) -> None:
+        """Start again from a snapshot's table (``doc``, of the log up to ``covered``;
+        None: empty) and the log's session prefixes after the snapshot (``records``:
+        ``(indexes, records)`` stretches).  Entries up to ``covered`` written later (a log
+        reset below the snapshot fills in again) are already in ``doc``."""
         self.sessions, self.last_stamp, self._expired = {}, 0, []
+        self._covered = covered
         if doc is not None:
             self.load(doc)
         for indexes, recs in records:

@@ -255,3 +255,20 @@ def test_a_restart_expires_by_committed_entries_for_good():
     assert 1 not in t.sessions and t._expired == []
     t.truncated(2)
     assert 1 not in t.sessions
+
+
+def test_entries_a_snapshot_holds_do_not_count_twice_when_a_reset_log_fills_in():
+    """A member installs a leader's snapshot at index 3 while its log restarts at the
+    leader's begin, 0: the leader then sends entries 0..3 again.  The snapshot's table
+    already holds them; counted again they would bring back sessions it had expired."""
+    full = SessionTable(ttl_ms=100)
+    rows = [(0, 1, 0, 10), (1, 2, 0, 20), (2, 2, 1, 200), (3, 2, 2, 210)]
+    write(full, rows)
+    assert 1 not in full.sessions
+    t = SessionTable(ttl_ms=100)
+    t.reset(0)
+    t.rebuild(full.at(3), [], covered=3)
+    write(t, rows)  # the reset log fills in below the snapshot
+    write(t, [(4, 2, 3, 220)])
+    write(full, [(4, 2, 3, 220)])
+    assert t.dump() == full.dump()

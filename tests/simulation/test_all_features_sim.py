@@ -121,6 +121,7 @@ PINNED: dict[str, int] = {
     "votes-by-configuration": 127_018,
     "client-stays": 127_000,
     "session-born": 130_296,
+    "snapshot-sessions-twice": 130_292,
 }
 
 
