@@ -3,9 +3,9 @@ while a nemesis kills, pauses and partitions members, makes links lossy and slow
 SIGKILLs the leader's checker and dispatchers.  Afterwards every ack is on every member,
 nothing is committed twice or out of nowhere, and linearizable reads see every ack.
 
-CI (``-m "not chaos"``) runs one bounded seed for 3 and for 5 members that visits every
-fault kind once; ``-m chaos`` runs more seeds, longer.  ``RAYLEDGER_CHAOS_SEED`` picks the
-seed of the CI runs.
+CI (``-m "not chaos"``) runs one bounded seed for 3 members that visits every fault kind
+once (5 members with ``-m chaos``, which also runs more seeds, longer).
+``RAYLEDGER_CHAOS_SEED`` picks the seed of the CI runs.
 """
 
 from __future__ import annotations

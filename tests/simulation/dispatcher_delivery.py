@@ -105,7 +105,7 @@ class DispatcherDelivery:
 
     @staticmethod
     def _d_removed(node: Node, peer: str) -> bool:
-        """The member stopped this dispatcher: its peer left the configuration (issue 22)."""
+        """The member stopped this dispatcher: its peer left the configuration."""
         return peer not in node.dispatcher_drivers
 
     def _d_pid(self, node: Node, peer: str):

@@ -342,7 +342,7 @@ class GroupSim(
         self.lost_from: dict[str, int] = {}
         self._next_flush_ms: dict[str, int] = {}
         self._durable_end: dict[str, int] = {}  # a crashed member's: what is on its disk
-        # issue 22: ``spares`` processes start outside the first configuration (of the
+        # ``spares`` processes start outside the first configuration (of the
         # first ``n``); with ``membership`` an operator changes the configuration meanwhile
         self.ids = [f"n{i}" for i in range(n + spares)]
         self.voters0 = self.ids[:n]
@@ -485,7 +485,7 @@ class GroupSim(
             Client(f"c{k}", self.rng.choice(self.ids), next_at=self.rng.randint(0, 50))
             for k in range(clients)
         ]
-        # issue 24: clients with sessions retry an unknown outcome under the same identity
+        # clients with sessions retry an unknown outcome under the same identity
         # until it is answered; the committed log must hold each of their bodies once
         self.idempotent = idempotent
         for k, c in enumerate(self.clients):

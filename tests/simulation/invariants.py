@@ -40,7 +40,7 @@ class Invariants:
                     self.leader_incarnation[term] = m.incarnation
                     self._check_leader_completeness(m, term)
                 elif holder == m.id and self.leader_incarnation[term] != m.incarnation:
-                    # issue 10 §3a: it may have lost entries it acknowledged in that term
+                    # a power loss: it may have lost entries it acknowledged in that term
                     self.fail(f"{m.id} leads term {term} again after a restart")
                 elif holder != m.id:
                     self.fail(f"Election Safety: {m.id} and {holder} both lead term {term}")
@@ -151,7 +151,7 @@ class Invariants:
 
     def converged(self) -> bool:
         """One leader followed by all; every log identical and fully committed; clients answered.
-        With configuration changes (issue 22): every member of the leader's configuration,
+        With configuration changes: every member of the leader's configuration,
         which is committed with no plan left (members outside it may lag for good)."""
         members = self.current_members()
         if members is None:
@@ -211,7 +211,7 @@ class Invariants:
         if self.acked_unseen and not self.durability_void:
             self.fail(f"acknowledged but never committed: {sorted(self.acked_unseen)[:10]}")
         logs = {}
-        # the members of the configuration (issue 22): those outside it may lag for good
+        # the members of the configuration: those outside it may lag for good
         members = [self.members[m] for m in self.current_members() or self.ids]
         # compacted logs begin where each member's snapshots let them: compare from the
         # highest begin (the entries below it are checked as committed, step by step)

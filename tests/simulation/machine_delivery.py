@@ -90,7 +90,7 @@ class MachineDelivery:
         self._body_rng = random.Random(self.seed * 7919 + 73)
         self._query_rng = random.Random(self.seed * 7919 + 79)
         self._snapshot_rng = random.Random(self.seed * 7919 + 83)
-        # snapshots (issue 23): every 20-80 applied entries, the newest two kept; a restart
+        # snapshots: every 20-80 applied entries, the newest two kept; a restart
         # sometimes finds the machine's own state file gone and starts from a snapshot
         self.snapshots = SnapshotConfig(every_entries=20 * (1 + self.seed % 4), keep=2)
         self._next_query_ms: int | None = 0 if machine else None

@@ -1,4 +1,4 @@
-"""Configuration changes in the whole-group simulation (issue 22): an operator's changes
+"""Configuration changes in the whole-group simulation: an operator's changes
 on whoever leads -- add a member (a learner promoted once caught up), add a learner,
 replace a voter, remove a member, promote a learner -- interleaved with every other
 fault, and the checks that go with them.

@@ -149,7 +149,7 @@ class SimMember:
     # continued after) -- equal for a snapshot, whose state the replay takes the same way
     rebases: list[tuple[int, int]] = field(default_factory=list)
     hooked: LogStore | None = None  # the store its machine's pre_append hook is on
-    # its saved configurations (issue 22; a file member's are its data dir's)
+    # its saved configurations (a file member's are its data dir's)
     config_store: MemoryConfigStore = field(default_factory=MemoryConfigStore)
     # a member started to replace a lost one (lost_members.py): the configuration it
     # starts from when its data holds none (MemberActor's ``initial``)

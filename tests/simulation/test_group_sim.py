@@ -33,7 +33,7 @@ from .sim_config import LEASE_MIX
 # * actors/fastpath.py FastPath._collect dropped the checker's answer of an abandoned graph
 #   generation, and FastPath._build did not recheck its term after cg_begin (both fixed in
 #   code; the transport now runs as written).
-# * issue 10 §3a: a member restarted after a power loss is re-elected in the term it led
+# * a member restarted after a power loss is re-elected in the term it led
 #   before and writes another entry at an (index, term) a follower holds (Log Matching).
 #   RAYLEDGER_SIM_SEED=20008 pytest tests/simulation/test_group_sim.py -k test_n3_file;
 #   fixed in election/ (a restarted member never runs a real vote in the term it held), and
@@ -125,7 +125,7 @@ def test_overlapping_rounds_overlap() -> None:
 
 
 def test_same_term_reelection_after_power_loss_seed_20008() -> None:
-    """The seed the simulation found (issue 10 §3a): n2 lost power as leader of term 1,
+    """The seed the simulation found: n2 lost power as leader of term 1,
     restarted, was re-elected in term 1 and wrote another entry at (149, 1).  A restarted
     member now never leads the term it held, and the simulation fails if one does."""
     sim = GroupSim(3, 20008, store_kind="file", replication=sim_config_for(20008))
@@ -191,8 +191,8 @@ def test_fast_path_memory(seed: int) -> None:
 def test_lease_after_take_order(seed: int) -> None:
     """The lease mix (``sim_config.LEASE_MIX``): operator transfers whose take orders land
     late, the old leader parted from the group as one lands, readers asking it for lease
-    reads while the transferee takes over and acknowledges appends.  Finds issue 20's fix 1
-    (no lease after a take order) reverted: SAFETY.md gives the counts."""
+    reads while the transferee takes over and acknowledges appends.  Fails with the fix
+    that ends the lease at a take order reverted (docs/SAFETY.md)."""
     _run(3, seed, test_name="test_lease_after_take_order", **LEASE_MIX)
 
 
@@ -290,7 +290,7 @@ def test_machines_snapshot_and_restart_from_the_newest_whole_one() -> None:
 
 
 def _run_installs(seed: int, name: str, machine: str = "kv") -> GroupSim:
-    """Issue 23's install mix: KV machines on file stores (every other seed sync_flush with
+    """The install mix: KV machines on file stores (every other seed sync_flush with
     every crash a power loss), four busy writers, a fault every 3 s on average for 15 s.
     Members snapshot every 20-80 entries and half the snapshots compact the log, so a member
     that was away long enough is below the leader's begin and gets its snapshot, chunked at
@@ -319,7 +319,7 @@ def test_machine_kv_snapshot_installs(seed: int) -> None:
 
 def test_snapshot_install_in_many_chunks() -> None:
     """Seed 72026: installs of many chunks each (89 chunks over 6 installs), every one
-    sealed.  (72002 was this seed until the learner pacing of issue 22 moved its timing.)"""
+    sealed."""
     sim = _run_installs(72026, "test_snapshot_install_in_many_chunks")
     st = sim.stats
     assert st["machine_installs"] >= 2 and st["install_chunks"] > 2 * st["installs_sealed"], st

@@ -1,4 +1,4 @@
-"""Exactly-once appends in the whole-group simulation (issue 24): idempotent clients retry
+"""Exactly-once appends in the whole-group simulation: idempotent clients retry
 every unknown outcome under the same identity -- across leader changes, drops, duplicates,
 partitions, crashes and power loss -- and the committed log must hold each of their bodies
 exactly once, at the index each acknowledgement named."""

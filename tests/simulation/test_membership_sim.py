@@ -1,4 +1,4 @@
-"""Configuration changes under seeded faults (issue 22): an operator adds, promotes,
+"""Configuration changes under seeded faults: an operator adds, promotes,
 replaces and removes members of a running group while members crash, restart, lose power,
 are partitioned and their messages dropped, duplicated and reordered.  Every run checks
 what every other run checks (at most one leader per term, no acknowledged entry lost,
