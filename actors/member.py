@@ -167,10 +167,6 @@ class MemberActor:
     def faults(self) -> LinkFaults:
         return self.ctx.faults
 
-    @property
-    def _machine_runner(self) -> MachineRunner | None:
-        return self.ctx.machine
-
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> str:
         """Returns once the member is up (it boots itself in ``__init__``, also after a restart)."""

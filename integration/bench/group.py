@@ -543,13 +543,3 @@ def _floor(quick: bool, out: dict, clients: int, batch: int, members: int, threa
     except Exception as exc:  # a benchmark's failure is a result
         figures = {"floor_error": repr(exc)}
     return {**figures, **over_floor({**out, **figures})}
-
-
-def summary(figures: list[dict], keys: list[str]) -> dict:
-    """The range of each figure over several runs (for BENCHMARKS.md)."""
-    out = {}
-    for k in keys:
-        vals = [f[k] for f in figures if k in f]
-        if vals:
-            out[k] = (min(vals), statistics.median(vals), max(vals))
-    return out
