@@ -129,10 +129,15 @@ class MachineDelivery:
             m.rebases.append((opened, opened))  # a snapshot's state, as a leader's would be
             self.stats["machine_from_snapshot"] += 1
             self.net.note(f"{m.id} machine starts from its snapshot at {opened}")
-        if opened > m.machine_high:
+        # (a snapshot sealed from a leader may be opened before it was loaded: a crash
+        # between the two; _m_installed's check of it against the replay runs then too)
+        if opened > m.machine_high and opened > m.sealed_high:
             self.fail(
                 f"{m.id}'s machine reopened at {opened}, but was given up to {m.machine_high}"
             )
+        if opened > m.machine_high:
+            self._m_check_snapshot_state(node, opened)
+            m.machine_high = opened
         node.machine_next = opened + 1
         node.machine_free_ms = self.clock.now_ms
         if m.hooked is not m.store and type(machine).pre_append is not StateMachine.pre_append:
@@ -276,11 +281,25 @@ class MachineDelivery:
         """``MachineRunner.offer``: snapshots sealed from the leader; the core decides."""
         if node.applier is None:
             return
+        m = self.members[node.id]
         for meta in sealed:
             self.stats["installs_sealed"] += 1
+            m.sealed_high = max(m.sealed_high, meta.index)
             if node.applier.core.offer(meta.index, meta.path):
                 self.stats["installs_offered"] += 1
         self._m_pump(node)
+
+    def _m_check_snapshot_state(self, node: Node, index: int) -> None:
+        """The machine, just loaded from a leader's snapshot at ``index``, holds exactly the
+        committed log up to it, replayed."""
+        a, store = node.applier, node.logic.store
+        ref = self._replayed_to(index, store, [(index, index)])
+        if ref is None or machine_state(a.machine) != machine_state(ref):
+            if ref is None and not self.durability_void:
+                self.fail(f"{node.id} loads a snapshot at {index}, not all committed")
+            if ref is not None and not self.durability_void:
+                self.fail(f"{node.id}'s snapshot at {index} differs from the committed log "
+                          f"replayed: {_diff(machine_state(a.machine), machine_state(ref))}")  # fmt: skip
 
     def _m_installed(self, node: Node, job: Install) -> None:
         """``MachineRunner._install`` on the machine's thread: the snapshot replaces the
@@ -295,13 +314,7 @@ class MachineDelivery:
         except Exception as exc:
             a.core.fail(repr(exc))
             self.fail(f"{node.id}'s machine failed to load snapshot {job.index}: {exc!r}")
-        ref = self._replayed_to(job.index, store, [(job.index, job.index)])
-        if ref is None or machine_state(a.machine) != machine_state(ref):
-            if ref is None and not self.durability_void:
-                self.fail(f"{node.id} loads a snapshot at {job.index}, not all committed")
-            if ref is not None and not self.durability_void:
-                self.fail(f"{node.id}'s snapshot at {job.index} differs from the committed log "
-                          f"replayed: {_diff(machine_state(a.machine), machine_state(ref))}")  # fmt: skip
+        self._m_check_snapshot_state(node, job.index)
         m.rebases.append((job.index, job.index))
         node.machine_next = job.index + 1
         m.machine_high = max(m.machine_high, job.index)

@@ -145,6 +145,7 @@ class SimMember:
     verified_end: int = -1  # entries up to here were checked against the Log Matching map
     fast_enabled: bool = False  # LedgerConfig.fast_path, switched by faults
     machine_high: int = -1  # the highest index its machine was ever given (across restarts)
+    sealed_high: int = -1  # the highest snapshot sealed from a leader into its store
     # where its machine rebased or loaded a leader's snapshot, in order: (stood at,
     # continued after) -- equal for a snapshot, whose state the replay takes the same way
     rebases: list[tuple[int, int]] = field(default_factory=list)

@@ -110,7 +110,6 @@ PINNED: dict[str, int] = {
     "kv-snapshot-cut": 111_001,
     "same-term-campaign": 112_744,
     "machine-ahead": 112_303,
-    "read-index-end": 133_814,
     "term-queue": 111_006,
     "stranded-at-start": 111_054,
     "graph-stop": 122_722,
