@@ -1,11 +1,11 @@
-"""What the member, dispatcher and checker actors decide, without Ray, asyncio or a clock.
+"""What a member decides, without Ray, asyncio or a clock: :class:`MemberLogic` (its log,
+its elector, its follower-side handler, its leadership's rounds and announcements) and the
+messages it gives its helpers (:class:`LeaderInfo`, :class:`Announcement`, :class:`Round`).
 
-Each actor of the design card is two parts: this logic (events in, actions out,
-``now_ms`` passed in) and a transport that delivers the events -- the Ray
-actors of :mod:`.member`, :mod:`.dispatcher` and :mod:`.checker` (plain actor
-calls, or the compiled steady-state path of :mod:`.fastpath`), and the
-simulated network of ``tests/simulation/group_sim.py``.  So the seeded safety
-checks of the simulation run the code that ships.
+Events go in and actions come out, ``now_ms`` passed in; the Ray member
+(:mod:`.member`) and the simulation (``tests/simulation``) only deliver them, so the seeded
+safety checks of the simulation run the code that ships.  The dispatcher's and checker's
+decisions are theirs (:mod:`.dispatcher_logic`, :mod:`.checker_logic`).
 
 Helpers obey their member's term: every answer the member gives its
 dispatchers (:meth:`MemberLogic.read_for_push`, :meth:`MemberLogic.entry_meta`)
@@ -58,8 +58,7 @@ from rayledger.storage import (
     ResponseCode,
 )
 
-from .checker_logic import CheckerLogic
-from .dispatcher_logic import CachedBatch, DispatcherLogic, Inline, LeaderView, Payload, Ref
+from .dispatcher_logic import CachedBatch, Inline, LeaderView, Payload, Ref
 from .reads import ReadIndexLogic
 
 __all__ = [
@@ -68,8 +67,6 @@ __all__ = [
     "Inline",
     "Payload",
     "Ref",
-    "CheckerLogic",
-    "DispatcherLogic",
     "LeaderInfo",
     "LeaderView",
     "MemberLogic",

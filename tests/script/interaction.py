@@ -65,9 +65,15 @@ from rayledger.actors import dispatcher_logic as dl
 from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
-from rayledger.actors.checker_logic import CheckerDriver, Resolution
-from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherDriver, Fetch, Inline
-from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic, Resolution
+from rayledger.actors.dispatcher_logic import (
+    CachedBatch,
+    DispatcherDriver,
+    DispatcherLogic,
+    Fetch,
+    Inline,
+)
+from rayledger.actors.logic import MemberLogic
 from rayledger.actors.member_core import MemberCore
 from rayledger.actors.round_path import RoundPath
 from rayledger.actors.rounds import RoundBook

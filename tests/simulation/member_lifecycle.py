@@ -8,8 +8,10 @@ import os
 import random
 import shutil
 
+from rayledger.actors.checker_logic import CheckerLogic
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.dispatcher_logic import DispatcherLogic
+from rayledger.actors.logic import MemberLogic
 from rayledger.actors.member_core import MemberCore
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.election.configuration import FileConfigStore

@@ -8,10 +8,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayledger.actors.checker_logic import CheckerDriver
-from rayledger.actors.dispatcher_logic import DispatcherDriver
+from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic
+from rayledger.actors.dispatcher_logic import DispatcherDriver, DispatcherLogic
 from rayledger.actors.fastpath_logic import FastPathDriver
-from rayledger.actors.logic import CheckerLogic, DispatcherLogic, MemberLogic
+from rayledger.actors.logic import MemberLogic
 from rayledger.actors.machine import Applier
 from rayledger.actors.member_core import MemberCore
 from rayledger.actors.reads import ReadIndexLogic

@@ -31,10 +31,10 @@ from dataclasses import replace
 import pytest
 from rayledger.actors import checker_logic as ck
 from rayledger.actors import dispatcher_logic as dl
+from rayledger.actors.checker_logic import CheckerLogic
+from rayledger.actors.dispatcher_logic import DispatcherLogic
 from rayledger.actors.logic import (
     CachedBatch,
-    CheckerLogic,
-    DispatcherLogic,
     Inline,
     MemberLogic,
     StartLeading,
