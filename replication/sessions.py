@@ -113,12 +113,9 @@ class SessionTable:
         consecutive entries are taken as one.  numpy arrays (``records`` of
         ``SESSION_DTYPE``), or for a few entries lists (``(client, seq, stamp, crc)``)."""
         n = len(indexes)
-        if n and indexes[0] <= self._covered:
-            keep = [k for k in range(n) if indexes[k] > self._covered]
-            if isinstance(records, list):
-                indexes, records = [indexes[k] for k in keep], [records[k] for k in keep]
-            else:
-                indexes, records = np.asarray(indexes)[keep], records[keep]
+        if n and indexes[0] <= self._covered:  # (ascending: the covered ones lead)
+            skip = int(np.searchsorted(np.asarray(indexes), self._covered, side="right"))
+            indexes, records = indexes[skip:], records[skip:]
             n = len(indexes)
         if not n:
             return

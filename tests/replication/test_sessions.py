@@ -236,7 +236,9 @@ def test_a_batch_cut_in_the_middle_leaves_the_table_its_remaining_entries_make()
     t = SessionTable(ttl_ms=100)
     write(t, [(0, 1, 0, 10)])
     t.committed(0)
-    write(t, [(1, 2, 0, 20), (2, 2, 1, 200), (3, 2, 2, 300)])  # entry 2 expires session 1
+    write(
+        t, [(1, 2, 0, 20), (2, 2, 1, 200), (3, 2, 2, 300)]
+    )  # entry 2's stamp expires client 1's session
     t.truncated(2)
     kept = SessionTable(ttl_ms=100)
     write(kept, [(0, 1, 0, 10)])

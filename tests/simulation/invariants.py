@@ -191,20 +191,19 @@ class Invariants:
         """Identical logs make identical session tables: every member knows the same
         sessions, each at the same last sequence and stamp (a member that forgot one its
         log still holds would refuse the client, or take a retry as new)."""
-        tables = {}
-        for m in members:
-            if m.node is None:
-                continue
-            table = m.node.logic.sessions.sessions
-            tables[m.id] = {c: (s.last_seq, s.stamp) for c, s in table.items()}
-        if len({repr(sorted(t.items())) for t in tables.values()}) > 1:
-            a, b = list(tables)[:2]
-            for mid in tables:
-                if tables[mid] != tables[a]:
-                    b = mid
-                    break
-            only = set(tables[a].items()) ^ set(tables[b].items())
-            self.fail(f"session tables differ after convergence: {a} vs {b}: {sorted(only)[:6]}")
+        tables = {
+            m.id: {c: (s.last_seq, s.stamp) for c, s in m.node.logic.sessions.sessions.items()}
+            for m in members
+            if m.node is not None
+        }
+        if not tables:
+            return
+        a, first = next(iter(tables.items()))
+        for b, table in tables.items():
+            if table != first:
+                only = set(first.items()) ^ set(table.items())
+                self.fail(f"session tables differ after convergence: {a} vs {b}: "
+                          f"{sorted(only)[:6]}")  # fmt: skip
 
     def final_check(self) -> None:
         """Identical logs everywhere; acknowledged appends committed where acknowledged; no body twice."""

@@ -17,7 +17,7 @@ import random
 
 from rayledger.actors import member_core as mc
 from rayledger.actors.dispatcher_logic import DispatcherLogic
-from rayledger.actors.membership import Op
+from rayledger.actors.membership import Op, check_live_quorum
 from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 from rayledger.storage import LedgerError
 
@@ -51,10 +51,9 @@ class MembershipChanges:
             return
         rng = self._member_rng
         self._next_change_ms = now + int(rng.expovariate(1 / CHANGE_MEAN_MS)) + 1
-        leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
-        if not leaders:
+        node = self._a_leader(rng)
+        if node is None:
             return
-        node = rng.choice(leaders).node
         latest = node.logic.config_log.latest()
         # never a process gone for good (its node lost): it would never catch up
         outside = [p for p in self.ids if p not in latest and not self.gone(p)]
@@ -81,7 +80,7 @@ class MembershipChanges:
             op, member, old = Op.REMOVE, rng.choice(learners), ""
         else:
             op, member, old = Op.REMOVE, rng.choice(voters), ""
-            if not self._live_majority_without(voters, member):
+            if not self._leaves_live_majority(latest, member):
                 return
         try:
             self._step(node, mc.ChangeMembers(op, member, None, old))
@@ -91,11 +90,19 @@ class MembershipChanges:
         self.stats[f"change_{op}"] += 1
         self.net.note(f"OPERATOR {node.id} takes {op} {member}" + (f" for {old}" if old else ""))
 
-    def _live_majority_without(self, voters, member: str) -> bool:
-        """LedgerGroup.remove_member refuses a removal that leaves no live majority
-        (NO_LIVE_QUORUM): members whose node is lost do not count."""
-        after = [v for v in voters if v != member]
-        return not self.lost or sum(v not in self.lost for v in after) >= len(after) // 2 + 1
+    def _a_leader(self, rng: random.Random) -> Node | None:
+        """The member an operator believes leads: any that does (None: none does)."""
+        leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
+        return rng.choice(leaders).node if leaders else None
+
+    def _leaves_live_majority(self, latest: Configuration, member: str) -> bool:
+        """Whether LedgerGroup.remove_member's own check (``check_live_quorum``) lets
+        ``member`` go: members whose node is lost do not count as alive."""
+        try:
+            check_live_quorum(latest.without(member), [p for p in self.ids if p not in self.lost])
+        except LedgerError:
+            return False
+        return True
 
     def _cut_removal_step(self, now: int) -> None:
         """Now and then the leader loses its links to a voter, and the operator removes that
@@ -105,15 +112,15 @@ class MembershipChanges:
             return
         rng = self._cut_rng
         self._next_cut_removal_ms = now + int(rng.expovariate(1 / CUT_REMOVAL_MEAN_MS)) + 1
-        leaders = [m for m in self.members.values() if m.alive and m.state.is_leader]
-        if not leaders:
+        node = self._a_leader(rng)
+        if node is None:
             return
-        node = rng.choice(leaders).node
-        others = [v for v in node.logic.config_log.latest().voters if v != node.id]
+        latest = node.logic.config_log.latest()
+        others = [v for v in latest.voters if v != node.id]
         if not others:
             return
         member = rng.choice(others)
-        if not self._live_majority_without([node.id, *others], member):
+        if not self._leaves_live_majority(latest, member):
             return
         self.net.cut_both(node.id, member)
         try:
