@@ -48,7 +48,7 @@ from rayledger.replication import (
 )
 from rayledger.replication.admission import not_leader
 from rayledger.replication.install import InstallReceiver
-from rayledger.replication.sessions import SESSIONS_FILE, recover_sessions
+from rayledger.replication.sessions import SESSIONS_FILE, SessionTable, recover_sessions
 from rayledger.storage import (
     Appended,
     EntryBatch,
@@ -234,6 +234,9 @@ class MemberLogic:
         # the machine's answer to a follower that needs a snapshot further than our newest:
         # take one as soon as it stands that far (set with the snapshots)
         self.snapshot_asked: Callable[[int], None] | None = None
+        # the snapshot index the machine needs to start again, given the log's begin (-1:
+        # none; set by the machine's shell)
+        self.machine_wanted: Callable[[int], int] | None = None
 
     def take_snapshots(self, source: SnapshotSource) -> None:
         """The member's machine takes snapshots: offer them, and take them from leaders.
@@ -242,35 +245,53 @@ class MemberLogic:
         self.snapshots = source
         self.handler.installs = InstallReceiver(self.self_id, source.store)
         self.handler.on_reset = self._sessions_from_snapshot
+        self.handler.snapshot_wanted = self.snapshot_wanted
         if self.store.ledger_begin_index > 0:  # what was compacted lives on in a snapshot
             self._sessions_from_snapshot(self.store.ledger_begin_index)
 
-    def _sessions_from_snapshot(self, begin: int) -> None:
-        """The sessions of the newest snapshot at or above ``begin - 1``, and the log's
-        entries after it."""
+    def _sessions_from_snapshot(self, begin: int, table: SessionTable | None = None) -> bool:
+        """Rebuild ``table`` (the member's own by default) from the sessions of the newest
+        whole snapshot at or above ``begin - 1`` and the log's entries after it; False when
+        none stands there: the log's entries alone, the sessions below ``begin`` unknown
+        until a leader's snapshot brings them (:meth:`snapshot_wanted`)."""
+        table = self.sessions if table is None else table
         store = self.snapshots.store
         metas = sorted((m for m in store.list() if m.index >= begin - 1),
                        key=lambda m: m.index, reverse=True)  # fmt: skip
         for meta in metas:
             files = tuple(f for f in meta.files if f[0] == SESSIONS_FILE)
-            if not files:
-                return  # a snapshot from before exactly-once appends
             # its checksum first: a damaged table could say a session is further behind
             # than its log is, and a retry would be written twice
-            why = store.verify(replace(meta, files=files))
+            why = store.verify(replace(meta, files=files)) if files else "no session table"
             try:
                 if why is None:
                     with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
                         doc = json.load(f)
-                    self.sessions.rebuild(doc, self.store.session_records(meta.index + 1),
-                                          covered=meta.index)  # fmt: skip
-                    return
+                    table.rebuild(doc, self.store.session_records(meta.index + 1),
+                                  covered=meta.index)  # fmt: skip
+                    return True
             except (OSError, ValueError) as exc:
                 why = repr(exc)
             log.warning("[%s] client sessions of snapshot %d not used: %s", self.self_id,
                         meta.index, why)  # fmt: skip
-        if metas:  # none whole: what the log holds (sessions it lacks are refused, not new)
-            self.sessions.rebuild(None, self.store.session_records(self.store.ledger_begin_index))
+        table.rebuild(None, self.store.session_records(self.store.ledger_begin_index),
+                      unknown_upto=self.store.ledger_begin_index - 1)  # fmt: skip
+        return False
+
+    def sealed(self, metas: list) -> None:
+        """Snapshots sealed from the leader: one at or past where the sessions are unknown
+        brings them."""
+        upto = self.sessions.unknown_upto
+        if upto >= 0 and self.snapshots is not None and any(m.index >= upto for m in metas):
+            self._sessions_from_snapshot(upto + 1)
+
+    def snapshot_wanted(self, begin: int) -> int:
+        """The snapshot index this member needs from its leader, or -1: one its machine
+        needs (stranded below ``begin``, :attr:`machine_wanted`), or one whose session
+        table this member lacks (a member that leads without it could take a retry of a
+        session it lacks for a new session)."""
+        machine = -1 if self.machine_wanted is None else self.machine_wanted(begin)
+        return max(machine, self.sessions.unknown_upto)
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:

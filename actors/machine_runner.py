@@ -45,7 +45,7 @@ class MachineRunner:
         if self.applier.shelf is not None:
             member.logic.take_snapshots(self.applier.shelf)
             # push answers carry what the core says the machine needs from the leader
-            member.logic.handler.snapshot_wanted = self.core.snapshot_wanted
+            member.logic.machine_wanted = self.core.snapshot_wanted
             member.logic.snapshot_asked = self.snapshot_asked
         if type(machine).pre_append is not StateMachine.pre_append:
             member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies

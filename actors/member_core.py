@@ -441,7 +441,9 @@ class MemberCore:
             out.commits_moved = True  # an answer may carry the leader's committed index
             installs = self.logic.handler.installs
             if installs is not None and installs.sealed:  # the machine hears of it next
-                out.installed += installs.take_sealed()
+                sealed = installs.take_sealed()
+                self.logic.sealed(sealed)  # (sessions this member lacked come with it)
+                out.installed += sealed
 
     def _elector(self, actions: list, now_ms: int, out: MemberOut, rearm: bool = True) -> None:
         """The elector's actions: messages out, role changes carried out under the role

@@ -124,6 +124,8 @@ _REFUSED = {
     Verdict.EXPIRED: (ResponseCode.SESSION_EXPIRED, "the session is unknown here: silent "
                       "longer than client_session_ttl_s, never started at 0, or begun more "
                       "than half that TTL ago by its id (a client clock behind its leader's?)"),
+    Verdict.UNKNOWN: (ResponseCode.LEADER_NOT_READY, "this leader lacks the client "
+                      "sessions of its compacted entries (a damaged snapshot); ask again"),
     Verdict.FORGOTTEN: (ResponseCode.DUPLICATE_SEQUENCE, "appended long ago; where it went is "
                         "no longer kept"),
 }  # fmt: skip

@@ -433,6 +433,11 @@ class Supervisor:
                 # the snapshot it asks for
                 yield self.hand_over(term, "its state machine waits for a snapshot")
                 return
+            if self.logic.sessions.unknown_upto >= 0 and self.logic.leads(term):
+                # nor can it learn the sessions below its log's begin (its snapshot there
+                # was damaged): as leader it would refuse every new session
+                yield self.hand_over(term, "it lacks the client sessions of a snapshot")
+                return
             if ready is True and self.logic.mark_ready(term):
                 log.info("[%s] term=%d: ready to take appends", self.self_id, term)
                 yield Ready(term, self.fast_path, watching=self.machine)

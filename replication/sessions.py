@@ -62,6 +62,7 @@ class Verdict(enum.Enum):
     GAP = "gap"  # later than the session's next: an earlier append is missing
     QUEUED = "queued"  # a retry of entries this leader admitted and has not written yet
     EXPIRED = "expired"  # no such session (silent too long, or never started)
+    UNKNOWN = "unknown"  # may be a session of entries whose table this member lacks
     FORGOTTEN = "forgotten"  # in the log, but older than the runs kept: no answer to give
 
 
@@ -82,6 +83,9 @@ class Session:
     stamp: int  # the leader's stamp on its latest entry
     # [first seq, first index, count, stamp of its last entry], oldest first
     runs: list[list[int]] = field(default_factory=list)
+    # the stamp of the newest entry before the runs kept (None: the table knows of none):
+    # the session's stamp again when a truncation cuts every run kept
+    before: int | None = None
 
 
 class SessionTable:
@@ -103,6 +107,10 @@ class SessionTable:
         # entries up to here are in the snapshot's table this one was rebuilt from: a log
         # reset below a snapshot gets them again, and they must not count twice
         self._covered = -1
+        # the sessions of entries up to here are not known (a log reset or compacted below
+        # a snapshot whose table was damaged): a session this table lacks may be one of
+        # them, so none starts anew until a snapshot's table there is loaded (-1: all known)
+        self.unknown_upto = -1
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -193,7 +201,7 @@ class SessionTable:
         else:
             runs.append([first_seq, first_index, count, stamp])
             if len(runs) > self.keep_runs:
-                del runs[0]
+                s.before = runs.pop(0)[3]
         s.last_seq = first_seq + count - 1
         s.stamp = max(s.stamp, stamp)
         self.sessions[client] = s
@@ -215,10 +223,12 @@ class SessionTable:
                 s.last_seq = runs[-1][0] + runs[-1][2] - 1
             cut = True
             if not runs:
-                if s.last_seq < 0:  # nothing of it is left in the log
+                if s.before is None:  # nothing of it is left in the log
                     del self.sessions[client]
-                # else its older entries are still there, in runs no longer kept: it goes
-                # on from them (a retry of one is FORGOTTEN, never written again)
+                    continue
+                # its older entries are still there, in runs no longer kept: it goes on
+                # from them (a retry of one is FORGOTTEN, never written again)
+                s.stamp = s.before
                 continue
             s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
         back = [e for e in self._expired if e[0] > end_index]
@@ -238,6 +248,7 @@ class SessionTable:
         self._expired = []
         self._committed = max(self._committed, begin_index - 1)
         self._covered = -1
+        self.unknown_upto = begin_index - 1  # until the snapshot's table is loaded
 
     # -- what a leader decides -------------------------------------------------------------
     def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1) -> Check:
@@ -250,8 +261,10 @@ class SessionTable:
             return Check(Verdict.QUEUED, next_seq=queued + 1)  # its outcome is not known yet
         if s is None:  # a new session starts at 0 (its first entries may wait to be written)
             if queued < 0:
-                return Check(Verdict.NEW if first_seq == 0 and self.young(client, now)
-                             else Verdict.EXPIRED)  # fmt: skip
+                if first_seq != 0 or not self.young(client, now):
+                    return Check(Verdict.EXPIRED)
+                # young: one of the sessions this table lacks, if it lacks any
+                return Check(Verdict.NEW if self.unknown_upto < 0 else Verdict.UNKNOWN)
             verdict = Verdict.NEW if first_seq == queued + 1 else Verdict.GAP
             return Check(verdict, next_seq=queued + 1)
         if s.stamp < now - self.ttl_ms:
@@ -321,8 +334,9 @@ class SessionTable:
         return {
             "ttl_ms": self.ttl_ms,
             "last_stamp": self.last_stamp,
+            "unknown_upto": self.unknown_upto,
             "sessions": [
-                [c, s.last_seq, s.stamp, [list(r) for r in s.runs]]
+                [c, s.last_seq, s.stamp, [list(r) for r in s.runs], s.before]
                 for c, s in self.sessions.items()
             ],  # fmt: skip
         }
@@ -336,13 +350,15 @@ class SessionTable:
         copy.truncated(index)
         return copy.dump()
 
-    def rebuild(self, doc: dict | None, records, covered: int = -1) -> None:
+    def rebuild(self, doc: dict | None, records, covered: int = -1, unknown_upto: int = -1) -> None:
         """Start again from a snapshot's table (``doc``, of the log up to ``covered``;
-        None: empty) and the log's session prefixes after the snapshot (``records``:
-        ``(indexes, records)`` stretches).  Entries up to ``covered`` written later (a log
-        reset below the snapshot fills in again) are already in ``doc``."""
+        None: empty, the sessions of entries up to ``unknown_upto`` unknown) and the log's
+        session prefixes after the snapshot (``records``: ``(indexes, records)``
+        stretches).  Entries up to ``covered`` written later (a log reset below the
+        snapshot fills in again) are already in ``doc``."""
         self.sessions, self.last_stamp, self._expired = {}, 0, []
         self._covered = covered
+        self.unknown_upto = unknown_upto
         if doc is not None:
             self.load(doc)
         for indexes, recs in records:
@@ -350,12 +366,17 @@ class SessionTable:
 
     def load(self, doc: dict) -> None:
         self.last_stamp = int(doc["last_stamp"])
-        self.sessions = {int(c): Session(int(q), int(t), [list(map(int, r)) for r in runs])
-                         for c, q, t, runs in doc["sessions"]}  # fmt: skip
+        # a table that lacked sessions when its snapshot was taken still lacks them
+        self.unknown_upto = int(doc.get("unknown_upto", -1))
+        self.sessions = {}
+        for c, q, t, runs, *before in doc["sessions"]:  # (tables once had no ``before``)
+            b = before[0] if before else None
+            self.sessions[int(c)] = Session(int(q), int(t), [list(map(int, r)) for r in runs],
+                                            None if b is None else int(b))  # fmt: skip
 
 
 def _copy(s: Session) -> Session:
-    return Session(s.last_seq, s.stamp, [list(r) for r in s.runs])
+    return Session(s.last_seq, s.stamp, [list(r) for r in s.runs], s.before)
 
 
 SESSIONS_FILE = "rayledger-sessions.json"  # a state machine's snapshot carries the table
@@ -366,6 +387,8 @@ def recover_sessions(store, ttl_ms: int) -> SessionTable:
     store tells it of every session prefix written, every truncation and reset."""
     table = SessionTable(ttl_ms)
     table.committed(store.committed_index)
+    # a compacted log: the sessions below its begin live in a snapshot, loaded next
+    table.unknown_upto = store.ledger_begin_index - 1
     for indexes, records in store.session_records(store.ledger_begin_index):
         table.appended(indexes, records)  # (expiring what the log's stamps say is gone)
     store.watch_sessions(table)

@@ -274,3 +274,62 @@ def test_entries_a_snapshot_holds_do_not_count_twice_when_a_reset_log_fills_in()
     write(t, [(4, 2, 3, 220)])
     write(full, [(4, 2, 3, 220)])
     assert t.dump() == full.dump()
+
+
+def test_a_table_that_lacks_the_sessions_below_a_reset_starts_no_session_until_it_has_them():
+    """A log reset to begin at 50 with no snapshot table there (the member's own was found
+    damaged): a session this table lacks may be one whose entries lie below 50, so a young
+    first append is neither new nor expired -- it waits (UNKNOWN) until a snapshot's table
+    at 49 or later is loaded.  Later sequences of a session it lacks are refused as ever."""
+    born = new_client_id(1_000, 1)
+    t = SessionTable(ttl_ms=10_000)
+    write(t, [(10, 5, 0, 900)])
+    t.reset(50)
+    assert t.unknown_upto == 49 and not t.sessions
+    assert t.check(born, 0, 1, now=1_200).verdict is V.UNKNOWN
+    assert t.check(born, 3, 1, now=1_200).verdict is V.EXPIRED
+    again = SessionTable(ttl_ms=10_000)
+    again.load(t.dump())  # a snapshot taken meanwhile says it lacks them too
+    assert again.check(born, 0, 1, now=1_200).verdict is V.UNKNOWN
+    leader = SessionTable(ttl_ms=10_000)
+    write(leader, [(10, 5, 0, 900), (49, born, 0, 1_100)])
+    t.rebuild(leader.at(49), [], covered=49)  # the leader's snapshot at 49 came
+    assert t.unknown_upto == -1
+    assert t.check(born, 0, 1, now=1_200).verdict is V.DUPLICATE
+    assert t.check(new_client_id(1_150, 2), 0, 1, now=1_200).verdict is V.NEW
+
+
+def test_a_restart_of_a_compacted_log_lacks_the_sessions_below_its_begin(tmp_path):
+    """The table a restart rebuilds from a log that begins at 2 lacks what the entries
+    before it held until a snapshot's table is loaded (MemberLogic does that next)."""
+    from rayledger.replication.sessions import recover_sessions
+    from rayledger.storage import FileStore, StoreConfig
+
+    store = FileStore(StoreConfig(data_dir=str(tmp_path)))
+    try:
+        assert recover_sessions(store, ttl_ms=1_000).unknown_upto == -1
+        store.reset(2, 0)
+        assert recover_sessions(store, ttl_ms=1_000).unknown_upto == 1
+    finally:
+        store.close()
+
+
+def test_a_truncation_that_cuts_every_run_kept_leaves_the_stamp_of_the_newest_entry_kept():
+    """A session's oldest runs fall out of the window kept; a truncation then cuts every run
+    still kept.  Its stamp must go back to its newest remaining entry's, as on a member that
+    never had the cut entries: the cut entries' later stamp would keep it alive longer."""
+    t = SessionTable(ttl_ms=10_000, keep_runs=2)
+    write(t, [(0, 7, 0, 100), (1, 9, 0, 100), (2, 7, 1, 200)])  # two runs of 7 kept
+    write(t, [(3, 7, 2, 5_000), (4, 9, 1, 5_000), (5, 7, 3, 5_000)])  # the first falls out
+    assert t.sessions[7].runs[0][1] == 3
+    t.truncated(2)
+    s = t.sessions[7]
+    assert (s.last_seq, s.stamp, s.runs) == (1, 200, [])
+    never = SessionTable(ttl_ms=10_000, keep_runs=2)
+    write(never, [(0, 7, 0, 100), (1, 9, 0, 100), (2, 7, 1, 200)])
+    assert {c: (x.last_seq, x.stamp) for c, x in t.sessions.items()} == {
+        c: (x.last_seq, x.stamp) for c, x in never.sessions.items()
+    }
+    again = SessionTable(ttl_ms=10_000, keep_runs=2)
+    again.load(t.dump())  # a snapshot carries it
+    assert again.sessions[7].before == t.sessions[7].before

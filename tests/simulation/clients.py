@@ -140,6 +140,13 @@ class Client:
 class Clients:
     """Clients and their appends (a mixin of :class:`~.group_sim.GroupSim`)."""
 
+    def _any_member(self) -> str:
+        """A member to ask when the one asked gave no leader: any id the group ever had,
+        or, once the faults are over (:meth:`~.group_sim.GroupSim.clients_again`), one of
+        the configuration's members, as a LedgerClient that looks its members up again
+        asks (one asking lost nodes loses a deadline on each)."""
+        return self.rng.choice(self.members_known or self.ids)
+
     def _clients_step(self, now: int) -> None:
         for c in self.clients:
             if c.session:
@@ -148,7 +155,7 @@ class Clients:
             if c.outstanding is not None:
                 if now - c.outstanding[2] > self.client_timeout_ms:
                     self._inflight_clients.pop(c.outstanding[0], None)
-                    c.believed = self.rng.choice(self.ids)
+                    c.believed = self._any_member()
                     c.outstanding = None
                     self.unknown_outcomes += 1
                     c.next_at = now
@@ -197,7 +204,7 @@ class Clients:
             elif now - a.sent_at > self.client_timeout_ms:
                 self._inflight_clients.pop(a.req_id, None)
                 a.req_id = 0
-                c.believed = self.rng.choice(self.ids)
+                c.believed = self._any_member()
                 self._note(sessions.step(Answered((a.key,), Outcome.UNKNOWN)))
                 self._send_append(c, a, now)
         if len(c.appends) >= c.pipeline or not self.clients_on or now < c.next_at:
@@ -282,7 +289,7 @@ class Clients:
         if reply.leader_id is not None and reply.leader_id in self.members:
             c.believed = reply.leader_id
         elif reply.code != ResponseCode.LEADER_PENDING_FULL:
-            c.believed = self.rng.choice(self.ids)
+            c.believed = self._any_member()
         if out.action is Action.RETRY:
             self._send_append(c, a, now)
             return
@@ -396,7 +403,7 @@ class Clients:
         if reply.leader_id is not None and reply.leader_id in self.members:
             c.believed = reply.leader_id
         elif reply.code != ResponseCode.LEADER_PENDING_FULL:
-            c.believed = self.rng.choice(self.ids)
+            c.believed = self._any_member()
 
     def _acked(self, c: Client, reply: ClientReply, bodies: tuple[bytes, ...]) -> None:
         """The checks on an acknowledgement, and what they remember of it."""

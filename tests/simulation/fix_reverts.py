@@ -49,26 +49,29 @@ def _read_expire(patch: Callable) -> None:
         return sends, expired, confirmed
 
     patch(ReadIndexLogic, "expire", expire)
-    _keep_round(patch, reset_lease=True)
 
-
-def _keep_round(patch: Callable, reset_lease: bool) -> None:
-    """A change keeps the round in flight counted under the old voters."""
-
-    def configure(self, voters, now_ms=0):
+    def configure(self, voters, now_ms=0):  # the round in flight stays counted as it was
         self.others = [p for p in voters if p != self.self_id]
         self.quorum = len(voters) // 2 + 1
         self._own = 1 if self.self_id in voters else 0
-        if reset_lease:
-            self._lease = (-1, -1)
+        self._lease = (-1, -1)
         return [], []
 
     patch(ReadIndexLogic, "configure", configure)
 
 
 def _lease_config(patch: Callable) -> None:
-    """A lease confirmed by the old voters survives configuration changes."""
-    _keep_round(patch, reset_lease=False)
+    """A lease confirmed by the old voters survives configuration changes (a round in
+    flight is still counted again: that is ``read-expire``)."""
+    real = ReadIndexLogic.configure
+
+    def configure(self, voters, now_ms=0):
+        lease = self._lease
+        out = real(self, voters, now_ms)
+        self._lease = lease
+        return out
+
+    patch(ReadIndexLogic, "configure", configure)
 
 
 def _session_expiry(patch: Callable) -> None:
@@ -402,6 +405,30 @@ def _snapshot_sessions_twice(patch: Callable) -> None:
     patch(SessionTable, "rebuild", lambda self, doc, records, covered=-1: real(self, doc, records))
 
 
+def _truncated_stamp(patch: Callable) -> None:
+    """A truncation that cuts every run of a session kept leaves it the cut entries' stamp."""
+    real = SessionTable.truncated
+
+    def truncated(self, end_index):
+        old = {c: s.stamp for c, s in self.sessions.items() if s.runs}
+        real(self, end_index)
+        cut = {c: old[c] for c, s in self.sessions.items() if not s.runs and c in old}
+        for c, stamp in cut.items():
+            self.sessions[c].stamp = stamp
+        if cut:
+            self.sessions = dict(sorted(self.sessions.items(), key=lambda kv: kv[1].stamp))
+            self.last_stamp = max(x.stamp for x in self.sessions.values())
+
+    patch(SessionTable, "truncated", truncated)
+
+
+def _sessions_unknown(patch: Callable) -> None:
+    """A member whose table lacks the sessions below its log's begin (its snapshot there
+    damaged) does not know it: it asks no leader for them, and takes a young session it
+    lacks for a new one."""
+    patch(SessionTable, "unknown_upto", property(lambda self: -1, lambda self, value: None))
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -432,6 +459,8 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "watch-candidate": _watch_candidate,
     "session-born": _session_born,
     "snapshot-sessions-twice": _snapshot_sessions_twice,
+    "truncated-stamp": _truncated_stamp,
+    "sessions-unknown": _sessions_unknown,
 }
 _ABSENT = object()
 

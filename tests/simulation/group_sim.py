@@ -273,6 +273,7 @@ class GroupSim(
         client_deadline_ms: int | None = None,
         stamp_skew_ms: int = 0,
         cut_removals: bool = False,
+        snapshot_keep: int = 2,
         test_file: str = "tests/simulation/test_group_sim.py",
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there
@@ -307,7 +308,8 @@ class GroupSim(
         :mod:`.clients`).  ``stamp_skew_ms``: each member's wall clock, which stamps its
         clients' entries, is off the simulation's (the clients') by a seeded amount within
         this much either way.  ``cut_removals``: now and then the leader is cut off from a
-        voter and the operator removes it (down to a single voter).  ``test_file``: what the reproduce line names."""
+        voter and the operator removes it (down to a single voter).  ``snapshot_keep``: the
+        snapshots each machine keeps (one: its log compacted right up to its newest).  ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -358,10 +360,11 @@ class GroupSim(
         self.steps = 0
         self._init_history()
         self._init_local_transport(dispatcher_cache_bytes)
-        self._init_machines(machine)  # its own streams
+        self._init_machines(machine, snapshot_keep)  # its own streams
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
         self.client_timeout_ms = client_timeout_ms  # a writer then asks another member
+        self.members_known: tuple[str, ...] | None = None  # whom clients ask (None: any id)
         self._init_clients(clients, client_interval_ms, max_bodies, idempotent)
         self.injector: FaultInjector | None = None
         faults = SIM_FAULTS if faults is None else faults
@@ -858,12 +861,14 @@ class GroupSim(
         hole no later append can fill)."""
         before = {c.id: c.acks for c in self.clients}
         leader = next(m.id for m in self.members.values() if m.alive and m.state.is_leader)
-        for c in self.clients:  # as LedgerClient finds it: the harness's clients pick members
-            c.believed = leader  # at random on a timeout, and may keep picking a lost one
+        for c in self.clients:  # as LedgerClient finds it
+            c.believed = leader
+        self.members_known = self.current_members()
         self.clients_on = True
         self.run_for(ms)
         self.run_for(wait_ms, lambda: all(c.acks > before[c.id] for c in self.clients))
         self.clients_on = False
+        self.members_known = None
         if not self.run_for(converge_within_ms, self.converged):
             self.fail("no convergence after the clients' second run")
         self.check_invariants()

@@ -4,6 +4,7 @@ acknowledged, rounds answered in time) and the convergence checks at the end of 
 
 from __future__ import annotations
 
+from rayledger.replication.sessions import SessionTable
 from rayledger.storage import LogStore
 
 from .node_state import SimMember
@@ -69,8 +70,10 @@ class Invariants:
         store = m.store
         end = store.ledger_end_index
         cut = self.touched.pop(m.id, None)
-        if cut is not None and cut < m.verified_end:
-            m.verified_end = cut
+        if cut is not None:
+            self._check_sessions(m)
+            if cut < m.verified_end:
+                m.verified_end = cut
         if end > m.verified_end:
             lo = max(m.verified_end + 1, store.ledger_begin_index)
             for index, term, chain, bcrc in self._headers(store, lo, end):
@@ -120,6 +123,26 @@ class Invariants:
                 self.max_committed = committed
             if m.alive:
                 self._note_commit_term(m.node.logic.state.current_term, committed)
+
+    def _check_sessions(self, m: SimMember) -> None:
+        """After a truncation or reset, the member's session table is the one its log makes:
+        what a restart would rebuild from its snapshot and log (a session an entry now cut
+        had expired is alive again; one the cut entries started is gone)."""
+        lg = m.node.logic
+        live = lg.sessions
+        made = SessionTable(live.ttl_ms, live.keep_runs)
+        store = m.store
+        if store.ledger_begin_index == 0:
+            made.rebuild(None, store.session_records(0))
+        elif lg.snapshots is None or not lg._sessions_from_snapshot(store.ledger_begin_index,
+                                                                    made):  # fmt: skip
+            return  # no snapshot there to start from
+        got = {c: (s.last_seq, s.stamp) for c, s in live.sessions.items()}
+        want = {c: (s.last_seq, s.stamp) for c, s in made.sessions.items()}
+        if got != want:
+            only = sorted(set(got.items()) ^ set(want.items()))[:6]
+            self.fail(f"{m.id}'s session table is not the one its log makes after a cut to "
+                      f"{store.ledger_end_index}: {only}")  # fmt: skip
 
     def _note_commit_term(self, term: int, index: int) -> None:
         """Entries up to ``index`` were committed in ``term`` or before."""

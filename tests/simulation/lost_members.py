@@ -85,6 +85,12 @@ class LostMembers:
             return
         if leader.node.book.config_queued:
             return
+        # nor while a member holds a change its leader never got (an old leader's entry,
+        # not committed): its configuration counts the node to lose, and the log that
+        # truncates it may be the lost one -- until then it votes with what it holds
+        for m in self.members.values():
+            if m.alive and m.id in latest.members and m.node.logic.config_log.latest() != latest:
+                return
         voters = list(latest.voters)
         if len(voters) - 1 < latest.quorum:
             return

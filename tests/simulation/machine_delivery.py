@@ -81,7 +81,7 @@ _MAGIC = struct.pack(">i", MAGIC_CODE)
 class MachineDelivery:
     """Members' state machines and their checks (a mixin of :class:`~.group_sim.GroupSim`)."""
 
-    def _init_machines(self, machine: str | None) -> None:
+    def _init_machines(self, machine: str | None, keep: int = 2) -> None:
         """``machine``: "kv", "mq" or None.  Its own streams, so the other streams of a seed
         stay as they were."""
         self.machine = machine
@@ -90,9 +90,9 @@ class MachineDelivery:
         self._body_rng = random.Random(self.seed * 7919 + 73)
         self._query_rng = random.Random(self.seed * 7919 + 79)
         self._snapshot_rng = random.Random(self.seed * 7919 + 83)
-        # snapshots: every 20-80 applied entries, the newest two kept; a restart
+        # snapshots: every 20-80 applied entries, the newest ``keep`` kept; a restart
         # sometimes finds the machine's own state file gone and starts from a snapshot
-        self.snapshots = SnapshotConfig(every_entries=20 * (1 + self.seed % 4), keep=2)
+        self.snapshots = SnapshotConfig(every_entries=20 * (1 + self.seed % 4), keep=keep)
         self._next_query_ms: int | None = 0 if machine else None
         self.machine_args: dict = {}
         if machine == "mq":  # every batch checkpoints, or none does (replays from the start)
@@ -112,7 +112,7 @@ class MachineDelivery:
             self.fail(f"{m.id}'s machine failed to open: {exc!r}")
         if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
             node.logic.take_snapshots(node.applier.shelf)
-            node.logic.handler.snapshot_wanted = node.applier.core.snapshot_wanted
+            node.logic.machine_wanted = node.applier.core.snapshot_wanted
             node.logic.snapshot_asked = lambda index, node=node: self._m_asked(node, index)
         store = m.store
         store.keep_from = node.applier.core.keep_from(node.applier.saved)

@@ -214,11 +214,19 @@ CUT_REMOVALS_SHARE = 0.3
 has just lost its links to, down to a single voter (``GroupSim(cut_removals=True)``)."""
 
 
+KEEP_ONE_SHARE = 0.3
+"""On this share of the all-features seeds, each machine keeps one snapshot: its log is
+compacted right up to it, so a follower's log begins at its snapshot point (a leader then
+compares and truncates there), and a damaged snapshot leaves no older one to fall back on
+(the member asks its leader for one, for its machine or its client sessions)."""
+
+
 def all_features(seed: int) -> dict:
     """The all-features arguments for ``seed``: the KV machine on three seeds of four (the
     RocketMQ commit log on the fourth), sync_flush on odd seeds, the replication settings of
     :func:`sim_config_for`, short session TTLs on some (:data:`SHORT_TTL_SHARE`), removals
-    of unreachable voters on some (:data:`CUT_REMOVALS_SHARE`)."""
+    of unreachable voters on some (:data:`CUT_REMOVALS_SHARE`), one kept snapshot on some
+    (:data:`KEEP_ONE_SHARE`)."""
     kw = dict(ALL_FEATURES)
     kw["machine"] = "mq" if seed % 4 == 3 else "kv"
     if seed % 2:
@@ -231,4 +239,6 @@ def all_features(seed: int) -> dict:
         kw["stamp_skew_ms"] = ttl // 4
     kw["replication"] = replication
     kw["cut_removals"] = random.Random(seed * 7919 + 149).random() < CUT_REMOVALS_SHARE
+    if random.Random(seed * 7919 + 163).random() < KEEP_ONE_SHARE:
+        kw["snapshot_keep"] = 1
     return kw

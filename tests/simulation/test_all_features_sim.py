@@ -122,6 +122,7 @@ PINNED: dict[str, int] = {
     "session-born": 130_296,
     "snapshot-sessions-twice": 130_292,
     "read-expire": 130_197,
+    "session-expiry": 140_112,
 }
 
 
