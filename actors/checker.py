@@ -16,6 +16,7 @@ import asyncio
 import os
 
 import ray
+from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import LedgerError, ResponseCode
 
 from .aioloop import AsyncioLoop
@@ -28,15 +29,14 @@ from .checker_logic import (
     GraphBegin,
     GraphEnd,
     GraphReport,
+    LeadershipEnded,
     Report,
     Resolution,
-    StepDown,
 )
 from .config import LedgerConfig
-from .logic import LeaderInfo
 
 
-class _RayPorts:
+class _CheckerRayPorts:
     """The checker's messages as Ray actor calls."""
 
     def __init__(self, member):
@@ -55,7 +55,7 @@ class _RayPorts:
 class QuorumAckCheckerActor:
     def __init__(self, group: str, self_id: str, peers: list[str], config: LedgerConfig, member):
         self.group, self.self_id = group, self_id
-        self.ports = _RayPorts(member)
+        self.ports = _CheckerRayPorts(member)
         self.driver = CheckerDriver(
             CheckerLogic(group, self_id, list(peers), config.replication), self.ports
         )
@@ -85,7 +85,7 @@ class QuorumAckCheckerActor:
 
     async def step_down(self, term: int) -> list:
         """Leadership ended: the rounds still waiting are answered to the caller."""
-        return self.driver.deliver(StepDown(term))
+        return self.driver.deliver(LeadershipEnded(term))
 
     @ray.method(enable_task_events=False)
     async def add_round(

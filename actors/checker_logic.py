@@ -50,7 +50,7 @@ class BecomeLeader:
 
 
 @dataclass(frozen=True, slots=True)
-class StepDown:
+class LeadershipEnded:
     """Leadership of ``term`` ended; answers the outcomes of everything waiting."""
 
     term: int
@@ -101,7 +101,14 @@ class Configure:
 
 
 CheckerEvent = (
-    BecomeLeader | StepDown | AddRound | Report | GraphBegin | GraphEnd | GraphReport | Configure
+    BecomeLeader
+    | LeadershipEnded
+    | AddRound
+    | Report
+    | GraphBegin
+    | GraphEnd
+    | GraphReport
+    | Configure
 )
 
 
@@ -158,7 +165,7 @@ class CheckerLogic:
                 return self._become_leader(ev.term, ev.term_start_index, ev.info)
             case Configure():
                 return self._configure(ev.term, ev.info)
-            case StepDown():
+            case LeadershipEnded():
                 return self._step_down(ev.term)
             case GraphBegin():
                 return self._graph_begin(ev.term, ev.gen)

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import ray
 from rayledger.replication import PushEntryRequest
+from rayledger.replication.messages import Announcement, Inline, LeaderInfo
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.reader import StoreReader
 
@@ -27,7 +28,6 @@ from .aioloop import AsyncioLoop
 from .config import LedgerConfig
 from .dispatcher_logic import (
     Activate,
-    Announced,
     CachedBatch,
     Committed,
     Deactivate,
@@ -37,13 +37,12 @@ from .dispatcher_logic import (
     Fetched,
     GraphAck,
     GraphPush,
-    Inline,
     PushAnswered,
     Reported,
+    RoundAnnounced,
 )
 from .faults import LinkDown, LinkFaults
 from .graph_events import GraphBegin, GraphEnd
-from .logic import Announcement, LeaderInfo
 from .metrics import PeerMetrics
 from .naming import NAMESPACE, actor_name
 from .priority import set_background
@@ -52,7 +51,7 @@ from .wire import out_of_band
 log = logging.getLogger("rayledger.actors")
 
 
-class _RayPorts:
+class _DispatcherRayPorts:
     """The dispatcher's calls as Ray actor calls; answers go back to the driver."""
 
     def __init__(self, actor: EntryDispatcherActor):
@@ -85,7 +84,7 @@ class EntryDispatcherActor:
             DispatcherLogic(
                 group, self_id, peer_id, config.replication, config.dispatcher_cache_bytes
             ),
-            _RayPorts(self),
+            _DispatcherRayPorts(self),
         )
         self.logic = self.driver.logic
         self.member = member
@@ -139,7 +138,7 @@ class EntryDispatcherActor:
     async def on_announcement(self, a: Announcement) -> None:
         """The leader stored a round: push it now when it is next in line."""
         self._attach()
-        self.driver.deliver(Announced(a))
+        self.driver.deliver(RoundAnnounced(a))
 
     @ray.method(enable_task_events=False)
     async def on_committed(self, term: int, index: int) -> None:

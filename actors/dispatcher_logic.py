@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rayledger.election.configuration import config_at
 from rayledger.replication import (
@@ -32,13 +32,11 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
-from rayledger.storage import EntryBatch, LedgerError, ResponseCode
+from rayledger.replication.messages import Announcement, Inline, LeaderInfo, Payload
+from rayledger.storage import LedgerError, ResponseCode
 
 from .graph_events import GraphBegin, GraphEnd
 from .pump import Driver
-
-if TYPE_CHECKING:
-    from .logic import Announcement, LeaderInfo
 
 PROGRESS_MS = 50
 """How often at most a dispatcher tells its member's elector how far the follower matches
@@ -56,26 +54,6 @@ commit; the checker must only have it when the learner is promoted)."""
 
 
 _UNKNOWN = object()
-
-
-@dataclass(frozen=True, slots=True)
-class Inline:
-    """A round's bytes carried inside the call."""
-
-    batch: EntryBatch
-
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A round's bytes in the object store (too large to ride inside a call): ``ref`` is
-    the transport's handle, resolved once, as the receiving actor's argument."""
-
-    ref: Any
-
-
-Payload = Inline | Ref
-"""How a round's bytes travel: the one type from the leader's announcement through the
-dispatcher's cache to the push (the cores never look inside a :class:`Ref`)."""
 
 
 @dataclass(slots=True)
@@ -224,7 +202,7 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class Activate:
-    """Push for the leader of ``info.term`` (:class:`~.logic.LeaderInfo`), from its log."""
+    """Push for the leader of ``info.term`` (:class:`~rayledger.replication.messages.LeaderInfo`), from its log."""
 
     info: LeaderInfo
 
@@ -237,8 +215,8 @@ class Deactivate:
 
 
 @dataclass(frozen=True, slots=True)
-class Announced:
-    """The leader stored a round (:class:`~.logic.Announcement`)."""
+class RoundAnnounced:
+    """The leader stored a round (:class:`~rayledger.replication.messages.Announcement`)."""
 
     a: Announcement
 
@@ -297,7 +275,7 @@ class GraphAck:
 
 
 DispatcherEvent = (
-    Activate | Deactivate | Announced | Committed | PushAnswered | Fetched | Reported
+    Activate | Deactivate | RoundAnnounced | Committed | PushAnswered | Fetched | Reported
     | GraphBegin | GraphEnd | GraphPush | GraphAck
 )  # fmt: skip
 
@@ -365,7 +343,7 @@ class DispatcherLogic:
         match ev:
             case PushAnswered():
                 return self._on_response(ev.req, ev.resp, now_ms)
-            case Announced():
+            case RoundAnnounced():
                 return self._on_announcement(ev.a)
             case Committed():
                 return self._on_committed(ev.term, ev.index)
@@ -674,7 +652,7 @@ class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
     def _after(self, ev: DispatcherEvent, reply: Any) -> Any:  # noqa: C901 -- one case each
         pump = self.pump
         match ev:
-            case Announced():
+            case RoundAnnounced():
                 if reply:  # next in line: push it in this turn
                     pump.run()
                 else:

@@ -21,9 +21,10 @@ from rayledger.storage.metafile import ensure_writable_dir
 from .client import LedgerClient
 from .config import LedgerConfig
 from .faults import LinkFaults, load_faults, save_faults
+from .member import spawn_member
 from .membership import Membership, Op, check_live_quorum, check_node, choose_node
 from .naming import NAMESPACE, actor_name, group_members
-from .placement import alive_nodes, forget_node, member_nodes, spawn_member
+from .placement import alive_nodes, forget_node, member_nodes
 from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")

@@ -48,27 +48,19 @@ from rayledger.replication import (
 )
 from rayledger.replication.admission import not_leader
 from rayledger.replication.install import InstallReceiver
+from rayledger.replication.messages import Announcement, Inline, LeaderInfo
 from rayledger.replication.sessions import SESSIONS_FILE, SessionTable, recover_sessions
 from rayledger.storage import (
     Appended,
-    EntryBatch,
     LedgerError,
     LogStore,
     OutcomeUnknownError,
     ResponseCode,
 )
 
-from .dispatcher_logic import CachedBatch, Inline, LeaderView, Payload, Ref
 from .reads import ReadIndexLogic
 
 __all__ = [
-    "Announcement",
-    "CachedBatch",
-    "Inline",
-    "Payload",
-    "Ref",
-    "LeaderInfo",
-    "LeaderView",
     "MemberLogic",
     "Round",
     "StartLeading",
@@ -79,28 +71,6 @@ log = logging.getLogger("rayledger.actors")
 
 
 # ====================================================================== messages
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderInfo:
-    """The leader's log as its helpers start from it (all of one term)."""
-
-    term: int
-    begin: int
-    end: int
-    end_term: int
-    end_pos: int
-    committed: int
-    # how far the leader counts its own copy toward a quorum: ``end``, or with sync_flush
-    # its flushed end (a restarted checker must not count an unflushed copy)
-    water_mark: int
-    # the configurations in its log (``ConfigLog.frozen``): the checker counts the latest's
-    # voters, a dispatcher resetting a follower sends the one in effect below the begin
-    configs: tuple = ()
-
-    @property
-    def configuration(self) -> Configuration | None:
-        return self.configs[-1][1] if self.configs else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,37 +105,6 @@ class Round:
     @property
     def last_index(self) -> int:
         return self.appended.last_index
-
-
-@dataclass(frozen=True, slots=True)
-class Announcement:
-    """What a leader tells its dispatchers about a round; ``payload`` carries its bytes."""
-
-    term: int
-    first: int
-    count: int
-    payload: Payload
-    nbytes: int
-    edges: tuple[int, int]  # positions of the first and the last entry
-    committed: int
-    # the leader's configurations (ConfigLog.frozen) when the round holds a configuration
-    # entry: its dispatchers learn of a learner promoted (or added) with the round itself
-    configs: tuple = ()
-
-    def followed_by(self, b: Announcement) -> Announcement:
-        """This round and the next one as one (their entries are contiguous); both carry
-        their bytes :class:`Inline`."""
-        pa, pb = self.payload.batch, b.payload.batch
-        return Announcement(
-            term=self.term,
-            first=self.first,
-            count=self.count + b.count,
-            payload=Inline(EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data)),
-            nbytes=self.nbytes + b.nbytes,
-            edges=(self.edges[0], b.edges[1]),
-            committed=max(self.committed, b.committed),
-            configs=b.configs or self.configs,
-        )
 
 
 # ======================================================================== member

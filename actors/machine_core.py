@@ -88,7 +88,7 @@ class Install:
     path: str
 
 
-class Verdict:
+class QueryVerdict:
     """What :meth:`MachineCore.query` decided: answer now, or wait for a batch."""
 
     ANSWER = "answer"
@@ -310,8 +310,8 @@ class MachineCore:
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, index: int, token: Any, now_ms: int, timeout_ms: int) -> str:
-        """A query needs the machine to have applied ``index``: :attr:`Verdict.ANSWER` (ask
-        the machine now) or :attr:`Verdict.WAIT` (``token`` is listed until a batch reaches
+        """A query needs the machine to have applied ``index``: :attr:`QueryVerdict.ANSWER` (ask
+        the machine now) or :attr:`QueryVerdict.WAIT` (``token`` is listed until a batch reaches
         ``index``, :meth:`expire` at ``now_ms + timeout_ms``).  Raises INTERNAL_ERROR once
         the machine failed."""
         if self.failed is not None:
@@ -319,9 +319,9 @@ class MachineCore:
         if self.ahead_of_log:  # a batch applied means the log holds what it had applied
             index = max(index, self.applied + 1)
         if self.applied >= index:
-            return Verdict.ANSWER
+            return QueryVerdict.ANSWER
         self._waiting.append((index, now_ms + timeout_ms, token))
-        return Verdict.WAIT
+        return QueryVerdict.WAIT
 
     def _reached(self) -> list[Any]:
         if not self._waiting:
@@ -392,4 +392,4 @@ class MachineCore:
         return False
 
 
-__all__ = ["READY_POLL_MS", "AskReady", "Batch", "Install", "MachineCore", "Rebase", "Verdict"]
+__all__ = ["READY_POLL_MS", "AskReady", "Batch", "Install", "MachineCore", "Rebase", "QueryVerdict"]

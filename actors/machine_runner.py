@@ -26,7 +26,7 @@ from rayledger.storage import Entry
 from . import supervision as sv
 from .futures import set_exception, set_result
 from .machine import Applier, MachineContext, StateMachine, load_machine, load_quietly
-from .machine_core import AskReady, Batch, Install, Rebase, Verdict
+from .machine_core import AskReady, Batch, Install, QueryVerdict, Rebase
 from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
@@ -267,7 +267,7 @@ class MachineRunner:
         fut = loop.create_future()
         with self.member._lock:
             verdict = self.core.query(index, fut, now_ms(), int(timeout_s * 1000))
-        if verdict == Verdict.WAIT:
+        if verdict == QueryVerdict.WAIT:
             timer = loop.call_later(timeout_s + 0.002, self._expire)  # past the deadline
             self.kick()
             try:

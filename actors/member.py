@@ -32,6 +32,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayledger.election import TransferOutcome
 from rayledger.election.configuration import Configuration
 from rayledger.replication import PushEntryRequest
+from rayledger.replication.messages import Inline
 from rayledger.storage import LedgerError, ResponseCode, open_store
 
 from . import round_path as rp
@@ -40,7 +41,7 @@ from .checker import QuorumAckCheckerActor
 from .checker_logic import Resolution
 from .config import LedgerConfig
 from .dispatcher import EntryDispatcherActor
-from .dispatcher_logic import CachedBatch, Inline
+from .dispatcher_logic import CachedBatch
 from .faults import LinkFaults, load_faults
 from .futures import set_result
 from .logic import MemberLogic
@@ -48,13 +49,13 @@ from .machine_runner import MachineRunner
 from .member_appends import AppendPart, to_wire
 from .member_context import MemberContext
 from .member_core import (
-    Answered,
     ChangeMembers,
     ClusterView,
     HelperStarted,
     MemberCore,
     MemberOut,
     PeerProgress,
+    ProcessAnswered,
     Push,
     Run,
     SpawnDone,
@@ -63,13 +64,13 @@ from .member_election import ElectionPart
 from .member_leadership import LeadershipPart
 from .member_reads import ReadPart
 from .metrics import MemberMetrics
-from .naming import now_ms
+from .naming import NAMESPACE, actor_name, now_ms
 from .placement import (
     alive_nodes,
+    data_dir_of,
     member_nodes,
     record_gone,
     record_node,
-    spawn_member,
     store_dir_of,
 )
 from .priority import set_background
@@ -383,7 +384,7 @@ class MemberActor:
                 asyncio.ensure_future(self._run_task(run))
                 return
             value = self.appends.perform(run.action)
-            run = self._carry(self.ctx.step(Answered(run.pid, value)), run.pid)
+            run = self._carry(self.ctx.step(ProcessAnswered(run.pid, value)), run.pid)
 
     async def _run_task(self, run: Run | None) -> None:
         """A process of the core as an asyncio task: each action performed, its answer
@@ -395,7 +396,7 @@ class MemberActor:
                 value = await self.reads.perform(run.action)
             else:
                 value = await self.leadership.perform(run.action)
-            run = self._carry(self.ctx.step(Answered(run.pid, value)), run.pid)
+            run = self._carry(self.ctx.step(ProcessAnswered(run.pid, value)), run.pid)
 
     # -- the parts' Ray methods ------------------------------------------------------------------
     @ray.method(concurrency_group="election", enable_task_events=False)
@@ -717,3 +718,29 @@ class MemberActor:
             self.ctx.machine.close()
         with self._lock:
             self.store.close()
+
+
+def spawn_member(
+    group: str,
+    member: str,
+    peers: list[str],
+    config: LedgerConfig,
+    store_dir: str | None,
+    node_id: str | None = None,
+    initial: dict | None = None,
+) -> Any:
+    """Start member ``member`` as a named, detached actor (on ``node_id`` when given: a hard
+    affinity, as its disk is on that host).  ``initial``: the configuration it starts from
+    when its data directory holds none (a member added to a running group, as a learner)."""
+    opts: dict[str, Any] = dict(
+        name=actor_name(group, member),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        max_restarts=config.max_restarts if store_dir is not None else 0,
+        max_task_retries=0,
+    )
+    if node_id is not None:
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    data_dir = data_dir_of(store_dir, group, member)
+    log.info("starts member %s of %s on node %s", member, group, node_id)
+    return MemberActor.options(**opts).remote(group, member, peers, config, data_dir, initial)

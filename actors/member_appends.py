@@ -19,16 +19,15 @@ from typing import Any
 
 import numpy as np
 import ray
+from rayledger.replication.messages import Announcement, Inline, Payload, Ref
 
 from . import member_core as mc
 from . import round_path as rp
 from . import supervision as sv
 from . import wire
 from .checker_logic import Resolution
-from .dispatcher_logic import Inline, Payload, Ref
 from .fastpath import FastPath
 from .futures import set_exception, set_result
-from .logic import Announcement
 from .member_context import MemberContext, Part
 from .rounds import Finished, Written
 
@@ -140,7 +139,7 @@ class AppendPart(Part):
     def on_resolved(self, r: Resolution) -> None:
         """From the checker or the compiled graph: the committed index moved and/or
         rounds ended (SUCCESS moves this member's committed index: read-your-writes)."""
-        self.ctx.carry(self.ctx.step(mc.Resolved(r)))
+        self.ctx.carry(self.ctx.step(mc.RoundsResolved(r)))
 
     def written(self, w: Written) -> None:
         """The core wrote a round (metrics), or the store refused it (every call fails)."""

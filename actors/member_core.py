@@ -23,7 +23,7 @@ the helpers' supervision).  What used to be glue in each transport is decided he
   disk (sync_flush).
 
 A process's action goes out as a :class:`Run` (its id, its kind, the action); the
-transport carries it out and steps :class:`Answered` with the value (a timeout is an
+transport carries it out and steps :class:`ProcessAnswered` with the value (a timeout is an
 answer too, :class:`~.supervision.Failed`).  A process has one action out at a time.
 The Out of a step is taken as it is handed out; what the member persists (its store) is
 written by the core, and a flush the transport does is reported back as an answer, the
@@ -129,14 +129,14 @@ class WriteRound:
 
 
 @dataclass(frozen=True, slots=True)
-class Resolved:
+class RoundsResolved:
     """From the checker or the compiled graph: the committed index moved, rounds ended."""
 
     resolution: Resolution
 
 
 @dataclass(frozen=True, slots=True)
-class Answered:
+class ProcessAnswered:
     """The answer to process ``pid``'s action (``value``: its result, or ``Failed``)."""
 
     pid: int
@@ -171,7 +171,7 @@ class StepDown:
 class ReadIndex:
     """A reader wants an index it may read at with ``consistency``: on the leader its read
     index, on a follower the leader's, once this member committed that far
-    (``leader_only``: this member must lead).  Answered in :attr:`MemberOut.reads_done`."""
+    (``leader_only``: this member must lead).  ProcessAnswered in :attr:`MemberOut.reads_done`."""
 
     consistency: Consistency
     token: Any
@@ -235,7 +235,7 @@ class SpawnDone:
 
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
-    | ClientAppend | WriteRound | Resolved | Answered | HelperStarted | GraphFallback | StepDown
+    | ClientAppend | WriteRound | RoundsResolved | ProcessAnswered | HelperStarted | GraphFallback | StepDown
     | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline | ChangeMembers | ClusterView
     | SpawnDone
 )  # fmt: skip
@@ -247,7 +247,7 @@ MemberEvent = (
 @dataclass(frozen=True, slots=True)
 class Run:
     """Carry out ``action`` of process ``pid`` (a ``kind`` of process: role, restore,
-    watch, round, fallback) and step :class:`Answered` with its result."""
+    watch, round, fallback) and step :class:`ProcessAnswered` with its result."""
 
     pid: int
     kind: str
@@ -344,9 +344,9 @@ class MemberCore:
                 out.write_due = self.book.write_due()
             case WriteRound():
                 self._write(ev.fast, ev.wall_ms, now_ms, out)
-            case Resolved():
+            case RoundsResolved():
                 self._resolve(ev.resolution, out)
-            case Answered():
+            case ProcessAnswered():
                 self._resume(ev.pid, ev.value, now_ms, out)
             case Tick():
                 actions, answers = lg.tick(now_ms)
@@ -667,7 +667,7 @@ class MemberCore:
             match action:
                 case sv.Finish():
                     self._resolve(Resolution(-1, None, list(action.outcomes)), out)
-                case sv.StepDown():
+                case sv.GiveUpLeadership():
                     self._step_down(action.why, now_ms, out)
                 case sv.HandOver():
                     self._hand_over(action, now_ms, out)

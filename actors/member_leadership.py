@@ -66,7 +66,7 @@ class LeadershipPart(Part):
                 )
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
                 return sv.Failed(repr(exc), isinstance(exc, asyncio.TimeoutError))
-        if isinstance(a, sv.Deactivate):
+        if isinstance(a, sv.DeactivateDispatchers):
             calls = [asyncio.ensure_future(d.deactivate.remote(a.term))
                      for d in self.ctx.dispatchers.values()]  # fmt: skip
             if not calls:
@@ -81,7 +81,7 @@ class LeadershipPart(Part):
             except (LedgerError, OSError) as exc:
                 return sv.Failed(str(exc))
             return None
-        if isinstance(a, sv.Install):
+        if isinstance(a, sv.SetUpHelpers):
             try:
                 await self._install_helpers(a)
             except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
@@ -177,7 +177,7 @@ class LeadershipPart(Part):
             except (ProcessLookupError, KeyError, ray.exceptions.RayError) as exc:  # gone
                 log.warning("[%s] could not kill its %s helper: %r", self.self_id, kind, exc)
 
-    async def _install_helpers(self, a: sv.Install) -> None:
+    async def _install_helpers(self, a: sv.SetUpHelpers) -> None:
         """Start the checker and the dispatchers (or one of them, ``a.only``) for ``a.term``."""
         self.ctx.ensure_helpers()  # its first term: they start now (Supervisor.runs_helpers)
         timeout = a.timeout_ms / 1000

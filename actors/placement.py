@@ -1,21 +1,17 @@
 """Where a group's members run on Ray: each member's node (recorded in Ray's KV store, so
-that a leader knows the node of a member whose node is gone), the cluster's live nodes,
-and starting a member actor on a chosen node -- shared by :class:`~.group.LedgerGroup`
-(create, add, replace) and a leader replacing a lost member (``replace_lost_after_s``).
+that a leader knows the node of a member whose node is gone) and the cluster's live nodes,
+shared by :class:`~.group.LedgerGroup` (create, add, replace) and a leader replacing a lost
+member (``replace_lost_after_s``); both start the member with :func:`~.member.spawn_member`.
 The choice of a node is :func:`~.membership.choose_node`'s."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .config import LedgerConfig
 from .membership import GONE
-from .naming import NAMESPACE, actor_name
 from .ray_compat import kv_del, kv_get, kv_put
 
 log = logging.getLogger("rayledger.actors")
@@ -71,40 +67,11 @@ def store_dir_of(data_dir: str | None) -> str | None:
     return str(Path(data_dir).parent.parent) if data_dir else None
 
 
-def spawn_member(
-    group: str,
-    member: str,
-    peers: list[str],
-    config: LedgerConfig,
-    store_dir: str | None,
-    node_id: str | None = None,
-    initial: dict | None = None,
-) -> Any:
-    """Start member ``member`` as a named, detached actor (on ``node_id`` when given: a hard
-    affinity, as its disk is on that host).  ``initial``: the configuration it starts from
-    when its data directory holds none (a member added to a running group, as a learner)."""
-    from .member import MemberActor  # the actor class imports this module's callers
-
-    opts: dict[str, Any] = dict(
-        name=actor_name(group, member),
-        namespace=NAMESPACE,
-        lifetime="detached",
-        max_restarts=config.max_restarts if store_dir is not None else 0,
-        max_task_retries=0,
-    )
-    if node_id is not None:
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    data_dir = data_dir_of(store_dir, group, member)
-    log.info("starts member %s of %s on node %s", member, group, node_id)
-    return MemberActor.options(**opts).remote(group, member, peers, config, data_dir, initial)
-
-
 __all__ = [
     "alive_nodes",
     "data_dir_of",
     "forget_node",
     "member_nodes",
     "record_node",
-    "spawn_member",
     "store_dir_of",
 ]

@@ -24,11 +24,12 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
+from rayledger.replication.messages import Announcement
 from rayledger.storage import ResponseCode
 
-from .logic import Announcement, MemberLogic
+from .logic import MemberLogic
 from .rounds import RoundBook, Written
-from .supervision import Answer, Failed, Finish, Flush, Process, StepDown
+from .supervision import Answer, Failed, Finish, Flush, GiveUpLeadership, Process
 
 Span = tuple[int, int, int]  # (first index, last index, round id)
 
@@ -64,7 +65,7 @@ class Register:
     config: tuple | None = None
 
 
-RoundAction = Announce | Submit | Register | Flush | Finish | StepDown
+RoundAction = Announce | Submit | Register | Flush | Finish | GiveUpLeadership
 
 
 class RoundPath:
@@ -91,7 +92,9 @@ class RoundPath:
             flushed = (yield Flush()).value
             if isinstance(flushed, Failed):
                 yield Finish([(rid, ResponseCode.DISK_ERROR)])  # stored: outcome unknown
-                yield StepDown(f"the flush of entries {first}..{last} failed: {flushed.why}")
+                yield GiveUpLeadership(
+                    f"the flush of entries {first}..{last} failed: {flushed.why}"
+                )
                 return
         else:
             if fast and (yield Submit(a, ((first, last, rid),))).value:

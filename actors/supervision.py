@@ -22,9 +22,10 @@ from collections.abc import Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode
 
-from .logic import LeaderInfo, MemberLogic, StartLeading, StopLeading
+from .logic import MemberLogic, StartLeading, StopLeading
 from .rounds import RoundBook
 
 log = logging.getLogger("rayledger.actors")
@@ -89,7 +90,7 @@ class Finish:
 
 
 @dataclass(frozen=True, slots=True)
-class Deactivate:
+class DeactivateDispatchers:
     """``deactivate(term)`` on every dispatcher, waiting ``timeout_ms`` at most; answered
     with how many did not answer in time."""
 
@@ -103,7 +104,7 @@ class Flush:
 
 
 @dataclass(frozen=True, slots=True)
-class Install:
+class SetUpHelpers:
     """Set the helpers up for ``term`` (all, or ``only`` the checker or one dispatcher):
     the checker's dispatchers, ``become_leader``, the rounds of the term again, then the
     dispatchers' faults and ``activate``; answered None or :class:`Failed`."""
@@ -144,7 +145,7 @@ class HandOver:
 
 
 @dataclass(frozen=True, slots=True)
-class StepDown:
+class GiveUpLeadership:
     why: str
 
 
@@ -223,8 +224,8 @@ class CheckerConfigure:
 
 
 Action = (
-    MachineRole | FailReaders | FastStop | CheckerStepDown | Finish | Deactivate | Flush
-    | Install | Ping | Replace | HandOver | StepDown | Sleep | Watch | Beside | Queue
+    MachineRole | FailReaders | FastStop | CheckerStepDown | Finish | DeactivateDispatchers | Flush
+    | SetUpHelpers | Ping | Replace | HandOver | GiveUpLeadership | Sleep | Watch | Beside | Queue
     | WaitMachine | Ready | Helpers | CheckerConfigure
 )  # fmt: skip
 
@@ -325,7 +326,7 @@ class Supervisor:
         try:
             changes = self.logic.leadership()
         except Exception as exc:  # the term's empty entry was not written (LedgerError, OSError)
-            yield StepDown(f"its term's first entry could not be written: {exc}")
+            yield GiveUpLeadership(f"its term's first entry could not be written: {exc}")
             return
         if self.machine:  # before it is asked whether it is ready
             yield MachineRole(self.logic.state.current_term)
@@ -352,7 +353,7 @@ class Supervisor:
         yield Finish(
             [(rid, ResponseCode.TERM_CHANGED) for rid, _ in self.book.of_term(change.term)]
         )
-        late = (yield Deactivate(change.term, self.rpc_ms)).value
+        late = (yield DeactivateDispatchers(change.term, self.rpc_ms)).value
         if late:
             log.warning("[%s] term=%d: %d dispatcher(s) did not stop within %d ms",
                         self.self_id, change.new_term, late, self.rpc_ms)  # fmt: skip
@@ -371,7 +372,9 @@ class Supervisor:
         if self.sync:  # the term's first entry is on disk before we count ourselves
             flushed = yield Flush()
             if isinstance(flushed.value, Failed):
-                yield StepDown(f"its term's first entry could not be flushed: {flushed.value.why}")
+                yield GiveUpLeadership(
+                    f"its term's first entry could not be flushed: {flushed.value.why}"
+                )
                 return
             info = replace(info, water_mark=self.logic.water_mark())  # now it may count
         if not self.has_led:  # its first term: its helpers start now (runs_helpers)
@@ -384,7 +387,7 @@ class Supervisor:
         while True:
             booting = not any(self.started(k) for k in self.keys())
             budget = max(give_up - now, self.rpc_ms) if booting else self.rpc_ms
-            done = yield Install(term, change.term_start_index, info, budget)
+            done = yield SetUpHelpers(term, change.term_start_index, info, budget)
             now = done.now_ms
             if not isinstance(done.value, Failed):
                 self.heard.update(self.keys())
@@ -529,7 +532,7 @@ class Supervisor:
         for peer in peers:
             if not self.logic.leads(term) or peer not in self.peers:
                 continue
-            done = yield Install(term, self.logic.term_start_index, self.logic.leader_info(),
+            done = yield SetUpHelpers(term, self.logic.term_start_index, self.logic.leader_info(),
                                  self.rpc_ms, peer)  # fmt: skip
             if not isinstance(done.value, Failed):
                 self.heard.add(("dispatcher", peer))
@@ -652,7 +655,7 @@ class Supervisor:
         give_up = now + self.helper_wait_ms()
         only = kind if kind == "checker" else peer
         while self.logic.leads(term):
-            done = yield Install(term, start, info, self.rpc_ms, only)
+            done = yield SetUpHelpers(term, start, info, self.rpc_ms, only)
             if not isinstance(done.value, Failed):
                 if only == "checker":
                     self._checker_counts(term, info)

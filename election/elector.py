@@ -43,7 +43,7 @@ from logging import INFO, WARNING
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ElectionConfig
-from .heartbeats import HeartbeatSteps, _HeartbeatRound
+from .heartbeats import HeartbeatSteps
 from .member_state import MemberState
 from .messages import (
     Action,
@@ -54,8 +54,8 @@ from .messages import (
     RoleChange,
     VoteRequest,
 )
-from .parts import Announced, Timers
-from .transfer import TransferSteps, _PendingTake, _Transfer
+from .parts import Announced, HeartbeatRound, PendingTake, RunningTransfer, Timers
+from .transfer import TransferSteps
 from .votes import VoteTally
 from .voting import VotingSteps
 
@@ -90,9 +90,9 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         self._last_vote_cost_ms = 0
         self._pre_vote_granted_term = -1
         self._vote_round: VoteTally | None = None
-        self._heartbeat_round: _HeartbeatRound | None = None
-        self._transfer: _Transfer | None = None
-        self._pending_take: _PendingTake | None = None
+        self._heartbeat_round: HeartbeatRound | None = None
+        self._transfer: RunningTransfer | None = None
+        self._pending_take: PendingTake | None = None
         self._taking_from: LeadershipTransferRequest | None = None
         # The term in which this leader sent a take-leadership order: its transferee skips
         # pre-vote, so no lease is trusted for the rest of that term (see lease_allowed).

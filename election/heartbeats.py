@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from rayledger.storage.errors import ResponseCode
@@ -16,23 +15,7 @@ from .messages import (
     Role,
     Send,
 )
-from .parts import ElectorParts
-
-
-@dataclass
-class _HeartbeatRound:
-    """One ``sendHeartbeats`` round; the leader counts itself as answered."""
-
-    round_id: int
-    term: int
-    started_ms: int
-    deadline_ms: int
-    waiting: set[str]
-    all_num: int = 1
-    succ_num: int = 1
-    not_ready_num: int = 0
-    max_term: int = -1
-    inconsistent_leader: bool = False
+from .parts import ElectorParts, HeartbeatRound
 
 
 class HeartbeatSteps(ElectorParts):
@@ -67,7 +50,7 @@ class HeartbeatSteps(ElectorParts):
     def _send_heartbeats(self, now_ms: int) -> list[Action]:
         st = self.state
         self._round_seq += 1
-        rnd = _HeartbeatRound(
+        rnd = HeartbeatRound(
             round_id=self._round_seq,
             term=st.current_term,
             started_ms=now_ms,
@@ -143,7 +126,7 @@ class HeartbeatSteps(ElectorParts):
             return self._parse_heartbeat_round(rnd, now_ms)
         return []
 
-    def _heartbeat_round_done(self, rnd: _HeartbeatRound) -> bool:
+    def _heartbeat_round_done(self, rnd: HeartbeatRound) -> bool:
         st = self.state
         return (
             rnd.all_num >= st.peer_size
@@ -151,7 +134,7 @@ class HeartbeatSteps(ElectorParts):
             or st.is_quorum(rnd.succ_num + rnd.not_ready_num)
         )
 
-    def _parse_heartbeat_round(self, rnd: _HeartbeatRound, now_ms: int) -> list[Action]:
+    def _parse_heartbeat_round(self, rnd: HeartbeatRound, now_ms: int) -> list[Action]:
         if self._heartbeat_round is rnd:
             self._heartbeat_round = None
         st = self.state

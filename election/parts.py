@@ -21,11 +21,45 @@ from .member_state import MemberState
 from .messages import LeadershipTransferRequest, ParseResult, Role
 
 if TYPE_CHECKING:
-    from .heartbeats import _HeartbeatRound
-    from .transfer import _PendingTake, _Transfer
     from .votes import VoteTally
 
 log = logging.getLogger("rayledger.election")
+
+
+@dataclass
+class HeartbeatRound:
+    """One ``sendHeartbeats`` round; the leader counts itself as answered."""
+
+    round_id: int
+    term: int
+    started_ms: int
+    deadline_ms: int
+    waiting: set[str]
+    all_num: int = 1
+    succ_num: int = 1
+    not_ready_num: int = 0
+    max_term: int = -1
+    inconsistent_leader: bool = False
+
+
+@dataclass
+class RunningTransfer:
+    """A leadership transfer this leader is running."""
+
+    transferee: str
+    term: int
+    started_ms: int
+    deadline_ms: int
+    take_sent: bool = False
+    must_leave: bool = False  # a hand-over: if the transfer fails, the leader steps down
+
+
+@dataclass
+class PendingTake:
+    """A take-leadership order waiting for this member's ledger to catch up."""
+
+    request: LeadershipTransferRequest
+    deadline_ms: int
 
 
 @dataclass
@@ -67,9 +101,9 @@ class ElectorParts:
     _restart_term: int
     _first_event_ms: int | None
     _vote_round: VoteTally | None
-    _heartbeat_round: _HeartbeatRound | None
-    _transfer: _Transfer | None
-    _pending_take: _PendingTake | None
+    _heartbeat_round: HeartbeatRound | None
+    _transfer: RunningTransfer | None
+    _pending_take: PendingTake | None
     _taking_from: LeadershipTransferRequest | None
     _take_order_term: int  # the term this leader sent a take order in (no lease after it)
 

@@ -4,7 +4,6 @@ take-leadership (``TakeLeadershipTask``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from logging import INFO, WARNING
 
 from rayledger.storage.errors import ResponseCode
@@ -17,27 +16,7 @@ from .messages import (
     Send,
     TransferOutcome,
 )
-from .parts import ElectorParts
-
-
-@dataclass
-class _Transfer:
-    """A leadership transfer this leader is running."""
-
-    transferee: str
-    term: int
-    started_ms: int
-    deadline_ms: int
-    take_sent: bool = False
-    must_leave: bool = False  # a hand-over: if the transfer fails, the leader steps down
-
-
-@dataclass
-class _PendingTake:
-    """A take-leadership order waiting for this member's ledger to catch up."""
-
-    request: LeadershipTransferRequest
-    deadline_ms: int
+from .parts import ElectorParts, PendingTake, RunningTransfer
 
 
 class TransferSteps(ElectorParts):
@@ -132,7 +111,7 @@ class TransferSteps(ElectorParts):
         if st.transferee is not None:
             return self._transfer_response(req, C.LEADER_TRANSFERRING), []
         st.set_transferee(req.transferee_id)
-        self._transfer = _Transfer(
+        self._transfer = RunningTransfer(
             transferee=req.transferee_id,
             term=st.current_term,
             started_ms=now_ms,
@@ -162,7 +141,7 @@ class TransferSteps(ElectorParts):
         return out
 
     def _transfer_ended(
-        self, transfer: _Transfer, code: ResponseCode, level: int, event: str, **fields
+        self, transfer: RunningTransfer, code: ResponseCode, level: int, event: str, **fields
     ) -> TransferOutcome:
         """Log how a transfer ended; its outcome, for the caller who asked for it."""
         self._log(level, event, term=transfer.term, transferee=transfer.transferee,
@@ -301,7 +280,7 @@ class TransferSteps(ElectorParts):
         if st.ledger_end_index >= req.take_leadership_ledger_index:
             return self._transfer_response(req, C.SUCCESS), self._begin_take_leadership(req, now_ms)
         wait = req.wait_timeout_ms or self.config.leadership_transfer_wait_timeout_ms
-        self._pending_take = _PendingTake(req, now_ms + wait)
+        self._pending_take = PendingTake(req, now_ms + wait)
         self._log(
             INFO,
             "TakeLeadershipWaits",

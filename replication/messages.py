@@ -1,4 +1,6 @@
-"""Push messages between a leader's dispatcher and a follower's entry handler.
+"""Push messages between a leader's dispatcher and a follower's entry handler, and what a
+leader tells its helpers (:class:`LeaderInfo` when they start, an :class:`Announcement`
+per round).
 
 Plain picklable dataclasses (DLedger's ``PushEntryRequest`` / ``PushEntryResponse``)
 so the Ray shell can send them as they are.  An APPEND carries its entries as an
@@ -10,9 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import ResponseCode
+
+if TYPE_CHECKING:
+    from rayledger.election.configuration import Configuration
 
 
 class PushType(str, Enum):
@@ -137,3 +143,79 @@ class PushEntryResponse:
     conflict_term: int = -1
     conflict_index: int = -1
     snapshot_wanted: int = -1
+
+
+# -- what a leader tells its helpers -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """A round's bytes carried inside the call."""
+
+    batch: EntryBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A round's bytes in the object store (too large to ride inside a call): ``ref`` is
+    the transport's handle, resolved once, as the receiving actor's argument."""
+
+    ref: Any
+
+
+Payload = Inline | Ref
+"""How a round's bytes travel: the one type from the leader's announcement through the
+dispatcher's cache to the push (the cores never look inside a :class:`Ref`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    """The leader's log as its helpers start from it (all of one term)."""
+
+    term: int
+    begin: int
+    end: int
+    end_term: int
+    end_pos: int
+    committed: int
+    # how far the leader counts its own copy toward a quorum: ``end``, or with sync_flush
+    # its flushed end (a restarted checker must not count an unflushed copy)
+    water_mark: int
+    # the configurations in its log (``ConfigLog.frozen``): the checker counts the latest's
+    # voters, a dispatcher resetting a follower sends the one in effect below the begin
+    configs: tuple = ()
+
+    @property
+    def configuration(self) -> Configuration | None:
+        return self.configs[-1][1] if self.configs else None
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """What a leader tells its dispatchers about a round; ``payload`` carries its bytes."""
+
+    term: int
+    first: int
+    count: int
+    payload: Payload
+    nbytes: int
+    edges: tuple[int, int]  # positions of the first and the last entry
+    committed: int
+    # the leader's configurations (ConfigLog.frozen) when the round holds a configuration
+    # entry: its dispatchers learn of a learner promoted (or added) with the round itself
+    configs: tuple = ()
+
+    def followed_by(self, b: Announcement) -> Announcement:
+        """This round and the next one as one (their entries are contiguous); both carry
+        their bytes :class:`Inline`."""
+        pa, pb = self.payload.batch, b.payload.batch
+        return Announcement(
+            term=self.term,
+            first=self.first,
+            count=self.count + b.count,
+            payload=Inline(EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data)),
+            nbytes=self.nbytes + b.nbytes,
+            edges=(self.edges[0], b.edges[1]),
+            committed=max(self.committed, b.committed),
+            configs=b.configs or self.configs,
+        )

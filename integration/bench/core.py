@@ -34,7 +34,7 @@ def _leader() -> mc.MemberCore:
             run = runs.pop(0)
             if run.kind != "watch":
                 value = {} if isinstance(run.action, sv.Ping) else None
-                runs += core.step(mc.Answered(run.pid, value), now).run
+                runs += core.step(mc.ProcessAnswered(run.pid, value), now).run
         if now > 60_000:
             raise RuntimeError("the one-member group did not take office")
     return core
@@ -51,9 +51,9 @@ def run_core_bench(cycles: int = 50_000, body_bytes: int = 100) -> dict:
         rid = out.written.rid
         run = out.run[0]
         while run is not None:  # announce, then register
-            nxt = core.step(mc.Answered(run.pid, None), 0).run
+            nxt = core.step(mc.ProcessAnswered(run.pid, None), 0).run
             run = nxt[0] if nxt else None
-        core.step(mc.Resolved(Resolution(term, None, [(rid, ResponseCode.SUCCESS)])), 0)
+        core.step(mc.RoundsResolved(Resolution(term, None, [(rid, ResponseCode.SUCCESS)])), 0)
     dt = time.perf_counter() - t0
     return {
         "cycles": cycles,

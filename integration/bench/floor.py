@@ -66,7 +66,7 @@ def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any
     """The leader, dispatcher, follower and checker classes (local classes: Ray pickles them
     by value, so nothing here may call a module-level function of this file)."""
 
-    class LeaderLog:
+    class FloorLeaderLog:
         """The leader's side of rounds: the next round gathers, one round waits."""
 
         def __init__(self) -> None:
@@ -159,7 +159,7 @@ def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any
         # appends block a thread each until their round commits: the checker's answer has
         # threads of its own, so no number of callers can starve it
         @ray.remote(num_cpus=0, max_concurrency=256, concurrency_groups={"commit": 1})
-        class Leader(LeaderLog):
+        class Leader(FloorLeaderLog):
             def __init__(self) -> None:
                 super().__init__()
                 self.lock = threading.Lock()
@@ -215,7 +215,7 @@ def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any
         return Leader, Dispatcher, Follower, Checker
 
     @ray.remote(num_cpus=0)
-    class AsyncLeader(LeaderLog):
+    class AsyncLeader(FloorLeaderLog):
         def __init__(self) -> None:
             super().__init__()
             self.scheduled = False
@@ -273,7 +273,7 @@ def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any
 
 
 @dataclass(eq=False)
-class _Pending:
+class _FloorPending:
     bodies: Sequence[bytes]
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
@@ -294,7 +294,7 @@ class FloorClient:
         self.leader, self.max_in_flight, self.timeout_s = leader, max_in_flight, timeout_s
         self.max_batch_entries, self.max_batch_bytes = max_batch_entries, max_batch_bytes
         self._cv = threading.Condition()
-        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queue: collections.deque[_FloorPending] = collections.deque()
         self._in_flight = 0
         self._sender: threading.Thread | None = None
         self._closed = False
@@ -314,7 +314,7 @@ class FloorClient:
                 self._queue.popleft().future.set_exception(FloorError("the client was closed"))
             self._cv.notify_all()
 
-    def _wait(self, p: _Pending) -> int:
+    def _wait(self, p: _FloorPending) -> int:
         try:
             return p.future.result(self.timeout_s)
         except concurrent.futures.TimeoutError:
@@ -324,8 +324,8 @@ class FloorClient:
         except Exception as exc:
             raise FloorError(repr(exc)) from exc
 
-    def _submit(self, bodies: Sequence[bytes]) -> _Pending:
-        p = _Pending(bodies)
+    def _submit(self, bodies: Sequence[bytes]) -> _FloorPending:
+        p = _FloorPending(bodies)
         with self._cv:
             if self._closed:
                 raise FloorError("the client is closed")
@@ -342,7 +342,7 @@ class FloorClient:
             self._send([p])
         return p
 
-    def _take(self) -> list[_Pending]:
+    def _take(self) -> list[_FloorPending]:
         """Everything queued that fits one call (called with the lock held)."""
         out, n, size = [], 0, 0
         while self._queue:
@@ -375,7 +375,7 @@ class FloorClient:
                 self._in_flight += 1
             self._send(batch)
 
-    def _send(self, batch: list[_Pending]) -> None:
+    def _send(self, batch: list[_FloorPending]) -> None:
         bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
         try:
             ref = self.leader.append.remote(list(bodies))
@@ -384,7 +384,7 @@ class FloorClient:
             return
         ref.future().add_done_callback(lambda f: self._done(batch, f))
 
-    def _done(self, batch: list[_Pending], f: concurrent.futures.Future) -> None:
+    def _done(self, batch: list[_FloorPending], f: concurrent.futures.Future) -> None:
         try:
             first = f.result()
         except Exception as exc:
@@ -392,7 +392,7 @@ class FloorClient:
         else:
             self._answered(batch, first=first)
 
-    def _answered(self, batch: list[_Pending], first: int = 0, exc: Exception | None = None):
+    def _answered(self, batch: list[_FloorPending], first: int = 0, exc: Exception | None = None):
         with self._cv:
             self._in_flight -= 1
             self._cv.notify_all()

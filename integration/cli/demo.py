@@ -42,7 +42,7 @@ READ_CHUNK = 20_000
 
 
 @dataclass
-class Workload:
+class DemoWorkload:
     """What the client threads did."""
 
     acked: dict[int, bytes] = field(default_factory=dict)  # index -> body
@@ -58,7 +58,7 @@ class Workload:
 
 
 @dataclass
-class Check:
+class DemoCheck:
     name: str
     ok: bool
     detail: str = ""
@@ -69,7 +69,7 @@ def _body(seq: int) -> bytes:
     return head + b"." * (BODY_SIZE - len(head))
 
 
-def _append_one(client, bodies: list[bytes], work: Workload) -> tuple[list | None, bool]:
+def _append_one(client, bodies: list[bytes], work: DemoWorkload) -> tuple[list | None, bool]:
     """Append one batch, retrying only refusals; returns (results, outcome unknown)."""
     for _attempt in range(3):
         try:
@@ -85,7 +85,9 @@ def _append_one(client, bodies: list[bytes], work: Workload) -> tuple[list | Non
     return None, False
 
 
-def _record(work: Workload, bodies: list[bytes], results, unknown: bool, kill_state: dict) -> None:
+def _record(
+    work: DemoWorkload, bodies: list[bytes], results, unknown: bool, kill_state: dict
+) -> None:
     """Book one batch's outcome; the first ack in a later term times the take-over."""
     now = time.monotonic()
     with work.lock:
@@ -133,7 +135,7 @@ def _kill_leader(group, kill_state: dict) -> None:
         kill_state.update(new=None, failover_s=None, error=str(exc))
 
 
-def _run_clients(group, args, work: Workload, progress, kill_state: dict) -> float:
+def _run_clients(group, args, work: DemoWorkload, progress, kill_state: dict) -> float:
     """Append ``args.entries`` bodies from ``args.clients`` threads; returns the wall time."""
     batches = [
         [_body(s) for s in range(a, min(args.entries, a + args.batch))]
@@ -207,7 +209,9 @@ def _wait_caught_up(group, index: int, timeout_s: float) -> dict:
         time.sleep(0.1)
 
 
-def _exactly_once(work: Workload, ref_terms: list[int], ref_bodies: list[bytes]) -> list[Check]:
+def _exactly_once(
+    work: DemoWorkload, ref_terms: list[int], ref_bodies: list[bytes]
+) -> list[DemoCheck]:
     """Each acked body once in the log, each unknown one at most once."""
     counts = Counter(ref_bodies)
     missing = sum(1 for b in work.acked.values() if counts[b] == 0)
@@ -222,8 +226,8 @@ def _exactly_once(work: Workload, ref_terms: list[int], ref_bodies: list[bytes])
         )
     committed_unknown = sum(1 for b in work.unknown if counts[b] == 1)
     return [
-        Check("each acked entry exactly once", not missing and not dup_acked, detail),
-        Check(
+        DemoCheck("each acked entry exactly once", not missing and not dup_acked, detail),
+        DemoCheck(
             "unknown entries at most once",
             not dup_unknown,
             f"{committed_unknown} of {len(work.unknown)} committed",
@@ -231,21 +235,25 @@ def _exactly_once(work: Workload, ref_terms: list[int], ref_bodies: list[bytes])
     ]
 
 
-def _read_logs(group, top: int, checks: list[Check]) -> dict[str, tuple[list[int], list[bytes]]]:
+def _read_logs(
+    group, top: int, checks: list[DemoCheck]
+) -> dict[str, tuple[list[int], list[bytes]]]:
     logs = {}
     for m in group.members:
         try:
             logs[m] = _read_log(group.handle(m), 0, top + 1)
         except Exception as exc:
-            checks.append(Check(f"read {m}'s log", False, str(exc)))
+            checks.append(DemoCheck(f"read {m}'s log", False, str(exc)))
     return logs
 
 
-def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[int], list[bytes]]]]:
+def _verify(
+    group, work: DemoWorkload
+) -> tuple[list[DemoCheck], dict[str, tuple[list[int], list[bytes]]]]:
     dups = work.duplicate_acks
-    checks = [Check("no index acknowledged twice", not dups, f"{len(dups)} duplicates")]
+    checks = [DemoCheck("no index acknowledged twice", not dups, f"{len(dups)} duplicates")]
     if not work.acked:
-        return checks + [Check("some appends acknowledged", False)], {}
+        return checks + [DemoCheck("some appends acknowledged", False)], {}
     top = max(work.acked)
     st = _wait_caught_up(group, top, 60)
     lagging = {
@@ -254,7 +262,7 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         if not (s.alive and s.committed_index >= top)
     }
     detail = f"lagging: {lagging}" if lagging else f"up to {top}"
-    checks.append(Check("every member committed every ack", not lagging, detail))
+    checks.append(DemoCheck("every member committed every ack", not lagging, detail))
     logs = _read_logs(group, top, checks)
     bad = {}
     for m, (_terms, bodies) in logs.items():
@@ -262,7 +270,7 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
         if wrong:
             bad[m] = wrong
     checks.append(
-        Check(
+        DemoCheck(
             "acked bodies at acked indexes on every member",
             not bad and len(logs) == len(group.members),
             f"mismatches {bad}" if bad else f"{len(work.acked)} entries x {len(logs)} members",
@@ -271,12 +279,12 @@ def _verify(group, work: Workload) -> tuple[list[Check], dict[str, tuple[list[in
     if logs:
         ref_terms, ref_bodies = next(iter(logs.values()))
         same = all(t == ref_terms and b == ref_bodies for t, b in logs.values())
-        checks.append(Check("members' logs identical", same, f"{top + 1} entries"))
+        checks.append(DemoCheck("members' logs identical", same, f"{top + 1} entries"))
         checks += _exactly_once(work, ref_terms, ref_bodies)
     return checks, logs
 
 
-def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
+def _spark_step(group, args) -> tuple[list[DemoCheck], dict[str, Any]]:
     from pyspark.sql import functions as F
 
     from ..spark import committed_read, init_spark
@@ -301,12 +309,12 @@ def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
         n, size = expected.get(t, (0, 0))
         expected[t] = (n + 1, size + len(b))
     checks = [
-        Check(
+        DemoCheck(
             "Spark read exactly the committed entries",
             sum(n for n, _ in got.values()) == read.count,
             f"{sum(n for n, _ in got.values())} rows, committed [0, {read.stop})",
         ),
-        Check(
+        DemoCheck(
             "Spark per-term totals match the log",
             got == expected,
             "" if got == expected else f"{got} != {expected}",
@@ -317,10 +325,10 @@ def _spark_step(group, args) -> tuple[list[Check], dict[str, Any]]:
 
 def _summary(
     args,
-    work: Workload,
+    work: DemoWorkload,
     append_s: float,
     kill: dict,
-    checks: list[Check],
+    checks: list[DemoCheck],
     spark: dict | None,
     total_s: float,
 ) -> None:
@@ -402,11 +410,11 @@ def _start_ray(args) -> bool:
     return True
 
 
-def _append_phase(group, args) -> tuple[Workload, float, dict[str, Any], list[Check]]:
+def _append_phase(group, args) -> tuple[DemoWorkload, float, dict[str, Any], list[DemoCheck]]:
     """The clients' appends with a leader kill half-way, under a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    work = Workload()
+    work = DemoWorkload()
     kill: dict[str, Any] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console()) as bar:
@@ -421,15 +429,15 @@ def _append_phase(group, args) -> tuple[Workload, float, dict[str, Any], list[Ch
     )
     new_leader = bool(kill.get("new"))  # a leader of a later term (_kill_leader)
     checks = [
-        Check("a new leader took over", new_leader, kill.get("error", "")),
-        Check("writes continued after the kill", work.first_ack_after_kill is not None),
-        Check("no append of unknown outcome (the clients retried them)", not work.unknown,
+        DemoCheck("a new leader took over", new_leader, kill.get("error", "")),
+        DemoCheck("writes continued after the kill", work.first_ack_after_kill is not None),
+        DemoCheck("no append of unknown outcome (the clients retried them)", not work.unknown,
               f"{len(work.unknown)} unknown, {work.retried} retried"),
     ]  # fmt: skip
     return work, append_s, kill, checks
 
 
-def _run_steps(group, args, t_start: float, checks: list[Check]) -> bool:
+def _run_steps(group, args, t_start: float, checks: list[DemoCheck]) -> bool:
     """Append, verify, aggregate with Spark, report; returns whether Spark was started."""
     leader = group.wait_for_leader(timeout_s=30)
     say(f"leader: {leader}")
@@ -460,7 +468,7 @@ def run_demo(args) -> int:
     own_dir = args.data_dir is None
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="rayledger-demo-")
     group = None
-    checks: list[Check] = []
+    checks: list[DemoCheck] = []
     spark_started = not args.no_spark
     name = f"demo-{uuid.uuid4().hex[:6]}"
     try:
@@ -469,7 +477,7 @@ def run_demo(args) -> int:
         spark_started = _run_steps(group, args, t_start, checks)
     except Exception as exc:
         log.debug("demo failed", exc_info=True)
-        checks.append(Check("demo ran to the end", False, f"{type(exc).__name__}: {exc}"))
+        checks.append(DemoCheck("demo ran to the end", False, f"{type(exc).__name__}: {exc}"))
     finally:
         _clean_up(args, group, spark_started, own_dir, data_dir, own_ray)
     ok = bool(checks) and all(c.ok for c in checks)

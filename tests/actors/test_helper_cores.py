@@ -10,23 +10,22 @@ from rayledger.actors.checker_logic import (
     AddRound,
     BecomeLeader,
     CheckerLogic,
+    LeadershipEnded,
     Report,
-    StepDown,
 )
 from rayledger.actors.dispatcher_logic import (
     LEARNER_REPORT_MS,
     PROGRESS_MS,
     REPORT_RETRY_MS,
     Activate,
-    Announced,
     DispatcherLogic,
-    Inline,
     PushAnswered,
     Reported,
+    RoundAnnounced,
 )
-from rayledger.actors.logic import Announcement, LeaderInfo
 from rayledger.election.configuration import Configuration
 from rayledger.replication import PushEntryResponse, ReplicationConfig
+from rayledger.replication.messages import Announcement, Inline, LeaderInfo
 from rayledger.storage import EntryBatch, ResponseCode
 
 CFG = ReplicationConfig()
@@ -92,7 +91,7 @@ def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
         """The leader announces round ``index`` and the learner stores it."""
         batch = EntryBatch(index, 1, b"x" * 40)  # the bytes are never looked at here
         a = Announcement(2, index, 1, Inline(batch), 40, (index * 100,) * 2, 3, configs)
-        d.step(Announced(a), now)
+        d.step(RoundAnnounced(a), now)
         r = d.ready(now)
         (push,) = [p for p in r.pushes if p.first_index == index]
         resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
@@ -135,9 +134,9 @@ def test_a_round_of_an_ended_term_is_answered_not_counted() -> None:
     res = c.ready(0).resolution
     assert res is not None and res.outcomes == [("old", ResponseCode.TERM_CHANGED)]
     assert not c.is_registered("old") and c.is_registered("new")
-    c.step(StepDown(2), 0)
+    c.step(LeadershipEnded(2), 0)
     c.step(AddRound(2, 6, 6, "late", 6), 0)  # same term, leadership over: NOT_LEADER on step-down
-    assert c.step(StepDown(2), 0) == [("late", ResponseCode.NOT_LEADER)]
+    assert c.step(LeadershipEnded(2), 0) == [("late", ResponseCode.NOT_LEADER)]
 
 
 def test_the_commit_notice_waits_for_the_index_to_stand_still() -> None:

@@ -8,7 +8,7 @@ from rayledger.actors.supervision import (
     CHECKER,
     HELPER_START_MS,
     Answer,
-    Install,
+    SetUpHelpers,
     Sleep,
     Supervisor,
 )
@@ -19,14 +19,14 @@ def _supervisor() -> Supervisor:
     return supervisor(led=False)
 
 
-def _first_term(sup: Supervisor) -> Install:
-    """Lead term 3: the role change's actions up to its Install."""
+def _first_term(sup: Supervisor) -> SetUpHelpers:
+    """Lead term 3: the role change's actions up to its SetUpHelpers."""
     sup.logic.state.change_to_leader(3)
     proc = sup.role_changes()
     action = proc.start()
     while isinstance(action, Sleep):
         action = proc.send(Answer(0, None))
-    assert isinstance(action, Install) and action.term == 3
+    assert isinstance(action, SetUpHelpers) and action.term == 3
     return action
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from rayledger.actors.machine import Applier, MachineContext, StateMachine
-from rayledger.actors.machine_core import READY_POLL_MS, AskReady, Batch, MachineCore, Verdict
+from rayledger.actors.machine_core import READY_POLL_MS, AskReady, Batch, MachineCore, QueryVerdict
 from rayledger.actors.read_path import run_to_end
 from rayledger.actors.supervision import Answer, Failed, Sleep
 from rayledger.election import Role
@@ -51,19 +51,19 @@ def test_a_machine_ahead_of_its_log_answers_once_the_log_holds_what_it_applied()
     (which may read message bodies from the log) waits until a batch is applied past 48,
     which the log then holds; a machine level with its log answers at once."""
     c = MachineCore("n0", applied=48, log_end=47)
-    assert c.query(-1, "q", 0, 100) == Verdict.WAIT
+    assert c.query(-1, "q", 0, 100) == QueryVerdict.WAIT
     assert c.next_batch(48) is None  # the member's committed index is back below 48
     assert c.next_batch(49) == Batch(49, 50)
     assert c.batch_done(49) == ["q"]
-    assert c.query(-1, "later", 0, 100) == Verdict.ANSWER
-    assert MachineCore("n0", applied=48, log_end=48).query(5, "q", 0, 100) == Verdict.ANSWER
+    assert c.query(-1, "later", 0, 100) == QueryVerdict.ANSWER
+    assert MachineCore("n0", applied=48, log_end=48).query(5, "q", 0, 100) == QueryVerdict.ANSWER
 
 
 def test_queries_wait_for_the_index_then_are_answered():
     c = MachineCore("n0", applied=2, max_batch=2)
-    assert c.query(2, "now", 0, 100) == Verdict.ANSWER
-    assert c.query(5, "q5", 0, 100) == Verdict.WAIT
-    assert c.query(3, "q3", 0, 100) == Verdict.WAIT
+    assert c.query(2, "now", 0, 100) == QueryVerdict.ANSWER
+    assert c.query(5, "q5", 0, 100) == QueryVerdict.WAIT
+    assert c.query(3, "q3", 0, 100) == QueryVerdict.WAIT
     c.next_batch(9)
     assert c.batch_done(4) == ["q3"]
     c.next_batch(9)
@@ -188,16 +188,16 @@ def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
     set up for its term)."""
     from rayledger.actors.supervision import (
         Beside,
-        Install,
         MachineRole,
         Ready,
+        SetUpHelpers,
         WaitMachine,
         Watch,
     )
 
     actions = _new_leader_actions(True)
     kinds = [type(a) for a in actions]
-    assert kinds.index(MachineRole) < kinds.index(Install) < kinds.index(Watch)
+    assert kinds.index(MachineRole) < kinds.index(SetUpHelpers) < kinds.index(Watch)
     assert kinds.index(Watch) < kinds.index(Beside) < kinds.index(WaitMachine)
     assert kinds.index(WaitMachine) < kinds.index(Ready)
     role = actions[: kinds.index(Beside) + 1]  # the role process ends with it

@@ -15,8 +15,7 @@ from rayledger.actors.dispatcher_logic import (
     LeaderView,
     PushAnswered,
 )
-from rayledger.actors.logic import LeaderInfo
-from rayledger.actors.machine_core import Batch, Install, MachineCore, Rebase, Verdict
+from rayledger.actors.machine_core import Batch, Install, MachineCore, QueryVerdict, Rebase
 from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import (
     DispatcherState,
@@ -25,6 +24,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
+from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
 
@@ -106,14 +106,14 @@ def test_a_failed_machine_takes_no_snapshot() -> None:
 def test_installed_moves_applied_and_releases_the_queries_it_reaches() -> None:
     c = MachineCore("n0", applied=4)
     for index, token in ((10, "q10"), (20, "q20"), (21, "q21"), (40, "q40")):
-        assert c.query(index, token, now_ms=0, timeout_ms=1000) == Verdict.WAIT
+        assert c.query(index, token, now_ms=0, timeout_ms=1000) == QueryVerdict.WAIT
     c.offer(20, "/20")
     c.next_batch(30)
     ready, gone, floor = c.installed(20, [], saved=-1)
     assert ready == ["q10", "q20"]
     assert gone == [] and floor == 0  # no policy: the machine's own save decides (none)
     assert c.applied == 20 and c.applying is None and c.stranded is False
-    assert c.query(20, "now", 0, 1000) == Verdict.ANSWER
+    assert c.query(20, "now", 0, 1000) == QueryVerdict.ANSWER
     assert c.batch_done(21) == ["q21"]
 
 

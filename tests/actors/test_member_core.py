@@ -61,10 +61,12 @@ class Host:
                 self.watching.append(run)
                 continue
             self.performed.append(run.action)
-            value = {sv.Ping: {}, sv.Deactivate: 0, rp.Submit: False}.get(type(run.action))
+            value = {sv.Ping: {}, sv.DeactivateDispatchers: 0, rp.Submit: False}.get(
+                type(run.action)
+            )
             if isinstance(run.action, sv.CheckerStepDown):
                 value = []
-            self.step(mc.Answered(run.pid, value))
+            self.step(mc.ProcessAnswered(run.pid, value))
 
     def lead(self) -> None:
         """Tick until elected (every peer votes for us) and in office."""
@@ -78,7 +80,7 @@ def test_a_role_change_from_the_elector_runs_the_role_process_to_ready() -> None
     h = Host(["n0"])
     h.lead()
     kinds = [type(a).__name__ for a in h.performed]
-    assert kinds[:2] == ["Sleep", "Install"] and "Ready" in kinds
+    assert kinds[:2] == ["Sleep", "SetUpHelpers"] and "Ready" in kinds
     notes = [n for o in h.outs for n in o.notes if isinstance(n, RoleChange)]
     assert notes and notes[-1].role is Role.LEADER
     assert h.watching, "once ready, the core watches the helpers itself"
@@ -97,7 +99,9 @@ def test_an_append_is_one_round_announced_registered_and_answered() -> None:
     )
     assert [type(a) for a in h.performed] == [rp.Announce, rp.Register]
     rid = out.written.rid
-    out = h.step(mc.Resolved(Resolution(h.logic.state.current_term, None, [(rid, C.SUCCESS)])))
+    out = h.step(
+        mc.RoundsResolved(Resolution(h.logic.state.current_term, None, [(rid, C.SUCCESS)]))
+    )
     (fin,) = out.finished
     assert fin.ok and fin.calls[0][0] == "tok" and out.commits_moved
 
@@ -117,10 +121,10 @@ def test_a_failed_flush_ends_the_round_unknown_and_the_leadership_inside_the_cor
     h.carry = lambda out: h.outs.append(out)  # from now on, answer by hand
     out = h.step(mc.WriteRound())
     (announce,) = out.run
-    out = h.step(mc.Answered(announce.pid, None))
+    out = h.step(mc.ProcessAnswered(announce.pid, None))
     (flush,) = out.run
     assert isinstance(flush.action, sv.Flush)
-    out = h.step(mc.Answered(flush.pid, sv.Failed("EIO")))
+    out = h.step(mc.ProcessAnswered(flush.pid, sv.Failed("EIO")))
     assert [f.code for f in out.finished] == [C.DISK_ERROR]
     assert any(isinstance(n, RoleChange) and n.role is not Role.LEADER for n in out.notes)
     assert out.elector_moved and not h.logic.state.is_leader

@@ -15,10 +15,10 @@ from rayledger.actors.supervision import (
     CheckerConfigure,
     Failed,
     Helpers,
-    Install,
     Process,
     Queue,
     RoleQueue,
+    SetUpHelpers,
     Sleep,
     Supervisor,
 )
@@ -70,14 +70,14 @@ def test_a_booting_dispatcher_is_set_up_later_outside_the_lock() -> None:
     clock = iter(range(100, 1 << 30, 100))  # each answer 100 ms later: every wait ends
 
     def answer(a):
-        if isinstance(a, Install) and a.only == "n3" and booting:
+        if isinstance(a, SetUpHelpers) and a.only == "n3" and booting:
             return Answer(next(clock), Failed("no answer in time", timeout=True))
         return Answer(next(clock), None)
 
     actions = _run(sup.reconfigure(), answer)
     assert any(isinstance(a, Helpers) and "n3" in a.peers for a in actions)
     assert any(isinstance(a, CheckerConfigure) for a in actions)
-    installs = [a for a in actions if isinstance(a, Install)]
+    installs = [a for a in actions if isinstance(a, SetUpHelpers)]
     assert [a.only for a in installs] == ["n3"]  # one try under the lock, no wait
     later = actions[-1]
     assert isinstance(later, Beside) and not later.process.exclusive
@@ -88,7 +88,7 @@ def test_a_booting_dispatcher_is_set_up_later_outside_the_lock() -> None:
     assert again.exclusive
     booting = False
     tried = _run(again, answer)
-    assert [a.only for a in tried if isinstance(a, Install)] == ["n3"]
+    assert [a.only for a in tried if isinstance(a, SetUpHelpers)] == ["n3"]
     assert not any(isinstance(a, Beside) for a in tried)  # set up: nothing more
     assert ("dispatcher", "n3") in sup.heard
 

@@ -103,7 +103,7 @@ def test_sync_flush_registers_only_after_the_flush_and_counts_only_the_flushed_c
 def test_a_failed_flush_fails_the_round_and_costs_the_leadership(synced) -> None:
     w = _written(synced, b"a")
     acts = _run(synced.send(w, fast=False), {sv.Flush: sv.Failed("EIO")})
-    assert [type(a) for a in acts] == [rp.Announce, sv.Flush, sv.Finish, sv.StepDown]
+    assert [type(a) for a in acts] == [rp.Announce, sv.Flush, sv.Finish, sv.GiveUpLeadership]
     assert acts[2].outcomes == [(w.rid, C.DISK_ERROR)]  # stored: outcome unknown
     assert "EIO" in acts[3].why
 

@@ -18,14 +18,14 @@ from rayledger.actors.supervision import (
     CHECKER,
     Answer,
     CheckerStepDown,
-    Deactivate,
+    DeactivateDispatchers,
     Failed,
     HandOver,
-    Install,
     Ping,
     Process,
     Ready,
     Replace,
+    SetUpHelpers,
     Sleep,
     Supervisor,
 )
@@ -74,11 +74,11 @@ def _run_hung(proc: Process, now: int, limit: int = 200, until: type | None = No
         if until is not None and isinstance(action, until):
             break
         value = None
-        if isinstance(action, (CheckerStepDown, Install)):
+        if isinstance(action, (CheckerStepDown, SetUpHelpers)):
             assert 0 < action.timeout_ms <= CONFIG.rpc_timeout_ms, action
             now += action.timeout_ms
             value = Failed("no answer", timeout=True)
-        elif isinstance(action, Deactivate):
+        elif isinstance(action, DeactivateDispatchers):
             assert 0 < action.timeout_ms <= CONFIG.rpc_timeout_ms, action
             now += action.timeout_ms
             value = len(PEERS) - 1
@@ -108,7 +108,7 @@ def test_a_hung_checker_does_not_keep_the_member_from_leading_again() -> None:
     first = proc.start()
     while isinstance(first, Sleep):
         first = proc.send(Answer(ended, None))
-    assert isinstance(first, Install) and first.term == 5 and m.leading_term == 5
+    assert isinstance(first, SetUpHelpers) and first.term == 5 and m.leading_term == 5
 
 
 def test_a_new_leader_with_hung_helpers_replaces_them_then_hands_over() -> None:
@@ -192,7 +192,7 @@ def test_a_hung_helper_is_replaced_while_its_leader_is_a_candidate_for_a_moment(
 
 def test_a_watch_begun_before_a_helper_reported_its_start_still_catches_it_hanging() -> None:
     """CI (stop 33): the checker's "I started" call reached the member after its first
-    Install had answered, so the watch began while that helper still counted as booting and
+    SetUpHelpers had answered, so the watch began while that helper still counted as booting and
     kept the 30 s start-up wait for the whole term: a checker SIGSTOPped later was caught
     only after 30 s, and the Ray test gave up first.  The wait follows what is known now."""
     sup = _supervisor()

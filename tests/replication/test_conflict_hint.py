@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from rayledger.actors.logic import LeaderInfo, LeaderView
+from rayledger.actors.dispatcher_logic import LeaderView
 from rayledger.integration.bench.divergent import converge
 from rayledger.replication import (
     DispatcherState,
@@ -18,6 +18,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
+from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, store_with

@@ -66,13 +66,7 @@ from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic, Resolution
-from rayledger.actors.dispatcher_logic import (
-    CachedBatch,
-    DispatcherDriver,
-    DispatcherLogic,
-    Fetch,
-    Inline,
-)
+from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherDriver, DispatcherLogic, Fetch
 from rayledger.actors.logic import MemberLogic
 from rayledger.actors.member_core import MemberCore
 from rayledger.actors.round_path import RoundPath
@@ -89,7 +83,7 @@ from rayledger.election.messages import (
     VoteResponse,
 )
 from rayledger.replication import ReplicationConfig
-from rayledger.replication.messages import PushEntryRequest, PushEntryResponse, PushType
+from rayledger.replication.messages import Inline, PushEntryRequest, PushEntryResponse, PushType
 from rayledger.storage import LedgerError, MemoryStore, StoreConfig
 
 GROUP = "g"
@@ -588,14 +582,14 @@ class Env:
     def _answer_action(self, node: Node, pid: int, call: Callable | None) -> None:
         value = call(node) if call is not None else None
         if not node.dead:
-            self._carry(node, node.core.step(mc.Answered(pid, value), self.now), pid)
+            self._carry(node, node.core.step(mc.ProcessAnswered(pid, value), self.now), pid)
 
     def _perform(self, node: Node, a: Any) -> Any:
         """An action carried out at once: the helpers are on this node and answer (only
         ``restart-checker`` takes one away, and Ray brings it back)."""
         if isinstance(a, rp.Announce):
             for d in node.drivers.values():
-                self._soon(node, d.deliver, dl.Announced(a.a))
+                self._soon(node, d.deliver, dl.RoundAnnounced(a.a))
             return None
         if isinstance(a, rp.Register):
             args = (a.term, a.first, a.last, a.rid, a.leader_mark, a.config)
@@ -604,12 +598,12 @@ class Env:
         if isinstance(a, sv.Sleep | sv.FastStop | sv.Ready):
             return None  # no wait, no readers, no compiled path in the script
         if isinstance(a, sv.CheckerStepDown):
-            return node.checker_driver.deliver(ck.StepDown(a.new_term))
-        if isinstance(a, sv.Deactivate):
+            return node.checker_driver.deliver(ck.LeadershipEnded(a.new_term))
+        if isinstance(a, sv.DeactivateDispatchers):
             for d in node.drivers.values():
                 d.deliver(dl.Deactivate(a.term))
             return 0
-        if isinstance(a, sv.Install):
+        if isinstance(a, sv.SetUpHelpers):
             if not node.dispatchers:  # its first term: its helpers start now
                 self._ensure_dispatchers(node, node.supervisor.dispatcher_peers())
             if a.only is None:
@@ -669,7 +663,7 @@ class Env:
         self._step(node, mc.PeerProgress(peer, term, wm))
 
     def _on_resolved(self, node: Node, r: Resolution) -> None:
-        self._step(node, mc.Resolved(r))
+        self._step(node, mc.RoundsResolved(r))
 
     # -- the member: appends ---------------------------------------------------------------
     def cmd_propose(self, mid: str, *bodies: str) -> None:

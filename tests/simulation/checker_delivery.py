@@ -17,9 +17,9 @@ from rayledger.actors.checker_logic import (
     GraphBegin,
     GraphEnd,
     GraphReport,
+    LeadershipEnded,
     Report,
     Resolution,
-    StepDown,
 )
 
 from .node_state import Node
@@ -69,7 +69,7 @@ class CheckerDelivery:
     def _c_step_down(self, node: Node, term: int) -> list:
         if self._c_hung(node):
             return PARK
-        return node.checker_driver.deliver(StepDown(term))
+        return node.checker_driver.deliver(LeadershipEnded(term))
 
     def _c_pid(self, node: Node) -> int:
         if self._c_hung(node):

@@ -14,7 +14,6 @@ from dataclasses import replace
 
 from rayledger.actors.dispatcher_logic import (
     Activate,
-    Announced,
     CachedBatch,
     Committed,
     Deactivate,
@@ -24,13 +23,14 @@ from rayledger.actors.dispatcher_logic import (
     Fetched,
     GraphAck,
     GraphPush,
-    Inline,
     PushAnswered,
     Reported,
+    RoundAnnounced,
 )
 from rayledger.actors.fastpath_logic import GraphRound
 from rayledger.actors.graph_events import GraphBegin, GraphEnd
 from rayledger.replication import PushEntryRequest, PushType
+from rayledger.replication.messages import Inline
 from rayledger.storage import LedgerError, ResponseCode
 
 from .node_state import NeedWatch, Node
@@ -135,7 +135,7 @@ class DispatcherDelivery:
         if not self._d_hung(node, peer) and not self._d_removed(
             node, peer
         ):  # else lost with the process when it is killed
-            node.dispatcher_drivers[peer].deliver(Announced(a))
+            node.dispatcher_drivers[peer].deliver(RoundAnnounced(a))
 
     def _d_on_committed(self, node: Node, peer: str, term: int, index: int) -> None:
         if not self._d_hung(node, peer) and not self._d_removed(node, peer):

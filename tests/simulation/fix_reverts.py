@@ -305,7 +305,7 @@ def _role_lock(patch: Callable) -> None:
     def set_up_added(self, term, peers, give_up):
         for peer in peers:
             while self.logic.leads(term):
-                done = yield sv.Install(term, self.logic.term_start_index,
+                done = yield sv.SetUpHelpers(term, self.logic.term_start_index,
                                         self.logic.leader_info(), self.rpc_ms, peer)  # fmt: skip
                 if not isinstance(done.value, sv.Failed):
                     self.heard.add(("dispatcher", peer))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayledger.actors import member_core as mc
-from rayledger.actors.machine_core import Verdict
+from rayledger.actors.machine_core import QueryVerdict
 from rayledger.actors.reads import Consistency
 from rayledger.storage import LedgerError
 
@@ -214,7 +214,7 @@ class KvHistory:
             verdict = node.applier.core.query(limit, token, now, KV_GET_TIMEOUT_MS)
         except LedgerError:
             return  # the machine failed: no answer
-        if verdict == Verdict.ANSWER:
+        if verdict == QueryVerdict.ANSWER:
             self._m_answer(node, token)
         else:
             self._at(node, now + KV_GET_TIMEOUT_MS, self._m_expire, node)

@@ -38,7 +38,7 @@ from typing import Any
 
 from rayledger.actors import supervision as sv
 from rayledger.actors.machine import Applier, MachineContext, StateMachine, load_machine
-from rayledger.actors.machine_core import AskReady, Install, Rebase, Verdict
+from rayledger.actors.machine_core import AskReady, Install, QueryVerdict, Rebase
 from rayledger.actors.read_path import run_to_end
 from rayledger.actors.snapshot_policy import SnapshotConfig
 from rayledger.election.configuration import CONFIG_CHANNEL
@@ -421,7 +421,7 @@ class MachineDelivery:
         timeout = rng.randint(*MACHINE_QUERY_TIMEOUT_MS)
         verdict = core.query(index, token, now, timeout)  # raises once failed
         self.stats["machine_queries"] += 1
-        if verdict == Verdict.ANSWER:
+        if verdict == QueryVerdict.ANSWER:
             self._m_answer(node, token)
         else:
             self.stats["machine_query_waits"] += 1

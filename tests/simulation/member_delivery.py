@@ -10,12 +10,12 @@ from rayledger.actors import member_core as mc
 from rayledger.actors import round_path as rp
 from rayledger.actors import supervision as sv
 from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.logic import Announcement
 from rayledger.actors.read_path import AskLeader, WaitCommitted
 from rayledger.actors.reads import Consistency
 from rayledger.actors.rounds import Finished
 from rayledger.election import RoleChange
 from rayledger.election.messages import LeadershipTransferRequest
+from rayledger.replication.messages import Announcement
 from rayledger.storage import LedgerError, ResponseCode
 
 from .clients import ClientAppend, ClientRead, ClientReadReply, ClientReply, LeaderReadIndex
@@ -92,7 +92,7 @@ class MemberDelivery:
         """One action of a core's process, then its answer stepped in (an action that takes
         no time is answered in this very step)."""
         value = yield from self._perform(node, run.action)
-        self._step(node, mc.Answered(run.pid, value))
+        self._step(node, mc.ProcessAnswered(run.pid, value))
 
     def _maintain(self, node: Node) -> None:
         """``MemberActor._maintain``: tick, then sleep until the elector's next deadline
@@ -169,13 +169,13 @@ class MemberDelivery:
             self.net.note(f"{node.id} stops leading (now {a.new_term})")
             (resolved,) = yield Timed(a.timeout_ms, [lambda: self._c_step_down(node, a.new_term)])
             return self._failed(resolved) or resolved
-        if isinstance(a, sv.Deactivate):
+        if isinstance(a, sv.DeactivateDispatchers):
             calls = [(lambda p=p: self._d_deactivate(node, p, a.term)) for p in node.dispatchers]
             done = yield Timed(a.timeout_ms, calls)
             return sum(1 for r in done if r is TIMEOUT)
         if isinstance(a, sv.Flush):
             return (yield from self._disk_flush(node))
-        if isinstance(a, sv.Install):
+        if isinstance(a, sv.SetUpHelpers):
             # MemberActor._create_helpers (ensure_helpers): a member's first term starts them,
             # once; later the configuration's changes (Helpers) add and stop dispatchers
             if not node.helpers_made:
@@ -338,7 +338,7 @@ class MemberDelivery:
 
     def _m_on_resolved(self, node: Node, r: Resolution) -> None:
         """``MemberActor.on_resolved``: from the checker, or the compiled graph's output."""
-        self._step(node, mc.Resolved(r))
+        self._step(node, mc.RoundsResolved(r))
 
     def _answer_round(self, node: Node, fin: Finished) -> None:
         node.round_born.pop(fin.rid, None)

@@ -32,16 +32,11 @@ import pytest
 from rayledger.actors import checker_logic as ck
 from rayledger.actors import dispatcher_logic as dl
 from rayledger.actors.checker_logic import CheckerLogic
-from rayledger.actors.dispatcher_logic import DispatcherLogic
-from rayledger.actors.logic import (
-    CachedBatch,
-    Inline,
-    MemberLogic,
-    StartLeading,
-    StopLeading,
-)
+from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherLogic
+from rayledger.actors.logic import MemberLogic, StartLeading, StopLeading
 from rayledger.election import MemoryTermStore, Role
 from rayledger.replication import PushEntryRequest
+from rayledger.replication.messages import Inline
 from rayledger.storage import MemoryStore, StoreConfig
 
 from .group_sim import SIM_ELECTION, SIM_REPLICATION, SIM_STORE
@@ -157,7 +152,7 @@ class FiveMembers:
         """What the member's shell does with ``leadership()``: set up or stop its helpers."""
         for change in self.logic[mid].leadership():
             if isinstance(change, StopLeading):
-                self.chk[mid].step(ck.StepDown(change.new_term), self.now)
+                self.chk[mid].step(ck.LeadershipEnded(change.new_term), self.now)
                 # the dispatchers' deactivate(term) is left in flight: see stale()
             else:
                 assert isinstance(change, StartLeading)
@@ -175,7 +170,7 @@ class FiveMembers:
         rnd = lg.write_round([(None, bodies)], term)
         a = lg.announcement(rnd)
         for p, d in self.disp[mid].items():
-            if d.step(dl.Announced(a), self.now):
+            if d.step(dl.RoundAnnounced(a), self.now):
                 self.push(mid, p)
         self.chk[mid].step(
             ck.AddRound(term, rnd.first_index, rnd.last_index, next(self.rids), lg.water_mark()),

@@ -5,7 +5,9 @@ simulation injects, and fails on the code before its fix.
 * a checker that learns configuration changes late (its leader's role lock held by a
   dispatcher that never starts) while the leader carries on its own membership plan;
 * appends queued behind a configuration entry on a leader that loses its term;
-* reads in flight while a change leaves the leader its group's only voter.
+* reads in flight while a change leaves the leader its group's only voter;
+* a lease confirmed by the old voters, then two changes and the leader cut off (safe by
+  pre-vote even with the lease kept across the changes).
 """
 
 from __future__ import annotations
@@ -176,6 +178,66 @@ def test_reads_in_flight_when_a_change_leaves_the_leader_the_only_voter(seed):
         sim.run_for(1000)
         assert _served_by_leaders(sim) > served  # the leader alone serves reads
         _heal_and_check(sim)
+    except SimulationFailure as exc:
+        pytest.fail(str(exc).split("\n")[0])
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("reverted", [False, True], ids=["fixed", "lease-kept"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_leader_is_elected_inside_a_lease_confirmed_before_two_changes(seed, reverted):
+    """Lease reads at the leader L of {L, A, B} with B cut off from L; the operator adds N
+    (L, A and N acknowledge it) and removes A (L and N do): {B, N} is a majority of the new
+    configuration, and B never confirmed L's lease.  L is then cut off from everyone.
+
+    A lease confirmed by the old voters must not be trusted under the new ones, so a change
+    ends it (the fix).  Pre-vote alone already covers it: each configuration's entry was
+    acknowledged by a majority of that configuration after the lease's round went out, and
+    a member that acknowledged L grants no pre-vote for a heartbeat timeout (longer than the
+    lease), so every majority that could elect holds one that waits.  The run shows it with
+    the lease kept across both changes too: no leader is elected before L's lease runs out,
+    and every lease read answered holds every acknowledged append."""
+    import contextlib
+
+    from .fix_reverts import revert
+    from .sim_config import LEASE_ELECTION
+
+    sim = GroupSim(3, seed, store_kind="memory", replication=sim_config_for(seed), spares=1,
+                   clients=1, election=LEASE_ELECTION, test_name="lease_two_changes",
+                   **{**QUIET, "readers": 3, "readers_stay": True, "follower_reads": 0.0})  # fmt: skip
+    try:
+        with revert("lease-config") if reverted else contextlib.nullcontext():
+            _run_until(sim, lambda: _ready_leader(sim) is not None
+                       and _ready_leader(sim).store.committed_index >= 5)  # fmt: skip
+            L = _ready_leader(sim)
+            A, B = [p for p in ("n0", "n1", "n2") if p != L.id]
+            N = "n3"
+            clog = L.node.logic.config_log
+            reads = L.node.core.reads
+            _run_until(sim, lambda: reads.lease_holds(L.state.current_term, sim.clock.now_ms))
+            confirmed = reads._lease[1]  # the lease before the changes
+            sim.net.cut_both(L.id, B)
+            sim._step(L.node, mc.ChangeMembers(Op.ADD, N, None, ""))
+            _run_until(sim, lambda: N in clog.latest().voters
+                       and not clog.pending(L.store.committed_index))  # fmt: skip
+            sim._step(L.node, mc.ChangeMembers(Op.REMOVE, A, None, ""))
+            _run_until(sim, lambda: A not in clog.latest().members
+                       and not clog.pending(L.store.committed_index))  # fmt: skip
+            term = L.state.current_term
+            _run_until(sim, lambda: reads.lease_holds(term, sim.clock.now_ms))
+            until = reads._lease[1]  # L serves lease reads until then
+            if reverted:  # the lease of the old voters outlived both changes
+                assert until >= confirmed
+            cut_at = sim.clock.now_ms
+            for p in (A, N):
+                sim.net.cut_both(L.id, p)
+            others = [sim.members[p] for p in (B, N)]
+            _run_until(sim, lambda: any(m.alive and m.state.is_leader
+                                        and m.state.current_term > term for m in others))  # fmt: skip
+            assert sim.clock.now_ms >= until, (cut_at, until, sim.clock.now_ms)
+            sim.net.heal()
+            _heal_and_check(sim)
     except SimulationFailure as exc:
         pytest.fail(str(exc).split("\n")[0])
     finally:
