@@ -5,9 +5,8 @@ a user of the group needs only this package.
 """
 
 from rayledger import storage as _storage
+from rayledger.actors.config import LedgerConfig
 from rayledger.storage import *  # noqa: F403  (re-exported: see storage.__all__)
-
-from .config import LedgerConfig
 
 _LAZY = {
     "LedgerClient": ".client",

@@ -1,4 +1,4 @@
-"""The :class:`~.pump.Loop` of a Ray actor: its running asyncio loop and a monotonic clock."""
+"""The :class:`~rayledger.actors.core.pump.Loop` of a Ray actor: its running asyncio loop and a monotonic clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .pump import Handle
+from rayledger.actors.core.pump import Handle
 
 
 class AsyncioLoop:

@@ -1,11 +1,11 @@
-"""QuorumAckCheckerActor: the Ray transport of the leader's :class:`~.checker_logic.CheckerLogic`.
+"""QuorumAckCheckerActor: the Ray transport of the leader's :class:`~rayledger.actors.core.checker.CheckerLogic`.
 
 The leader registers every round it stores (:meth:`add_round`); dispatchers report their
 followers' water marks (:meth:`report`); a compiled graph reports both at once
 (:meth:`cg_report`, on the graph's thread).  The core decides everything -- the committed
 index (Raft section 5.4.2: only entries of the current term commit directly), which
 rounds succeed, time out (WAIT_QUORUM_ACK_TIMEOUT) or lose their term, when the
-dispatchers hear of a commit -- and :class:`~.checker_logic.CheckerDriver` carries its
+dispatchers hear of a commit -- and :class:`~rayledger.actors.core.checker.CheckerDriver` carries its
 answers out: to the leader as one :meth:`MemberActor.on_resolved` call per loop turn, to
 the dispatchers as ``on_committed``.  This actor only makes those Ray calls.
 """
@@ -16,11 +16,9 @@ import asyncio
 import os
 
 import ray
-from rayledger.replication.messages import LeaderInfo
-from rayledger.storage import LedgerError, ResponseCode
-
-from .aioloop import AsyncioLoop
-from .checker_logic import (
+from rayledger.actors.aioloop import AsyncioLoop
+from rayledger.actors.config import LedgerConfig
+from rayledger.actors.core.checker import (
     AddRound,
     BecomeLeader,
     CheckerDriver,
@@ -33,7 +31,8 @@ from .checker_logic import (
     Report,
     Resolution,
 )
-from .config import LedgerConfig
+from rayledger.replication.messages import LeaderInfo
+from rayledger.storage import LedgerError, ResponseCode
 
 
 class _CheckerRayPorts:

@@ -28,7 +28,7 @@ without an answer (its deadline, a refusal for good) may leave a hole in its ses
 sequences, which a leader would refuse (OUT_OF_ORDER_SEQUENCE) for every later one: the
 client then leaves the session behind, and its appends that cannot be stored anywhere go on
 in a new one, while those that may be stored keep their identity (never sent under
-another).  Those decisions are made in :mod:`.client_session` (sans-I/O, shared with the
+another).  Those decisions are made in :mod:`rayledger.actors.core.client_session` (sans-I/O, shared with the
 simulation's clients).
 """
 
@@ -48,18 +48,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from rayledger.election import Role
-from rayledger.replication.sessions import NONCE_BITS, new_client_id
-from rayledger.storage import (
-    Entry,
-    InvalidRequestError,
-    LedgerError,
-    NotLeaderError,
-    OutcomeUnknownError,
-    ResponseCode,
-)
-
-from .client_session import (
+from rayledger.actors.core.client_session import (
     RETRY_BEFORE_STORE,
     Action,
     Answered,
@@ -70,10 +59,20 @@ from .client_session import (
     SessionOut,
     outcome_of,
 )
-from .naming import NAMESPACE, group_members, member_handle
-from .reads import Consistency
-from .rounds import Spread
-from .types import AppendResult
+from rayledger.actors.core.reads import Consistency
+from rayledger.actors.core.rounds import Spread
+from rayledger.actors.naming import NAMESPACE, group_members, member_handle
+from rayledger.actors.types import AppendResult
+from rayledger.election import Role
+from rayledger.replication.sessions import NONCE_BITS, new_client_id
+from rayledger.storage import (
+    Entry,
+    InvalidRequestError,
+    LedgerError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    ResponseCode,
+)
 
 log = logging.getLogger("rayledger.actors")
 
@@ -738,7 +737,7 @@ class LedgerClient:
         self, index: int, consistency: str = "linearizable", member: str | None = None
     ) -> Entry:
         """The committed entry at ``index``.  ``consistency``: ``"linearizable"`` (read index,
-        the default), ``"lease"`` or ``"committed"`` (see actors/reads.py); ``member`` serves
+        the default), ``"lease"`` or ``"committed"`` (see actors/core/reads.py); ``member`` serves
         the read from that member (or ``"any"``) instead of the leader.
 
         Every entry of the log comes back, as the log holds it: a term's first entry has an

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from rayledger.actors.core.snapshot_policy import SnapshotConfig
 from rayledger.election import ElectionConfig
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import LedgerError, ResponseCode, StoreConfig
-
-from .snapshot_policy import SnapshotConfig
 
 
 @dataclass

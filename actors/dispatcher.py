@@ -1,10 +1,10 @@
 """EntryDispatcherActor: the Ray transport of one leader -> follower
-:class:`~.dispatcher_logic.DispatcherLogic`.
+:class:`~rayledger.actors.core.dispatcher.DispatcherLogic`.
 
 The member announces every round it stores (the bytes inline, or one ObjectRef for a
 large round); the core decides what to push, what to fetch from the member, when to
 report to the checker and to the member's elector, and
-:class:`~.dispatcher_logic.DispatcherDriver` runs it on this actor's loop.  This shell
+:class:`~rayledger.actors.core.dispatcher.DispatcherDriver` runs it on this actor's loop.  This shell
 only makes the calls: pushes to the follower (with the link faults tests inject and a
 timeout), term-fenced fetches from the member, reports to the checker, and the compiled
 graph's entry points.
@@ -19,14 +19,9 @@ import time
 from dataclasses import replace
 
 import ray
-from rayledger.replication import PushEntryRequest
-from rayledger.replication.messages import Announcement, Inline, LeaderInfo
-from rayledger.storage import LedgerError, ResponseCode
-from rayledger.storage.reader import StoreReader
-
-from .aioloop import AsyncioLoop
-from .config import LedgerConfig
-from .dispatcher_logic import (
+from rayledger.actors.aioloop import AsyncioLoop
+from rayledger.actors.config import LedgerConfig
+from rayledger.actors.core.dispatcher import (
     Activate,
     CachedBatch,
     Committed,
@@ -41,12 +36,16 @@ from .dispatcher_logic import (
     Reported,
     RoundAnnounced,
 )
-from .faults import LinkDown, LinkFaults
-from .graph_events import GraphBegin, GraphEnd
-from .metrics import PeerMetrics
-from .naming import NAMESPACE, actor_name
-from .priority import set_background
-from .wire import out_of_band
+from rayledger.actors.core.graph_events import GraphBegin, GraphEnd
+from rayledger.actors.faults import LinkDown, LinkFaults
+from rayledger.actors.metrics import PeerMetrics
+from rayledger.actors.naming import NAMESPACE, actor_name
+from rayledger.actors.priority import set_background
+from rayledger.actors.wire import out_of_band
+from rayledger.replication import PushEntryRequest
+from rayledger.replication.messages import Announcement, Inline, LeaderInfo
+from rayledger.storage import LedgerError, ResponseCode
+from rayledger.storage.reader import StoreReader
 
 log = logging.getLogger("rayledger.actors")
 

@@ -35,10 +35,9 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-
-from .aioloop import AsyncioLoop
-from .checker_logic import Resolution
-from .fastpath_logic import (
+from rayledger.actors.aioloop import AsyncioLoop
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.fastpath import (
     PARK_MS,
     RETRY_MS,
     Began,
@@ -50,7 +49,7 @@ from .fastpath_logic import (
     GraphFailed,
     GraphRound,
 )
-from .ray_compat import compile_options
+from rayledger.actors.ray_compat import compile_options
 
 log = logging.getLogger("rayledger.actors")
 
@@ -60,11 +59,11 @@ __all__ = ["FastPath", "GraphRound"]
 
 
 class FastPath:
-    """The leader's side: the Ray transport of a :class:`~.fastpath_logic.FastPathLogic`.
+    """The leader's side: the Ray transport of a :class:`~rayledger.actors.core.fastpath.FastPathLogic`.
 
     It runs on a thread and event loop of its own, so compiling a graph (about a second
     of CPU) never stalls the member's loop or its heartbeats.  ``on_output(r)`` (a
-    :class:`~.checker_logic.Resolution`, as the checker sends) gets every answer of the checker nodes and ``on_fallback(items)``
+    :class:`~rayledger.actors.core.checker.Resolution`, as the checker sends) gets every answer of the checker nodes and ``on_fallback(items)``
     the (announcement, rounds) that were queued or in flight when the graph was abandoned
     (they must travel again as plain calls); both are called on ``main_loop``.  The core
     decides; this class compiles, tells the helpers, submits in order and collects.

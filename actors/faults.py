@@ -12,7 +12,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from .ray_compat import check_ray_version, kv_del, kv_get, kv_put
+from rayledger.actors.ray_compat import check_ray_version, kv_del, kv_get, kv_put
 
 
 class LinkDown(Exception):

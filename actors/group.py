@@ -13,19 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from rayledger.actors.client import LedgerClient
+from rayledger.actors.config import LedgerConfig
+from rayledger.actors.core.membership import (
+    Membership,
+    Op,
+    check_live_quorum,
+    check_node,
+    choose_node,
+)
+from rayledger.actors.faults import LinkFaults, load_faults, save_faults
+from rayledger.actors.member.actor import spawn_member
+from rayledger.actors.naming import NAMESPACE, actor_name, group_members
+from rayledger.actors.placement import alive_nodes, forget_node, member_nodes
+from rayledger.actors.types import MemberStatus
 from rayledger.election import Role
 from rayledger.election.configuration import Configuration
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.metafile import ensure_writable_dir
-
-from .client import LedgerClient
-from .config import LedgerConfig
-from .faults import LinkFaults, load_faults, save_faults
-from .member import spawn_member
-from .membership import Membership, Op, check_live_quorum, check_node, choose_node
-from .naming import NAMESPACE, actor_name, group_members
-from .placement import alive_nodes, forget_node, member_nodes
-from .types import MemberStatus
 
 log = logging.getLogger("rayledger.actors")
 
@@ -72,7 +77,7 @@ def _left(deadline: float) -> float:
 
 
 class LedgerGroup:
-    """A handle on a group of :class:`~.member.MemberActor`; cheap to create, any driver can hold one."""
+    """A handle on a group of :class:`~rayledger.actors.member.actor.MemberActor`; cheap to create, any driver can hold one."""
 
     def __init__(
         self, name: str, members: Sequence[str], store_dir: str | None, config: LedgerConfig

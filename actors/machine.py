@@ -3,7 +3,7 @@
 A group names its machine by import path in ``LedgerConfig(state_machine="pkg.mod:Class")``;
 every member imports it and builds its own instance (never unpickled from disk).  The
 member drives it through :class:`Applier`, whose runner core
-(:class:`~.machine_core.MachineCore`) makes every decision around it; both are Ray-free,
+(:class:`~rayledger.actors.core.machine.MachineCore`) makes every decision around it; both are Ray-free,
 so the simulation runs the same code:
 
 * ``open(ctx)`` once per member lifetime; returns the last index the machine has applied
@@ -53,12 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayledger.actors.core.machine import MachineCore
+from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.election import Role
 from rayledger.storage import Entry, LedgerError, ResponseCode
 from rayledger.storage.snapshots import SnapshotStore
-
-from .machine_core import MachineCore
-from .snapshot_policy import SnapshotConfig, SnapshotPolicy
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,7 @@ def load_quietly(machine: StateMachine, path: str, index: int) -> None:
 
 class SnapshotShelf:
     """A member's sealed snapshots as it offers them to followers below its begin (see
-    :class:`~.logic.SnapshotSource`): the newest that verifies -- each checked once, by
+    :class:`~rayledger.actors.core.member_logic.SnapshotSource`): the newest that verifies -- each checked once, by
     checksum -- and one by (index, term)."""
 
     def __init__(self, store: SnapshotStore):
@@ -185,7 +184,7 @@ class SnapshotShelf:
 
 
 class Applier:
-    """A machine and its runner core (:class:`~.machine_core.MachineCore`): the calls into
+    """A machine and its runner core (:class:`~rayledger.actors.core.machine.MachineCore`): the calls into
     the machine, each checked and recorded by the core.  ``run`` and ``ask_*`` only call the
     machine (the machine's thread); the shell tells the core what came of them on its
     own thread.  ``apply`` and ``role_changed`` do both, for a caller with one thread."""

@@ -120,7 +120,7 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
 
     def lease_allowed(self, term: int) -> bool:
         """Whether this member may serve a lease read in ``term`` (a lease that also has not
-        run out: :class:`~rayledger.actors.reads.ReadIndexLogic`).  A lease rests on pre-vote:
+        run out: :class:`~rayledger.actors.core.reads.ReadIndexLogic`).  A lease rests on pre-vote:
         a quorum that heard from this leader grants no pre-vote for a heartbeat timeout.  A
         transferee skips pre-vote, so the lease is void from the moment a transfer starts,
         and once a take order has gone out in ``term``, for the rest of ``term``: giving the

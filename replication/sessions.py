@@ -26,7 +26,7 @@ instead of stored twice, as long as clients' clocks are no more than half a TTL 
 their leaders' (docs/SAFETY.md).
 
 Sans-I/O: no clock (stamps are handed in), no Ray, no store reads.  The decisions it
-returns (:class:`Verdict`) are acted on by the leader's round book (``actors/rounds.py``).
+returns (:class:`Verdict`) are acted on by the leader's round book (``actors/core/rounds.py``).
 """
 
 from __future__ import annotations

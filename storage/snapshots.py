@@ -15,7 +15,7 @@ the directory into place: a crash leaves the old snapshots and a temp directory,
 half-written snapshot under a final name.  :meth:`SnapshotStore.verify` re-hashes a
 snapshot before it is loaded; a damaged one is skipped (logged) in favour of an older one.
 Which snapshots to keep and when to take one is decided elsewhere
-(:class:`~rayledger.actors.snapshot_policy.SnapshotPolicy`).
+(:class:`~rayledger.actors.core.snapshot_policy.SnapshotPolicy`).
 
 A snapshot travels to a lagging follower as one byte stream: its files in ``meta.json``
 order, cut into chunks at any offset.  The leader reads a chunk with :meth:`read`; the

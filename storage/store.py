@@ -166,7 +166,7 @@ class LogStore:
         # lock others need (the member actor) sets this and calls flush() itself, unlocked.
         self.defer_sync = False
         # the first index the cleaner must keep (None: no floor): what this member's state
-        # machine needs to come back after a restart (see actors/snapshot_policy.py)
+        # machine needs to come back after a restart (see actors/core/snapshot_policy.py)
         self.keep_from: int | None = None
         self.ledger_begin_index = 0
         self.ledger_end_index = -1

@@ -1,6 +1,6 @@
 """What the member's sans-I/O core costs per append, without Ray (``rayledger bench core``).
 
-A one-member group's :class:`~rayledger.actors.member_core.MemberCore` over a memory store
+A one-member group's :class:`~rayledger.actors.core.member.MemberCore` over a memory store
 is stepped as its transport steps it -- a client append, the round written at the end of
 the turn, the round's actions answered (announce, register), its resolution -- so the
 figure is the decisions' own CPU per append cycle, to set beside an append's
@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 import time
 
-from rayledger.actors import member_core as mc
-from rayledger.actors import supervision as sv
-from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.logic import MemberLogic
+from rayledger.actors.core import member as mc
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig

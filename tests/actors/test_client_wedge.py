@@ -7,8 +7,8 @@ later appends flow again at once, the unknown one is still reported unknown, and
 that may be stored under one identity is ever sent under another (it could commit twice).
 
 The member here is a scripted leader over the shipped SessionTable and refusal codes
-(``actors/rounds.py``); the client is the shipped LedgerClient; the decisions are
-``actors/client_session.py``'s, also tested on their own below.
+(``actors/core/rounds.py``); the client is the shipped LedgerClient; the decisions are
+``actors/core/client_session.py``'s, also tested on their own below.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from rayledger.actors import client as client_module
 from rayledger.actors.client import LedgerClient
-from rayledger.actors.client_session import (
+from rayledger.actors.core.client_session import (
     Action,
     Answered,
     ClientSessions,
@@ -34,7 +34,7 @@ from rayledger.actors.client_session import (
     Why,
     outcome_of,
 )
-from rayledger.actors.rounds import _REFUSED, Spread
+from rayledger.actors.core.rounds import _REFUSED, Spread
 from rayledger.replication.sessions import SessionTable, Verdict
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 

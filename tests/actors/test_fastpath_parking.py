@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayledger.actors.fastpath_logic import (
+from rayledger.actors.core.fastpath import (
     Admits,
     Began,
     Built,

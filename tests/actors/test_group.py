@@ -21,12 +21,7 @@ from groupcheck import (
     stop_writers,
     wait_until,
 )
-from rayledger.actors import (
-    LedgerClient,
-    LedgerError,
-    LedgerGroup,
-    ResponseCode,
-)
+from rayledger.actors import LedgerClient, LedgerError, LedgerGroup, ResponseCode
 from rayledger.election import Role
 
 pytestmark = pytest.mark.ray

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rayledger.actors.checker_logic import (
+from rayledger.actors.core.checker import (
     COMMIT_NOTICE_MS,
     AddRound,
     BecomeLeader,
@@ -13,7 +13,7 @@ from rayledger.actors.checker_logic import (
     LeadershipEnded,
     Report,
 )
-from rayledger.actors.dispatcher_logic import (
+from rayledger.actors.core.dispatcher import (
     LEARNER_REPORT_MS,
     PROGRESS_MS,
     REPORT_RETRY_MS,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rayledger.actors import member_leadership as ml
-from rayledger.actors import supervision as sv
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.member import leadership as ml
 
 
 class _Part(ml.LeadershipPart):

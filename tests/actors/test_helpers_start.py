@@ -4,7 +4,7 @@ memory and CPU), then keeps them while it follows."""
 
 from __future__ import annotations
 
-from rayledger.actors.supervision import (
+from rayledger.actors.core.supervision import (
     CHECKER,
     HELPER_START_MS,
     Answer,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import ray
 from groupcheck import Outcomes, Writer, check_history, stop_writers
-from rayledger.actors.rounds import Spread
+from rayledger.actors.core.rounds import Spread
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode, SessionError
 
 pytestmark = pytest.mark.ray

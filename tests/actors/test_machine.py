@@ -154,7 +154,7 @@ def test_every_member_snapshots_its_machine_and_keeps_the_newest(make_group):
     """Every ``snapshot_every_entries`` applied entries each member writes a checksummed
     snapshot of its KV machine off the machine's thread and keeps the newest
     ``snapshot_keep``."""
-    from rayledger.actors.snapshot_policy import SnapshotPolicy
+    from rayledger.actors.core.snapshot_policy import SnapshotPolicy
     from rayledger.integration.kv.machine import read_snapshot
     from rayledger.storage.snapshots import SnapshotStore
 

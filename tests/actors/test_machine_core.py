@@ -1,13 +1,13 @@
-"""The state-machine runner's core (actors/machine_core.py), stepped by hand (no Ray): what
+"""The state-machine runner's core (actors/core/machine.py), stepped by hand (no Ray): what
 to apply next, when queries are answered or fail, readiness for a term, failures."""
 
 from __future__ import annotations
 
 import pytest
+from rayledger.actors.core.machine import READY_POLL_MS, AskReady, Batch, MachineCore, QueryVerdict
+from rayledger.actors.core.read_path import run_to_end
+from rayledger.actors.core.supervision import Answer, Failed, Sleep
 from rayledger.actors.machine import Applier, MachineContext, StateMachine
-from rayledger.actors.machine_core import READY_POLL_MS, AskReady, Batch, MachineCore, QueryVerdict
-from rayledger.actors.read_path import run_to_end
-from rayledger.actors.supervision import Answer, Failed, Sleep
 from rayledger.election import Role
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
@@ -160,7 +160,7 @@ def _new_leader_actions(machine_answer) -> list:
     """The actions of a machine-running member's role change into leading term 3, then of
     the processes it starts beside it (``Beside``), every ``WaitMachine`` answered
     ``machine_answer`` (the rest None)."""
-    from rayledger.actors.supervision import Beside, WaitMachine
+    from rayledger.actors.core.supervision import Beside, WaitMachine
     from test_role_lock import elected
 
     sup = elected(machine=True)
@@ -186,7 +186,7 @@ def test_a_leader_with_a_machine_watches_its_helpers_while_it_waits_for_it():
     meanwhile is set up again under the lock, and the commits the machine waits for need
     it (the all-features simulation: a leader never ready, its restarted dispatchers never
     set up for its term)."""
-    from rayledger.actors.supervision import (
+    from rayledger.actors.core.supervision import (
         Beside,
         MachineRole,
         Ready,
@@ -212,7 +212,7 @@ def test_a_leader_whose_machine_is_stranded_hands_leadership_on():
     up only from a snapshot another leader sends it: elected, its member hands leadership
     on instead of holding the term unready (the all-features simulation's seed 111005 led
     that way, never ready, for good)."""
-    from rayledger.actors.supervision import MACHINE_STRANDED, HandOver, Ready
+    from rayledger.actors.core.supervision import MACHINE_STRANDED, HandOver, Ready
 
     c = MachineCore("n0", applied=-1)
     c.stranded = True
@@ -227,8 +227,8 @@ def test_a_leader_stranded_before_its_first_batch_is_not_ready():
     that begins at 290; elected before a batch was due, it is stranded all the same (it
     was ready, its machine never applied again, and a new member waited for a snapshot
     this leader did not have)."""
-    from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
-    from rayledger.actors.supervision import MACHINE_STRANDED
+    from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
+    from rayledger.actors.core.supervision import MACHINE_STRANDED
 
     c = MachineCore("n0", applied=-1, snapshots=SnapshotPolicy(SnapshotConfig(), -1, []))
     assert _drive(c.wait_ready(lambda: True, lambda: 290), []) == ([], MACHINE_STRANDED)
@@ -243,7 +243,7 @@ def test_no_snapshot_is_cut_where_the_log_was_reset_past_the_machine():
     """A follower's log was reset past its machine while a batch was applied: the cut's
     term is gone from the log (the snapshot could not be sealed), and the machine goes on
     from the leader's snapshot instead."""
-    from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+    from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 
     c = MachineCore(
         "n0", applied=40, snapshots=SnapshotPolicy(SnapshotConfig(every_entries=10), -1, [])

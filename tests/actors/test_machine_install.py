@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from rayledger.actors.dispatcher_logic import (
+from rayledger.actors.core.dispatcher import (
     Activate,
     DispatcherLogic,
     Fetch,
@@ -15,8 +15,8 @@ from rayledger.actors.dispatcher_logic import (
     LeaderView,
     PushAnswered,
 )
-from rayledger.actors.machine_core import Batch, Install, MachineCore, QueryVerdict, Rebase
-from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+from rayledger.actors.core.machine import Batch, Install, MachineCore, QueryVerdict, Rebase
+from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import (
     DispatcherState,
     NotCached,
@@ -68,7 +68,7 @@ def test_an_offer_waits_for_the_batch_in_flight() -> None:
 def test_a_machine_far_behind_applies_larger_batches() -> None:
     """More than CATCH_UP batches behind (a restart replaying its log), batches are
     CATCH_UP times larger: each costs a read and two hops besides its entries."""
-    from rayledger.actors.machine_core import CATCH_UP
+    from rayledger.actors.core.machine import CATCH_UP
 
     c = MachineCore("n0", applied=4, max_batch=3)
     assert c.due(4 + CATCH_UP * 3) == (5, 8)  # not far behind

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rayledger.actors.core.snapshot_policy import SnapshotConfig
 from rayledger.actors.machine import Applier, MachineContext, StateMachine
-from rayledger.actors.snapshot_policy import SnapshotConfig
 from rayledger.integration.kv.machine import KvMachine, set_command
 from rayledger.storage import Entry
 

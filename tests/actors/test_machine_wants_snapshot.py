@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rayledger.actors.dispatcher_logic import Activate, DispatcherLogic, Fetched, PushAnswered
-from rayledger.actors.machine_core import Install, MachineCore
-from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+from rayledger.actors.core.dispatcher import Activate, DispatcherLogic, Fetched, PushAnswered
+from rayledger.actors.core.machine import Install, MachineCore
+from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import DispatcherState, PushEntryResponse, PushType, ReplicationConfig
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode

@@ -1,4 +1,4 @@
-"""MemberCore (actors/member_core.py): the member's one way in, stepped by hand as the Ray
+"""MemberCore (actors/core/member.py): the member's one way in, stepped by hand as the Ray
 member, the simulation and the script tests step it -- events in, a MemberOut back."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from rayledger.actors import member_core as mc
-from rayledger.actors import round_path as rp
-from rayledger.actors import supervision as sv
-from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.read_path import Confirm
-from rayledger.actors.reads import Consistency
+from rayledger.actors.core import member as mc
+from rayledger.actors.core import round_path as rp
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.read_path import Confirm
+from rayledger.actors.core.reads import Consistency
 from rayledger.election import ElectionConfig, MemoryTermStore, Role, RoleChange
 from rayledger.election.messages import (
     HeartbeatResponse,

@@ -1,11 +1,11 @@
-"""The leader's membership decisions (actors/membership.py), without Ray: what a request
+"""The leader's membership decisions (actors/core/membership.py), without Ray: what a request
 becomes, when a learner is promoted and a replaced member removed, which lost members get
 a replacement and where."""
 
 from __future__ import annotations
 
 import pytest
-from rayledger.actors.membership import (
+from rayledger.actors.core.membership import (
     GONE,
     Membership,
     Op,

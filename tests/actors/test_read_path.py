@@ -1,14 +1,14 @@
-"""The read path's decisions (actors/read_path.py), stepped by hand: what a read waits for,
+"""The read path's decisions (actors/core/read_path.py), stepped by hand: what a read waits for,
 when a lease answers alone, and which error a reader gets."""
 
 from __future__ import annotations
 
 import pytest
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.read_path import Confirm, ReadPath, WaitCommitted, run_to_end
-from rayledger.actors.reads import Consistency, ReadIndexLogic
-from rayledger.actors.supervision import Answer, Failed
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.read_path import Confirm, ReadPath, WaitCommitted, run_to_end
+from rayledger.actors.core.reads import Consistency, ReadIndexLogic
+from rayledger.actors.core.supervision import Answer, Failed
 from rayledger.election import MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import LedgerError, MemoryStore, ResponseCode, StoreConfig

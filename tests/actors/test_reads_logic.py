@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rayledger.actors.reads import CommitWaiters, Consistency, ReadIndexLogic
+from rayledger.actors.core.reads import Consistency, ReadIndexLogic
+from rayledger.actors.member.reads import CommitWaiters
 from rayledger.storage import LedgerError, ResponseCode
 
 PEERS = ["n0", "n1", "n2", "n3", "n4"]

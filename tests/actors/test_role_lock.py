@@ -1,4 +1,4 @@
-"""The role lock (actors/supervision.py, sans-I/O): what waits for it, and in which order.
+"""The role lock (actors/core/supervision.py, sans-I/O): what waits for it, and in which order.
 
 A dispatcher added by a configuration change boots for seconds on Ray; its set-up must not
 hold the lock meanwhile, and a helper Ray restarted must be set up again before a
@@ -7,9 +7,9 @@ reconfiguration: the term's commits wait for it."""
 from __future__ import annotations
 
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.rounds import RoundBook
-from rayledger.actors.supervision import (
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.rounds import RoundBook
+from rayledger.actors.core.supervision import (
     Answer,
     Beside,
     CheckerConfigure,
@@ -111,7 +111,7 @@ def test_a_leader_elected_again_in_its_term_goes_on_waiting_for_its_machine() ->
     """A moment as a candidate, elected again in the same term, runs no role change: the
     wait for the machine must go on, or the member leads that term never ready, its
     heartbeats holding the others off."""
-    from rayledger.actors.supervision import Ready, WaitMachine
+    from rayledger.actors.core.supervision import Ready, WaitMachine
 
     sup = _leader()
     sup.machine = True

@@ -1,13 +1,13 @@
-"""RoundPath (actors/round_path.py): what a written round does next, stepped by hand as the
+"""RoundPath (actors/core/round_path.py): what a written round does next, stepped by hand as the
 Ray member and the simulation step it."""
 
 from __future__ import annotations
 
 import pytest
-from rayledger.actors import round_path as rp
-from rayledger.actors import supervision as sv
-from rayledger.actors.logic import MemberLogic, StopLeading
-from rayledger.actors.rounds import RoundBook
+from rayledger.actors.core import round_path as rp
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.member_logic import MemberLogic, StopLeading
+from rayledger.actors.core.rounds import RoundBook
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import FileStore, MemoryStore, ResponseCode, StoreConfig
@@ -124,7 +124,7 @@ def test_followers_answer_after_a_flush_only_when_the_store_defers_it(plain, syn
 
 
 def test_the_role_queue_runs_one_at_a_time_a_role_change_first(plain) -> None:
-    """RoleQueue (actors/supervision.py): the simulation's and the script tests' role lock."""
+    """RoleQueue (actors/core/supervision.py): the simulation's and the script tests' role lock."""
     book = plain.book
     q = sv.RoleQueue(sv.Supervisor(plain.logic, book, ["n0", "n1", "n2"], 100, 300))
     restore = sv.Process("restore", iter(()), exclusive=True)

@@ -1,12 +1,12 @@
-"""RoundBook (actors/rounds.py): group commit into rounds, as the Ray member and the
+"""RoundBook (actors/core/rounds.py): group commit into rounds, as the Ray member and the
 simulation both run it."""
 
 from __future__ import annotations
 
 import pytest
-from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.rounds import RoundBook
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.rounds import RoundBook
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.rounds import RoundBook, Spread
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.rounds import RoundBook, Spread
 from rayledger.replication import ReplicationConfig
 from rayledger.storage import (
     LedgerError,

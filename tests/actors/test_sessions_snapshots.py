@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from rayledger.actors.logic import MemberLogic
+from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
 from rayledger.replication.sessions import SESSIONS_FILE, Verdict

@@ -1,4 +1,4 @@
-"""SnapshotPolicy (actors/snapshot_policy.py): when to snapshot, what to keep, where to
+"""SnapshotPolicy (actors/core/snapshot_policy.py): when to snapshot, what to keep, where to
 start from and how far the log may be compacted."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rayledger.actors.snapshot_policy import SnapshotConfig, SnapshotPolicy
+from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.storage import LedgerError, ResponseCode
 
 

@@ -5,16 +5,16 @@ leadership on.  On 24eedd2 ``_stop_leading`` awaited ``checker.step_down`` with 
 while holding the role lock: re-elected, the member never ran ``leadership()`` and refused
 every append with LEADER_NOT_READY while its heartbeats kept the others from campaigning.
 
-The decisions live in :class:`~rayledger.actors.supervision.Supervisor`; these tests are
+The decisions live in :class:`~rayledger.actors.core.supervision.Supervisor`; these tests are
 its transport, with helpers that never answer: every call is answered, after its own
 time-out, with ``Failed``.  The Ray version is in test_safety_review.py."""
 
 from __future__ import annotations
 
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.rounds import RoundBook
-from rayledger.actors.supervision import (
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.rounds import RoundBook
+from rayledger.actors.core.supervision import (
     CHECKER,
     Answer,
     CheckerStepDown,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.reads import ReadIndexLogic
+from rayledger.actors.core.reads import ReadIndexLogic
 from rayledger.election import ElectionConfig, Elector, LeadershipTransferRequest, Role, Send
 
 RPC_MS = 3000  # a request or answer on a cut link is lost: the caller learns None after this

@@ -31,7 +31,7 @@ def timeout_after(refusal: LedgerError | None) -> LedgerError:
         (LedgerError.of(RC.DISK_FULL), ST.SERVICE_NOT_AVAILABLE),
         (LedgerError.of(RC.LEADER_PENDING_FULL), ST.OS_PAGECACHE_BUSY),
         (LedgerError.of(RC.WAIT_QUORUM_ACK_TIMEOUT), ST.OS_PAGECACHE_BUSY),
-        # the member stored it, no quorum acked in time (actors/round_path.py decides the code)
+        # the member stored it, no quorum acked in time (actors/core/round_path.py decides the code)
         (OutcomeUnknownError(RC.WAIT_QUORUM_ACK_TIMEOUT, "not acked"), ST.OS_PAGECACHE_BUSY),
         (OutcomeUnknownError(RC.APPEND_OUTCOME_UNKNOWN, "member died"), ST.UNKNOWN_ERROR),
         (OutcomeUnknownError(RC.TERM_CHANGED, "lost its term"), ST.UNKNOWN_ERROR),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from rayledger.actors.dispatcher_logic import LeaderView
+from rayledger.actors.core.dispatcher import LeaderView
 from rayledger.integration.bench.divergent import converge
 from rayledger.replication import (
     DispatcherState,

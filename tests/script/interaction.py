@@ -60,17 +60,17 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rayledger.actors import checker_logic as ck
-from rayledger.actors import dispatcher_logic as dl
-from rayledger.actors import member_core as mc
-from rayledger.actors import round_path as rp
-from rayledger.actors import supervision as sv
-from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic, Resolution
-from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherDriver, DispatcherLogic, Fetch
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.member_core import MemberCore
-from rayledger.actors.round_path import RoundPath
-from rayledger.actors.rounds import RoundBook
+from rayledger.actors.core import checker as ck
+from rayledger.actors.core import dispatcher as dl
+from rayledger.actors.core import member as mc
+from rayledger.actors.core import round_path as rp
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.checker import CheckerDriver, CheckerLogic, Resolution
+from rayledger.actors.core.dispatcher import CachedBatch, DispatcherDriver, DispatcherLogic, Fetch
+from rayledger.actors.core.member import MemberCore
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.round_path import RoundPath
+from rayledger.actors.core.rounds import RoundBook
 from rayledger.election import ElectionConfig
 from rayledger.election.member_state import MemoryTermStore
 from rayledger.election.messages import (
@@ -147,7 +147,7 @@ class _Timer:
 
 
 class ScriptLoop:
-    """A helper's :class:`~rayledger.actors.pump.Loop` in the script: the script's clock,
+    """A helper's :class:`~rayledger.actors.core.pump.Loop` in the script: the script's clock,
     ``call_soon`` onto the node-local queue, timers the script's clock fires."""
 
     __slots__ = ("env", "node")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from interaction import Env, parse
-from rayledger.actors import logic
+from rayledger.actors.core import member_logic as logic
 from rayledger.election import configuration
 
 SCRIPT = Path(__file__).parent / "testdata" / "single_server_change.txt"

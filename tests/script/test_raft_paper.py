@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from interaction import GROUP, Env
-from rayledger.actors.checker_logic import BecomeLeader, Report
+from rayledger.actors.core.checker import BecomeLeader, Report
 from rayledger.election import Role
 from rayledger.election.messages import HeartbeatRequest, VoteRequest, VoteResult
 from rayledger.replication.messages import PushEntryRequest, PushType

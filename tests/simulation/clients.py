@@ -2,7 +2,7 @@
 member they believe leads, over delayed actor calls, and the checks on every answer.
 
 An idempotent client (``Client.session``) gives its appends identities as LedgerClient does,
-by the same sans-I/O decisions (:class:`~rayledger.actors.client_session.ClientSessions`):
+by the same sans-I/O decisions (:class:`~rayledger.actors.core.client_session.ClientSessions`):
 it retries an unknown outcome under the same identity, gives an append up at its deadline
 (``Client.deadline_ms``, else the simulation's ``client_deadline_ms``; None: never) and then
 leaves the session behind, and keeps up to ``Client.pipeline`` appends in flight.  A gap
@@ -16,7 +16,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field, replace
 
-from rayledger.actors.client_session import (
+from rayledger.actors.core.client_session import (
     GAP_CODES,
     RETRY_BEFORE_STORE,
     Action,

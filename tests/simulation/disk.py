@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from rayledger.actors import supervision as sv
+from rayledger.actors.core import supervision as sv
 from rayledger.storage import LedgerError, ResponseCode
 
 from .node_state import Node

@@ -1,5 +1,5 @@
 """``EntryDispatcherActor`` (actors/dispatcher.py) in the whole-group simulation: the shipped
-:class:`~rayledger.actors.dispatcher_logic.DispatcherDriver` on a node's loop, its pushes
+:class:`~rayledger.actors.core.dispatcher.DispatcherDriver` on a node's loop, its pushes
 carried by the network, its fetches and reports as node-local calls.  Delivery only, plus
 two checks on what it carries (a fetch livelock, a COMMIT the follower cannot explain) --
 and dispatcher processes that die (Ray restarts them at once) or hang (a SIGSTOP: calls
@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
-from rayledger.actors.dispatcher_logic import (
+from rayledger.actors.core.dispatcher import (
     Activate,
     CachedBatch,
     Committed,
@@ -27,8 +27,8 @@ from rayledger.actors.dispatcher_logic import (
     Reported,
     RoundAnnounced,
 )
-from rayledger.actors.fastpath_logic import GraphRound
-from rayledger.actors.graph_events import GraphBegin, GraphEnd
+from rayledger.actors.core.fastpath import GraphRound
+from rayledger.actors.core.graph_events import GraphBegin, GraphEnd
 from rayledger.replication import PushEntryRequest, PushType
 from rayledger.replication.messages import Inline
 from rayledger.storage import LedgerError, ResponseCode

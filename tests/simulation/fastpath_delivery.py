@@ -1,5 +1,5 @@
 """``FastPath`` (actors/fastpath.py) in the whole-group simulation: the shipped
-:class:`~rayledger.actors.fastpath_logic.FastPathDriver` on the node's fast-path loop, with a
+:class:`~rayledger.actors.core.fastpath.FastPathDriver` on the node's fast-path loop, with a
 "graph" of in-order channels (one chain per follower) as its transport, and the seeded
 faults that switch it on and off or stall a channel.  Delivery only: the core decides when
 to build, what goes through, the watchdog and the fallback."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.fastpath_logic import (
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.fastpath import (
     Began,
     Built,
     Collected,

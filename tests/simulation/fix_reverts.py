@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from rayledger.actors import client_session as cs
-from rayledger.actors.fastpath_logic import FastPathLogic
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.machine_core import MachineCore
-from rayledger.actors.membership import Membership
-from rayledger.actors.reads import ReadIndexLogic
-from rayledger.actors.round_path import RoundPath
-from rayledger.actors.rounds import RoundBook
-from rayledger.actors.supervision import Supervisor
+from rayledger.actors.core import client_session as cs
+from rayledger.actors.core.fastpath import FastPathLogic
+from rayledger.actors.core.machine import MachineCore
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.membership import Membership
+from rayledger.actors.core.reads import ReadIndexLogic
+from rayledger.actors.core.round_path import RoundPath
+from rayledger.actors.core.rounds import RoundBook
+from rayledger.actors.core.supervision import Supervisor
 from rayledger.election.messages import VoteResult
 from rayledger.election.voting import VotingSteps
 from rayledger.integration.kv.machine import KvMachine
@@ -253,7 +253,7 @@ def _machine_ahead(patch: Callable) -> None:
 def _gone_spawns(patch: Callable) -> None:
     """Only the leader that stopped a replacement removes it: Ray's view does not say a
     member's process is gone (its node is unknown, as before it started)."""
-    from rayledger.actors.membership import GONE
+    from rayledger.actors.core.membership import GONE
 
     real, real_lost = Membership.stopped_spawns, Membership.lost
     patch(Membership, "stopped_spawns", lambda self, current, nodes=None: real(self, current))
@@ -288,7 +288,7 @@ def _stranded_at_start(patch: Callable) -> None:
 def _role_lock(patch: Callable) -> None:
     """A reconfiguration waits under the role lock for a booting dispatcher, and a helper's
     restore waits behind reconfigurations."""
-    from rayledger.actors import supervision as sv
+    from rayledger.actors.core import supervision as sv
 
     def next_(self):
         if self._again:
@@ -339,9 +339,9 @@ def _reset_term_floor(patch: Callable) -> None:
 
 def _read_index_end(patch: Callable) -> None:
     """A leader's read index is its committed index, which its followers may be past."""
-    from rayledger.actors.read_path import Confirm, ReadPath
-    from rayledger.actors.reads import Consistency
-    from rayledger.actors.supervision import Failed
+    from rayledger.actors.core.read_path import Confirm, ReadPath
+    from rayledger.actors.core.reads import Consistency
+    from rayledger.actors.core.supervision import Failed
 
     def leader_read(self, c, deadline):
         lg = self.logic

@@ -1,14 +1,14 @@
 """Deterministic simulation of whole groups: elect, append, replicate, commit, crash, recover.
 
-Every member runs the logic the Ray actors ship (:mod:`rayledger.actors.logic`):
-one :class:`~rayledger.actors.logic.MemberLogic` (store, MemberState, elector,
+Every member runs the logic the Ray actors ship (:mod:`rayledger.actors.core.member_logic`):
+one :class:`~rayledger.actors.core.member_logic.MemberLogic` (store, MemberState, elector,
 entry handler, admission, rounds), one
-:class:`~rayledger.actors.logic.DispatcherLogic` per peer and one
-:class:`~rayledger.actors.logic.CheckerLogic`, over a real store (a
+:class:`~rayledger.actors.core.member_logic.DispatcherLogic` per peer and one
+:class:`~rayledger.actors.core.member_logic.CheckerLogic`, over a real store (a
 :class:`~rayledger.storage.MemoryStore` that survives crashes as a disk would,
 or a :class:`~rayledger.storage.FileStore` in a temp dir that is closed on a
 crash and reopened from its files).  The simulation is only their transport,
-and it carries the events the way ``actors/member.py``, ``actors/dispatcher.py``,
+and it carries the events the way ``actors/member/actor.py``, ``actors/dispatcher.py``,
 ``actors/checker.py`` and ``actors/fastpath.py`` do:
 
 * between nodes, the seeded network of :mod:`.network`: votes, heartbeats,
@@ -78,8 +78,8 @@ import random
 import tempfile
 from dataclasses import dataclass
 
-from rayledger.actors import member_core as mc
-from rayledger.actors.reads import Consistency
+from rayledger.actors.core import member as mc
+from rayledger.actors.core.reads import Consistency
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.election.messages import HeartbeatRequest, LeadershipTransferRequest
 from rayledger.replication import PushEntryRequest, PushType, ReplicationConfig

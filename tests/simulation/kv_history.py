@@ -5,7 +5,7 @@ On the seeds that run the KV machine with ``kv_getters``, every KV command a cli
 first sends it, completed when an append carrying it is acknowledged (a compare-and-set's
 outcome is the one the machines recorded at its index), and of unknown outcome when it never
 is.  KV getters ask any member for a key at any consistency, as ``MemberActor.query`` serves
-it: the shipped read path (:class:`~rayledger.actors.member_core.ReadIndex`), then this
+it: the shipped read path (:class:`~rayledger.actors.core.member.ReadIndex`), then this
 member's committed index as the limit, and the machine answers once it applied that far
 (``MachineCore.query``).  Linearizable and lease gets enter the history (a get without an
 answer is dropped: it changed nothing); committed gets may lag and are not checked.
@@ -22,9 +22,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayledger.actors import member_core as mc
-from rayledger.actors.machine_core import QueryVerdict
-from rayledger.actors.reads import Consistency
+from rayledger.actors.core import member as mc
+from rayledger.actors.core.machine import QueryVerdict
+from rayledger.actors.core.reads import Consistency
 from rayledger.storage import LedgerError
 
 from .clients import ClientAppend, ClientReply

@@ -2,14 +2,14 @@
 
 A seeded fault loses a member's node for good: its process dies and never comes back (Ray
 reports the node dead).  The leader hears Ray's view of the nodes each second, as
-``MemberActor._watch_nodes`` delivers it (:class:`~rayledger.actors.member_core.ClusterView`);
+``MemberActor._watch_nodes`` delivers it (:class:`~rayledger.actors.core.member.ClusterView`);
 the shipped core decides when a member is lost long enough and where its replacement goes
-(:meth:`~rayledger.actors.membership.Membership.lost`), and hands out a
-:class:`~rayledger.actors.membership.Spawn`.  This mixin carries it out as
+(:meth:`~rayledger.actors.core.membership.Membership.lost`), and hands out a
+:class:`~rayledger.actors.core.membership.Spawn`.  This mixin carries it out as
 ``MemberActor._spawn`` does: start the new member on the chosen node (an empty disk, the
 configuration of the spawn as its first), ask this leader to replace the lost member with it
 (``change_members("replace", ...)``, again while LEADER_NOT_READY), and step
-:class:`~rayledger.actors.member_core.SpawnDone`; the member it started is stopped
+:class:`~rayledger.actors.core.member.SpawnDone`; the member it started is stopped
 (``ray.kill``) when the core says so (its change refused; not when it may be written).  Nothing decides here but when a node is lost.
 """
 
@@ -20,8 +20,8 @@ import random
 import shutil
 from dataclasses import dataclass
 
-from rayledger.actors import member_core as mc
-from rayledger.actors.membership import GONE, Op, Spawn
+from rayledger.actors.core import member as mc
+from rayledger.actors.core.membership import GONE, Op, Spawn
 from rayledger.election import MemoryTermStore
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -118,7 +118,12 @@ class LostMembers:
         nodes = {mid: GONE if mid in self.killed else h for mid, h in self.host_of.items()}
         for m in self.members.values():
             if m.alive and m.state.is_leader:
-                self._step(m.node, mc.ClusterView(alive, nodes))
+                # a member the operator removed is stopped and its node forgotten
+                # (LedgerGroup.remove_member), until the operator adds it back
+                latest = m.node.logic.config_log.latest()
+                view = {k: v for k, v in nodes.items()
+                        if k not in self.operator_removed or k in latest}  # fmt: skip
+                self._step(m.node, mc.ClusterView(alive, view))
 
     # -- MemberActor._spawn ------------------------------------------------------------------
     def _spawn_member(self, node: Node, spawn: Spawn) -> None:

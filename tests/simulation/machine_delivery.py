@@ -1,9 +1,9 @@
-"""The state-machine runner (actors/machine_runner.py) in the whole-group simulation.
+"""The state-machine runner (actors/member/machine.py) in the whole-group simulation.
 
 On the seeds that run one, every member runs a real machine -- the KV example
 (``KvMachine``) or the RocketMQ commit log (``CommitLogMachine``) -- through the shipped
 :class:`~rayledger.actors.machine.Applier` and its core
-(:class:`~rayledger.actors.machine_core.MachineCore`), which decide what to apply next and
+(:class:`~rayledger.actors.core.machine.MachineCore`), which decide what to apply next and
 when a new leader's machine is ready.  This mixin is only their transport, as the Ray
 runner is: the machine's one thread is a queue in simulated time (an apply takes a seeded
 while, now and then a long one), the supervisor's ``MachineRole``/``WaitMachine`` are
@@ -36,11 +36,11 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from rayledger.actors import supervision as sv
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.machine import AskReady, Install, QueryVerdict, Rebase
+from rayledger.actors.core.read_path import run_to_end
+from rayledger.actors.core.snapshot_policy import SnapshotConfig
 from rayledger.actors.machine import Applier, MachineContext, StateMachine, load_machine
-from rayledger.actors.machine_core import AskReady, Install, QueryVerdict, Rebase
-from rayledger.actors.read_path import run_to_end
-from rayledger.actors.snapshot_policy import SnapshotConfig
 from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.integration.kv import set_command
 from rayledger.integration.rocketmq.commitlog import CommitLogMachine, offset_command

@@ -1,4 +1,4 @@
-"""``MemberActor`` (actors/member.py) in the whole-group simulation: ticks, role changes,
+"""``MemberActor`` (actors/member/actor.py) in the whole-group simulation: ticks, role changes,
 client appends written as rounds, and the answers of the helpers and the fast path."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from rayledger.actors import member_core as mc
-from rayledger.actors import round_path as rp
-from rayledger.actors import supervision as sv
-from rayledger.actors.checker_logic import Resolution
-from rayledger.actors.read_path import AskLeader, WaitCommitted
-from rayledger.actors.reads import Consistency
-from rayledger.actors.rounds import Finished
+from rayledger.actors.core import member as mc
+from rayledger.actors.core import round_path as rp
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.read_path import AskLeader, WaitCommitted
+from rayledger.actors.core.reads import Consistency
+from rayledger.actors.core.rounds import Finished
 from rayledger.election import RoleChange
 from rayledger.election.messages import LeadershipTransferRequest
 from rayledger.replication.messages import Announcement
@@ -27,7 +27,7 @@ from .sim_config import CHECKER_CONFIGURE_MS, MAINTAIN_MAX_SLEEP_MS
 
 class MemberDelivery:
     """The member's actor shell (a mixin of :class:`~.group_sim.GroupSim`): it steps the
-    shipped :class:`~rayledger.actors.member_core.MemberCore` with the events that reach
+    shipped :class:`~rayledger.actors.core.member.MemberCore` with the events that reach
     the node and carries out what the core returns (:meth:`_carry`)."""
 
     def _step(self, node: Node, ev) -> mc.MemberOut:
@@ -320,7 +320,7 @@ class MemberDelivery:
 
     def _write_round(self, node: Node) -> None:
         """Group commit: the queued appends become one store batch and one round, sent on
-        by the shipped round path (:class:`~rayledger.actors.round_path.RoundPath`)."""
+        by the shipped round path (:class:`~rayledger.actors.core.round_path.RoundPath`)."""
         fast = node.fast is not None and node.fast.logic.offered  # live or parked
         self._step(node, mc.WriteRound(fast, self.clock.now_ms + self._skew(node.id)))
 
@@ -389,7 +389,7 @@ class MemberDelivery:
 
 
 def _settled_reply(req_id: int, value, member: str) -> ClientReply:
-    """A retry's answer from the log (:class:`~rayledger.actors.rounds.Spread`), or its error."""
+    """A retry's answer from the log (:class:`~rayledger.actors.core.rounds.Spread`), or its error."""
     if isinstance(value, LedgerError):
         return ClientReply(req_id, value.code, leader_id=value.leader_id)
     idx = np.frombuffer(value.indexes, dtype=np.int64).tolist()

@@ -8,11 +8,11 @@ import os
 import random
 import shutil
 
-from rayledger.actors.checker_logic import CheckerLogic
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.dispatcher_logic import DispatcherLogic
-from rayledger.actors.logic import MemberLogic
-from rayledger.actors.member_core import MemberCore
+from rayledger.actors.core.checker import CheckerLogic
+from rayledger.actors.core.dispatcher import DispatcherLogic
+from rayledger.actors.core.member import MemberCore
+from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.election.configuration import FileConfigStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig

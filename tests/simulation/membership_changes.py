@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import random
 
-from rayledger.actors import member_core as mc
-from rayledger.actors.dispatcher_logic import DispatcherLogic
-from rayledger.actors.membership import Op, check_live_quorum
+from rayledger.actors.core import member as mc
+from rayledger.actors.core.dispatcher import DispatcherLogic
+from rayledger.actors.core.membership import Op, check_live_quorum
 from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
 from rayledger.storage import LedgerError
 
@@ -43,6 +43,7 @@ class MembershipChanges:
             if on and cut_removals else None
         )  # fmt: skip
         self.config_checked: dict[str, int] = {}  # member -> committed index checked
+        self.operator_removed: set[str] = set()  # members an operator removed or replaced
 
     def _membership_step(self, now: int) -> None:
         """Now and then an operator asks the member it believes leads for a change."""
@@ -88,6 +89,7 @@ class MembershipChanges:
             self.stats[f"change_refused_{exc.code.name}"] += 1
             return
         self.stats[f"change_{op}"] += 1
+        self.operator_removed.update([member] if op == Op.REMOVE else [old] if old else [])
         self.net.note(f"OPERATOR {node.id} takes {op} {member}" + (f" for {old}" if old else ""))
 
     def _a_leader(self, rng: random.Random) -> Node | None:
@@ -129,6 +131,7 @@ class MembershipChanges:
             self.stats[f"change_refused_{exc.code.name}"] += 1
             return
         self.stats["change_cut_remove"] += 1
+        self.operator_removed.add(member)
         self.net.note(f"OPERATOR {node.id} removes {member}, which it cannot reach")
 
     # -- the members' helpers follow their configuration ---------------------------------

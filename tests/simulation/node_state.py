@@ -8,16 +8,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayledger.actors.checker_logic import CheckerDriver, CheckerLogic
-from rayledger.actors.dispatcher_logic import DispatcherDriver, DispatcherLogic
-from rayledger.actors.fastpath_logic import FastPathDriver
-from rayledger.actors.logic import MemberLogic
+from rayledger.actors.core.checker import CheckerDriver, CheckerLogic
+from rayledger.actors.core.dispatcher import DispatcherDriver, DispatcherLogic
+from rayledger.actors.core.fastpath import FastPathDriver
+from rayledger.actors.core.member import MemberCore
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.reads import ReadIndexLogic
+from rayledger.actors.core.round_path import RoundPath
+from rayledger.actors.core.rounds import RoundBook
+from rayledger.actors.core.supervision import Supervisor
 from rayledger.actors.machine import Applier
-from rayledger.actors.member_core import MemberCore
-from rayledger.actors.reads import ReadIndexLogic
-from rayledger.actors.round_path import RoundPath
-from rayledger.actors.rounds import RoundBook
-from rayledger.actors.supervision import Supervisor
 from rayledger.election import TermStore
 from rayledger.election.configuration import MemoryConfigStore
 from rayledger.storage import LogStore

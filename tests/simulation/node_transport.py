@@ -70,7 +70,7 @@ class SimTimer:
 
 
 class SimLoop:
-    """One actor's :class:`~rayledger.actors.pump.Loop` on a simulated node: the clock, a
+    """One actor's :class:`~rayledger.actors.core.pump.Loop` on a simulated node: the clock, a
     call later in this turn, timers, and a hop from a graph's thread."""
 
     __slots__ = ("sim", "node", "lane", "actor", "gen")

@@ -7,7 +7,7 @@ import random
 from dataclasses import replace
 
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.rounds import MAX_ROUNDS as ROUNDBOOK_MAX_ROUNDS
+from rayledger.actors.core.rounds import MAX_ROUNDS as ROUNDBOOK_MAX_ROUNDS
 from rayledger.election import ElectionConfig
 from rayledger.replication import ReplicationConfig
 

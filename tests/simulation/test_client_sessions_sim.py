@@ -1,5 +1,5 @@
 """Idempotent clients that give appends up at a deadline, with several in flight, in the
-whole-group simulation: the shipped session decisions (actors/client_session.py) under
+whole-group simulation: the shipped session decisions (actors/core/client_session.py) under
 leader changes, drops, partitions and crashes.  Sessions are left behind and appends move
 to new ones, yet no body is committed twice; and once the faults stop, every client's
 appends commit again (none is wedged on a hole in its session)."""
@@ -10,7 +10,7 @@ import logging
 from collections import Counter
 
 import pytest
-from rayledger.actors.client_session import ClientSessions
+from rayledger.actors.core.client_session import ClientSessions
 
 from .group_sim import GroupSim, sim_config_for
 from .network import SimulationFailure, sim_seeds

@@ -29,11 +29,11 @@ import random
 from dataclasses import replace
 
 import pytest
-from rayledger.actors import checker_logic as ck
-from rayledger.actors import dispatcher_logic as dl
-from rayledger.actors.checker_logic import CheckerLogic
-from rayledger.actors.dispatcher_logic import CachedBatch, DispatcherLogic
-from rayledger.actors.logic import MemberLogic, StartLeading, StopLeading
+from rayledger.actors.core import checker as ck
+from rayledger.actors.core import dispatcher as dl
+from rayledger.actors.core.checker import CheckerLogic
+from rayledger.actors.core.dispatcher import CachedBatch, DispatcherLogic
+from rayledger.actors.core.member_logic import MemberLogic, StartLeading, StopLeading
 from rayledger.election import MemoryTermStore, Role
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.messages import Inline

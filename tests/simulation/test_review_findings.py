@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from rayledger.actors import member_core as mc
-from rayledger.actors.membership import Op
+from rayledger.actors.core import member as mc
+from rayledger.actors.core.membership import Op
 
 from . import member_delivery
 from .group_sim import GroupSim, sim_config_for

@@ -1,7 +1,7 @@
 """Read consistencies (Raft thesis 6.4): read index, leases, and waiting for a commit.
 
-Ray-free logic the member's shell drives (:mod:`.member_reads`), so a test can step it
-without a cluster.
+Ray-free logic the member's shell drives (:mod:`rayledger.actors.member.reads`), so a test
+can step it without a cluster.
 
 * ``linearizable`` (default): the leader records its committed index as the *read index*,
   confirms with a heartbeat round answered by a quorum that it still leads its term, then
@@ -27,12 +27,9 @@ Before either of the first two, a new leader must have committed an entry of its
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
-import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,49 +179,3 @@ class ReadIndexLogic:
             tokens += [t for t, _ in self.in_flight.tickets]
         self.in_flight, self._waiting, self._lease = None, [], (-1, -1)
         return tokens
-
-
-class CommitWaiters:
-    """Readers waiting for this member's committed index to reach an index."""
-
-    def __init__(self) -> None:
-        self._waiting: list[tuple[int, Any]] = []
-
-    def add(self, index: int, token: Any) -> None:
-        self._waiting.append((index, token))
-
-    def reached(self, committed: int) -> list[Any]:
-        """Tokens whose index is now committed (they leave the list)."""
-        if not self._waiting:
-            return []
-        done = [t for i, t in self._waiting if i <= committed]
-        if done:
-            self._waiting = [(i, t) for i, t in self._waiting if i > committed]
-        return done
-
-    def discard(self, token: Any) -> None:
-        self._waiting = [(i, t) for i, t in self._waiting if t is not token]
-
-    async def wait(
-        self,
-        index: int,
-        deadline: float,
-        kick: Callable[[], None],
-        too_late: Callable[[], LedgerError],
-        lock: AbstractContextManager | None = None,
-    ) -> None:
-        """Wait on the running loop until :meth:`reached` passes ``index``; ``kick`` runs
-        once the waiter is listed (to check at once), ``too_late()`` is raised at
-        ``deadline`` (``time.monotonic()``).  ``lock`` guards the list when other threads
-        touch it."""
-        guard = lock if lock is not None else nullcontext()
-        fut = asyncio.get_running_loop().create_future()
-        with guard:
-            self.add(index, fut)
-        kick()
-        try:
-            await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            with guard:
-                self.discard(fut)
-            raise too_late() from None

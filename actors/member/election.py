@@ -1,6 +1,6 @@
 """The member's elector on Ray: its clock, its messages to peers, and election RPCs.
 
-A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  The elector is ticked every
+A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`).  The elector is ticked every
 ``maintain_interval_ms`` (DLedger's ``maintainState``) on the election concurrency group's
 loop, beside the vote and heartbeat handlers, so a main loop busy with appends and pushes
 never delays a heartbeat.  Every event goes into the member's core; the role changes it
@@ -14,14 +14,13 @@ import logging
 import time
 
 import ray
+from rayledger.actors.core import member as mc
+from rayledger.actors.faults import LinkDown
+from rayledger.actors.futures import set_result
+from rayledger.actors.member.context import MemberContext, Part
+from rayledger.actors.naming import now_ms
 from rayledger.election.messages import TransferOutcome
 from rayledger.storage import LedgerError, ResponseCode
-
-from . import member_core as mc
-from .faults import LinkDown
-from .futures import set_result
-from .member_context import MemberContext, Part
-from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 

@@ -3,9 +3,9 @@ its elector, its follower-side handler, its leadership's rounds and announcement
 messages it gives its helpers (:class:`LeaderInfo`, :class:`Announcement`, :class:`Round`).
 
 Events go in and actions come out, ``now_ms`` passed in; the Ray member
-(:mod:`.member`) and the simulation (``tests/simulation``) only deliver them, so the seeded
+(:mod:`rayledger.actors.member.actor`) and the simulation (``tests/simulation``) only deliver them, so the seeded
 safety checks of the simulation run the code that ships.  The dispatcher's and checker's
-decisions are theirs (:mod:`.dispatcher_logic`, :mod:`.checker_logic`).
+decisions are theirs (:mod:`rayledger.actors.core.dispatcher`, :mod:`rayledger.actors.core.checker`).
 
 Helpers obey their member's term: every answer the member gives its
 dispatchers (:meth:`MemberLogic.read_for_push`, :meth:`MemberLogic.entry_meta`)
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from rayledger.actors.core.reads import ReadIndexLogic
 from rayledger.election import (
     ElectionConfig,
     Elector,
@@ -57,8 +58,6 @@ from rayledger.storage import (
     OutcomeUnknownError,
     ResponseCode,
 )
-
-from .reads import ReadIndexLogic
 
 __all__ = [
     "MemberLogic",
@@ -111,7 +110,7 @@ class Round:
 
 
 class SnapshotSource(Protocol):
-    """A member's machine snapshots (:class:`~.machine.Applier`): the newest that verifies,
+    """A member's machine snapshots (:class:`~rayledger.actors.machine.Applier`): the newest that verifies,
     one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
     (:class:`~rayledger.storage.snapshots.SnapshotStore`) that reads and installs them."""
 

@@ -1,6 +1,6 @@
 """The leader's appends between admission and answer: group commit into rounds.
 
-Sans-I/O (no Ray, no asyncio, no clock), so the Ray member (:mod:`.member_appends`) and the
+Sans-I/O (no Ray, no asyncio, no clock), so the Ray member (:mod:`rayledger.actors.member.appends`) and the
 whole-group simulation run the same decisions:
 
 * an admitted append waits in the queue; the queue is written as *one* store batch and one
@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.member_logic import MemberLogic, Round
 from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.replication.admission import not_leader
 from rayledger.replication.sessions import Verdict
@@ -46,9 +48,6 @@ from rayledger.storage.codec import (
     session_rows,
     with_session,
 )
-
-from .checker_logic import Resolution
-from .logic import MemberLogic, Round
 
 MAX_ROUNDS = 1  # rounds waiting for a quorum before new appends wait to join one round
 

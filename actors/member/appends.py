@@ -1,12 +1,12 @@
 """Appends on the leader: group commit into rounds, and their answers.
 
-A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  Every append that
+A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`).  Every append that
 arrives in one turn of the event loop joins one store batch and one replication round (the
-member core's :class:`~.rounds.RoundBook` decides, :class:`~.round_path.RoundPath` sends it
+member core's :class:`~rayledger.actors.core.rounds.RoundBook` decides, :class:`~rayledger.actors.core.round_path.RoundPath` sends it
 on).  A round is announced to the
-member's :class:`~.dispatcher.EntryDispatcherActor` s (one per peer), or through the
+member's :class:`~rayledger.actors.dispatcher.EntryDispatcherActor` s (one per peer), or through the
 compiled graph of the fast path, and registered with its
-:class:`~.checker.QuorumAckCheckerActor`, which answers with :meth:`AppendPart.on_resolved`
+:class:`~rayledger.actors.checker.QuorumAckCheckerActor`, which answers with :meth:`AppendPart.on_resolved`
 once a quorum stores it.
 """
 
@@ -19,17 +19,16 @@ from typing import Any
 
 import numpy as np
 import ray
+from rayledger.actors import wire
+from rayledger.actors.core import member as mc
+from rayledger.actors.core import round_path as rp
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.rounds import Finished, Written
+from rayledger.actors.fastpath import FastPath
+from rayledger.actors.futures import set_exception, set_result
+from rayledger.actors.member.context import MemberContext, Part
 from rayledger.replication.messages import Announcement, Inline, Payload, Ref
-
-from . import member_core as mc
-from . import round_path as rp
-from . import supervision as sv
-from . import wire
-from .checker_logic import Resolution
-from .fastpath import FastPath
-from .futures import set_exception, set_result
-from .member_context import MemberContext, Part
-from .rounds import Finished, Written
 
 log = logging.getLogger("rayledger.actors")
 
@@ -96,7 +95,7 @@ class AppendPart(Part):
     ):
         """Append a batch as leader; once a quorum stores it, returns ``(first index, term,
         positions)`` with the positions as little-endian int64 bytes (compact to send back),
-        or a :class:`~.rounds.Spread` for an idempotent retry answered from the log.
+        or a :class:`~rayledger.actors.core.rounds.Spread` for an idempotent retry answered from the log.
 
         The batch joins the round of everything appended in the same loop turn.
         """
@@ -120,7 +119,7 @@ class AppendPart(Part):
                 set_result(fut, value)
 
     def perform(self, action) -> Any:
-        """An action of a round (see :mod:`.round_path`), carried out at once."""
+        """An action of a round (see :mod:`rayledger.actors.core.round_path`), carried out at once."""
         if isinstance(action, rp.Register):
             self.ctx.checker.add_round.remote(action.term, action.first, action.last,
                                            action.rid, action.leader_mark, action.config)  # fmt: skip

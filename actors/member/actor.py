@@ -1,19 +1,19 @@
-"""MemberActor: the Ray transport of one member's :class:`~.logic.MemberLogic`.
+"""MemberActor: the Ray transport of one member's :class:`~rayledger.actors.core.member_logic.MemberLogic`.
 
 A thin async shell: it owns the Ray handles and the asyncio loop, and is built from parts,
-each owning its state (see :mod:`.member_context` for what they share and the one
+each owning its state (see :mod:`rayledger.actors.member.context` for what they share and the one
 concurrency model):
 
-* :class:`~.member_election.ElectionPart`: the elector's clock and messages, election RPCs;
-* :class:`~.member_leadership.LeadershipPart`: taking and leaving office, supervising the
+* :class:`~rayledger.actors.member.election.ElectionPart`: the elector's clock and messages, election RPCs;
+* :class:`~rayledger.actors.member.leadership.LeadershipPart`: taking and leaving office, supervising the
   helpers;
-* :class:`~.member_appends.AppendPart`: appends on the leader, grouped into rounds;
-* :class:`~.member_reads.ReadPart`: read index rounds, leases and the read RPCs.
+* :class:`~rayledger.actors.member.appends.AppendPart`: appends on the leader, grouped into rounds;
+* :class:`~rayledger.actors.member.reads.ReadPart`: read index rounds, leases and the read RPCs.
 
 Ray's methods live here and only hand their calls to a part.  Votes and heartbeats run in
 their own Ray concurrency group (their own thread and loop), so a queue of bulk pushes never
-delays them.  The helpers (a :class:`~.checker.QuorumAckCheckerActor` and one
-:class:`~.dispatcher.EntryDispatcherActor` per peer) are created by the member, on its node,
+delays them.  The helpers (a :class:`~rayledger.actors.checker.QuorumAckCheckerActor` and one
+:class:`~rayledger.actors.dispatcher.EntryDispatcherActor` per peer) are created by the member, on its node,
 and die with it.
 """
 
@@ -29,26 +29,13 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from rayledger.election import TransferOutcome
-from rayledger.election.configuration import Configuration
-from rayledger.replication import PushEntryRequest
-from rayledger.replication.messages import Inline
-from rayledger.storage import LedgerError, ResponseCode, open_store
-
-from . import round_path as rp
-from . import supervision as sv
-from .checker import QuorumAckCheckerActor
-from .checker_logic import Resolution
-from .config import LedgerConfig
-from .dispatcher import EntryDispatcherActor
-from .dispatcher_logic import CachedBatch
-from .faults import LinkFaults, load_faults
-from .futures import set_result
-from .logic import MemberLogic
-from .machine_runner import MachineRunner
-from .member_appends import AppendPart, to_wire
-from .member_context import MemberContext
-from .member_core import (
+from rayledger.actors.checker import QuorumAckCheckerActor
+from rayledger.actors.config import LedgerConfig
+from rayledger.actors.core import round_path as rp
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.dispatcher import CachedBatch
+from rayledger.actors.core.member import (
     ChangeMembers,
     ClusterView,
     HelperStarted,
@@ -60,12 +47,20 @@ from .member_core import (
     Run,
     SpawnDone,
 )
-from .member_election import ElectionPart
-from .member_leadership import LeadershipPart
-from .member_reads import ReadPart
-from .metrics import MemberMetrics
-from .naming import NAMESPACE, actor_name, now_ms
-from .placement import (
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.read_path import AskLeader, WaitCommitted
+from rayledger.actors.dispatcher import EntryDispatcherActor
+from rayledger.actors.faults import LinkFaults, load_faults
+from rayledger.actors.futures import set_result
+from rayledger.actors.member.appends import AppendPart, to_wire
+from rayledger.actors.member.context import MemberContext
+from rayledger.actors.member.election import ElectionPart
+from rayledger.actors.member.leadership import LeadershipPart
+from rayledger.actors.member.machine import MachineRunner
+from rayledger.actors.member.reads import ReadPart
+from rayledger.actors.metrics import MemberMetrics
+from rayledger.actors.naming import NAMESPACE, actor_name, now_ms
+from rayledger.actors.placement import (
     alive_nodes,
     data_dir_of,
     member_nodes,
@@ -73,11 +68,15 @@ from .placement import (
     record_node,
     store_dir_of,
 )
-from .priority import set_background
-from .ray_compat import install_loop_registry, reset_loops
-from .read_path import AskLeader, WaitCommitted
-from .types import MemberStatus
-from .wire import as_received
+from rayledger.actors.priority import set_background
+from rayledger.actors.ray_compat import install_loop_registry, reset_loops
+from rayledger.actors.types import MemberStatus
+from rayledger.actors.wire import as_received
+from rayledger.election import TransferOutcome
+from rayledger.election.configuration import Configuration
+from rayledger.replication import PushEntryRequest
+from rayledger.replication.messages import Inline
+from rayledger.storage import LedgerError, ResponseCode, open_store
 
 log = logging.getLogger("rayledger.actors")
 
@@ -177,7 +176,7 @@ class MemberActor:
         """Start maintaining state.  Ray runs an async actor's ``__init__`` on its event
         loop, so this also runs when Ray restarts the member after its process died.  No
         helper starts here: a member's checker and dispatchers start when it first takes
-        office (:meth:`.supervision.Supervisor.runs_helpers`)."""
+        office (:meth:`rayledger.actors.core.supervision.Supervisor.runs_helpers`)."""
         ctx = self.ctx
         ctx.loop = asyncio.get_running_loop()
         me = ray.get_runtime_context().current_actor
@@ -402,7 +401,7 @@ class MemberActor:
     @ray.method(concurrency_group="election", enable_task_events=False)
     async def run_maintainer(self) -> None:
         """The elector's clock runs on the election group's loop, beside the vote and
-        heartbeat handlers (see :class:`~.member_election.ElectionPart`)."""
+        heartbeat handlers (see :class:`~rayledger.actors.member.election.ElectionPart`)."""
         self.election.ensure_maintainer()
 
     @ray.method(concurrency_group="election", enable_task_events=False)
@@ -419,7 +418,7 @@ class MemberActor:
         self, kind: str, peer: str | None, pid: int, restarted: bool = False
     ) -> None:
         """Every helper says so when its process starts (see
-        :meth:`~.supervision.Supervisor.helper_started`)."""
+        :meth:`~rayledger.actors.core.supervision.Supervisor.helper_started`)."""
         self.leadership.helper_started(pid)
         self._carry(self.ctx.step(HelperStarted(kind, peer, pid, restarted)))
 
@@ -431,7 +430,7 @@ class MemberActor:
         target: str | None = None,
         ident: tuple[int, int] | None = None,
     ):
-        """Append a batch as leader (see :meth:`~.member_appends.AppendPart.append`);
+        """Append a batch as leader (see :meth:`~rayledger.actors.member.appends.AppendPart.append`);
         ``ident``: an idempotent client's (client id, first sequence)."""
         return await self.appends.append(bodies, group, target, ident)
 
@@ -463,9 +462,9 @@ class MemberActor:
 
     # -- membership ------------------------------------------------------------
     async def change_members(self, op: str, member: str, replaces: str = "") -> int:
-        """On the leader: change the configuration (an :class:`~.membership.Op`); returns the
+        """On the leader: change the configuration (an :class:`~rayledger.actors.core.membership.Op`); returns the
         index of the configuration entry once it committed.  Coded errors: see
-        :class:`~.member_core.ChangeMembers`."""
+        :class:`~rayledger.actors.core.member.ChangeMembers`."""
         fut = self._loop.create_future()
         self._carry(self.ctx.step(ChangeMembers(op, member, fut, replaces)))
         first, _term, _pos = (await fut)[:3]

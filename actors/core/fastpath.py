@@ -1,7 +1,7 @@
 """The compiled path's core and its driver (sans-I/O: no Ray, no asyncio, no clock).
 
 :class:`FastPathLogic` decides everything about a leader's compiled graph
-(:mod:`.fastpath` says what the graph is): when to build one and how long to back off
+(:mod:`rayledger.actors.fastpath` says what the graph is): when to build one and how long to back off
 after a failure, when a built graph may go live (the term and generation still hold),
 which rounds go through it (size cap; rounds waiting for a slot merge, within the cap),
 how many executions are in flight, when an execution waited too long (the watchdog), and
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from .checker_logic import Resolution
-from .pump import Driver
+from rayledger.actors.core.checker import Resolution
+from rayledger.actors.core.pump import Driver
 
 MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
 PARK_MS = 2000  # a graph that carried no round this long is torn down (parked)

@@ -5,7 +5,7 @@ the store calls it inside the leader's write, on the member's loop.
 
 Every decision -- what to apply next, when a query is answered or fails, when the machine
 is ready for a new leader's term, what a failure does -- is the core's
-(:class:`~.machine_core.MachineCore`, ``applier.core``); this shell only delivers events to
+(:class:`~rayledger.actors.core.machine.MachineCore`, ``applier.core``); this shell only delivers events to
 it (under the member's lock, on the member's loop) and carries out what it says with the
 pool, futures and timers."""
 
@@ -19,15 +19,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.core.machine import AskReady, Batch, Install, QueryVerdict, Rebase
+from rayledger.actors.futures import set_exception, set_result
+from rayledger.actors.machine import (
+    Applier,
+    MachineContext,
+    StateMachine,
+    load_machine,
+    load_quietly,
+)
+from rayledger.actors.naming import now_ms
 from rayledger.election import Role
 from rayledger.replication.sessions import SESSIONS_FILE
 from rayledger.storage import Entry
-
-from . import supervision as sv
-from .futures import set_exception, set_result
-from .machine import Applier, MachineContext, StateMachine, load_machine, load_quietly
-from .machine_core import AskReady, Batch, Install, QueryVerdict, Rebase
-from .naming import now_ms
 
 log = logging.getLogger("rayledger.actors")
 

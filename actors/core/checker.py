@@ -6,8 +6,8 @@ which rounds succeed, time out or lose their term, and when the dispatchers hear
 committed index.  Its way out is :meth:`CheckerLogic.ready`: one :class:`CheckerReady` of
 what to tell the leader, what to tell the dispatchers and when to run again.
 
-:class:`CheckerDriver` carries a :class:`~.pump.Loop`'s events into the core and its
-Ready out through :class:`CheckerPorts`; the Ray actor (:mod:`.checker`) and the
+:class:`CheckerDriver` carries a :class:`~rayledger.actors.core.pump.Loop`'s events into the core and its
+Ready out through :class:`CheckerPorts`; the Ray actor (:mod:`rayledger.actors.checker`) and the
 simulation differ only in the loop and the ports they give it.
 
 Like etcd-io/raft's ``RawNode``: one way in, :meth:`CheckerLogic.step` (an event and the
@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rayledger.actors.core.graph_events import GraphBegin, GraphEnd
+from rayledger.actors.core.pump import Driver
 from rayledger.replication import QuorumAckChecker, ReplicationConfig, Resolved
 from rayledger.storage import ResponseCode
-
-from .graph_events import GraphBegin, GraphEnd
-from .pump import Driver
 
 COMMIT_NOTICE_MS = 5
 """How long the committed index stands still before the dispatchers hear of it.  Under load
@@ -41,7 +40,7 @@ Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
 
 @dataclass(frozen=True, slots=True)
 class BecomeLeader:
-    """Serve ``term`` from the leader's :class:`~.logic.LeaderInfo`; answers the outcomes
+    """Serve ``term`` from the leader's :class:`~rayledger.actors.core.member_logic.LeaderInfo`; answers the outcomes
     of what waited for an older term."""
 
     term: int
@@ -59,7 +58,7 @@ class LeadershipEnded:
 @dataclass(frozen=True, slots=True)
 class AddRound:
     """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
-    counts its own copy (:meth:`~.logic.MemberLogic.water_mark`)."""
+    counts its own copy (:meth:`~rayledger.actors.core.member_logic.MemberLogic.water_mark`)."""
 
     term: int
     first: int

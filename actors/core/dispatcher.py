@@ -11,8 +11,8 @@ of its pushes, a rewind when the graph is left).  Its one way in is
 answer), its one way out :meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`,
 taken as it is handed out (a dispatcher persists nothing, so there is no ``Advance``).
 
-:class:`DispatcherDriver` carries a :class:`~.pump.Loop`'s events in and the Ready out
-through :class:`DispatcherPorts`; the Ray actor (:mod:`.dispatcher`) and the simulation
+:class:`DispatcherDriver` carries a :class:`~rayledger.actors.core.pump.Loop`'s events in and the Ready out
+through :class:`DispatcherPorts`; the Ray actor (:mod:`rayledger.actors.dispatcher`) and the simulation
 differ only in the loop and the ports.
 """
 
@@ -23,6 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from rayledger.actors.core.graph_events import GraphBegin, GraphEnd
+from rayledger.actors.core.pump import Driver
 from rayledger.election.configuration import config_at
 from rayledger.replication import (
     EntryDispatcher,
@@ -34,9 +36,6 @@ from rayledger.replication import (
 )
 from rayledger.replication.messages import Announcement, Inline, LeaderInfo, Payload
 from rayledger.storage import LedgerError, ResponseCode
-
-from .graph_events import GraphBegin, GraphEnd
-from .pump import Driver
 
 PROGRESS_MS = 50
 """How often at most a dispatcher tells its member's elector how far the follower matches

@@ -1,7 +1,7 @@
 """The state-machine runner's decisions, once (sans-I/O: no Ray, no asyncio, no clock).
 
 The runner around a member's state machine (machine.py) only delivers events to this core
-and does what it answers; the Ray member (:mod:`.machine_runner`) with a one-thread pool
+and does what it answers; the Ray member (:mod:`rayledger.actors.member.machine`) with a one-thread pool
 and futures, the seeded simulation with simulated time.  The core decides:
 
 * **what to apply next**: from where the machine stands, at most ``max_batch`` committed
@@ -41,11 +41,10 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+from rayledger.actors.core.snapshot_policy import SnapshotPolicy
+from rayledger.actors.core.supervision import MACHINE_STRANDED, Answer, Failed, Process, Sleep
 from rayledger.election import Role
 from rayledger.storage import LedgerError, ResponseCode
-
-from .snapshot_policy import SnapshotPolicy
-from .supervision import MACHINE_STRANDED, Answer, Failed, Process, Sleep
 
 log = logging.getLogger("rayledger.actors")
 
@@ -59,7 +58,7 @@ CATCH_UP = 8
 @dataclass(frozen=True, slots=True)
 class AskReady:
     """Call ``machine.ready_to_lead()`` on the machine's thread; answered with its result,
-    or :class:`~.supervision.Failed` when it raised."""
+    or :class:`~rayledger.actors.core.supervision.Failed` when it raised."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,17 @@
 """What the parts of one member actor share, and the rules for sharing it.
 
-The member shell (:mod:`.member`) is built from parts, each owning its own state and
+The member shell (:mod:`rayledger.actors.member.actor`) is built from parts, each owning its own state and
 talking to the others through a few named calls:
 
-* :class:`~.member_election.ElectionPart` -- the elector's clock and election RPCs;
-* :class:`~.member_leadership.LeadershipPart` -- taking and leaving office, the helpers'
+* :class:`~rayledger.actors.member.election.ElectionPart` -- the elector's clock and election RPCs;
+* :class:`~rayledger.actors.member.leadership.LeadershipPart` -- taking and leaving office, the helpers'
   supervision;
-* :class:`~.member_appends.AppendPart` -- the leader's appends, rounds and the compiled path;
-* :class:`~.member_reads.ReadPart` -- read index rounds, leases and the read RPCs.
+* :class:`~rayledger.actors.member.appends.AppendPart` -- the leader's appends, rounds and the compiled path;
+* :class:`~rayledger.actors.member.reads.ReadPart` -- read index rounds, leases and the read RPCs.
 
 They share only this context, and step the member's sans-I/O core
-(:class:`~.member_core.MemberCore`) through it: an event in (:meth:`MemberContext.step`),
-its :class:`~.member_core.MemberOut` carried out by the shell (``carry``).  Concurrency (one model per member, see docs/ARCHITECTURE.md):
+(:class:`~rayledger.actors.core.member.MemberCore`) through it: an event in (:meth:`MemberContext.step`),
+its :class:`~rayledger.actors.core.member.MemberOut` carried out by the shell (``carry``).  Concurrency (one model per member, see docs/ARCHITECTURE.md):
 ``logic`` -- the member's sans-I/O core, and the store under it -- is touched only while
 holding ``lock`` and never across an ``await``; the lock is an RLock because the store's
 append hooks (a state machine's ``pre_append``) call back in.  Three kinds of threads take
@@ -29,17 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import LedgerConfig
-from .faults import LinkFaults
-from .logic import MemberLogic
-from .member_core import MemberCore, MemberEvent, MemberOut
-from .metrics import MemberMetrics
-from .naming import member_handle, now_ms
+from rayledger.actors.config import LedgerConfig
+from rayledger.actors.core.member import MemberCore, MemberEvent, MemberOut
+from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.faults import LinkFaults
+from rayledger.actors.metrics import MemberMetrics
+from rayledger.actors.naming import member_handle, now_ms
 
 if TYPE_CHECKING:
+    from rayledger.actors.member.machine import MachineRunner
     from rayledger.storage import LogStore
-
-    from .machine_runner import MachineRunner
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """Reads on Ray: read index rounds, leases, waiting for a commit, and the read RPCs.
 
-A part of :class:`~.member.MemberActor` (see :mod:`.member_context`); :mod:`.reads` and
-:mod:`.read_path` hold the Ray-free decisions it performs and say what each consistency
+A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`); :mod:`rayledger.actors.core.reads` and
+:mod:`rayledger.actors.core.read_path` hold the Ray-free decisions it performs and say what each consistency
 promises.
 """
 
@@ -10,18 +10,65 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import ray
+from rayledger.actors.core import member as mc
+from rayledger.actors.core.read_path import AskLeader, WaitCommitted, not_committed_here
+from rayledger.actors.core.reads import Consistency
+from rayledger.actors.core.supervision import Failed
+from rayledger.actors.faults import LinkDown
+from rayledger.actors.futures import set_exception, set_result
+from rayledger.actors.member.context import MemberContext, Part
+from rayledger.actors.naming import now_ms
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
-from . import member_core as mc
-from .faults import LinkDown
-from .futures import set_exception, set_result
-from .member_context import MemberContext, Part
-from .naming import now_ms
-from .read_path import AskLeader, WaitCommitted, not_committed_here
-from .reads import CommitWaiters, Consistency
-from .supervision import Failed
+
+class CommitWaiters:
+    """Readers waiting for this member's committed index to reach an index."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, Any]] = []
+
+    def add(self, index: int, token: Any) -> None:
+        self._waiting.append((index, token))
+
+    def reached(self, committed: int) -> list[Any]:
+        """Tokens whose index is now committed (they leave the list)."""
+        if not self._waiting:
+            return []
+        done = [t for i, t in self._waiting if i <= committed]
+        if done:
+            self._waiting = [(i, t) for i, t in self._waiting if i > committed]
+        return done
+
+    def discard(self, token: Any) -> None:
+        self._waiting = [(i, t) for i, t in self._waiting if t is not token]
+
+    async def wait(
+        self,
+        index: int,
+        deadline: float,
+        kick: Callable[[], None],
+        too_late: Callable[[], LedgerError],
+        lock: AbstractContextManager | None = None,
+    ) -> None:
+        """Wait on the running loop until :meth:`reached` passes ``index``; ``kick`` runs
+        once the waiter is listed (to check at once), ``too_late()`` is raised at
+        ``deadline`` (``time.monotonic()``).  ``lock`` guards the list when other threads
+        touch it."""
+        guard = lock if lock is not None else nullcontext()
+        fut = asyncio.get_running_loop().create_future()
+        with guard:
+            self.add(index, fut)
+        kick()
+        try:
+            await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            with guard:
+                self.discard(fut)
+            raise too_late() from None
 
 
 class ReadPart(Part):
@@ -43,7 +90,7 @@ class ReadPart(Part):
         return await self._read(Consistency.of(consistency), leader_only=True)
 
     async def _read(self, c: Consistency, leader_only: bool = False) -> int:
-        """The core's read (:mod:`.read_path`): its index, or the caller's LedgerError
+        """The core's read (:mod:`rayledger.actors.core.read_path`): its index, or the caller's LedgerError
         (answered in the very step when nothing is to wait for: a lease, committed)."""
         fut = self.ctx.loop.create_future()
         out = self.ctx.step(mc.ReadIndex(c, fut, leader_only))
@@ -58,7 +105,7 @@ class ReadPart(Part):
         return mine[0]
 
     def carry(self, out: mc.MemberOut) -> None:
-        """The read part of a :class:`~.member_core.MemberOut`: readers answered,
+        """The read part of a :class:`~rayledger.actors.core.member.MemberOut`: readers answered,
         confirmation rounds sent, their expiry and the readers' deadlines as timers."""
         for fut, result in out.reads_done:
             if isinstance(result, BaseException):

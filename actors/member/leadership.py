@@ -1,7 +1,7 @@
 """Taking and leaving office on Ray: the transport of the member's
-:class:`~.supervision.Supervisor`.
+:class:`~rayledger.actors.core.supervision.Supervisor`.
 
-A part of :class:`~.member.MemberActor` (see :mod:`.member_context`).  The supervisor
+A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`).  The supervisor
 (inside the member's core) decides what a role change does, how long every helper call may
 take, when a helper is hung and replaced, and when the leader hands leadership on; it also
 keeps the role lock's queue.  This part only performs its processes' actions, with actor
@@ -17,19 +17,18 @@ import signal
 
 import psutil
 import ray
+from rayledger.actors.core import supervision as sv
+from rayledger.actors.member.appends import AppendPart
+from rayledger.actors.member.context import MemberContext, Part
+from rayledger.actors.priority import set_background
 from rayledger.storage import LedgerError
-
-from . import supervision as sv
-from .member_appends import AppendPart
-from .member_context import MemberContext, Part
-from .priority import set_background
 
 log = logging.getLogger("rayledger.actors")
 
 
 class LeadershipPart(Part):
     """The actions of the member core's role changes and helper supervision
-    (:class:`~.supervision.Supervisor`, run inside :class:`~.member_core.MemberCore`):
+    (:class:`~rayledger.actors.core.supervision.Supervisor`, run inside :class:`~rayledger.actors.core.member.MemberCore`):
     helper calls with their time-outs, the flush of a new term's first entry, signals to a
     hung helper, and the append path's share of a role change (``appends``: the compiled
     path)."""

@@ -9,7 +9,7 @@ restarted is set up again.  No Ray, no asyncio, no clock.
 Each of these is a *process*: a generator that yields one action at a time and is resumed
 with its answer (:class:`Answer`: the time, and the action's result -- a timeout is an
 answer too).  The transport only performs actions: the Ray member
-(:mod:`.member_leadership`) with actor calls, executors and tasks, a test or the
+(:mod:`rayledger.actors.member.leadership`) with actor calls, executors and tasks, a test or the
 simulation with whatever it models.  Processes that change the helpers' setup
 (:meth:`Supervisor.role_changes`, :meth:`Supervisor.helper_started`) hold the role lock:
 they run one at a time, in order (:attr:`Process.exclusive`).
@@ -22,11 +22,10 @@ from collections.abc import Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rayledger.actors.core.member_logic import MemberLogic, StartLeading, StopLeading
+from rayledger.actors.core.rounds import RoundBook
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode
-
-from .logic import MemberLogic, StartLeading, StopLeading
-from .rounds import RoundBook
 
 log = logging.getLogger("rayledger.actors")
 
@@ -670,7 +669,7 @@ class Supervisor:
 
 
 class RoleQueue:
-    """The role lock's queue (kept by :class:`~.member_core.MemberCore`): the exclusive
+    """The role lock's queue (kept by :class:`~rayledger.actors.core.member.MemberCore`): the exclusive
     processes run one at a time; a role change -- coalesced, since
     one pass of :meth:`Supervisor.role_changes` brings the helpers in line with the latest
     role -- goes before the helper restores and set-ups waiting, which run in order, and
