@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import ray
 from rayledger.actors.aioloop import AsyncioLoop
@@ -56,7 +57,9 @@ class QuorumAckCheckerActor:
         self.group, self.self_id = group, self_id
         self.ports = _CheckerRayPorts(member)
         self.driver = CheckerDriver(
-            CheckerLogic(group, self_id, list(peers), config.replication), self.ports
+            CheckerLogic(group, self_id, list(peers), config.replication),
+            self.ports,
+            lock=threading.Lock(),  # a compiled graph's thread delivers too
         )
         self.logic = self.driver.logic
         restarted = ray.get_runtime_context().was_current_actor_reconstructed  # set me up again

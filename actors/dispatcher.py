@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from dataclasses import replace
 
@@ -84,6 +85,7 @@ class EntryDispatcherActor:
                 group, self_id, peer_id, config.replication, config.dispatcher_cache_bytes
             ),
             _DispatcherRayPorts(self),
+            lock=threading.Lock(),  # a compiled graph's thread delivers too
         )
         self.logic = self.driver.logic
         self.member = member

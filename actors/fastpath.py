@@ -91,7 +91,9 @@ class FastPath:
         self.on_fallback = on_fallback
         self._loop = asyncio.new_event_loop()
         self.driver = FastPathDriver(
-            FastPathLogic(len(followers), stall_ms, retry_ms, park_ms=park_ms), self
+            FastPathLogic(len(followers), stall_ms, retry_ms, park_ms=park_ms),
+            self,
+            lock=threading.Lock(),  # the graph's threads deliver too
         )
         self.driver.attach(AsyncioLoop(self._loop))
         self.logic = self.driver.logic

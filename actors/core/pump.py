@@ -9,8 +9,8 @@ a call, a timer or a hop between threads is carried.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Generic, Protocol, TypeVar
 
 
@@ -70,13 +70,15 @@ P = TypeVar("P")
 
 class Driver(Generic[L, P]):
     """What every helper driver holds: its core (``logic``), where its messages go
-    (``ports``), the lock a compiled graph's thread takes too, and the :class:`Pump` that
+    (``ports``), the lock a compiled graph's thread takes too (``lock``), and the :class:`Pump` that
     runs :meth:`_run` -- the core's ``ready`` carried out -- on the loop it is attached to."""
 
-    def __init__(self, logic: L, ports: P):
+    def __init__(self, logic: L, ports: P, lock: AbstractContextManager | None = None):
         self.logic = logic
         self.ports = ports
-        self.lock = threading.Lock()
+        # a shell whose events also come from another thread (a compiled graph's) passes a
+        # threading.Lock; one thread needs none
+        self.lock = lock if lock is not None else nullcontext()
         self.pump = Pump(None, self._run)
 
     def attach(self, loop: Loop) -> None:
