@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from rayledger.actors.core.member_logic import MemberLogic
@@ -114,3 +115,38 @@ def test_a_damaged_sessions_file_is_never_loaded(leader, tmp_path):
             assert m.sessions.check(client, s.last_seq - 1, 1, 2000).verdict is not Verdict.NEW
     finally:
         m.store.close()
+
+
+def test_a_reset_with_its_snapshot_damaged_asks_for_the_leaders_and_then_knows(leader, tmp_path):
+    """A follower's log is reset to the leader's begin while its own snapshot there is
+    damaged: it knows it lacks the sessions below (a young session it lacks is UNKNOWN,
+    not new), asks its leader for a snapshot that far in every push answer, and the one it
+    seals brings them."""
+    from rayledger.replication.sessions import new_client_id
+
+    shelf = Shelf(tmp_path / "snaps-d")
+    _snapshot(leader, shelf, 39)
+    meta = shelf.store.list()[0]
+    with open(os.path.join(meta.path, SESSIONS_FILE), "a") as f:
+        f.write(" ")  # damaged: its checksum no longer matches
+    f = _logic(tmp_path, "d")
+    try:
+        f.take_snapshots(shelf)
+        f.store.reset(40, leader.store.get_pos(40))
+        f.handler.on_reset(40)
+        data = leader.store.read_batch(40, 1 << 30, 20).data
+        f.store.append_as_follower(EntryBatch(40, 20, data))
+        assert f.sessions.unknown_upto == 39
+        assert f.snapshot_wanted(40) == 39
+        now = f.sessions.last_stamp
+        young = new_client_id(now, 5)
+        assert f.sessions.check(young, 0, 1, now=now).verdict is Verdict.UNKNOWN
+        good = Shelf(tmp_path / "snaps-d")  # the leader's snapshot at 39, sealed here
+        shutil.rmtree(meta.path)
+        _snapshot(leader, good, 39)
+        f.sealed(good.store.list())
+        assert f.sessions.unknown_upto == -1 and f.snapshot_wanted(40) == -1
+        assert f.sessions.dump() == leader.sessions.dump()
+        assert f.sessions.check(young, 0, 1, now=now).verdict is Verdict.NEW
+    finally:
+        f.store.close()
