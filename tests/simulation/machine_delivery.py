@@ -104,7 +104,8 @@ class MachineDelivery:
         node = m.node
         machine = load_machine(self.machine_path)
         if m.incarnation > 1 and m.data_dir is not None and self._snapshot_rng.random() < 0.3:
-            self._damage_newest_snapshot(m)
+            if self.snapshots.keep > 1 or not self._any_stranded():
+                self._damage_newest_snapshot(m)
         ctx = MachineContext(self.group, m.id, m.data_dir, dict(self.machine_args), m.store)
         try:  # MachineRunner.__init__: a machine that cannot open fails the member's start
             node.applier = Applier(machine, ctx, snapshots=self.snapshots)
@@ -145,6 +146,20 @@ class MachineDelivery:
             m.store.add_append_hook(lambda i, pos, body: self._m_pre_append(m, i, pos, body))
         self.stats["machine_opens"] += 1
         self.net.note(f"{m.id} machine opened at {opened}")
+
+    def _any_stranded(self) -> bool:
+        """Whether a live member's machine waits for a leader's snapshot.  With one snapshot
+        kept, a damaged one leaves its member nothing to start from but another member's:
+        damaging a second member's meanwhile could leave every voter stranded, each handing
+        leadership to the next (corruption on several disks at once, which no group that
+        keeps one copy survives unattended)."""
+        for other in self.members.values():
+            a = other.node.applier if other.alive and other.node is not None else None
+            if a is not None and (
+                a.core.stranded or a.core.snapshot_wanted(other.store.ledger_begin_index) >= 0
+            ):
+                return True  # fmt: skip
+        return False
 
     def _damage_newest_snapshot(self, m: SimMember) -> None:
         """A restart finds its newest snapshot damaged (a flipped byte): it starts from an
