@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from rayledger.integration.bench import floor as bench_floor
 from rayledger.integration.bench import group as bench_group
 from rayledger.integration.bench.floor import (
     RATIOS,
@@ -79,7 +80,7 @@ def test_floor_is_torn_down_on_error(ray_session, monkeypatch):
         seen.extend(chain.pids())
         raise RuntimeError("a phase failed")
 
-    monkeypatch.setattr(bench_group, "_concurrent", broken)
+    monkeypatch.setattr(bench_floor, "concurrent_phase", broken)
     with pytest.raises(RuntimeError, match="a phase failed"):
         run_floor(FloorSizes(**{**TINY.__dict__, "singles": 2}))
     assert len(seen) == 6  # leader, checker, 2 followers, 2 dispatchers

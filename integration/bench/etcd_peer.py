@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .peer import FIGURES, Side, Workload, _free_port, round_figures, workload
+from .peer_workload import FIGURES, Side, Workload, _free_port, round_figures, workload
 
 log = logging.getLogger("rayledger.bench")
 

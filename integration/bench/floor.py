@@ -46,6 +46,8 @@ from typing import Any
 
 import ray
 
+from .loads import batch_phase, concurrent_phase, pct
+
 #: What each leader and follower keeps of its log before starting its buffer over.
 BUFFER_CAP = 64 << 20
 #: The rayledger figures, as ``bench group`` names them, and the floor's figure each is set
@@ -479,8 +481,6 @@ def run_floor(s: FloorSizes) -> dict[str, Any]:
     """The floor's figures (``floor_*``), phase by phase as ``bench group`` takes rayledger's:
     sequential single appends, ``threads`` threads sharing one client (with the CPU of the
     chain's processes and of this one), ``clients`` clients appending batches."""
-    from .group import _batches, _concurrent, _pct
-
     out: dict[str, Any] = {"floor_actors": "threaded" if s.threaded else "asyncio"}
     with FloorChain(s.followers, s.threaded) as chain:
         c = chain.client()
@@ -492,14 +492,14 @@ def run_floor(s: FloorSizes) -> dict[str, Any]:
             t0 = time.perf_counter()
             c.append(payload)
             lat.append((time.perf_counter() - t0) * 1000)
-        out["floor_single_p50_ms"] = _pct(lat, 0.5)
-        out["floor_single_p99_ms"] = _pct(lat, 0.99)
-        conc = _concurrent(chain, s.threads, s.seconds, s.body, chain.pids(), FloorError)
+        out["floor_single_p50_ms"] = pct(lat, 0.5)
+        out["floor_single_p99_ms"] = pct(lat, 0.99)
+        conc = concurrent_phase(chain, s.threads, s.seconds, s.body, chain.pids(), FloorError)
         out["floor_cpu_ms_per_append"] = conc.pop("concurrent_cpu_ms_per_append")
         for k in ("concurrent_entries_per_s", "concurrent_p50_ms", "concurrent_p99_ms",
                   "concurrent_errors"):  # fmt: skip
             out[f"floor_{k}"] = conc[k]
-        bat = _batches(chain, s.clients, s.rounds, s.batch, s.body, catch=FloorError)
+        bat = batch_phase(chain, s.clients, s.rounds, s.batch, s.body, catch=FloorError)
         for k in ("batch_entries_per_s", "batch_p50_ms", "batch_p99_ms", "batch_errors"):
             out[f"floor_{k}"] = bat[k]
     return out

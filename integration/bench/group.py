@@ -68,34 +68,15 @@ from rayledger.election import ElectionConfig
 from rayledger.replication.sessions import KEEP_RUNS
 from rayledger.storage import ResponseCode, StoreConfig
 
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return round(values[min(len(values) - 1, int(q * len(values)))], 2)
-
-
-def _timed(call, lat: list[float], errors: list[Exception], catch=LedgerError) -> None:
-    """Run ``call``; its latency in ms goes to ``lat``, or its ``catch`` error to ``errors``."""
-    t0 = time.perf_counter()
-    try:
-        call()
-    except catch as exc:
-        errors.append(exc)
-        return
-    lat.append((time.perf_counter() - t0) * 1000)
-
-
-def _in_threads(target, n: int) -> float:
-    """Run ``target(k)`` in ``n`` threads; the wall time in seconds."""
-    ts = [threading.Thread(target=target, args=(k,)) for k in range(n)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0
+from .loads import (
+    batch_phase,
+    concurrent_phase,
+    cpu_seconds,
+    group_pids,
+    in_threads,
+    pct,
+    timed,
+)
 
 
 @ray.remote(num_cpus=0)
@@ -136,42 +117,12 @@ def _single(group: LedgerGroup, n: int, body: int, series: dict | None = None) -
         ray.kill(a)
     if series is not None:
         series["latency_ms"]["single append, 1 client"] = lat
-    p50, rtt50 = _pct(lat, 0.5), _pct(rtt, 0.5)
+    p50, rtt50 = pct(lat, 0.5), pct(rtt, 0.5)
     return {
         "single_p50_ms": p50,
-        "single_p99_ms": _pct(lat, 0.99),
+        "single_p99_ms": pct(lat, 0.99),
         "ray_rtt_p50_ms": rtt50,
         "single_p50_over_rtt": round(p50 / rtt50, 2) if rtt50 else 0.0,
-    }
-
-
-def _concurrent(group, threads: int, seconds: float, body: int, pids: list[int] | None = None,
-                catch=LedgerError) -> dict:  # fmt: skip
-    """``threads`` threads sharing one client of ``group`` (a LedgerGroup, or the floor's
-    chain with its ``pids``), and the CPU of its processes and of this one per append."""
-    c = group.client(idempotent=False)
-    c.append(b"warm")
-    payload = os.urandom(body)
-    lats: list[list[float]] = [[] for _ in range(threads)]
-    errors: list[Exception] = []
-    pids = [*(_group_pids(group) if pids is None else pids), os.getpid()]
-    stop = time.monotonic() + seconds
-
-    def worker(k: int) -> None:
-        while time.monotonic() < stop:
-            _timed(lambda: c.append(payload), lats[k], errors, catch)
-
-    before = _cpu_seconds(pids)
-    dt = _in_threads(worker, threads)
-    cpu = _cpu_seconds(pids) - before
-    all_lat = [x for lat in lats for x in lat]
-    return {
-        "concurrent_cpu_ms_per_append": round(cpu * 1000 / max(1, len(all_lat)), 3),
-        "concurrent_threads": threads,
-        "concurrent_entries_per_s": round(len(all_lat) / dt),
-        "concurrent_p50_ms": _pct(all_lat, 0.5),
-        "concurrent_p99_ms": _pct(all_lat, 0.99),
-        "concurrent_errors": len(errors),
     }
 
 
@@ -199,42 +150,8 @@ def _pipelined(group: LedgerGroup, depth: int, seconds: float, body: int) -> dic
     return {
         "pipelined_depth": depth,
         "pipelined_entries_per_s": round(len(lat) / dt),
-        "pipelined_p99_ms": _pct(lat, 0.99),
+        "pipelined_p99_ms": pct(lat, 0.99),
         "pipelined_errors": errors,
-    }
-
-
-def _batches(
-    group,
-    clients: int,
-    rounds: int,
-    batch: int,
-    body: int,
-    series: dict | None = None,
-    catch=LedgerError,
-) -> dict:
-    """``clients`` clients of ``group`` (a LedgerGroup or the floor's chain) appending
-    ``rounds`` batches each."""
-    payload = [os.urandom(body) for _ in range(batch)]
-    errors: list[Exception] = []
-    lat: list[float] = []
-
-    def worker(_k: int) -> None:
-        c = group.client(idempotent=False)
-        for _ in range(rounds):
-            _timed(lambda: c.append_batch(payload), lat, errors, catch)
-
-    group.client(idempotent=False).append_batch(payload)  # warm up every hop
-    dt = _in_threads(worker, clients)
-    if series is not None:
-        series["latency_ms"][f"batch of {batch}, {clients} clients"] = lat
-    return {
-        "batch_clients": clients,
-        "batch_size": batch,
-        "batch_entries_per_s": round(len(lat) * batch / dt),
-        "batch_p50_ms": _pct(lat, 0.5),
-        "batch_p99_ms": _pct(lat, 0.99),
-        "batch_errors": len(errors),
     }
 
 
@@ -253,9 +170,9 @@ def _idempotent(g: LedgerGroup, out: dict, n: int, clients: int, rounds: int, ba
             t0 = time.perf_counter()
             c.append(payload)
             lat[k].append((time.perf_counter() - t0) * 1000)
-    out["idempotent_single_p50_ms"] = _pct(lat[True], 0.5)
-    out["idempotent_single_p99_ms"] = _pct(lat[True], 0.99)
-    out["interleaved_plain_single_p50_ms"] = _pct(lat[False], 0.5)
+    out["idempotent_single_p50_ms"] = pct(lat[True], 0.5)
+    out["idempotent_single_p99_ms"] = pct(lat[True], 0.99)
+    out["interleaved_plain_single_p50_ms"] = pct(lat[False], 0.5)
     out["idempotent_single_p50_extra_ms"] = round(
         statistics.median(y - x for x, y in zip(lat[False], lat[True], strict=True)), 2
     )
@@ -272,7 +189,7 @@ def _idempotent(g: LedgerGroup, out: dict, n: int, clients: int, rounds: int, ba
                 with lock:
                     blat[idem_].append(time.perf_counter() - t0)
 
-    _in_threads(worker, clients)
+    in_threads(worker, clients)
     rate = {k: round(clients * batch / statistics.mean(v)) for k, v in blat.items()}
     out["idempotent_batch_entries_per_s"] = rate[True]
     out["interleaved_plain_batch_entries_per_s"] = rate[False]
@@ -305,28 +222,6 @@ def session_table_mib(clients: int, runs: int = KEEP_RUNS) -> float:
     return round(used / (1 << 20), 2)
 
 
-def _group_pids(group: LedgerGroup) -> list[int]:
-    pids = []
-    for m in group.members:
-        h = group.handle(m)
-        pids.append(ray.get(h.info.remote(), timeout=10)["pid"])
-        pids += list(ray.get(h.helper_pids.remote(), timeout=10).values())
-    return pids
-
-
-def _cpu_ticks(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except OSError:
-        return 0
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    return sum(_cpu_ticks(p) for p in pids) / os.sysconf("SC_CLK_TCK")
-
-
 def _memory_mib(pids: list[int]) -> dict:
     """RSS and PSS of ``pids`` summed, in MiB (``/proc/<pid>/smaps_rollup``)."""
     kib = {"Rss:": 0, "Pss:": 0}
@@ -349,12 +244,12 @@ def _idle(group: LedgerGroup, seconds: float) -> dict:
     # let the last appends settle, and a compiled graph park (its participants spin)
     settle = 1.0 + (group.config.fast_path_park_ms / 1000 if group.config.fast_path else 0)
     time.sleep(settle)
-    pids = _group_pids(group)
-    before = _cpu_seconds(pids)
+    pids = group_pids(group)
+    before = cpu_seconds(pids)
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
-    used = _cpu_seconds(pids) - before
+    used = cpu_seconds(pids) - before
     return {
         "idle_cpu_cores": round(used / dt, 3),
         "group_processes": len(pids),
@@ -374,9 +269,9 @@ def _read_load(c, last: int, threads: int, seconds: float, consistency: str, mem
         while time.monotonic() < stop:
             index = last - (k * 7 + i) % 100
             i += 1
-            _timed(lambda: c.get(index, consistency, member), lats[k], errors)  # noqa: B023
+            timed(lambda: c.get(index, consistency, member), lats[k], errors)  # noqa: B023
 
-    dt = _in_threads(worker, threads)
+    dt = in_threads(worker, threads)
     return {"per_s": round(sum(len(lat) for lat in lats) / dt), "errors": len(errors)}
 
 
@@ -431,19 +326,19 @@ def _measure(
     term = _max_term(g)
     out = _single(g, n_single, body, series)
     load_s = load_s or (3 if quick else 10)
-    out.update(_concurrent(g, threads, load_s, body))
+    out.update(concurrent_phase(g, threads, load_s, body))
     out["load_seconds"] = load_s
     if appends_only:
-        out.update(_batches(g, clients, rounds, batch, body))
+        out.update(batch_phase(g, clients, rounds, batch, body))
         return out
     out.update(_pipelined(g, 256, 3 if quick else 10, body))
-    out.update(_batches(g, clients, rounds, batch, body, series))
+    out.update(batch_phase(g, clients, rounds, batch, body, series))
     _idempotent(g, out, n_single, clients, rounds, batch, body)
     out["term_changes_under_load"] = _max_term(g) - term
     out.update(_reads(g, min(threads, 16), 2 if quick else 5))
     if series is not None:
         for n in sorted({1, 2, clients, 2 * clients}):
-            r = out if n == clients else _batches(g, n, rounds, batch, body)
+            r = out if n == clients else batch_phase(g, n, rounds, batch, body)
             series["throughput"].append((n, r["batch_entries_per_s"]))
         from .plot import plot_group
 

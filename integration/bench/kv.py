@@ -39,7 +39,7 @@ from rayledger.actors import LedgerConfig
 from rayledger.integration.kv import KVClient, put_command
 from rayledger.storage import LedgerError, StoreConfig
 
-from .group import _in_threads, _pct
+from .loads import in_threads, pct
 from .mq import _until_ok
 
 
@@ -70,7 +70,7 @@ def _load(kv: KVClient, keys: int, clients: int, batch: int) -> float:
             # again (puts of the same values: a duplicate changes nothing but revisions)
             _until_ok(lambda b=bodies: c.append_batch(b))
 
-    return round(keys / _in_threads(work, clients))
+    return round(keys / in_threads(work, clients))
 
 
 def _single_puts(kv: KVClient, n: int) -> dict:
@@ -81,7 +81,7 @@ def _single_puts(kv: KVClient, n: int) -> dict:
         kv.put(f"single/{i}", b"x" * 16)
         lat.append((time.perf_counter() - t) * 1000)
     return {"put_per_s_single": round(n / (time.perf_counter() - t0)),
-            "put_single_p50_ms": _pct(lat, 0.5)}  # fmt: skip
+            "put_single_p50_ms": pct(lat, 0.5)}  # fmt: skip
 
 
 def _gets(kv: KVClient, keys: int, n: int) -> dict:

@@ -34,7 +34,7 @@ import ray
 from rayledger.actors import LedgerConfig, LedgerGroup
 from rayledger.election.configuration import Configuration
 
-from .group import _in_threads, _pct
+from .loads import in_threads, pct
 
 BODY = 64 << 10  # the load's entries: 64 KiB
 
@@ -49,7 +49,7 @@ def _load(group: LedgerGroup, mb: int, clients: int = 4, per_call: int = 16) -> 
         for _ in range(calls):
             c.append_batch([body] * per_call, timeout_s=120)
 
-    wall = _in_threads(work, clients)
+    wall = in_threads(work, clients)
     return round(calls * clients * per_call * BODY / (1 << 20) / wall, 1)
 
 
@@ -196,10 +196,10 @@ def run(quick: bool = False, heal: bool = True, **_ignored) -> dict:
         prober.stop.set()
         prober.thread.join(60)
         out.update(replaced)
-        out["append_p50_ms_before"] = _pct(before, 0.5)
-        out["append_p99_ms_before"] = _pct(before, 0.99)
-        out["append_p50_ms_during_catch_up"] = _pct(during, 0.5)
-        out["append_p99_ms_during_catch_up"] = _pct(during, 0.99)
+        out["append_p50_ms_before"] = pct(before, 0.5)
+        out["append_p99_ms_before"] = pct(before, 0.99)
+        out["append_p50_ms_during_catch_up"] = pct(during, 0.5)
+        out["append_p99_ms_during_catch_up"] = pct(during, 0.99)
         out["appends_during_catch_up"] = len(during)
     finally:
         if group is not None:

@@ -31,7 +31,7 @@ from rayledger.actors import LedgerConfig, LedgerGroup
 from rayledger.integration.rocketmq import CommitLog, Message, encode
 from rayledger.storage import LedgerError
 
-from .group import _in_threads, _pct
+from .loads import in_threads, pct
 
 TOPIC = "BenchTopic"
 
@@ -42,7 +42,7 @@ def _single(put, n: int) -> float:
         t0 = time.perf_counter()
         put()
         lat.append((time.perf_counter() - t0) * 1000)
-    return _pct(lat, 0.5)
+    return pct(lat, 0.5)
 
 
 def _until_ok(call, timeout_s: float = 60.0) -> None:
@@ -74,8 +74,8 @@ def _produce_vs_raw(raw: LedgerGroup, log: CommitLog, record: int, body: bytes, 
     ratios = []
     for _ in range(phases):
         dt = {
-            "raw": _in_threads(lambda _k: [c.append_batch(bodies) for _ in range(per_phase)], clients),
-            "produce": _in_threads(lambda _k: [log.put_messages(msgs) for _ in range(per_phase)], clients),
+            "raw": in_threads(lambda _k: [c.append_batch(bodies) for _ in range(per_phase)], clients),
+            "produce": in_threads(lambda _k: [log.put_messages(msgs) for _ in range(per_phase)], clients),
         }  # fmt: skip
         ratios.append(round(dt["raw"] / dt["produce"], 2))
         for k in took:
@@ -124,7 +124,7 @@ def _e2e(log: CommitLog, n: int) -> dict:
         log.put_message("E2E", 0, struct.pack(">d", time.perf_counter()))
         time.sleep(0.005)
     done.wait(60)
-    return {"e2e_msgs": len(lat), "e2e_p50_ms": _pct(lat, 0.5), "e2e_p99_ms": _pct(lat, 0.99)}
+    return {"e2e_msgs": len(lat), "e2e_p50_ms": pct(lat, 0.5), "e2e_p99_ms": pct(lat, 0.99)}
 
 
 def run(

@@ -24,7 +24,7 @@ from rayledger.integration.bench.etcd_peer import (
     run_etcd,
     txn_request,
 )
-from rayledger.integration.bench.peer import FIGURES, Workload
+from rayledger.integration.bench.peer_workload import FIGURES, Workload
 
 
 @pytest.fixture

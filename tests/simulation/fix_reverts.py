@@ -23,7 +23,7 @@ from rayledger.election.messages import VoteResult
 from rayledger.election.voting import VotingSteps
 from rayledger.integration.kv.machine import KvMachine
 from rayledger.replication.handler import EntryHandler
-from rayledger.replication.sessions import Check, Session, SessionTable, Verdict
+from rayledger.replication.sessions import SESSIONS_FILE, Check, Session, SessionTable, Verdict
 from rayledger.storage import LedgerError, ResponseCode
 
 
@@ -429,6 +429,20 @@ def _sessions_unknown(patch: Callable) -> None:
     patch(SessionTable, "unknown_upto", property(lambda self: -1, lambda self, value: None))
 
 
+def _sessions_verify(patch: Callable) -> None:
+    """A snapshot's session table is loaded without checking it against its checksum."""
+    from rayledger.storage.snapshots import SnapshotStore
+
+    real = SnapshotStore.verify
+
+    def verify(self, meta):
+        if all(f[0] == SESSIONS_FILE for f in meta.files):
+            return None
+        return real(self, meta)
+
+    patch(SnapshotStore, "verify", verify)
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -461,6 +475,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "snapshot-sessions-twice": _snapshot_sessions_twice,
     "truncated-stamp": _truncated_stamp,
     "sessions-unknown": _sessions_unknown,
+    "sessions-verify": _sessions_verify,
 }
 _ABSENT = object()
 
