@@ -184,8 +184,10 @@ class MemberLogic:
         self.handler.installs = InstallReceiver(self.self_id, source.store)
         self.handler.on_reset = self._sessions_from_snapshot
         self.handler.snapshot_wanted = self.snapshot_wanted
-        if self.store.ledger_begin_index > 0:  # what was compacted lives on in a snapshot
-            self._sessions_from_snapshot(self.store.ledger_begin_index)
+        # what was compacted lives on in a snapshot; and one past a log that lost its tail (a
+        # power loss) holds committed entries it will get again: the table starts from the
+        # newest whole one, as after a reset
+        self._sessions_from_snapshot(self.store.ledger_begin_index)
 
     def _sessions_from_snapshot(self, begin: int, table: SessionTable | None = None) -> bool:
         """Rebuild ``table`` (the member's own by default) from the sessions of the newest
