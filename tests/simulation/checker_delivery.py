@@ -119,6 +119,7 @@ class CheckerDelivery:
         if node is not None and CHECKER not in node.hung:
             node.hung.add(CHECKER)
             node.last_hang_ms = self.clock.now_ms
+            node.hang_began_ms = self.clock.now_ms
             self.stats["checker_hangs"] += 1
             self.net.note(f"FAULT hang {mid}'s checker")
 

@@ -292,6 +292,7 @@ class DispatcherDelivery:
         if node is not None and key not in node.hung:
             node.hung.add(key)
             node.last_hang_ms = self.clock.now_ms
+            node.hang_began_ms = self.clock.now_ms
             self.stats["dispatcher_hangs"] += 1
             self.net.note(f"FAULT hang {mid}'s dispatcher to {peer}")
 

@@ -53,13 +53,15 @@ class Invariants:
             if m.node.book.rounds and lg.leads(lg.leading_term):
                 for rid, (rnd, _) in m.node.book.rounds.items():
                     born = m.node.round_born.get(rid, now)
-                    limit = stuck_after
+                    limit, since = stuck_after, born
                     if m.node.hung or m.node.last_hang_ms >= born:
                         # a hung helper answers nothing: the leader replaces it and hands
-                        # the term on (one helper wait, then a transfer), ending the round
+                        # the term on (one helper wait, then a transfer), ending the round;
+                        # a helper that begins to hang again meanwhile starts that over
                         limit += m.node.supervisor.helper_wait_ms()
                         limit += self.election.leadership_transfer_wait_timeout_ms
-                    if rnd.term == lg.leading_term and now - born > limit:
+                        since = max(born, m.node.hang_began_ms)
+                    if rnd.term == lg.leading_term and now - since > limit:
                         self.fail(
                             f"{m.id} leads term {rnd.term} but round {rid} "
                             f"({rnd.first_index}..{rnd.last_index}, written at {born}) "

@@ -99,6 +99,7 @@ class Node:
     # helper processes that hang: "checker", "dispatcher:<peer>" (dispatcher_delivery.dkey)
     hung: set[str] = field(default_factory=set)
     last_hang_ms: int = -1  # when a helper of this node last hung (began to, or was killed)
+    hang_began_ms: int = -1  # when a helper of this node last began to hang
     helper_gen: dict[str, int] = field(default_factory=dict)  # helper processes started so far
     booting: dict[str, int] = field(default_factory=dict)  # helper key -> boots until then
     helpers_made: bool = False  # MemberActor._create_helpers ran (ctx.checker is set)
