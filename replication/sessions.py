@@ -210,6 +210,13 @@ class SessionTable:
         """Entries after ``end_index`` are gone: so is what the table knew of them (their
         stamps too, so every member expires sessions at the same point of the log)."""
         cut = False
+        back = [e for e in self._expired if e[0] > end_index]
+        if back:  # expired by entries now gone: alive again, as on members that never had
+            # them -- and cut below like every other session (their own entries may be gone)
+            self._expired = [e for e in self._expired if e[0] <= end_index]
+            for _i, client, session in back:
+                self.sessions.setdefault(client, session)
+            cut = True
         for client in list(self.sessions):
             s = self.sessions[client]
             runs = s.runs
@@ -231,12 +238,6 @@ class SessionTable:
                 s.stamp = s.before
                 continue
             s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
-        back = [e for e in self._expired if e[0] > end_index]
-        if back:  # expired by entries now gone: alive again, as on members that never had them
-            self._expired = [e for e in self._expired if e[0] <= end_index]
-            for _i, client, session in back:
-                self.sessions.setdefault(client, session)
-            cut = True
         if cut:  # back in the order of their latest entries
             self.sessions = dict(sorted(self.sessions.items(), key=lambda kv: kv[1].stamp))
             self.last_stamp = max((x.stamp for x in self.sessions.values()), default=0)

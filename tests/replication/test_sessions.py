@@ -333,3 +333,19 @@ def test_a_truncation_that_cuts_every_run_kept_leaves_the_stamp_of_the_newest_en
     again = SessionTable(ttl_ms=10_000, keep_runs=2)
     again.load(t.dump())  # a snapshot carries it
     assert again.sessions[7].before == t.sessions[7].before
+
+
+def test_a_session_brought_back_by_a_truncation_loses_its_own_cut_entries_too():
+    """Client 7 writes at 5 and 6; a later entry of client 9 at 8 expires it; a truncation
+    to 4 cuts all three.  Client 7 comes back from the expired list -- and its entries are
+    gone with the rest, so it is not in the table at all, as on a member that never had
+    them."""
+    t = SessionTable(ttl_ms=100)
+    write(t, [(0, 9, 0, 10), (5, 7, 0, 20), (6, 7, 1, 20), (8, 9, 1, 500)])
+    assert 7 not in t.sessions  # expired by entry 8's stamp
+    t.truncated(4)
+    never = SessionTable(ttl_ms=100)
+    write(never, [(0, 9, 0, 10)])
+    assert {c: (s.last_seq, s.stamp) for c, s in t.sessions.items()} == {
+        c: (s.last_seq, s.stamp) for c, s in never.sessions.items()
+    }

@@ -443,6 +443,24 @@ def _sessions_verify(patch: Callable) -> None:
     patch(SnapshotStore, "verify", verify)
 
 
+def _expired_cut(patch: Callable) -> None:
+    """A truncation brings back the sessions entries now cut had expired as they were,
+    their own cut entries included."""
+    real = SessionTable.truncated
+
+    def truncated(self, end_index):
+        back = [e for e in self._expired if e[0] > end_index]
+        self._expired = [e for e in self._expired if e[0] <= end_index]
+        real(self, end_index)
+        for _i, client, session in back:
+            self.sessions.setdefault(client, session)
+        if back:
+            self.sessions = dict(sorted(self.sessions.items(), key=lambda kv: kv[1].stamp))
+            self.last_stamp = max((x.stamp for x in self.sessions.values()), default=0)
+
+    patch(SessionTable, "truncated", truncated)
+
+
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "checker-config": _checker_config,
     "term-queue": _term_queue,
@@ -476,6 +494,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "truncated-stamp": _truncated_stamp,
     "sessions-unknown": _sessions_unknown,
     "sessions-verify": _sessions_verify,
+    "expired-cut": _expired_cut,
 }
 _ABSENT = object()
 

@@ -113,7 +113,6 @@ PINNED: dict[str, int] = {
     "term-queue": 111_006,
     "stranded-at-start": 111_054,
     "graph-stop": 122_722,
-    "snapshot-ask": 123_686,
     "watch-candidate": 124_208,
     "checker-config": 160_348,
     "stranded-machine": 127_192,
@@ -123,6 +122,7 @@ PINNED: dict[str, int] = {
     "snapshot-sessions-twice": 151_012,
     "read-expire": 130_197,
     "session-expiry": 140_112,
+    "expired-cut": 170_944,
 }
 
 
