@@ -208,7 +208,10 @@ class SessionTable:
 
     def truncated(self, end_index: int) -> None:
         """Entries after ``end_index`` are gone: so is what the table knew of them (their
-        stamps too, so every member expires sessions at the same point of the log)."""
+        stamps too, so every member expires sessions at the same point of the log).  What
+        the table took from a snapshot (up to ``_covered``) stays: those entries are
+        committed, and a log cut below them gets them again."""
+        end_index = max(end_index, self._covered)
         cut = False
         back = [e for e in self._expired if e[0] > end_index]
         if back:  # expired by entries now gone: alive again, as on members that never had

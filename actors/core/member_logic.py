@@ -219,11 +219,11 @@ class MemberLogic:
         return False
 
     def sealed(self, metas: list) -> None:
-        """Snapshots sealed from the leader: one at or past where the sessions are unknown
-        brings them."""
-        upto = self.sessions.unknown_upto
-        if upto >= 0 and self.snapshots is not None and any(m.index >= upto for m in metas):
-            self._sessions_from_snapshot(upto + 1)
+        """Snapshots sealed from the leader: the table starts again from the newest whole one,
+        as a restart's would (one past the log's end knows sessions of committed entries
+        the log gets later; one at or past where the sessions were unknown brings them)."""
+        if metas and self.snapshots is not None:
+            self._sessions_from_snapshot(self.store.ledger_begin_index)
 
     def snapshot_wanted(self, begin: int) -> int:
         """The snapshot index this member needs from its leader, or -1: one its machine

@@ -349,3 +349,15 @@ def test_a_session_brought_back_by_a_truncation_loses_its_own_cut_entries_too():
     assert {c: (s.last_seq, s.stamp) for c, s in t.sessions.items()} == {
         c: (s.last_seq, s.stamp) for c, s in never.sessions.items()
     }
+
+
+def test_a_truncation_below_a_snapshot_keeps_what_the_table_took_from_it():
+    """A member installs the leader's snapshot at 10 while its own log, not reset, holds an
+    old leader's entries from 4 on; the leader then cuts them (a TRUNCATE to 3).  The
+    sessions of entries up to 10 came from the snapshot: committed, they stay."""
+    leader = SessionTable(ttl_ms=10_000)
+    write(leader, [(5, 7, 0, 100), (9, 7, 1, 200), (10, 8, 0, 200)])
+    t = SessionTable(ttl_ms=10_000)
+    t.rebuild(leader.at(10), [], covered=10)
+    t.truncated(3)
+    assert t.dump() == leader.dump()
