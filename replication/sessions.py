@@ -213,37 +213,40 @@ class SessionTable:
         committed, and a log cut below them gets them again."""
         end_index = max(end_index, self._covered)
         cut = False
+        for client in list(self.sessions):
+            cut = self._cut(client, end_index) or cut
         back = [e for e in self._expired if e[0] > end_index]
         if back:  # expired by entries now gone: alive again, as on members that never had
-            # them -- and cut below like every other session (their own entries may be gone)
+            # them -- cut like the others, as their own entries may be gone too
             self._expired = [e for e in self._expired if e[0] <= end_index]
             for _i, client, session in back:
-                self.sessions.setdefault(client, session)
+                if client not in self.sessions:
+                    self.sessions[client] = session
+                    self._cut(client, end_index)
             cut = True
-        for client in list(self.sessions):
-            s = self.sessions[client]
-            runs = s.runs
-            if not runs or runs[-1][1] + runs[-1][2] - 1 <= end_index:
-                continue
-            while runs and runs[-1][1] > end_index:
-                first_seq = runs.pop()[0]
-                s.last_seq = first_seq - 1  # seqs are consecutive in the log
-            if runs and runs[-1][1] + runs[-1][2] - 1 > end_index:
-                runs[-1][2] = end_index - runs[-1][1] + 1
-                s.last_seq = runs[-1][0] + runs[-1][2] - 1
-            cut = True
-            if not runs:
-                if s.before is None:  # nothing of it is left in the log
-                    del self.sessions[client]
-                    continue
-                # its older entries are still there, in runs no longer kept: it goes on
-                # from them (a retry of one is FORGOTTEN, never written again)
-                s.stamp = s.before
-                continue
-            s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
         if cut:  # back in the order of their latest entries
             self.sessions = dict(sorted(self.sessions.items(), key=lambda kv: kv[1].stamp))
             self.last_stamp = max((x.stamp for x in self.sessions.values()), default=0)
+
+    def _cut(self, client: int, end_index: int) -> bool:
+        """Session ``client`` without its entries after ``end_index``; whether any went."""
+        s = self.sessions[client]
+        runs = s.runs
+        if not runs or runs[-1][1] + runs[-1][2] - 1 <= end_index:
+            return False
+        while runs and runs[-1][1] > end_index:
+            first_seq = runs.pop()[0]
+            s.last_seq = first_seq - 1  # seqs are consecutive in the log
+        if runs and runs[-1][1] + runs[-1][2] - 1 > end_index:
+            runs[-1][2] = end_index - runs[-1][1] + 1
+            s.last_seq = runs[-1][0] + runs[-1][2] - 1
+        if runs:
+            s.stamp = runs[-1][3]  # (a cut entry's stamp may be later than the last kept)
+        elif s.before is None:  # nothing of it is left in the log
+            del self.sessions[client]
+        else:  # its older entries are still there, in runs no longer kept: it goes on from
+            s.stamp = s.before  # them (a retry of one is FORGOTTEN, never written again)
+        return True
 
     def reset(self, begin_index: int) -> None:
         """The log restarts empty at ``begin_index`` (a snapshot install): the sessions

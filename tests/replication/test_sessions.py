@@ -361,3 +361,17 @@ def test_a_truncation_below_a_snapshot_keeps_what_the_table_took_from_it():
     t.rebuild(leader.at(10), [], covered=10)
     t.truncated(3)
     assert t.dump() == leader.dump()
+
+
+def test_a_session_expired_then_written_again_comes_back_as_it_was_when_both_are_cut():
+    """Client 7's session is expired by entry 8 (another client's, much later); a leader
+    that never expired it writes client 7's next sequence at 9.  A truncation to 6 cuts
+    both: client 7 is back at its last entry kept, 5."""
+    t = SessionTable(ttl_ms=100)
+    write(t, [(0, 9, 0, 10), (5, 7, 0, 20), (8, 9, 1, 500), (9, 7, 1, 500)])
+    t.truncated(6)
+    never = SessionTable(ttl_ms=100)
+    write(never, [(0, 9, 0, 10), (5, 7, 0, 20)])
+    assert {c: (s.last_seq, s.stamp) for c, s in t.sessions.items()} == {
+        c: (s.last_seq, s.stamp) for c, s in never.sessions.items()
+    }
