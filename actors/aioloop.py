@@ -1,4 +1,5 @@
-"""The :class:`~rayledger.actors.core.pump.Loop` of a Ray actor: its running asyncio loop and a monotonic clock."""
+"""The :class:`~rayledger.actors.core.pump.Loop` of a Ray actor: its running asyncio loop and a
+monotonic clock."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""QuorumAckCheckerActor: the Ray transport of the leader's :class:`~rayledger.actors.core.checker.CheckerLogic`.
+"""QuorumAckCheckerActor: the Ray transport of the leader's
+:class:`~rayledger.actors.core.checker.CheckerLogic`.
 
-The leader registers every round it stores (:meth:`add_round`); dispatchers report their
-followers' water marks (:meth:`report`); a compiled graph reports both at once
-(:meth:`cg_report`, on the graph's thread).  The core decides everything -- the committed
-index (Raft section 5.4.2: only entries of the current term commit directly), which
-rounds succeed, time out (WAIT_QUORUM_ACK_TIMEOUT) or lose their term, when the
-dispatchers hear of a commit -- and :class:`~rayledger.actors.core.checker.CheckerDriver` carries its
-answers out: to the leader as one :meth:`MemberActor.on_resolved` call per loop turn, to
-the dispatchers as ``on_committed``.  This actor only makes those Ray calls.
+The leader registers every round it stores (:meth:`add_round`); dispatchers report their followers'
+water marks (:meth:`report`); a compiled graph reports both at once (:meth:`cg_report`, on the
+graph's thread).  The core decides everything -- the committed index (Raft section 5.4.2: only
+entries of the current term commit directly), which rounds succeed, time out
+(WAIT_QUORUM_ACK_TIMEOUT) or lose their term, when the dispatchers hear of a commit -- and
+:class:`~rayledger.actors.core.checker.CheckerDriver` carries its answers out: to the leader as one
+:meth:`MemberActor.on_resolved` call per loop turn, to the dispatchers as ``on_committed``.  This
+actor only makes those Ray calls.
 """
 
 from __future__ import annotations

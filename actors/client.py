@@ -16,20 +16,19 @@ wait failed mid-call -- every append of that call raises
 refused for bad input (a too-large entry, say) is split, so only the appends
 that are wrong get the error.
 
-An idempotent client (the default; ``idempotent=False`` opts out) gives every append an
-identity: its session's client id and the sequence numbers of its entries, assigned when the
-append is first sent, in the order calls reach Ray.  A leader writes them into the entries
-and answers a retry of entries already in its log with where they are.  So such a client
-retries an unknown outcome -- a member died, a term ended, a quorum wait timed out -- under
-the same identity, against whichever member leads, until the append's deadline;
-``OutcomeUnknownError`` is left when the deadline runs out, or when a leader's refusal shows
-that no retry of that identity can be answered any more.  An append that ends
-without an answer (its deadline, a refusal for good) may leave a hole in its session's
-sequences, which a leader would refuse (OUT_OF_ORDER_SEQUENCE) for every later one: the
-client then leaves the session behind, and its appends that cannot be stored anywhere go on
-in a new one, while those that may be stored keep their identity (never sent under
-another).  Those decisions are made in :mod:`rayledger.actors.core.client_session` (sans-I/O, shared with the
-simulation's clients).
+An idempotent client (the default; ``idempotent=False`` opts out) gives every append an identity:
+its session's client id and the sequence numbers of its entries, assigned when the append is first
+sent, in the order calls reach Ray.  A leader writes them into the entries and answers a retry of
+entries already in its log with where they are.  So such a client retries an unknown outcome -- a
+member died, a term ended, a quorum wait timed out -- under the same identity, against whichever
+member leads, until the append's deadline; ``OutcomeUnknownError`` is left when the deadline runs
+out, or when a leader's refusal shows that no retry of that identity can be answered any more.  An
+append that ends without an answer (its deadline, a refusal for good) may leave a hole in its
+session's sequences, which a leader would refuse (OUT_OF_ORDER_SEQUENCE) for every later one: the
+client then leaves the session behind, and its appends that cannot be stored anywhere go on in a new
+one, while those that may be stored keep their identity (never sent under another).  Those decisions
+are made in :mod:`rayledger.actors.core.client_session` (sans-I/O, shared with the simulation's
+clients).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """EntryDispatcherActor: the Ray transport of one leader -> follower
 :class:`~rayledger.actors.core.dispatcher.DispatcherLogic`.
 
-The member announces every round it stores (the bytes inline, or one ObjectRef for a
-large round); the core decides what to push, what to fetch from the member, when to
-report to the checker and to the member's elector, and
-:class:`~rayledger.actors.core.dispatcher.DispatcherDriver` runs it on this actor's loop.  This shell
-only makes the calls: pushes to the follower (with the link faults tests inject and a
-timeout), term-fenced fetches from the member, reports to the checker, and the compiled
-graph's entry points.
+The member announces every round it stores (the bytes inline, or one ObjectRef for a large round);
+the core decides what to push, what to fetch from the member, when to report to the checker and to
+the member's elector, and :class:`~rayledger.actors.core.dispatcher.DispatcherDriver` runs it on
+this actor's loop.  This shell only makes the calls: pushes to the follower (with the link faults
+tests inject and a timeout), term-fenced fetches from the member, reports to the checker, and the
+compiled graph's entry points.
 """
 
 from __future__ import annotations

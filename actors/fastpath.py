@@ -59,14 +59,16 @@ __all__ = ["FastPath", "GraphRound"]
 
 
 class FastPath:
-    """The leader's side: the Ray transport of a :class:`~rayledger.actors.core.fastpath.FastPathLogic`.
+    """The leader's side: the Ray transport of a
+    :class:`~rayledger.actors.core.fastpath.FastPathLogic`.
 
-    It runs on a thread and event loop of its own, so compiling a graph (about a second
-    of CPU) never stalls the member's loop or its heartbeats.  ``on_output(r)`` (a
-    :class:`~rayledger.actors.core.checker.Resolution`, as the checker sends) gets every answer of the checker nodes and ``on_fallback(items)``
-    the (announcement, rounds) that were queued or in flight when the graph was abandoned
-    (they must travel again as plain calls); both are called on ``main_loop``.  The core
-    decides; this class compiles, tells the helpers, submits in order and collects.
+    It runs on a thread and event loop of its own, so compiling a graph (about a second of CPU)
+    never stalls the member's loop or its heartbeats.  ``on_output(r)`` (a
+    :class:`~rayledger.actors.core.checker.Resolution`, as the checker sends) gets every answer of
+    the checker nodes and ``on_fallback(items)`` the (announcement, rounds) that were queued or in
+    flight when the graph was abandoned (they must travel again as plain calls); both are called on
+    ``main_loop``.  The core decides; this class compiles, tells the helpers, submits in order and
+    collects.
     """
 
     def __init__(

@@ -77,7 +77,8 @@ def _left(deadline: float) -> float:
 
 
 class LedgerGroup:
-    """A handle on a group of :class:`~rayledger.actors.member.actor.MemberActor`; cheap to create, any driver can hold one."""
+    """A handle on a group of :class:`~rayledger.actors.member.actor.MemberActor`; cheap to create,
+    any driver can hold one."""
 
     def __init__(
         self, name: str, members: Sequence[str], store_dir: str | None, config: LedgerConfig

@@ -1,10 +1,9 @@
 """State machines run by every member (DLedger's StateMachine, PySyncObj's ``@replicated``).
 
-A group names its machine by import path in ``LedgerConfig(state_machine="pkg.mod:Class")``;
-every member imports it and builds its own instance (never unpickled from disk).  The
-member drives it through :class:`Applier`, whose runner core
-(:class:`~rayledger.actors.core.machine.MachineCore`) makes every decision around it; both are Ray-free,
-so the simulation runs the same code:
+A group names its machine by import path in ``LedgerConfig(state_machine="pkg.mod:Class")``; every
+member imports it and builds its own instance (never unpickled from disk).  The member drives it
+through :class:`Applier`, whose runner core (:class:`~rayledger.actors.core.machine.MachineCore`)
+makes every decision around it; both are Ray-free, so the simulation runs the same code:
 
 * ``open(ctx)`` once per member lifetime; returns the last index the machine has applied
   and made durable itself (-1 for none).  The member replays committed entries after it,
@@ -155,8 +154,8 @@ def load_quietly(machine: StateMachine, path: str, index: int) -> None:
 
 class SnapshotShelf:
     """A member's sealed snapshots as it offers them to followers below its begin (see
-    :class:`~rayledger.actors.core.member_logic.SnapshotSource`): the newest that verifies -- each checked once, by
-    checksum -- and one by (index, term)."""
+    :class:`~rayledger.actors.core.member_logic.SnapshotSource`): the newest that verifies -- each
+    checked once, by checksum -- and one by (index, term)."""
 
     def __init__(self, store: SnapshotStore):
         self.store = store
@@ -184,10 +183,10 @@ class SnapshotShelf:
 
 
 class Applier:
-    """A machine and its runner core (:class:`~rayledger.actors.core.machine.MachineCore`): the calls into
-    the machine, each checked and recorded by the core.  ``run`` and ``ask_*`` only call the
-    machine (the machine's thread); the shell tells the core what came of them on its
-    own thread.  ``apply`` and ``role_changed`` do both, for a caller with one thread."""
+    """A machine and its runner core (:class:`~rayledger.actors.core.machine.MachineCore`): the
+    calls into the machine, each checked and recorded by the core.  ``run`` and ``ask_*`` only call
+    the machine (the machine's thread); the shell tells the core what came of them on its own
+    thread.  ``apply`` and ``role_changed`` do both, for a caller with one thread."""
 
     def __init__(
         self,

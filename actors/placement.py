@@ -1,8 +1,9 @@
-"""Where a group's members run on Ray: each member's node (recorded in Ray's KV store, so
-that a leader knows the node of a member whose node is gone) and the cluster's live nodes,
-shared by :class:`~.group.LedgerGroup` (create, add, replace) and a leader replacing a lost
-member (``replace_lost_after_s``); both start the member with :func:`~rayledger.actors.member.actor.spawn_member`.
-The choice of a node is :func:`~rayledger.actors.core.membership.choose_node`'s."""
+"""Where a group's members run on Ray: each member's node (recorded in Ray's KV store, so that a
+leader knows the node of a member whose node is gone) and the cluster's live nodes, shared by
+:class:`~.group.LedgerGroup` (create, add, replace) and a leader replacing a lost member
+(``replace_lost_after_s``); both start the member with
+:func:`~rayledger.actors.member.actor.spawn_member`. The choice of a node is
+:func:`~rayledger.actors.core.membership.choose_node`'s."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def record_node(group: str, member: str, node_id: str) -> None:
 
 
 def record_gone(group: str, member: str) -> None:
-    """A member's process was stopped for good (:data:`~rayledger.actors.core.membership.GONE`): any later
-    leader's view of the nodes says so."""
+    """A member's process was stopped for good (:data:`~rayledger.actors.core.membership.GONE`): any
+    later leader's view of the nodes says so."""
     try:
         kv_put(_key(group, member), GONE, _KV_NAMESPACE)
     except Exception as exc:  # no Ray here: nothing reads the view either

@@ -160,8 +160,9 @@ class EntryHandler:
             index = (
                 req.first_index + req.count - 1 if req.type is PushType.APPEND else req.first_index
             )
-        # a machine stranded below our begin (its snapshot found damaged at a restart) needs
-        # a snapshot the leader sends on its own only before a reset: every answer asks
+        # a machine stranded below our begin, or a session table lacking what lies below it
+        # (a snapshot found damaged), needs a snapshot the leader sends on its own only
+        # before a reset: every answer asks
         ask = self.snapshot_wanted
         wanted = -1 if ask is None else ask(store.ledger_begin_index)
         return PushEntryResponse(

@@ -127,9 +127,10 @@ class PushEntryResponse:
     term in its log, so the leader skips a whole term per round trip instead of one
     index; both -1 when there is no hint (an empty log, an older follower).
 
-    ``snapshot_wanted`` >= 0: the follower's state machine stands below its log's begin
-    (the snapshot that bridged the gap was lost) and can go on only from a snapshot at or
-    past that index, which the leader then sends though the logs match; -1: none needed.
+    ``snapshot_wanted`` >= 0: the follower needs a snapshot at or past that index, which the
+    leader then sends though the logs match -- its state machine stands below its log's
+    begin (the snapshot that bridged the gap was lost), or its client-session table lacks
+    the sessions below that begin (that snapshot's table was damaged); -1: none needed.
     """
 
     group: str

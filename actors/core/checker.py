@@ -6,7 +6,7 @@ which rounds succeed, time out or lose their term, and when the dispatchers hear
 committed index.  Its way out is :meth:`CheckerLogic.ready`: one :class:`CheckerReady` of
 what to tell the leader, what to tell the dispatchers and when to run again.
 
-:class:`CheckerDriver` carries a :class:`~rayledger.actors.core.pump.Loop`'s events into the core and its
+:class:`CheckerDriver` carries a :class:`~.pump.Loop`'s events into the core and its
 Ready out through :class:`CheckerPorts`; the Ray actor (:mod:`rayledger.actors.checker`) and the
 simulation differ only in the loop and the ports they give it.
 
@@ -40,7 +40,7 @@ Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
 
 @dataclass(frozen=True, slots=True)
 class BecomeLeader:
-    """Serve ``term`` from the leader's :class:`~rayledger.actors.core.member_logic.LeaderInfo`; answers the outcomes
+    """Serve ``term`` from the leader's :class:`~.member_logic.LeaderInfo`; answers the outcomes
     of what waited for an older term."""
 
     term: int
@@ -58,7 +58,7 @@ class LeadershipEnded:
 @dataclass(frozen=True, slots=True)
 class AddRound:
     """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
-    counts its own copy (:meth:`~rayledger.actors.core.member_logic.MemberLogic.water_mark`)."""
+    counts its own copy (:meth:`~.member_logic.MemberLogic.water_mark`)."""
 
     term: int
     first: int

@@ -11,8 +11,8 @@ of its pushes, a rewind when the graph is left).  Its one way in is
 answer), its one way out :meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`,
 taken as it is handed out (a dispatcher persists nothing, so there is no ``Advance``).
 
-:class:`DispatcherDriver` carries a :class:`~rayledger.actors.core.pump.Loop`'s events in and the Ready out
-through :class:`DispatcherPorts`; the Ray actor (:mod:`rayledger.actors.dispatcher`) and the simulation
+:class:`DispatcherDriver` carries a :class:`~.pump.Loop`'s events in and the Ready out through
+:class:`DispatcherPorts`; the Ray actor (:mod:`rayledger.actors.dispatcher`) and the simulation
 differ only in the loop and the ports.
 """
 
@@ -201,7 +201,8 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class Activate:
-    """Push for the leader of ``info.term`` (:class:`~rayledger.replication.messages.LeaderInfo`), from its log."""
+    """Push for the leader of ``info.term`` (:class:`~rayledger.replication.messages.LeaderInfo`),
+    from its log."""
 
     info: LeaderInfo
 

@@ -1,12 +1,12 @@
 """The compiled path's core and its driver (sans-I/O: no Ray, no asyncio, no clock).
 
 :class:`FastPathLogic` decides everything about a leader's compiled graph
-(:mod:`rayledger.actors.fastpath` says what the graph is): when to build one and how long to back off
-after a failure, when a built graph may go live (the term and generation still hold),
-which rounds go through it (size cap; rounds waiting for a slot merge, within the cap),
-how many executions are in flight, when an execution waited too long (the watchdog), and
-what a fallback hands back to plain calls and to whom.  Its way out is
-:meth:`FastPathLogic.ready`: a :class:`FastPathReady`.
+(:mod:`rayledger.actors.fastpath` says what the graph is): when to build one and how long to back
+off after a failure, when a built graph may go live (the term and generation still hold), which
+rounds go through it (size cap; rounds waiting for a slot merge, within the cap), how many
+executions are in flight, when an execution waited too long (the watchdog), and what a fallback
+hands back to plain calls and to whom.  Its way out is :meth:`FastPathLogic.ready`: a
+:class:`FastPathReady`.
 
 :class:`FastPathDriver` runs it on the fast path's own loop; the member's thread reaches it
 through :meth:`FastPathDriver.start`, :meth:`FastPathDriver.stop` and

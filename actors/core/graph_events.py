@@ -1,4 +1,4 @@
-"""What the leader's compiled path (:mod:`rayledger.actors.core.fastpath`) tells every helper core, the
+"""What the leader's compiled path (:mod:`.fastpath`) tells every helper core, the
 checker's and each dispatcher's alike: a graph generation starts or ends."""
 
 from __future__ import annotations

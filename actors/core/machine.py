@@ -1,8 +1,8 @@
 """The state-machine runner's decisions, once (sans-I/O: no Ray, no asyncio, no clock).
 
-The runner around a member's state machine (machine.py) only delivers events to this core
-and does what it answers; the Ray member (:mod:`rayledger.actors.member.machine`) with a one-thread pool
-and futures, the seeded simulation with simulated time.  The core decides:
+The runner around a member's state machine (machine.py) only delivers events to this core and does
+what it answers; the Ray member (:mod:`rayledger.actors.member.machine`) with a one-thread pool and
+futures, the seeded simulation with simulated time.  The core decides:
 
 * **what to apply next**: from where the machine stands, at most ``max_batch`` committed
   entries, one batch at a time (:meth:`MachineCore.next_batch`), and that each batch
@@ -58,7 +58,7 @@ CATCH_UP = 8
 @dataclass(frozen=True, slots=True)
 class AskReady:
     """Call ``machine.ready_to_lead()`` on the machine's thread; answered with its result,
-    or :class:`~rayledger.actors.core.supervision.Failed` when it raised."""
+    or :class:`~.supervision.Failed` when it raised."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,19 @@
 """The member's core: one way in, one way out (sans-I/O: no Ray, no asyncio, no clock).
 
-Like etcd-io/raft's ``RawNode``, a member is stepped with events and answers with what to
-do.  :meth:`MemberCore.step` takes one event and the time and returns a
-:class:`MemberOut`: the call's direct answer (``reply``, as ``Step`` returns its error),
-the messages to send, the push answers (after a flush when ``flush_first``), the actions
-of its processes to carry out, the rounds that ended, and when to tick next.  The Ray
-member (:mod:`rayledger.actors.member.actor`), the whole-group simulation and the script tests deliver events
-and carry outs out; nothing else.
+Like etcd-io/raft's ``RawNode``, a member is stepped with events and answers with what to do.
+:meth:`MemberCore.step` takes one event and the time and returns a :class:`MemberOut`: the call's
+direct answer (``reply``, as ``Step`` returns its error), the messages to send, the push answers
+(after a flush when ``flush_first``), the actions of its processes to carry out, the rounds that
+ended, and when to tick next.  The Ray member (:mod:`rayledger.actors.member.actor`), the
+whole-group simulation and the script tests deliver events and carry outs out; nothing else.
 
 Inside, the member's decisions live in the pieces it is built from:
-:class:`~rayledger.actors.core.member_logic.MemberLogic` (the elector, the entry handler, leadership, admission),
-:class:`~rayledger.actors.core.rounds.RoundBook` (group commit), :class:`~rayledger.actors.core.round_path.RoundPath` (a round from
-the store to its quorum) and :class:`~rayledger.actors.core.supervision.Supervisor` (taking and leaving office,
+:class:`~.member_logic.MemberLogic` (the elector, the entry handler, leadership, admission),
+:class:`~.rounds.RoundBook` (group commit), :class:`~.round_path.RoundPath` (a round from
+the store to its quorum) and :class:`~.supervision.Supervisor` (taking and leaving office,
 the helpers' supervision).  What used to be glue in each transport is decided here once:
 
-* which process runs next under the role lock (:class:`~rayledger.actors.core.supervision.RoleQueue`: a
+* which process runs next under the role lock (:class:`~.supervision.RoleQueue`: a
   coalesced role change before the helper restores waiting) -- the election events find
   the role changes themselves;
 * the actions a process needs no transport for: a step-down or a hand-over (the elector),
@@ -24,7 +23,7 @@ the helpers' supervision).  What used to be glue in each transport is decided he
 
 A process's action goes out as a :class:`Run` (its id, its kind, the action); the
 transport carries it out and steps :class:`ProcessAnswered` with the value (a timeout is an
-answer too, :class:`~rayledger.actors.core.supervision.Failed`).  A process has one action out at a time.
+answer too, :class:`~.supervision.Failed`).  A process has one action out at a time.
 The Out of a step is taken as it is handed out; what the member persists (its store) is
 written by the core, and a flush the transport does is reported back as an answer, the
 ``persisted up to`` of a sans-I/O store -- so there is no separate ``advance``.
@@ -200,7 +199,7 @@ class Deadline:
 
 @dataclass(frozen=True, slots=True)
 class ChangeMembers:
-    """An operator's change of the configuration on this leader (an :class:`~rayledger.actors.core.membership.Op`
+    """An operator's change of the configuration on this leader (an :class:`~.membership.Op`
     on ``member``; ``replaces`` for a replacement).  The step raises the coded error of a
     refused change (nothing changes; LEADER_TRANSFERRING when this leader is to leave: it
     hands over first).  Otherwise the configuration entry waits for the next round and
@@ -223,7 +222,7 @@ class ClusterView:
 
 @dataclass(frozen=True, slots=True)
 class SpawnDone:
-    """The transport started the member of a :class:`~rayledger.actors.core.membership.Spawn` and it was added
+    """The transport started the member of a :class:`~.membership.Spawn` and it was added
     (``ok``), or either failed (``code``: how its change ended; None: never asked).  The
     core says whether to stop it (``MemberOut.stop_spawned``)."""
 
@@ -234,7 +233,8 @@ class SpawnDone:
 
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
-    | ClientAppend | WriteRound | RoundsResolved | ProcessAnswered | HelperStarted | GraphFallback | StepDown
+    | ClientAppend | WriteRound | RoundsResolved | ProcessAnswered | HelperStarted
+    | GraphFallback | StepDown
     | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline | ChangeMembers | ClusterView
     | SpawnDone
 )  # fmt: skip

@@ -1,11 +1,12 @@
 """What a member decides, without Ray, asyncio or a clock: :class:`MemberLogic` (its log,
 its elector, its follower-side handler, its leadership's rounds and announcements) and the
-messages it gives its helpers (:class:`LeaderInfo`, :class:`Announcement`, :class:`Round`).
+rounds it writes (:class:`Round`); what it tells its helpers, :class:`LeaderInfo` and
+:class:`Announcement`, is in :mod:`rayledger.replication.messages`.
 
 Events go in and actions come out, ``now_ms`` passed in; the Ray member
-(:mod:`rayledger.actors.member.actor`) and the simulation (``tests/simulation``) only deliver them, so the seeded
-safety checks of the simulation run the code that ships.  The dispatcher's and checker's
-decisions are theirs (:mod:`rayledger.actors.core.dispatcher`, :mod:`rayledger.actors.core.checker`).
+(:mod:`rayledger.actors.member.actor`) and the simulation (``tests/simulation``) only deliver them,
+so the seeded safety checks of the simulation run the code that ships.  The dispatcher's and
+checker's decisions are theirs (:mod:`.dispatcher`, :mod:`.checker`).
 
 Helpers obey their member's term: every answer the member gives its
 dispatchers (:meth:`MemberLogic.read_for_push`, :meth:`MemberLogic.entry_meta`)
@@ -110,8 +111,8 @@ class Round:
 
 
 class SnapshotSource(Protocol):
-    """A member's machine snapshots (:class:`~rayledger.actors.machine.Applier`): the newest that verifies,
-    one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
+    """A member's machine snapshots (:class:`~rayledger.actors.machine.Applier`): the newest that
+    verifies, one by (index, term) -- CORRUPT_SNAPSHOT when gone -- and the directory
     (:class:`~rayledger.storage.snapshots.SnapshotStore`) that reads and installs them."""
 
     store: Any

@@ -1,10 +1,10 @@
 """The loop a helper's core runs on, and the pump that turns its ``ready`` into actions.
 
 Sans-I/O: a :class:`Loop` is whatever delivers -- asyncio on a Ray actor
-(:class:`~rayledger.actors.aioloop.AsyncioLoop`), the simulation's node-local queue in ``tests/simulation``.  The
-helper drivers (:mod:`rayledger.actors.core.checker`, :mod:`rayledger.actors.core.dispatcher`) only talk to a Loop, so the
-Ray actors and the simulation run the same drivers over the same cores; what differs is how
-a call, a timer or a hop between threads is carried.
+(:class:`~rayledger.actors.aioloop.AsyncioLoop`), the simulation's node-local queue in
+``tests/simulation``.  The helper drivers (:mod:`.checker`, :mod:`.dispatcher`) only talk to a Loop,
+so the Ray actors and the simulation run the same drivers over the same cores; what differs is how a
+call, a timer or a hop between threads is carried.
 """
 
 from __future__ import annotations

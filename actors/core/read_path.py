@@ -1,13 +1,13 @@
 """How a read index is found, decided once (sans-I/O: no Ray, no asyncio, no clock).
 
-A read is a :class:`~rayledger.actors.core.supervision.Process`: it yields what it needs -- the committed index
-to reach an index (:class:`WaitCommitted`), a confirmation round of the leader's
-:class:`~rayledger.actors.core.reads.ReadIndexLogic` (:class:`Confirm`), a read index from the leader
+A read is a :class:`~.supervision.Process`: it yields what it needs -- the committed index to reach
+an index (:class:`WaitCommitted`), a confirmation round of the leader's
+:class:`~.reads.ReadIndexLogic` (:class:`Confirm`), a read index from the leader
 (:class:`AskLeader`) -- and is resumed with the answer (a time-out is an answer:
-:class:`~rayledger.actors.core.supervision.Failed`).  It returns the read index, or raises the
-:class:`~rayledger.storage.LedgerError` its caller gets.  :mod:`rayledger.actors.core.reads` says what each
-consistency promises; the Ray member (:mod:`rayledger.actors.member.reads`) and the simulation perform
-the actions.
+:class:`~.supervision.Failed`).  It returns the read index, or raises the
+:class:`~rayledger.storage.LedgerError` its caller gets.  :mod:`.reads` says what each consistency
+promises; the Ray member (:mod:`rayledger.actors.member.reads`) and the simulation perform the
+actions.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """What a written round does next, from the leader's store to its quorum (sans-I/O).
 
-A round the :class:`~rayledger.actors.core.rounds.RoundBook` wrote is sent on by a *process* (as in
-:mod:`rayledger.actors.core.supervision`): a generator that yields one action at a time and is resumed with its
+A round the :class:`~.rounds.RoundBook` wrote is sent on by a *process* (as in
+:mod:`.supervision`): a generator that yields one action at a time and is resumed with its
 answer.  Every decision on the way lives here, once, for the Ray member
 (:mod:`rayledger.actors.member.appends`) and the whole-group simulation alike:
 
 * plain or compiled: a round goes through the compiled graph when the fast path is active
   and takes it, else as plain calls to the dispatchers (:class:`Announce`);
 * sync_flush: the followers write meanwhile, and the round is registered with the checker
-  only once this member flushed it (:class:`~rayledger.actors.core.supervision.Flush`) -- the checker's mark for
+  only once this member flushed it (:class:`~.supervision.Flush`) -- the checker's mark for
   the leader is its flushed end (:meth:`MemberLogic.water_mark`), so the leader's own copy
   counts only once it is on disk.  A failed flush fails the round's appends as an unknown
   outcome (DISK_ERROR) and costs the leadership: a leader whose disk fails can count
   itself toward nothing;
-* a round that could not be sent on (the transport answers :class:`~rayledger.actors.core.supervision.Failed`,
+* a round that could not be sent on (the transport answers :class:`~.supervision.Failed`,
   e.g. ``ray.put`` failed) is stored but never acknowledged: an unknown outcome at once;
 * the rounds of an abandoned graph that still wait travel again as plain calls and are
   registered again (:meth:`RoundPath.fallback`).
@@ -43,7 +43,7 @@ Span = tuple[int, int, int]  # (first index, last index, round id)
 @dataclass(frozen=True, slots=True)
 class Announce:
     """Send the round to every dispatcher as plain calls; answered None, or
-    :class:`~rayledger.actors.core.supervision.Failed` when it could not be sent."""
+    :class:`~.supervision.Failed` when it could not be sent."""
 
     a: Announcement
 

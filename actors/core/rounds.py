@@ -1,7 +1,7 @@
 """The leader's appends between admission and answer: group commit into rounds.
 
-Sans-I/O (no Ray, no asyncio, no clock), so the Ray member (:mod:`rayledger.actors.member.appends`) and the
-whole-group simulation run the same decisions:
+Sans-I/O (no Ray, no asyncio, no clock), so the Ray member (:mod:`rayledger.actors.member.appends`)
+and the whole-group simulation run the same decisions:
 
 * an admitted append waits in the queue; the queue is written as *one* store batch and one
   replication round (:meth:`RoundBook.write`), unless ``max_rounds`` rounds already wait

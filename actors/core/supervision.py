@@ -669,7 +669,7 @@ class Supervisor:
 
 
 class RoleQueue:
-    """The role lock's queue (kept by :class:`~rayledger.actors.core.member.MemberCore`): the exclusive
+    """The role lock's queue (kept by :class:`~.member.MemberCore`): the exclusive
     processes run one at a time; a role change -- coalesced, since
     one pass of :meth:`Supervisor.role_changes` brings the helpers in line with the latest
     role -- goes before the helper restores and set-ups waiting, which run in order, and

@@ -1,20 +1,21 @@
-"""MemberActor: the Ray transport of one member's :class:`~rayledger.actors.core.member_logic.MemberLogic`.
+"""MemberActor: the Ray transport of one member's
+:class:`~rayledger.actors.core.member_logic.MemberLogic`.
 
 A thin async shell: it owns the Ray handles and the asyncio loop, and is built from parts,
-each owning its state (see :mod:`rayledger.actors.member.context` for what they share and the one
+each owning its state (see :mod:`.context` for what they share and the one
 concurrency model):
 
-* :class:`~rayledger.actors.member.election.ElectionPart`: the elector's clock and messages, election RPCs;
-* :class:`~rayledger.actors.member.leadership.LeadershipPart`: taking and leaving office, supervising the
+* :class:`~.election.ElectionPart`: the elector's clock and messages, election RPCs;
+* :class:`~.leadership.LeadershipPart`: taking and leaving office, supervising the
   helpers;
-* :class:`~rayledger.actors.member.appends.AppendPart`: appends on the leader, grouped into rounds;
-* :class:`~rayledger.actors.member.reads.ReadPart`: read index rounds, leases and the read RPCs.
+* :class:`~.appends.AppendPart`: appends on the leader, grouped into rounds;
+* :class:`~.reads.ReadPart`: read index rounds, leases and the read RPCs.
 
-Ray's methods live here and only hand their calls to a part.  Votes and heartbeats run in
-their own Ray concurrency group (their own thread and loop), so a queue of bulk pushes never
-delays them.  The helpers (a :class:`~rayledger.actors.checker.QuorumAckCheckerActor` and one
-:class:`~rayledger.actors.dispatcher.EntryDispatcherActor` per peer) are created by the member, on its node,
-and die with it.
+Ray's methods live here and only hand their calls to a part.  Votes and heartbeats run in their own
+Ray concurrency group (their own thread and loop), so a queue of bulk pushes never delays them.  The
+helpers (a :class:`~rayledger.actors.checker.QuorumAckCheckerActor` and one
+:class:`~rayledger.actors.dispatcher.EntryDispatcherActor` per peer) are created by the member, on
+its node, and die with it.
 """
 
 from __future__ import annotations
@@ -401,7 +402,7 @@ class MemberActor:
     @ray.method(concurrency_group="election", enable_task_events=False)
     async def run_maintainer(self) -> None:
         """The elector's clock runs on the election group's loop, beside the vote and
-        heartbeat handlers (see :class:`~rayledger.actors.member.election.ElectionPart`)."""
+        heartbeat handlers (see :class:`~.election.ElectionPart`)."""
         self.election.ensure_maintainer()
 
     @ray.method(concurrency_group="election", enable_task_events=False)
@@ -430,7 +431,7 @@ class MemberActor:
         target: str | None = None,
         ident: tuple[int, int] | None = None,
     ):
-        """Append a batch as leader (see :meth:`~rayledger.actors.member.appends.AppendPart.append`);
+        """Append a batch as leader (see :meth:`~.appends.AppendPart.append`);
         ``ident``: an idempotent client's (client id, first sequence)."""
         return await self.appends.append(bodies, group, target, ident)
 
@@ -462,8 +463,9 @@ class MemberActor:
 
     # -- membership ------------------------------------------------------------
     async def change_members(self, op: str, member: str, replaces: str = "") -> int:
-        """On the leader: change the configuration (an :class:`~rayledger.actors.core.membership.Op`); returns the
-        index of the configuration entry once it committed.  Coded errors: see
+        """On the leader: change the configuration (an
+        :class:`~rayledger.actors.core.membership.Op`); returns the index of the configuration entry
+        once it committed.  Coded errors: see
         :class:`~rayledger.actors.core.member.ChangeMembers`."""
         fut = self._loop.create_future()
         self._carry(self.ctx.step(ChangeMembers(op, member, fut, replaces)))

@@ -1,13 +1,13 @@
 """Appends on the leader: group commit into rounds, and their answers.
 
-A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`).  Every append that
-arrives in one turn of the event loop joins one store batch and one replication round (the
-member core's :class:`~rayledger.actors.core.rounds.RoundBook` decides, :class:`~rayledger.actors.core.round_path.RoundPath` sends it
-on).  A round is announced to the
+A part of :class:`~.actor.MemberActor` (see :mod:`.context`).  Every append that arrives in one turn
+of the event loop joins one store batch and one replication round (the member core's
+:class:`~rayledger.actors.core.rounds.RoundBook` decides,
+:class:`~rayledger.actors.core.round_path.RoundPath` sends it on).  A round is announced to the
 member's :class:`~rayledger.actors.dispatcher.EntryDispatcherActor` s (one per peer), or through the
 compiled graph of the fast path, and registered with its
-:class:`~rayledger.actors.checker.QuorumAckCheckerActor`, which answers with :meth:`AppendPart.on_resolved`
-once a quorum stores it.
+:class:`~rayledger.actors.checker.QuorumAckCheckerActor`, which answers with
+:meth:`AppendPart.on_resolved` once a quorum stores it.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class AppendPart(Part):
         ident: tuple[int, int] | None = None,
     ):
         """Append a batch as leader; once a quorum stores it, returns ``(first index, term,
-        positions)`` with the positions as little-endian int64 bytes (compact to send back),
-        or a :class:`~rayledger.actors.core.rounds.Spread` for an idempotent retry answered from the log.
+        positions)`` with the positions as little-endian int64 bytes (compact to send back), or a
+        :class:`~rayledger.actors.core.rounds.Spread` for an idempotent retry answered from the log.
 
         The batch joins the round of everything appended in the same loop turn.
         """
@@ -119,7 +119,8 @@ class AppendPart(Part):
                 set_result(fut, value)
 
     def perform(self, action) -> Any:
-        """An action of a round (see :mod:`rayledger.actors.core.round_path`), carried out at once."""
+        """An action of a round (see :mod:`rayledger.actors.core.round_path`), carried out at
+        once."""
         if isinstance(action, rp.Register):
             self.ctx.checker.add_round.remote(action.term, action.first, action.last,
                                            action.rid, action.leader_mark, action.config)  # fmt: skip

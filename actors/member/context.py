@@ -1,24 +1,25 @@
 """What the parts of one member actor share, and the rules for sharing it.
 
-The member shell (:mod:`rayledger.actors.member.actor`) is built from parts, each owning its own state and
+The member shell (:mod:`.actor`) is built from parts, each owning its own state and
 talking to the others through a few named calls:
 
-* :class:`~rayledger.actors.member.election.ElectionPart` -- the elector's clock and election RPCs;
-* :class:`~rayledger.actors.member.leadership.LeadershipPart` -- taking and leaving office, the helpers'
+* :class:`~.election.ElectionPart` -- the elector's clock and election RPCs;
+* :class:`~.leadership.LeadershipPart` -- taking and leaving office, the helpers'
   supervision;
-* :class:`~rayledger.actors.member.appends.AppendPart` -- the leader's appends, rounds and the compiled path;
-* :class:`~rayledger.actors.member.reads.ReadPart` -- read index rounds, leases and the read RPCs.
+* :class:`~.appends.AppendPart` -- the leader's appends, rounds and the compiled path;
+* :class:`~.reads.ReadPart` -- read index rounds, leases and the read RPCs.
 
 They share only this context, and step the member's sans-I/O core
-(:class:`~rayledger.actors.core.member.MemberCore`) through it: an event in (:meth:`MemberContext.step`),
-its :class:`~rayledger.actors.core.member.MemberOut` carried out by the shell (``carry``).  Concurrency (one model per member, see docs/ARCHITECTURE.md):
-``logic`` -- the member's sans-I/O core, and the store under it -- is touched only while
-holding ``lock`` and never across an ``await``; the lock is an RLock because the store's
-append hooks (a state machine's ``pre_append``) call back in.  Three kinds of threads take
-it: the main loop (``loop``: appends, pushes, role changes, helper answers), the election
-concurrency group's loop (ticks, votes, heartbeats, transfers, status) and the compiled
-graph's threads (``cg_push``, ``cg_report``); blocking work (an fsync with sync_flush, the
-state machine) runs in executors and hands its result back to the main loop.
+(:class:`~rayledger.actors.core.member.MemberCore`) through it: an event in
+(:meth:`MemberContext.step`), its :class:`~rayledger.actors.core.member.MemberOut` carried out by
+the shell (``carry``).  Concurrency (one model per member, see docs/ARCHITECTURE.md): ``logic`` --
+the member's sans-I/O core, and the store under it -- is touched only while holding ``lock`` and
+never across an ``await``; the lock is an RLock because the store's append hooks (a state machine's
+``pre_append``) call back in.  Three kinds of threads take it: the main loop (``loop``: appends,
+pushes, role changes, helper answers), the election concurrency group's loop (ticks, votes,
+heartbeats, transfers, status) and the compiled graph's threads (``cg_push``, ``cg_report``);
+blocking work (an fsync with sync_flush, the state machine) runs in executors and hands its result
+back to the main loop.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The member's elector on Ray: its clock, its messages to peers, and election RPCs.
 
-A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`).  The elector is ticked every
+A part of :class:`~.actor.MemberActor` (see :mod:`.context`).  The elector is ticked every
 ``maintain_interval_ms`` (DLedger's ``maintainState``) on the election concurrency group's
 loop, beside the vote and heartbeat handlers, so a main loop busy with appends and pushes
 never delays a heartbeat.  Every event goes into the member's core; the role changes it

@@ -1,7 +1,7 @@
 """Taking and leaving office on Ray: the transport of the member's
 :class:`~rayledger.actors.core.supervision.Supervisor`.
 
-A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`).  The supervisor
+A part of :class:`~.actor.MemberActor` (see :mod:`.context`).  The supervisor
 (inside the member's core) decides what a role change does, how long every helper call may
 take, when a helper is hung and replaced, and when the leader hands leadership on; it also
 keeps the role lock's queue.  This part only performs its processes' actions, with actor
@@ -28,10 +28,10 @@ log = logging.getLogger("rayledger.actors")
 
 class LeadershipPart(Part):
     """The actions of the member core's role changes and helper supervision
-    (:class:`~rayledger.actors.core.supervision.Supervisor`, run inside :class:`~rayledger.actors.core.member.MemberCore`):
-    helper calls with their time-outs, the flush of a new term's first entry, signals to a
-    hung helper, and the append path's share of a role change (``appends``: the compiled
-    path)."""
+    (:class:`~rayledger.actors.core.supervision.Supervisor`, run inside
+    :class:`~rayledger.actors.core.member.MemberCore`): helper calls with their time-outs, the flush
+    of a new term's first entry, signals to a hung helper, and the append path's share of a role
+    change (``appends``: the compiled path)."""
 
     def __init__(self, ctx: MemberContext, appends: AppendPart):
         super().__init__(ctx)

@@ -3,10 +3,10 @@ machine (apply, role changes, readiness, queries) runs in order on one thread of
 so slow user code never blocks the member's event loop.  ``pre_append`` is the exception:
 the store calls it inside the leader's write, on the member's loop.
 
-Every decision -- what to apply next, when a query is answered or fails, when the machine
-is ready for a new leader's term, what a failure does -- is the core's
-(:class:`~rayledger.actors.core.machine.MachineCore`, ``applier.core``); this shell only delivers events to
-it (under the member's lock, on the member's loop) and carries out what it says with the
+Every decision -- what to apply next, when a query is answered or fails, when the machine is ready
+for a new leader's term, what a failure does -- is the core's
+(:class:`~rayledger.actors.core.machine.MachineCore`, ``applier.core``); this shell only delivers
+events to it (under the member's lock, on the member's loop) and carries out what it says with the
 pool, futures and timers."""
 
 from __future__ import annotations

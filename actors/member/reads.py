@@ -1,8 +1,8 @@
 """Reads on Ray: read index rounds, leases, waiting for a commit, and the read RPCs.
 
-A part of :class:`~rayledger.actors.member.actor.MemberActor` (see :mod:`rayledger.actors.member.context`); :mod:`rayledger.actors.core.reads` and
-:mod:`rayledger.actors.core.read_path` hold the Ray-free decisions it performs and say what each consistency
-promises.
+A part of :class:`~.actor.MemberActor` (see :mod:`.context`); :mod:`rayledger.actors.core.reads` and
+:mod:`rayledger.actors.core.read_path` hold the Ray-free decisions it performs and say what each
+consistency promises.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ class ReadPart(Part):
         return await self._read(Consistency.of(consistency), leader_only=True)
 
     async def _read(self, c: Consistency, leader_only: bool = False) -> int:
-        """The core's read (:mod:`rayledger.actors.core.read_path`): its index, or the caller's LedgerError
-        (answered in the very step when nothing is to wait for: a lease, committed)."""
+        """The core's read (:mod:`rayledger.actors.core.read_path`): its index, or the caller's
+        LedgerError (answered in the very step when nothing is to wait for: a lease, committed)."""
         fut = self.ctx.loop.create_future()
         out = self.ctx.step(mc.ReadIndex(c, fut, leader_only))
         mine = [r for t, r in out.reads_done if t is fut]

@@ -276,25 +276,24 @@ class GroupSim(
         snapshot_keep: int = 2,
         test_file: str = "tests/simulation/test_group_sim.py",
     ) -> None:
-        """``fast_path``: members start with the compiled path on (None: seeded when there
-        are faults, else off); ``fast_path_switches``: seeded faults switch it on and off
-        and stall its channels (None: when there are faults); ``power_loss``: the share of
-        crashes that are power losses (None: half for FileStore members); ``sync_flush``:
-        the stores' ``StoreConfig.sync_flush``.  Operator transfers (``transfers``):
-        ``late_take_orders`` of their take orders are held up past the transfer's time-out,
-        and ``lease_partitions`` of those part the old leader from the group as they land
-        (:meth:`_take_order_lands`).  ``wake_on_election``: an election event that brings a
-        member's next deadline forward wakes its maintainer (``MemberDelivery._rearm``; off by
-        default so that the seeds of the other tests run as they did).  ``max_rounds``: the
-        rounds a leader lets wait for their quorum at once (``LedgerConfig.max_rounds``).
-        A writer gives an append up after ``client_timeout_ms`` and asks a random member; a reader gives a read
-        up after ``reader_timeout_ms`` and asks a random member, or with ``readers_stay``
-        the same one again.  :data:`~.sim_config.LEASE_MIX` sets them all.  ``machine``:
-        every member runs a state machine ("kv" or "mq", see :mod:`.machine_delivery`) and
-        clients append its commands.  ``late_start_reports``: a helper's "I started"
-        (``helper_started``) reaches its member after a seeded delay in this range, as on
-        Ray, where it is unordered with the member's own calls to the helper (None: at once,
-        so that the seeds of the other tests run as they did).
+        """``fast_path``: members start with the compiled path on (None: seeded when there are
+        faults, else off); ``fast_path_switches``: seeded faults switch it on and off and stall its
+        channels (None: when there are faults); ``power_loss``: the share of crashes that are power
+        losses (None: half for FileStore members); ``sync_flush``: the stores'
+        ``StoreConfig.sync_flush``.  Operator transfers (``transfers``): ``late_take_orders`` of
+        their take orders are held up past the transfer's time-out, and ``lease_partitions`` of
+        those part the old leader from the group as they land (:meth:`_take_order_lands`).
+        ``wake_on_election``: an election event that brings a member's next deadline forward wakes
+        its maintainer (``MemberDelivery._rearm``; off by default so that the seeds of the other
+        tests run as they did).  ``max_rounds``: the rounds a leader lets wait for their quorum at
+        once (``LedgerConfig.max_rounds``). A writer gives an append up after ``client_timeout_ms``
+        and asks a random member; a reader gives a read up after ``reader_timeout_ms`` and asks a
+        random member, or with ``readers_stay`` the same one again.  :data:`~.sim_config.LEASE_MIX`
+        sets them all.  ``machine``: every member runs a state machine ("kv" or "mq", see
+        :mod:`.machine_delivery`) and clients append its commands.  ``late_start_reports``: a
+        helper's "I started" (``helper_started``) reaches its member after a seeded delay in this
+        range, as on Ray, where it is unordered with the member's own calls to the helper (None: at
+        once, so that the seeds of the other tests run as they did).
 
         The all-features mode (:data:`~.sim_config.ALL_FEATURES`) adds, each off by default:
         ``helper_delays``: a dispatcher added by a configuration boots for 0.5-3 s (its set-up
@@ -309,7 +308,8 @@ class GroupSim(
         clients' entries, is off the simulation's (the clients') by a seeded amount within
         this much either way.  ``cut_removals``: now and then the leader is cut off from a
         voter and the operator removes it (down to a single voter).  ``snapshot_keep``: the
-        snapshots each machine keeps (one: its log compacted right up to its newest).  ``test_file``: what the reproduce line names."""
+        snapshots each machine keeps (one: its log compacted right up to its newest).
+        ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -827,7 +827,8 @@ class GroupSim(
             self.net.heal()
 
     def run(self, chaos_ms: int = 8000, converge_within_ms: int = 20000) -> SimResult:
-        """Chaos for ``chaos_ms``, then heal and require convergence within ``converge_within_ms``."""
+        """Chaos for ``chaos_ms``, then heal and require convergence within
+        ``converge_within_ms``."""
         self.run_until(chaos_ms)
         self.heal()
         start = self.clock.now_ms

@@ -389,7 +389,8 @@ class MemberDelivery:
 
 
 def _settled_reply(req_id: int, value, member: str) -> ClientReply:
-    """A retry's answer from the log (:class:`~rayledger.actors.core.rounds.Spread`), or its error."""
+    """A retry's answer from the log (:class:`~rayledger.actors.core.rounds.Spread`), or its
+    error."""
     if isinstance(value, LedgerError):
         return ClientReply(req_id, value.code, leader_id=value.leader_id)
     idx = np.frombuffer(value.indexes, dtype=np.int64).tolist()

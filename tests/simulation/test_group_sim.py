@@ -23,7 +23,7 @@ from .sim_config import LEASE_MIX
 
 # What this simulation found in the shipped code (reproduce with the seeds given):
 #
-# * actors/core/member_logic.py LeaderView.read_batch + the dispatcher's fetch: a resend of a pending
+# * actors/core/dispatcher.py LeaderView.read_batch + the dispatcher's fetch: a resend of a pending
 #   push needs exactly its entries (read_batch(first, .., count)), the cache holds a larger
 #   batch at that index, and the fetch asks for max_batch_push_count entries again: the
 #   dispatcher fetches forever (a hot loop of actor calls; permanent when nothing else
