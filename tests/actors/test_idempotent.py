@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import ray
-from groupcheck import Outcomes, Writer, check_history, stop_writers
+from groupcheck import Outcomes, Writer, check_history, stop_writers, wait_until
 from rayledger.actors.core.rounds import Spread
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode, SessionError
 
@@ -91,15 +91,16 @@ def test_a_leader_killed_under_idempotent_writers_loses_and_repeats_nothing(make
     for w in writers:
         w.start()
     try:
-        for _ in range(2):
-            time.sleep(2)
-            g.kill(g.wait_for_leader(timeout_s=30))
-            time.sleep(1)
-        g.wait_for_leader(timeout_s=30)
-        time.sleep(2)
+        since = 0.0
+        for leg in range(3):  # each leader is killed once the writers went on through it
+            wait_until(lambda t=since: out.acks_since(t) >= 20, 60,
+                       lambda n=leg: f"acks under leader {n + 1}: {out}")  # fmt: skip
+            if leg < 2:
+                g.kill(g.wait_for_leader(timeout_s=30))
+                since = time.monotonic()
     finally:
         stop_writers(writers)
-    assert out.counts()["acked"] > 50, out
+    assert out.counts()["acked"] >= 60, out
     assert not out.unknown and not out.failed, out
     check_history(g, out, g.client(timeout_s=60))
 
