@@ -30,6 +30,14 @@ def pytest_addoption(parser):
     )
 
 
+def pytest_collection_modifyitems(items):
+    """A test on Ray runs in the Ray phase (one Ray, no xdist workers each starting one),
+    marked or not: it is the fixture that says so."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.ray)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """Start Ray once for the whole session (about 4 s here) and stop it at the end."""
