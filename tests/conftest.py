@@ -34,7 +34,9 @@ def pytest_collection_modifyitems(items):
     """A test on Ray runs in the Ray phase (one Ray, no xdist workers each starting one),
     marked or not: it is the fixture that says so."""
     for item in items:
-        if "ray_session" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("ray"):
+        if "ray_session" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "ray"
+        ):
             item.add_marker(pytest.mark.ray)
 
 

@@ -192,13 +192,16 @@ class MemberLogic:
 
     def _sessions_from_snapshot(self, begin: int, table: SessionTable | None = None) -> bool:
         """Rebuild ``table`` (the member's own by default) from the sessions of the newest
-        whole snapshot at or above ``begin - 1`` and the log's entries after it; False when
-        none stands there: the log's entries alone, the sessions below ``begin`` unknown
-        until a leader's snapshot brings them (:meth:`snapshot_wanted`)."""
+        whole snapshot at or above ``begin - 1`` and the log's entries after it -- one whose
+        table knows every session before one that was cut while some were unknown (a
+        leader's sealed below this member's own newest brings them); False when none
+        stands there: the log's entries alone, the sessions below ``begin`` unknown until
+        a leader's snapshot brings them (:meth:`snapshot_wanted`)."""
         table = self.sessions if table is None else table
         store = self.snapshots.store
         metas = sorted((m for m in store.list() if m.index >= begin - 1),
                        key=lambda m: m.index, reverse=True)  # fmt: skip
+        partial = None  # the newest whole table with sessions unknown: the last resort
         for meta in metas:
             files = tuple(f for f in meta.files if f[0] == SESSIONS_FILE)
             # its checksum first: a damaged table could say a session is further behind
@@ -208,13 +211,20 @@ class MemberLogic:
                 if why is None:
                     with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
                         doc = json.load(f)
-                    table.rebuild(doc, self.store.session_records(meta.index + 1),
-                                  covered=meta.index)  # fmt: skip
-                    return True
+                    if int(doc.get("unknown_upto", -1)) < 0:
+                        table.rebuild(doc, self.store.session_records(meta.index + 1),
+                                      covered=meta.index)  # fmt: skip
+                        return True
+                    partial = partial or (meta, doc)
+                    continue
             except (OSError, ValueError) as exc:
                 why = repr(exc)
             log.warning("[%s] client sessions of snapshot %d not used: %s", self.self_id,
                         meta.index, why)  # fmt: skip
+        if partial is not None:
+            meta, doc = partial
+            table.rebuild(doc, self.store.session_records(meta.index + 1), covered=meta.index)
+            return True
         table.rebuild(None, self.store.session_records(self.store.ledger_begin_index),
                       unknown_upto=self.store.ledger_begin_index - 1)  # fmt: skip
         return False
@@ -230,9 +240,13 @@ class MemberLogic:
         """The snapshot index this member needs from its leader, or -1: one its machine
         needs (stranded below ``begin``, :attr:`machine_wanted`), or one whose session
         table this member lacks (a member that leads without it could take a retry of a
-        session it lacks for a new session)."""
+        session it lacks for a new session).  That one must reach ``begin - 1``: the table
+        is rebuilt from a snapshot the log goes on from, and this member's own snapshots,
+        cut meanwhile, may have let its log go past where the sessions became unknown (one
+        of the leader's below its begin would be sealed and never used, asked for again)."""
         machine = -1 if self.machine_wanted is None else self.machine_wanted(begin)
-        return max(machine, self.sessions.unknown_upto)
+        unknown = self.sessions.unknown_upto
+        return max(machine, unknown, begin - 1 if unknown >= 0 else -1)
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:

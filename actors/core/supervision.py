@@ -529,7 +529,10 @@ class Supervisor:
         a booting dispatcher, the term's rounds unanswered)."""
         left = []
         for peer in peers:
-            if not self.logic.leads(term) or peer not in self.peers:
+            if not self.logic.holds_office(term) or peer not in self.peers:
+                continue
+            if not self.logic.leads(term):  # a candidate for a moment: tried once it leads
+                left.append(peer)
                 continue
             done = yield SetUpHelpers(term, self.logic.term_start_index, self.logic.leader_info(),
                                  self.rpc_ms, peer)  # fmt: skip
@@ -540,17 +543,24 @@ class Supervisor:
                           self.self_id, term, peer, done.value.why)  # fmt: skip
             else:
                 left.append(peer)
-        if left and self.logic.leads(term):
+        if left and self.logic.holds_office(term):
             later = self._set_up_later(term, tuple(left), give_up)
             yield Beside(Process("dispatcher-boot", later, exclusive=False))
 
     def _set_up_later(
         self, term: int, peers: tuple[str, ...], give_up: int
     ) -> Generator[Action, Answer, None]:
+        """Queue the set-up again after a pause, once this member leads: a moment as a
+        candidate, elected again in the same term, runs no role change to set them up (the
+        all-features simulation: a learner's dispatcher never set up, the learner never
+        caught up)."""
         yield Sleep(RETRY_MS[1])
-        if self.logic.leads(term):
-            setup = self._set_up_added(term, peers, give_up)
-            yield Queue(Process("dispatcher-setup", setup, exclusive=True))
+        while self.logic.holds_office(term):
+            if self.logic.leads(term):
+                setup = self._set_up_added(term, peers, give_up)
+                yield Queue(Process("dispatcher-setup", setup, exclusive=True))
+                return
+            yield Sleep(RETRY_MS[0])
 
     def _checker_counts(self, term: int, info: LeaderInfo) -> None:
         """The checker of ``term`` was set up or configured from ``info``: it counts the

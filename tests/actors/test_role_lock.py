@@ -133,3 +133,52 @@ def test_a_leader_elected_again_in_its_term_goes_on_waiting_for_its_machine() ->
     actions = _run(Process("machine-wait", sup._wait_machine(3), exclusive=False), answer)
     assert [type(a) for a in actions].count(WaitMachine) == 2
     assert isinstance(actions[-1], Ready) and logic.ready_term == 3
+
+
+def test_a_dispatcher_booting_through_a_moment_as_candidate_is_still_set_up() -> None:
+    """The leader is a candidate for a moment when its booting dispatcher's retry comes up,
+    then elected again in the same term (no role change runs): the set-up waits for it
+    and goes on, or the learner would never get a push."""
+    sup = _leader()
+    state = sup.logic.state
+    clock = iter(range(100, 1 << 30, 100))
+
+    def booting(a):
+        if isinstance(a, SetUpHelpers) and a.only == "n3":
+            return Answer(next(clock), Failed("no answer in time", timeout=True))
+        return Answer(next(clock), None)
+
+    later = _run(sup.reconfigure(), booting)[-1]
+    assert isinstance(later, Beside)
+    state.change_to_candidate(3)  # the blip, as the pause ends
+    blips = 0
+
+    def pause(a):
+        nonlocal blips
+        if isinstance(a, Sleep) and a.ms < 500:
+            blips += 1
+            if blips == 3:  # elected again in term 3
+                state.change_to_leader(3)
+        return Answer(next(clock), None)
+
+    waits = _run(later.process, pause)
+    assert blips == 3 and isinstance(waits[-1], Queue)
+    tried = _run(waits[-1].process, lambda a: Answer(next(clock), None))
+    assert [a.only for a in tried if isinstance(a, SetUpHelpers)] == ["n3"]
+    assert ("dispatcher", "n3") in sup.heard
+
+
+def test_a_booting_dispatcher_is_not_set_up_for_a_term_left() -> None:
+    sup = _leader()
+    clock = iter(range(100, 1 << 30, 100))
+
+    def booting(a):
+        if isinstance(a, SetUpHelpers) and a.only == "n3":
+            return Answer(next(clock), Failed("no answer in time", timeout=True))
+        return Answer(next(clock), None)
+
+    later = _run(sup.reconfigure(), booting)[-1]
+    sup.logic.state.change_to_candidate(3)
+    assert sup.logic.state.next_term() == 4  # a newer term: its own role change sets up
+    waits = _run(later.process, lambda a: Answer(next(clock), None))
+    assert not any(isinstance(a, Queue) for a in waits)

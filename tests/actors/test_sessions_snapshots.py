@@ -23,20 +23,25 @@ class Shelf:
         self.store = SnapshotStore(directory)
 
 
-def _logic(path, sub: str) -> MemberLogic:
-    store = FileStore(StoreConfig(data_dir=str(path / sub), data_segment_size=1 << 16))
+def _logic(path, sub: str, segment: int = 1 << 16) -> MemberLogic:
+    store = FileStore(StoreConfig(data_dir=str(path / sub), data_segment_size=segment))
     return MemberLogic("g", sub, ["a", "b", "c"], store, ElectionConfig(), ReplicationConfig(),
                        MemoryTermStore(term=1))  # fmt: skip
 
 
-@pytest.fixture
-def leader(tmp_path):
-    m = _logic(tmp_path, "a")
+def _leader(tmp_path, segment: int = 1 << 16) -> MemberLogic:
+    m = _logic(tmp_path, "a", segment)
     for k in range(30):  # three clients, interleaved, ten calls of two entries each
         client = k % 3 + 1
         bodies = [SESSION.pack(client, k // 3 * 2 + j, 1000 + k, 0) + b"v%d" % k for j in range(2)]
         m.store.append_as_leader(bodies, 1, [SESSION_FLAG] * 2)
     m.store.update_committed_index(m.store.ledger_end_index)
+    return m
+
+
+@pytest.fixture
+def leader(tmp_path):
+    m = _leader(tmp_path)
     yield m
     m.store.close()
 
@@ -148,5 +153,70 @@ def test_a_reset_with_its_snapshot_damaged_asks_for_the_leaders_and_then_knows(l
         assert f.sessions.unknown_upto == -1 and f.snapshot_wanted(40) == -1
         assert f.sessions.dump() == leader.sessions.dump()
         assert f.sessions.check(young, 0, 1, now=now).verdict is Verdict.NEW
+    finally:
+        f.store.close()
+
+
+def test_a_member_lacking_sessions_asks_for_a_snapshot_its_log_goes_on_from(tmp_path):
+    """Its sessions unknown below 39, the member's own snapshot at 49 (cut from the table it
+    has) lets its log go up to 50: a leader's snapshot at 39 would be sealed and never used
+    (below the log's begin, no log after it), so it asks for one at 49 or later, and the
+    leader's at 55 brings every session."""
+    leader = _leader(tmp_path, segment=256)  # a few entries a segment: compaction is close
+    shelf = Shelf(tmp_path / "snaps-f")
+    _snapshot(leader, shelf, 39)
+    meta = shelf.store.list()[0]
+    with open(os.path.join(meta.path, SESSIONS_FILE), "a") as f:
+        f.write(" ")  # damaged
+    f = _logic(tmp_path, "f", segment=256)
+    try:
+        f.take_snapshots(shelf)
+        f.store.reset(40, leader.store.get_pos(40))
+        f.handler.on_reset(40)
+        f.store.append_as_follower(
+            EntryBatch(40, 20, leader.store.read_batch(40, 1 << 30, 20).data)
+        )
+        assert f.sessions.unknown_upto == 39 and f.snapshot_wanted(40) == 39
+        _snapshot(f, shelf, 49)  # its own, of the table it has
+        f.store.update_committed_index(59)
+        f.store.keep_from = 50
+        f.store.clean(compact=True)
+        begin = f.store.ledger_begin_index
+        assert begin > 40
+        assert f.snapshot_wanted(begin) == begin - 1  # not 39: one it could not rebuild from
+        _snapshot(leader, shelf, 55)
+        f.sealed([m for m in shelf.store.list() if m.index == 55])
+        assert f.sessions.unknown_upto == -1 and f.snapshot_wanted(begin) == -1
+        assert f.sessions.dump() == leader.sessions.dump()
+    finally:
+        f.store.close()
+        leader.store.close()
+
+
+def test_a_leaders_whole_table_is_used_below_the_members_own_newer_one(leader, tmp_path):
+    """Its sessions unknown below 39, the member cut its own snapshot at 55 from the table
+    it has; the leader's at 49 is sealed after it: the table comes from the leader's (it
+    knows every session) and the log after it, not from the newer one that lacks some."""
+    shelf = Shelf(tmp_path / "snaps-g")
+    _snapshot(leader, shelf, 39)
+    meta = shelf.store.list()[0]
+    with open(os.path.join(meta.path, SESSIONS_FILE), "a") as f:
+        f.write(" ")  # damaged
+    f = _logic(tmp_path, "g")
+    try:
+        f.take_snapshots(shelf)
+        f.store.reset(40, leader.store.get_pos(40))
+        f.handler.on_reset(40)
+        f.store.append_as_follower(
+            EntryBatch(40, 20, leader.store.read_batch(40, 1 << 30, 20).data)
+        )
+        assert f.sessions.unknown_upto == 39
+        _snapshot(f, shelf, 55)  # its own: its table says what it lacks
+        f.sealed([m for m in shelf.store.list() if m.index == 55])
+        assert f.sessions.unknown_upto == 39  # still lacking them
+        _snapshot(leader, shelf, 49)
+        f.sealed([m for m in shelf.store.list() if m.index == 49])
+        assert f.sessions.unknown_upto == -1 and f.snapshot_wanted(40) == -1
+        assert f.sessions.dump() == leader.sessions.dump()
     finally:
         f.store.close()

@@ -219,7 +219,7 @@ class DispatcherDelivery:
                 self.fail(
                     f"dispatcher {node.id}->{peer} has fetched {need[1]}@{need[2]} (term "
                     f"{need[0]}) {w.times} times in {lasted} ms and the answer never "
-                    f"served: {d.core!r} pending={d.core._pending} "
+                    f"served: {d.core!r} "
                     f"cached={ {k: b.count for k, b in d.view.batches.items()} }"
                 )
 

@@ -8,6 +8,8 @@ keeps it safe (docs/SAFETY.md's table).  ``REVERTS`` names them all.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from collections.abc import Callable, Iterator
 
 from rayledger.actors.core import client_session as cs
@@ -323,6 +325,20 @@ def _office_wait(patch: Callable) -> None:
     patch(MemberLogic, "holds_office", MemberLogic.leads)
 
 
+def _setup_after_candidacy(patch: Callable) -> None:
+    """A booting dispatcher's set-up, tried again later, is dropped when its leader is a
+    candidate for a moment then (elected again in the same term, no role change runs)."""
+    from rayledger.actors.core import supervision as sv
+
+    def set_up_later(self, term, peers, give_up):
+        yield sv.Sleep(sv.RETRY_MS[1])
+        if self.logic.leads(term):
+            setup = self._set_up_added(term, peers, give_up)
+            yield sv.Queue(sv.Process("dispatcher-setup", setup, exclusive=True))
+
+    patch(sv.Supervisor, "_set_up_later", set_up_later)
+
+
 def _snapshot_after_reset(patch: Callable) -> None:
     """A snapshot is cut where the machine stands even when the log was reset past it."""
     real = MachineCore.snapshot_due
@@ -429,6 +445,43 @@ def _sessions_unknown(patch: Callable) -> None:
     patch(SessionTable, "unknown_upto", property(lambda self: -1, lambda self, value: None))
 
 
+def _sessions_bridge(patch: Callable) -> None:
+    """A member lacking sessions asks for a snapshot at the point they became unknown, even
+    once its own snapshots let its log go past it (the leader's is sealed and never used)."""
+
+    def snapshot_wanted(self, begin):
+        machine = -1 if self.machine_wanted is None else self.machine_wanted(begin)
+        return max(machine, self.sessions.unknown_upto)
+
+    patch(MemberLogic, "snapshot_wanted", snapshot_wanted)
+
+
+def _sessions_whole_first(patch: Callable) -> None:
+    """A table is rebuilt from the newest snapshot at the log's begin even when that one
+    was cut while sessions were unknown and an older one sealed from a leader knows them."""
+    import json as _json
+
+    real = MemberLogic._sessions_from_snapshot
+
+    def from_snapshot(self, begin, table=None):
+        store = self.snapshots.store
+        metas = sorted((m for m in store.list() if m.index >= begin - 1),
+                       key=lambda m: m.index, reverse=True)  # fmt: skip
+        for meta in metas[:1]:
+            files = tuple(f for f in meta.files if f[0] == SESSIONS_FILE)
+            if files and store.verify(dataclasses.replace(meta, files=files)) is None:
+                with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
+                    doc = _json.load(f)
+                if int(doc.get("unknown_upto", -1)) >= 0:
+                    table = self.sessions if table is None else table
+                    table.rebuild(doc, self.store.session_records(meta.index + 1),
+                                  covered=meta.index)  # fmt: skip
+                    return True
+        return real(self, begin, table)
+
+    patch(MemberLogic, "_sessions_from_snapshot", from_snapshot)
+
+
 def _sessions_verify(patch: Callable) -> None:
     """A snapshot's session table is loaded without checking it against its checksum."""
     from rayledger.storage.snapshots import SnapshotStore
@@ -483,6 +536,7 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "spawn-maybe-written": _spawn_maybe_written,
     "role-lock": _role_lock,
     "office-wait": _office_wait,
+    "setup-after-candidacy": _setup_after_candidacy,
     "snapshot-after-reset": _snapshot_after_reset,
     "reset-term-floor": _reset_term_floor,
     "read-index-end": _read_index_end,
@@ -494,6 +548,8 @@ REVERTS: dict[str, Callable[[Callable], None]] = {
     "truncated-stamp": _truncated_stamp,
     "sessions-unknown": _sessions_unknown,
     "sessions-verify": _sessions_verify,
+    "sessions-bridge": _sessions_bridge,
+    "sessions-whole-first": _sessions_whole_first,
     "expired-cut": _expired_cut,
 }
 _ABSENT = object()

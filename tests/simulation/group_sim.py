@@ -274,6 +274,8 @@ class GroupSim(
         stamp_skew_ms: int = 0,
         cut_removals: bool = False,
         snapshot_keep: int = 2,
+        segment_bytes: int | None = None,
+        sessions_damage: float = 0.0,
         test_file: str = "tests/simulation/test_group_sim.py",
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there are
@@ -309,6 +311,10 @@ class GroupSim(
         this much either way.  ``cut_removals``: now and then the leader is cut off from a
         voter and the operator removes it (down to a single voter).  ``snapshot_keep``: the
         snapshots each machine keeps (one: its log compacted right up to its newest).
+        ``segment_bytes``: the file stores' data segment size (a few entries each: a
+        compaction then leaves a log beginning right after its snapshot point).
+        ``sessions_damage``: the share of a restart's damaged snapshots damaged in the client
+        sessions kept with them.
         ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
@@ -329,6 +335,9 @@ class GroupSim(
         self.replication = replication
         self.tick_ms = tick_ms
         self.sync_flush = sync_flush
+        self.store_config = dict(SIM_STORE)
+        if segment_bytes is not None:
+            self.store_config["data_segment_size"] = segment_bytes
         self.max_rounds = max_rounds
         self.wake_on_election = wake_on_election
         self.late_start_reports = late_start_reports
@@ -360,7 +369,7 @@ class GroupSim(
         self.steps = 0
         self._init_history()
         self._init_local_transport(dispatcher_cache_bytes)
-        self._init_machines(machine, snapshot_keep)  # its own streams
+        self._init_machines(machine, snapshot_keep, sessions_damage)  # its own streams
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
         self.client_timeout_ms = client_timeout_ms  # a writer then asks another member

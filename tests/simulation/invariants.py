@@ -212,6 +212,8 @@ class Invariants:
             return False
         if self.machine_path is not None and not self.machines_converged():
             return False
+        if any(m.node.logic.sessions.unknown_upto >= 0 for m in alive if m.node is not None):
+            return False  # a member waits for a snapshot's client sessions
         return True
 
     def _same_sessions(self, members) -> None:

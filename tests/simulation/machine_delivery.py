@@ -81,15 +81,20 @@ _MAGIC = struct.pack(">i", MAGIC_CODE)
 class MachineDelivery:
     """Members' state machines and their checks (a mixin of :class:`~.group_sim.GroupSim`)."""
 
-    def _init_machines(self, machine: str | None, keep: int = 2) -> None:
-        """``machine``: "kv", "mq" or None.  Its own streams, so the other streams of a seed
-        stay as they were."""
+    def _init_machines(
+        self, machine: str | None, keep: int = 2, sessions_damage: float = 0.0
+    ) -> None:
+        """``machine``: "kv", "mq" or None; ``keep``: the snapshots each keeps;
+        ``sessions_damage``: the share of damaged snapshots damaged in their client sessions.
+        Its own streams, so the other streams of a seed stay as they were."""
+        self.sessions_damage = sessions_damage
         self.machine = machine
         self.machine_path = MACHINES[machine] if machine else None
         self._machine_rng = random.Random(self.seed * 7919 + 71)
         self._body_rng = random.Random(self.seed * 7919 + 73)
         self._query_rng = random.Random(self.seed * 7919 + 79)
         self._snapshot_rng = random.Random(self.seed * 7919 + 83)
+        self._damage_rng = random.Random(self.seed * 7919 + 173)  # which file a damage hits
         # snapshots: every 20-80 applied entries, the newest ``keep`` kept; a restart
         # sometimes finds the machine's own state file gone and starts from a snapshot
         self.snapshots = SnapshotConfig(every_entries=20 * (1 + self.seed % 4), keep=keep)
@@ -104,7 +109,7 @@ class MachineDelivery:
         node = m.node
         machine = load_machine(self.machine_path)
         if m.incarnation > 1 and m.data_dir is not None and self._snapshot_rng.random() < 0.3:
-            if self.snapshots.keep > 1 or not self._any_stranded():
+            if self.snapshots.keep > 1 or self._others_hold_state(m):
                 self._damage_newest_snapshot(m)
         ctx = MachineContext(self.group, m.id, m.data_dir, dict(self.machine_args), m.store)
         try:  # MachineRunner.__init__: a machine that cannot open fails the member's start
@@ -161,14 +166,29 @@ class MachineDelivery:
                 return True  # fmt: skip
         return False
 
+    def _others_hold_state(self, m: SimMember) -> bool:
+        """Whether ``m``'s only snapshot may be damaged: the group survives that unattended
+        only while another voter holds the state, so every other voter of the latest
+        committed configuration is up, on a node not lost, and no machine waits for a
+        snapshot (else a lost node and a damaged disk together leave the state nowhere)."""
+        if self._any_stranded():
+            return False
+        latest = self.committed_configs[max(self.committed_configs)] if (
+            self.committed_configs) else None  # fmt: skip
+        voters = latest.voters if latest is not None else self.voters0
+        return all(self.members[v].alive and not self.gone(v) for v in voters if v != m.id)
+
     def _damage_newest_snapshot(self, m: SimMember) -> None:
-        """A restart finds its newest snapshot damaged (a flipped byte): it starts from an
-        older one (the log keeps what comes after the oldest kept), or waits for the
-        leader's."""
+        """A restart finds its newest snapshot damaged (a flipped byte), in the machine's
+        state or, on ``sessions_damage`` of them, in the client sessions that travel with
+        it: it starts from an older one (the log keeps what comes after the oldest kept), or
+        waits for the leader's."""
         snaps = os.path.join(m.data_dir, "snapshots")
         names = sorted(n for n in os.listdir(snaps) if not n.startswith(".")) if os.path.isdir(
             snaps) else []  # fmt: skip
-        target = os.path.join(snaps, names[-1], "kv.arrow") if names else None
+        sessions = self._damage_rng.random() < self.sessions_damage
+        target = os.path.join(snaps, names[-1], SESSIONS_FILE if sessions else "kv.arrow") if (
+            names) else None  # fmt: skip
         if target is None or not os.path.exists(target) or not os.path.getsize(target):
             return
         with open(target, "r+b") as f:
@@ -177,7 +197,8 @@ class MachineDelivery:
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([b[0] ^ 0xFF]))
         self.stats["snapshot_damaged"] += 1
-        self.net.note(f"FAULT {m.id}'s newest snapshot {names[-1]} damaged")
+        self.stats["snapshot_sessions_damaged"] += sessions
+        self.net.note(f"FAULT {m.id}'s newest snapshot {names[-1]} damaged ({target})")
 
     @staticmethod
     def _m_pre_append(m: SimMember, index: int, pos: int, body: bytearray) -> None:

@@ -18,7 +18,7 @@ from rayledger.election.configuration import FileConfigStore
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
 from .node_state import Node, SimMember
-from .sim_config import FLUSH_TICK_MS, PARKED_MS, REPLACE_LOST_AFTER_MS, SIM_STORE
+from .sim_config import FLUSH_TICK_MS, PARKED_MS, REPLACE_LOST_AFTER_MS
 
 
 class MemberLifecycle:
@@ -26,14 +26,14 @@ class MemberLifecycle:
 
     def _open_store(self, m: SimMember) -> LogStore:
         if m.data_dir is None:
-            return MemoryStore(StoreConfig(**SIM_STORE))
+            return MemoryStore(StoreConfig(**self.store_config))
         return FileStore(
             StoreConfig(
                 data_dir=m.data_dir,
                 sync_flush=self.sync_flush,
                 flush_interval_ms=PARKED_MS,
                 checkpoint_interval_ms=PARKED_MS,
-                **SIM_STORE,
+                **self.store_config,
             )
         )
 

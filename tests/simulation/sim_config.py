@@ -221,13 +221,26 @@ compares and truncates there), and a damaged snapshot leaves no older one to fal
 (the member asks its leader for one, for its machine or its client sessions)."""
 
 
+SESSIONS_DAMAGE_SHARE = 0.3
+"""The share of a restart's damaged snapshots whose damage is in the client sessions kept
+with the machine's state: the member must not load them, and asks a leader for sessions it
+then lacks."""
+
+
+SMALL_SEGMENTS_SHARE = 0.5
+SMALL_SEGMENT_BYTES = 1024
+"""On this share of the seeds that keep one snapshot, data segments hold a few entries
+each, so a compaction up to the snapshot leaves a log that begins right after its point
+(with 16 KiB segments only by chance): a leader then compares and truncates there."""
+
+
 def all_features(seed: int) -> dict:
     """The all-features arguments for ``seed``: the KV machine on three seeds of four (the
     RocketMQ commit log on the fourth), sync_flush on odd seeds, the replication settings of
     :func:`sim_config_for`, short session TTLs on some (:data:`SHORT_TTL_SHARE`), removals
     of unreachable voters on some (:data:`CUT_REMOVALS_SHARE`), one kept snapshot on some
-    (:data:`KEEP_ONE_SHARE`)."""
-    kw = dict(ALL_FEATURES)
+    (:data:`KEEP_ONE_SHARE`), small segments on some of those (:data:`SMALL_SEGMENTS_SHARE`)."""
+    kw = dict(ALL_FEATURES, sessions_damage=SESSIONS_DAMAGE_SHARE)
     kw["machine"] = "mq" if seed % 4 == 3 else "kv"
     if seed % 2:
         kw.update(sync_flush=True, power_loss=1.0)
@@ -241,4 +254,6 @@ def all_features(seed: int) -> dict:
     kw["cut_removals"] = random.Random(seed * 7919 + 149).random() < CUT_REMOVALS_SHARE
     if random.Random(seed * 7919 + 163).random() < KEEP_ONE_SHARE:
         kw["snapshot_keep"] = 1
+        if random.Random(seed * 7919 + 167).random() < SMALL_SEGMENTS_SHARE:
+            kw["segment_bytes"] = SMALL_SEGMENT_BYTES
     return kw

@@ -123,6 +123,10 @@ PINNED: dict[str, int] = {
     "read-expire": 130_197,
     "session-expiry": 140_112,
     "expired-cut": 170_944,
+    "setup-after-candidacy": 174_727,
+    "sessions-bridge": 112_415,
+    "sessions-unknown": 112_415,
+    "sessions-whole-first": 112_643,
 }
 
 
