@@ -4,7 +4,7 @@ feeds it.
 Ray starts every worker at nice 15, so a learner writing 100 MB/s and the dispatcher
 reading it competed as equals with the voters' rounds: on two cores, a single client's
 append p99 rose 3x.  ``SCHED_IDLE`` threads run only on CPU nothing else wants; measured
-here (2026-11-26), the same catch-up then cost the voters' p99 1.9x.  The cores decide
+on two cores, the same catch-up then cost the voters' p99 1.9x.  The cores decide
 *when* work is background (a member that is no voter; a dispatcher whose follower is a
 learner), this module only applies it to every thread of the process.
 

@@ -219,7 +219,9 @@ class Invariants:
     def _same_sessions(self, members) -> None:
         """Identical logs make identical session tables: every member knows the same
         sessions, each at the same last sequence and stamp (a member that forgot one its
-        log still holds would refuse the client, or take a retry as new)."""
+        log still holds would refuse the client, or take a retry as new), and the runs of
+        entries one keeps are the newest of the other's (one may keep fewer old runs, but
+        none may answer a retry from another entry)."""
         tables = {
             m.id: {c: (s.last_seq, s.stamp) for c, s in m.node.logic.sessions.sessions.items()}
             for m in members
@@ -233,6 +235,14 @@ class Invariants:
                 only = set(first.items()) ^ set(table.items())
                 self.fail(f"session tables differ after convergence: {a} vs {b}: "
                           f"{sorted(only)[:6]}")  # fmt: skip
+        runs = {m.id: m.node.logic.sessions.sessions for m in members if m.node is not None}
+        for b, sessions in runs.items():
+            for c, s in sessions.items():
+                mine, theirs = s.runs, runs[a][c].runs
+                n = min(len(mine), len(theirs))
+                if mine[len(mine) - n :] != theirs[len(theirs) - n :]:
+                    self.fail(f"session runs differ after convergence: {a} vs {b}, client "
+                              f"{c}: {theirs} vs {mine}")  # fmt: skip
 
     def final_check(self) -> None:
         """Identical logs everywhere; acknowledged appends committed where acknowledged; no body twice."""

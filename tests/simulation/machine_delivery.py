@@ -192,10 +192,14 @@ class MachineDelivery:
         if target is None or not os.path.exists(target) or not os.path.getsize(target):
             return
         with open(target, "r+b") as f:
-            f.seek(self._snapshot_rng.randrange(os.path.getsize(target)))
-            b = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([b[0] ^ 0xFF]))
+            data = bytearray(f.read())
+            at = self._snapshot_rng.randrange(len(data))
+            if sessions:  # one bit of a digit: the table still parses, only its checksum tells
+                digits = [i for i, c in enumerate(data) if 48 <= c <= 57]
+                at = next((i for i in digits if i >= at), digits[-1] if digits else at)
+            data[at] ^= 0x01 if sessions else 0xFF
+            f.seek(0)
+            f.write(data)
         self.stats["snapshot_damaged"] += 1
         self.stats["snapshot_sessions_damaged"] += sessions
         self.net.note(f"FAULT {m.id}'s newest snapshot {names[-1]} damaged ({target})")
