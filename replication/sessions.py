@@ -386,9 +386,6 @@ def _copy(s: Session) -> Session:
     return Session(s.last_seq, s.stamp, [list(r) for r in s.runs], s.before)
 
 
-SESSIONS_FILE = "rayledger-sessions.json"  # a state machine's snapshot carries the table
-
-
 def recover_sessions(store, ttl_ms: int) -> SessionTable:
     """The table of the log ``store`` holds (a restart), then kept in step with it: the
     store tells it of every session prefix written, every truncation and reset."""
@@ -405,7 +402,6 @@ def recover_sessions(store, ttl_ms: int) -> SessionTable:
 __all__ = [
     "KEEP_RUNS",
     "NONCE_BITS",
-    "SESSIONS_FILE",
     "Check",
     "Session",
     "SessionTable",

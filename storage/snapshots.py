@@ -27,6 +27,7 @@ transfer is refused (CORRUPT_SNAPSHOT) and never becomes a snapshot.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -35,6 +36,25 @@ from pathlib import Path
 
 from .errors import LedgerError, ResponseCode
 from .metafile import atomic_write_json, fsync_dir, read_json
+
+SESSIONS_FILE = "rayledger-sessions.json"
+"""The client sessions' table a state machine's snapshot carries beside the machine's own
+files (:class:`~rayledger.replication.sessions.SessionTable` as of the snapshot's index)."""
+
+
+def write_sessions(directory: str | os.PathLike, table: dict) -> None:
+    """Write a snapshot's session table into its directory before it is sealed: its
+    checksum is then the snapshot's like any of its files'."""
+    with open(os.path.join(directory, SESSIONS_FILE), "w") as f:
+        json.dump(table, f)
+
+
+def read_sessions(directory: str | os.PathLike) -> dict:
+    """A sealed snapshot's session table (verify its checksum first: a damaged table may
+    still parse)."""
+    with open(os.path.join(directory, SESSIONS_FILE)) as f:
+        return json.load(f)
+
 
 log = logging.getLogger("rayledger.storage")
 

@@ -16,9 +16,7 @@ index from its own term's leader or checker.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -51,7 +49,7 @@ from rayledger.replication import (
 from rayledger.replication.admission import not_leader
 from rayledger.replication.install import InstallReceiver
 from rayledger.replication.messages import Announcement, Inline, LeaderInfo
-from rayledger.replication.sessions import SESSIONS_FILE, SessionTable, recover_sessions
+from rayledger.replication.sessions import SessionTable, recover_sessions
 from rayledger.storage import (
     Appended,
     LedgerError,
@@ -59,6 +57,7 @@ from rayledger.storage import (
     OutcomeUnknownError,
     ResponseCode,
 )
+from rayledger.storage.snapshots import SESSIONS_FILE, read_sessions
 
 __all__ = [
     "MemberLogic",
@@ -209,8 +208,7 @@ class MemberLogic:
             why = store.verify(replace(meta, files=files)) if files else "no session table"
             try:
                 if why is None:
-                    with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
-                        doc = json.load(f)
+                    doc = read_sessions(meta.path)
                     if int(doc.get("unknown_upto", -1)) < 0:
                         table.rebuild(doc, self.store.session_records(meta.index + 1),
                                       covered=meta.index)  # fmt: skip

@@ -12,9 +12,7 @@ pool, futures and timers."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,8 +29,8 @@ from rayledger.actors.machine import (
 )
 from rayledger.actors.naming import now_ms
 from rayledger.election import Role
-from rayledger.replication.sessions import SESSIONS_FILE
 from rayledger.storage import Entry
+from rayledger.storage.snapshots import write_sessions
 
 log = logging.getLogger("rayledger.actors")
 
@@ -153,8 +151,7 @@ class MachineRunner:
                 raise RuntimeError("the machine's snapshot() returned no writer")
             tmp = snaps.begin(index, term)
             await loop.run_in_executor(None, writer, tmp)
-            with open(os.path.join(tmp, SESSIONS_FILE), "w") as f:
-                json.dump(sessions, f)
+            write_sessions(tmp, sessions)
             await loop.run_in_executor(None, snaps.commit, tmp, index, term)
             with m._lock:
                 gone, m.store.keep_from = self.core.snapshot_done(

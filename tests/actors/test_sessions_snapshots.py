@@ -12,10 +12,10 @@ import pytest
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
-from rayledger.replication.sessions import SESSIONS_FILE, Verdict
+from rayledger.replication.sessions import Verdict
 from rayledger.storage import EntryBatch, FileStore, StoreConfig
 from rayledger.storage.codec import SESSION, SESSION_FLAG
-from rayledger.storage.snapshots import SnapshotStore
+from rayledger.storage.snapshots import SESSIONS_FILE, SnapshotStore, write_sessions
 
 
 class Shelf:
@@ -48,8 +48,7 @@ def leader(tmp_path):
 
 def _snapshot(m: MemberLogic, shelf: Shelf, index: int) -> None:
     tmp = shelf.store.begin(index, 1)
-    with open(os.path.join(tmp, SESSIONS_FILE), "w") as f:  # as the machine runner does
-        json.dump(m.sessions.at(index), f)
+    write_sessions(tmp, m.sessions.at(index))  # as the machine runner does
     shelf.store.commit(tmp, index, 1)
 
 

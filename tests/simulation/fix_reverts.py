@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable, Iterator
 
 from rayledger.actors.core import client_session as cs
@@ -25,8 +24,9 @@ from rayledger.election.messages import VoteResult
 from rayledger.election.voting import VotingSteps
 from rayledger.integration.kv.machine import KvMachine
 from rayledger.replication.handler import EntryHandler
-from rayledger.replication.sessions import SESSIONS_FILE, Check, Session, SessionTable, Verdict
+from rayledger.replication.sessions import Check, Session, SessionTable, Verdict
 from rayledger.storage import LedgerError, ResponseCode
+from rayledger.storage.snapshots import SESSIONS_FILE, read_sessions
 
 
 def _checker_config(patch: Callable) -> None:
@@ -459,8 +459,6 @@ def _sessions_bridge(patch: Callable) -> None:
 def _sessions_whole_first(patch: Callable) -> None:
     """A table is rebuilt from the newest snapshot at the log's begin even when that one
     was cut while sessions were unknown and an older one sealed from a leader knows them."""
-    import json as _json
-
     real = MemberLogic._sessions_from_snapshot
 
     def from_snapshot(self, begin, table=None):
@@ -470,8 +468,7 @@ def _sessions_whole_first(patch: Callable) -> None:
         for meta in metas[:1]:
             files = tuple(f for f in meta.files if f[0] == SESSIONS_FILE)
             if files and store.verify(dataclasses.replace(meta, files=files)) is None:
-                with open(os.path.join(meta.path, SESSIONS_FILE)) as f:
-                    doc = _json.load(f)
+                doc = read_sessions(meta.path)
                 if int(doc.get("unknown_upto", -1)) >= 0:
                     table = self.sessions if table is None else table
                     table.rebuild(doc, self.store.session_records(meta.index + 1),

@@ -55,9 +55,9 @@ from rayledger.integration.rocketmq.message import (
     decode,
     encode,
 )
-from rayledger.replication.sessions import SESSIONS_FILE
 from rayledger.storage import LedgerError
 from rayledger.storage.codec import HEADER_SIZE
+from rayledger.storage.snapshots import SESSIONS_FILE, write_sessions
 
 from .network import SimulationFailure
 from .node_state import Node, SimMember
@@ -385,8 +385,7 @@ class MachineDelivery:
         sessions = node.logic.sessions.at(index)  # MachineRunner._snapshot: the cut's table
         tmp = snaps.begin(index, term)
         writer(tmp)
-        with open(os.path.join(tmp, SESSIONS_FILE), "w") as f:
-            json.dump(sessions, f)
+        write_sessions(tmp, sessions)
         snaps.commit(tmp, index, term)
         gone, store.keep_from = a.core.snapshot_done(index, snaps.list(), a.saved)
         for old in gone:
