@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.disable(logging.CRITICAL)
     seeds = parse_seeds(args.seeds)
+    print(f"{len(seeds)} seeds, {seeds[0]}..{seeds[-1]}" if seeds else "no seeds", flush=True)
     kinds: dict[str, list[int]] = collections.defaultdict(list)
     errors: dict[str, list[int]] = collections.defaultdict(list)
     stats: collections.Counter[str] = collections.Counter()
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             "change_remove", "machine_installs", "machine_snapshots", "log_compactions",
             "dispatchers_booting", "checker_configures_delayed", "kv_history_ok",
             "kv_history_void_after_power_loss", "kv_ops", "idempotent_retries",
-            "transfers_asked", "power_losses", "checker_hangs", "dispatcher_hangs")  # fmt: skip
+            "transfers_asked", "power_losses", "checker_hangs", "dispatcher_hangs",
+            "snapshot_damaged", "snapshot_sessions_damaged")  # fmt: skip
     print("  coverage (passed seeds): " + ", ".join(f"{k}={stats[k]}" for k in keys))
     return 1 if failed else 0
 
