@@ -6,6 +6,8 @@ reconfiguration: the term's commits wait for it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.actors.core.rounds import RoundBook
@@ -135,12 +137,9 @@ def test_a_leader_elected_again_in_its_term_goes_on_waiting_for_its_machine() ->
     assert isinstance(actions[-1], Ready) and logic.ready_term == 3
 
 
-def test_a_dispatcher_booting_through_a_moment_as_candidate_is_still_set_up() -> None:
-    """The leader is a candidate for a moment when its booting dispatcher's retry comes up,
-    then elected again in the same term (no role change runs): the set-up waits for it
-    and goes on, or the learner would never get a push."""
-    sup = _leader()
-    state = sup.logic.state
+def _booting_n3(sup: Supervisor) -> tuple[Beside, Iterator[int]]:
+    """Reconfigure ``sup`` while n3's dispatcher is still booting: the process beside the
+    lock that sets it up later, and the clock its answers read on."""
     clock = iter(range(100, 1 << 30, 100))
 
     def booting(a):
@@ -150,6 +149,16 @@ def test_a_dispatcher_booting_through_a_moment_as_candidate_is_still_set_up() ->
 
     later = _run(sup.reconfigure(), booting)[-1]
     assert isinstance(later, Beside)
+    return later, clock
+
+
+def test_a_dispatcher_booting_through_a_moment_as_candidate_is_still_set_up() -> None:
+    """The leader is a candidate for a moment when its booting dispatcher's retry comes up,
+    then elected again in the same term (no role change runs): the set-up waits for it
+    and goes on, or the learner would never get a push."""
+    sup = _leader()
+    state = sup.logic.state
+    later, clock = _booting_n3(sup)
     state.change_to_candidate(3)  # the blip, as the pause ends
     blips = 0
 
@@ -170,14 +179,7 @@ def test_a_dispatcher_booting_through_a_moment_as_candidate_is_still_set_up() ->
 
 def test_a_booting_dispatcher_is_not_set_up_for_a_term_left() -> None:
     sup = _leader()
-    clock = iter(range(100, 1 << 30, 100))
-
-    def booting(a):
-        if isinstance(a, SetUpHelpers) and a.only == "n3":
-            return Answer(next(clock), Failed("no answer in time", timeout=True))
-        return Answer(next(clock), None)
-
-    later = _run(sup.reconfigure(), booting)[-1]
+    later, clock = _booting_n3(sup)
     sup.logic.state.change_to_candidate(3)
     assert sup.logic.state.next_term() == 4  # a newer term: its own role change sets up
     waits = _run(later.process, lambda a: Answer(next(clock), None))

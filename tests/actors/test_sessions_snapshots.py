@@ -156,6 +156,19 @@ def test_a_reset_with_its_snapshot_damaged_asks_for_the_leaders_and_then_knows(l
         f.store.close()
 
 
+def _reset_lacking_sessions(leader: MemberLogic, shelf: Shelf, f: MemberLogic) -> None:
+    """``f``'s only snapshot, the leader's at 39, has a damaged session table; its log is
+    reset to 40 and gets the leader's 40..59: it lacks the sessions below 40."""
+    _snapshot(leader, shelf, 39)
+    meta = shelf.store.list()[0]
+    with open(os.path.join(meta.path, SESSIONS_FILE), "a") as out:
+        out.write(" ")  # damaged: its checksum no longer matches
+    f.take_snapshots(shelf)
+    f.store.reset(40, leader.store.get_pos(40))
+    f.handler.on_reset(40)
+    f.store.append_as_follower(EntryBatch(40, 20, leader.store.read_batch(40, 1 << 30, 20).data))
+
+
 def test_a_member_lacking_sessions_asks_for_a_snapshot_its_log_goes_on_from(tmp_path):
     """Its sessions unknown below 39, the member's own snapshot at 49 (cut from the table it
     has) lets its log go up to 50: a leader's snapshot at 39 would be sealed and never used
@@ -163,18 +176,9 @@ def test_a_member_lacking_sessions_asks_for_a_snapshot_its_log_goes_on_from(tmp_
     leader's at 55 brings every session."""
     leader = _leader(tmp_path, segment=256)  # a few entries a segment: compaction is close
     shelf = Shelf(tmp_path / "snaps-f")
-    _snapshot(leader, shelf, 39)
-    meta = shelf.store.list()[0]
-    with open(os.path.join(meta.path, SESSIONS_FILE), "a") as f:
-        f.write(" ")  # damaged
     f = _logic(tmp_path, "f", segment=256)
     try:
-        f.take_snapshots(shelf)
-        f.store.reset(40, leader.store.get_pos(40))
-        f.handler.on_reset(40)
-        f.store.append_as_follower(
-            EntryBatch(40, 20, leader.store.read_batch(40, 1 << 30, 20).data)
-        )
+        _reset_lacking_sessions(leader, shelf, f)
         assert f.sessions.unknown_upto == 39 and f.snapshot_wanted(40) == 39
         _snapshot(f, shelf, 49)  # its own, of the table it has
         f.store.update_committed_index(59)
@@ -197,18 +201,9 @@ def test_a_leaders_whole_table_is_used_below_the_members_own_newer_one(leader, t
     it has; the leader's at 49 is sealed after it: the table comes from the leader's (it
     knows every session) and the log after it, not from the newer one that lacks some."""
     shelf = Shelf(tmp_path / "snaps-g")
-    _snapshot(leader, shelf, 39)
-    meta = shelf.store.list()[0]
-    with open(os.path.join(meta.path, SESSIONS_FILE), "a") as f:
-        f.write(" ")  # damaged
     f = _logic(tmp_path, "g")
     try:
-        f.take_snapshots(shelf)
-        f.store.reset(40, leader.store.get_pos(40))
-        f.handler.on_reset(40)
-        f.store.append_as_follower(
-            EntryBatch(40, 20, leader.store.read_batch(40, 1 << 30, 20).data)
-        )
+        _reset_lacking_sessions(leader, shelf, f)
         assert f.sessions.unknown_upto == 39
         _snapshot(f, shelf, 55)  # its own: its table says what it lacks
         f.sealed([m for m in shelf.store.list() if m.index == 55])
