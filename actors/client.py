@@ -192,7 +192,7 @@ class LedgerClient:
                      "in session %d", self.group, out.left_behind, out.why.value, out.started)  # fmt: skip
         return out
 
-    def _number(self, batch: list[_Pending]) -> tuple[int, int] | None:
+    def _number(self, batch: list[_Pending]) -> SessionOut | None:
         """The identity of a call carrying ``batch`` (called with the send lock and ``_cv``
         held): an append that may be stored, or whose sequences are in line, keeps its own
         (and goes alone); the others take the current session's next sequences."""
@@ -201,7 +201,7 @@ class LedgerClient:
         out = self._session_step(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
         for p, ident in zip(batch, out.idents, strict=True):
             p.ident = ident
-        return out.ident
+        return out
 
     def _pinned(self, p: _Pending) -> bool:
         """``p`` goes in a call of its own under its identity (called with ``_cv`` held)."""
@@ -520,13 +520,15 @@ class LedgerClient:
                     self._in_flight -= 1
                     self._cv.notify_all()
                     return
-                ident = self._number(batch)
+                numbered = self._number(batch)
+                ident = None if numbered is None else numbered.ident
             bodies = batch[0].bodies if len(batch) == 1 else [b for p in batch for b in p.bodies]
             try:
                 if ident is None:
                     ref = handle.append.remote(bodies, self.group, target)
                 else:
-                    ref = handle.append.remote(bodies, self.group, target, ident)
+                    ref = handle.append.remote(bodies, self.group, target, ident,
+                                               numbered.maybe_stored)  # fmt: skip
             except ValueError as exc:  # the actor is gone: the call never left
                 failed = exc
             else:

@@ -110,7 +110,12 @@ class SessionTable:
         # the sessions of entries up to here are not known (a log reset or compacted below
         # a snapshot whose table was damaged): a session this table lacks may be one of
         # them, so none starts anew until a snapshot's table there is loaded (-1: all known)
+        # or the log's stamps show that every one of them has expired
         self.unknown_upto = -1
+        # ``(index, stamp)`` of the first stamped entry after ``unknown_upto``: no session
+        # this table lacks has a later stamp (its writer knew them all, :meth:`bounded`)
+        self.unknown_bound: tuple[int, int] | None = None
+        self._known_at = -1  # the entry whose stamp expires every session lacked (-1: none)
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -172,10 +177,17 @@ class SessionTable:
 
     def committed(self, index: int) -> None:
         """Entries up to ``index`` are committed (never truncated): sessions they expired
-        are forgotten for good."""
+        are forgotten for good -- the ones this table lacks too."""
         self._committed = max(self._committed, index)
         if self._expired and self._expired[0][0] <= index:
             self._expired = [e for e in self._expired if e[0] > index]
+        if 0 <= self._known_at <= index:
+            self._all_known()
+
+    def _all_known(self) -> None:
+        """Every session this table lacked has expired by committed stamps: a member that
+        held them has forgotten them at the same entry, and the tables are equal again."""
+        self.unknown_upto, self.unknown_bound, self._known_at = -1, None, -1
 
     def _run(self, client: int, first_seq: int, first_index: int, count: int, stamp: int) -> None:
         """Consecutive entries of one session under one stamp (so that a truncation inside
@@ -185,6 +197,13 @@ class SessionTable:
         if stamp > self.last_stamp:
             self.last_stamp = stamp
             self._expire_at(first_index)  # bounded: what the log's own stamps say is gone
+        if self.unknown_upto >= 0 and first_index > self.unknown_upto:
+            if self.unknown_bound is None:
+                self.unknown_bound = (first_index, stamp)
+            if self._known_at < 0 and self.unknown_bound[1] < stamp - self.ttl_ms:
+                self._known_at = first_index  # the lacked sessions expire here
+                if first_index <= self._committed:
+                    self._all_known()
 
     def _follow(self, client: int, first_seq: int, first_index: int, count: int,
                 stamp: int) -> None:  # fmt: skip
@@ -212,6 +231,10 @@ class SessionTable:
         the table took from a snapshot (up to ``_covered``) stays: those entries are
         committed, and a log cut below them gets them again."""
         end_index = max(end_index, self._covered)
+        if self.unknown_bound is not None and self.unknown_bound[0] > end_index:
+            self.unknown_bound = None  # the next entry written there bounds them again
+        if self._known_at > end_index:
+            self._known_at = -1
         cut = False
         for client in list(self.sessions):
             cut = self._cut(client, end_index) or cut
@@ -256,12 +279,15 @@ class SessionTable:
         self._committed = max(self._committed, begin_index - 1)
         self._covered = -1
         self.unknown_upto = begin_index - 1  # until the snapshot's table is loaded
+        self.unknown_bound, self._known_at = None, -1
 
     # -- what a leader decides -------------------------------------------------------------
-    def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1) -> Check:
+    def check(self, client: int, first_seq: int, n: int, now: int, queued: int = -1,
+              maybe_stored: bool = True) -> Check:  # fmt: skip
         """The verdict on ``n`` entries of ``client`` from ``first_seq``, the leader's stamp
         being ``now``; ``queued``: the last sequence of this session admitted and not yet
-        written (-1: none)."""
+        written (-1: none); ``maybe_stored``: whether a call carrying these entries ended
+        with an unknown outcome (the client says; a first call cannot be stored)."""
         s = self.sessions.get(client)
         last_seq = -1 if s is None else s.last_seq
         if last_seq < first_seq <= queued:  # the call it retries waits to be written here:
@@ -270,8 +296,10 @@ class SessionTable:
             if queued < 0:
                 if first_seq != 0 or not self.young(client, now):
                     return Check(Verdict.EXPIRED)
-                # young: one of the sessions this table lacks, if it lacks any
-                return Check(Verdict.NEW if self.unknown_upto < 0 else Verdict.UNKNOWN)
+                # young: one of the sessions this table lacks, if it may lack any and the
+                # entries may be stored
+                new = not maybe_stored or self.bounded(client)
+                return Check(Verdict.NEW if new else Verdict.UNKNOWN)
             verdict = Verdict.NEW if first_seq == queued + 1 else Verdict.GAP
             return Check(verdict, next_seq=queued + 1)
         if s.stamp < now - self.ttl_ms:
@@ -296,6 +324,20 @@ class SessionTable:
         ``now``: less than half a TTL ago (the other half covers a client's clock running
         ahead of the stamp its first entry got)."""
         return born_ms(client) >= now - self.ttl_ms // 2
+
+    def bounded(self, client: int) -> bool:
+        """Whether session ``client``, not in the table, is none of those it lacks.
+
+        A lacked session's entries are stamped at most ``unknown_bound`` (stamps never go
+        back along a log: a leader stamps at least its table's latest, and the writer of
+        the bound knew every session before it), and a client's clock runs at most half a
+        TTL ahead of its leaders', so such a session began by ``bound + ttl/2``: one begun
+        later is new.  A leader lacking sessions refuses only the clients that began before
+        its bound, and with no bound yet every new one."""
+        if self.unknown_upto < 0:
+            return True
+        bound = self.unknown_bound
+        return bound is not None and born_ms(client) > bound[1] + self.ttl_ms // 2
 
     @staticmethod
     def _spans(s: Session, lo: int, hi: int) -> tuple[tuple[int, int], ...] | None:
@@ -333,7 +375,8 @@ class SessionTable:
 
     def next_stamp(self, wall_ms: int) -> int:
         """The stamp a leader writes now: its wall clock, never below the log's latest."""
-        return max(wall_ms, self.last_stamp)
+        bound = self.unknown_bound  # (the sessions lacked were stamped at most that)
+        return max(wall_ms, self.last_stamp, -1 if bound is None else bound[1])
 
     # -- snapshots and size ----------------------------------------------------------------
     def dump(self) -> dict:
@@ -342,6 +385,7 @@ class SessionTable:
             "ttl_ms": self.ttl_ms,
             "last_stamp": self.last_stamp,
             "unknown_upto": self.unknown_upto,
+            "unknown_bound": None if self.unknown_bound is None else list(self.unknown_bound),
             "sessions": [
                 [c, s.last_seq, s.stamp, [list(r) for r in s.runs], s.before]
                 for c, s in self.sessions.items()
@@ -365,9 +409,12 @@ class SessionTable:
         snapshot fills in again) are already in ``doc``."""
         self.sessions, self.last_stamp, self._expired = {}, 0, []
         self._covered = covered
-        self.unknown_upto = unknown_upto
+        self.unknown_upto, self.unknown_bound, self._known_at = unknown_upto, None, -1
         if doc is not None:
             self.load(doc)
+            bound = self.unknown_bound  # (the snapshot's entries are committed)
+            if bound is not None and bound[1] < self.last_stamp - self.ttl_ms:
+                self._all_known()
         for indexes, recs in records:
             self.appended(indexes, recs)
 
@@ -375,6 +422,9 @@ class SessionTable:
         self.last_stamp = int(doc["last_stamp"])
         # a table that lacked sessions when its snapshot was taken still lacks them
         self.unknown_upto = int(doc.get("unknown_upto", -1))
+        bound = doc.get("unknown_bound") if self.unknown_upto >= 0 else None
+        self.unknown_bound = None if bound is None else (int(bound[0]), int(bound[1]))
+        self._known_at = -1
         self.sessions = {}
         for c, q, t, runs, *before in doc["sessions"]:  # (tables once had no ``before``)
             b = before[0] if before else None

@@ -130,6 +130,9 @@ class SessionOut:
     ident: Ident | None = None  # Sending: the identity the call carries
     idents: tuple[Ident, ...] = ()  # Sending: each append's
     renumbered: int = 0  # Sending: appends of a session left behind that took new sequences
+    # Sending: a call carrying this identity ended with an unknown outcome, so it may be
+    # stored (a leader that lacks some sessions takes a new one only when it cannot be)
+    maybe_stored: bool = False
     left_behind: int | None = None  # a session left behind ...
     started: int | None = None  # ... for this new one
     why: Why | None = None
@@ -207,7 +210,7 @@ class ClientSessions:
             a = self._appends[keys[0]]
             a.in_flight = True
             a.acks_at_send = self._acks.get(a.ident[0], 0)
-            return SessionOut(ident=a.ident, idents=(a.ident,))
+            return SessionOut(ident=a.ident, idents=(a.ident,), maybe_stored=a.maybe)
         if any(self.pinned(k) for k in keys):
             raise ValueError("an append that keeps its identity goes in a call of its own")
         seq, idents, renumbered = self.next_seq, [], 0

@@ -115,6 +115,7 @@ class ClientAppend:
     target: str | None
     token: Any
     ident: tuple[int, int] | None = None  # an idempotent client's (client id, first seq)
+    maybe_stored: bool = True  # a call with that identity ended unknown (or not told)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +340,8 @@ class MemberCore:
                 self._answers(lg.on_push(ev.req, ev.token, now_ms), out)
                 out.commits_moved = True
             case ClientAppend():
-                self.book.admit(ev.bodies, ev.group, ev.target, ev.token, ev.ident)
+                self.book.admit(ev.bodies, ev.group, ev.target, ev.token, ev.ident,
+                                ev.maybe_stored)  # fmt: skip
                 out.write_due = self.book.write_due()
             case WriteRound():
                 self._write(ev.fast, ev.wall_ms, now_ms, out)

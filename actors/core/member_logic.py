@@ -175,6 +175,9 @@ class MemberLogic:
         # the snapshot index the machine needs to start again, given the log's begin (-1:
         # none; set by the machine's shell)
         self.machine_wanted: Callable[[int], int] | None = None
+        # past the newest of the leader's snapshots that came without the sessions this
+        # member lacks (the leader lacked them too when it cut it): the one asked for next
+        self.sessions_not_below = -1
 
     def take_snapshots(self, source: SnapshotSource) -> None:
         """The member's machine takes snapshots: offer them, and take them from leaders.
@@ -233,6 +236,9 @@ class MemberLogic:
         the log gets later; one at or past where the sessions were unknown brings them)."""
         if metas and self.snapshots is not None:
             self._sessions_from_snapshot(self.store.ledger_begin_index)
+            if self.sessions.unknown_upto >= 0:
+                newest = max(m.index for m in metas)
+                self.sessions_not_below = max(self.sessions_not_below, newest + 1)
 
     def snapshot_wanted(self, begin: int) -> int:
         """The snapshot index this member needs from its leader, or -1: one its machine
@@ -241,10 +247,15 @@ class MemberLogic:
         session it lacks for a new session).  That one must reach ``begin - 1``: the table
         is rebuilt from a snapshot the log goes on from, and this member's own snapshots,
         cut meanwhile, may have let its log go past where the sessions became unknown (one
-        of the leader's below its begin would be sealed and never used, asked for again)."""
+        of the leader's below its begin would be sealed and never used, asked for again).
+        Past the newest one that came without them (its leader lacked them too): a leader's
+        snapshot cut later may hold them, and meanwhile the log's stamps show them expired
+        in time (``SessionTable.committed``)."""
         machine = -1 if self.machine_wanted is None else self.machine_wanted(begin)
         unknown = self.sessions.unknown_upto
-        return max(machine, unknown, begin - 1 if unknown >= 0 else -1)
+        if unknown < 0:
+            return machine
+        return max(machine, unknown, begin - 1, self.sessions_not_below)
 
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:

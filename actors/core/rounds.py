@@ -160,9 +160,11 @@ class RoundBook:
         target: str | None,
         token: Any,
         ident: tuple[int, int] | None = None,
+        maybe_stored: bool = True,
     ) -> None:
         """DLedger's checks (raises LedgerError, nothing queued), then queue the append;
-        an idempotent one (``ident``: client id, first sequence) as its session says."""
+        an idempotent one (``ident``: client id, first sequence) as its session says
+        (``maybe_stored``: a call carrying that identity ended with an unknown outcome)."""
         term, checked = self.logic.admit(bodies, group, target, self.outstanding)
         self._queued_in(term)
         if ident is None:
@@ -176,7 +178,7 @@ class RoundBook:
                                  f"takes {SESSION_SIZE})")  # fmt: skip
         sessions = self.logic.sessions
         c = sessions.check(client, seq, len(checked), sessions.last_stamp,
-                           self._queued.get(client, -1))  # fmt: skip
+                           self._queued.get(client, -1), maybe_stored)  # fmt: skip
         if c.verdict is Verdict.NEW:
             self._enqueue(token, checked, client, seq)
         elif c.verdict is Verdict.DUPLICATE:

@@ -282,6 +282,9 @@ class Supervisor:
         self.heard: set[HelperKey] = set()
         self.watches = 0  # watches begun: a newer one ends the older (see _watch)
         self.has_led = False  # helpers start with this member's first term (runs_helpers)
+        # where its sessions were unknown when it last handed over for lacking them: it
+        # does so once, then leads anyway (the others may lack them too, :meth:`_lacks`)
+        self.lacking_handed = -1
         self.peers = [self.self_id, *self.dispatcher_peers()]  # those it keeps helpers for
 
     # -- helpers and their timing ------------------------------------------------------------
@@ -435,9 +438,7 @@ class Supervisor:
                 # the snapshot it asks for
                 yield self.hand_over(term, "its state machine waits for a snapshot")
                 return
-            if self.logic.sessions.unknown_upto >= 0 and self.logic.leads(term):
-                # nor can it learn the sessions below its log's begin (its snapshot there
-                # was damaged): as leader it would refuse every new session
+            if self._lacks_sessions() and self.logic.leads(term):
                 yield self.hand_over(term, "it lacks the client sessions of a snapshot")
                 return
             if ready is True and self.logic.mark_ready(term):
@@ -445,6 +446,21 @@ class Supervisor:
                 yield Ready(term, self.fast_path, watching=self.machine)
                 return
             yield Sleep(RETRY_MS[0])
+
+    def _lacks_sessions(self) -> bool:
+        """Whether a new leader hands over for lacking client sessions: the ones of entries
+        below its log's begin (its snapshot there was damaged), with no stamp in its log
+        after them, so that it would refuse every idempotent append
+        (``SessionTable.bounded``).  Only once for the same lack: when the others lack
+        them too, handing over again and again would leave the group with no leader; it
+        leads then, refusing only the new sessions it cannot tell from the lacked ones."""
+        sessions = self.logic.sessions
+        if sessions.unknown_upto < 0 or sessions.unknown_bound is not None:
+            return False
+        if self.lacking_handed == sessions.unknown_upto:
+            return False
+        self.lacking_handed = sessions.unknown_upto
+        return True
 
     def _ready(self, term: int) -> Generator[Action, Answer, None]:
         if self.logic.mark_ready(term):

@@ -430,10 +430,12 @@ class MemberActor:
         group: str | None = None,
         target: str | None = None,
         ident: tuple[int, int] | None = None,
+        maybe_stored: bool = True,
     ):
         """Append a batch as leader (see :meth:`~.appends.AppendPart.append`);
-        ``ident``: an idempotent client's (client id, first sequence)."""
-        return await self.appends.append(bodies, group, target, ident)
+        ``ident``: an idempotent client's (client id, first sequence), ``maybe_stored``:
+        whether a call carrying that identity ended with an unknown outcome."""
+        return await self.appends.append(bodies, group, target, ident, maybe_stored)
 
     @ray.method(enable_task_events=False)
     async def on_resolved(self, r: Resolution) -> None:

@@ -92,6 +92,7 @@ class AppendPart(Part):
         group: str | None = None,
         target: str | None = None,
         ident: tuple[int, int] | None = None,
+        maybe_stored: bool = True,
     ):
         """Append a batch as leader; once a quorum stores it, returns ``(first index, term,
         positions)`` with the positions as little-endian int64 bytes (compact to send back), or a
@@ -101,7 +102,7 @@ class AppendPart(Part):
         """
         fut = self.ctx.loop.create_future()
         g = group if group is not None else self.group
-        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut, ident)))
+        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut, ident, maybe_stored)))
         return await fut
 
     def write_round(self) -> None:

@@ -18,14 +18,16 @@ C = ResponseCode
 
 class Scripted:
     """A member whose calls get ``script``'s answers in order (an exception, or the first
-    index of a success); every call's (bodies, identity) is kept."""
+    index of a success); every call's (bodies, identity) is kept, and whether the client
+    said it may be stored already."""
 
     def __init__(self, script: list):
-        self.script, self.calls = list(script), []
+        self.script, self.calls, self.maybe = list(script), [], []
         self.append = self
 
-    def remote(self, bodies, group, target, ident=None):
+    def remote(self, bodies, group, target, ident=None, maybe_stored=True):
         self.calls.append((list(bodies), ident))
+        self.maybe.append(maybe_stored)
         f: concurrent.futures.Future = concurrent.futures.Future()
         what = self.script.pop(0)
         if isinstance(what, BaseException):
@@ -58,6 +60,7 @@ def test_an_unknown_outcome_is_sent_again_under_its_identity():
     r = c.append_batch([b"a", b"b"])
     assert [x.index for x in r] == [7, 8]
     assert [ident for _, ident in m.calls] == [(c.client_id, 0)] * 3
+    assert m.maybe == [False, True, True]  # a first call cannot be stored already
     assert c.retried == 4 and c.append(b"c") is not None
     assert m.calls[-1][1] == (c.client_id, 2)  # the next entry, in sequence
 

@@ -158,7 +158,7 @@ class Leader:
         self.answers = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="leader")
 
     # the member's append
-    def remote(self, bodies, group, target, ident=None):
+    def remote(self, bodies, group, target, ident=None, maybe_stored=True):
         f: concurrent.futures.Future = concurrent.futures.Future()
         with self.lock:
             call = Call(list(bodies), ident)

@@ -156,14 +156,14 @@ def test_the_applier_runs_the_machine_and_the_core_records_it():
     assert a.applied == 3 and a.due(9) == (4, 8)
 
 
-def _new_leader_actions(machine_answer) -> list:
-    """The actions of a machine-running member's role change into leading term 3, then of
-    the processes it starts beside it (``Beside``), every ``WaitMachine`` answered
-    ``machine_answer`` (the rest None)."""
+def _new_leader_actions(machine_answer, sup=None) -> list:
+    """The actions of a machine-running member's role change into leading term 3 (or of
+    ``sup``'s), then of the processes it starts beside it (``Beside``), every
+    ``WaitMachine`` answered ``machine_answer`` (the rest None)."""
     from rayledger.actors.core.supervision import Beside, WaitMachine
     from test_role_lock import elected
 
-    sup = elected(machine=True)
+    sup = sup or elected(machine=True)
     actions, procs = [], [sup.role_changes()]
     while procs:
         proc = procs.pop(0)
@@ -220,6 +220,30 @@ def test_a_leader_whose_machine_is_stranded_hands_leadership_on():
     actions = _new_leader_actions(MACHINE_STRANDED)
     assert isinstance(actions[-1], HandOver) and actions[-1].target in ("n1", "n2")
     assert not any(isinstance(a, Ready) for a in actions)
+
+
+def test_a_leader_lacking_sessions_hands_over_once_and_then_leads():
+    """Elected while it lacks the client sessions below its log's begin, with no stamp
+    after them to tell a new session from one of those, a leader hands over: another
+    member may know them.  When the office comes back with the same lack, the others lack
+    them too (the all-features simulation's group left with only such voters passed it
+    round for good): it leads, and refuses only the sessions it cannot tell apart.  With a
+    bound it leads at once."""
+    from rayledger.actors.core.supervision import HandOver, Ready
+    from test_role_lock import elected
+
+    sup = elected(machine=True)
+    sup.logic.sessions.reset(40)
+    actions = _new_leader_actions(True, sup)
+    assert isinstance(actions[-1], HandOver), actions
+    assert not any(isinstance(a, Ready) for a in actions)
+    wait = sup._wait_machine(3)  # its next term's wait, the lack the same
+    assert type(next(wait)).__name__ == "WaitMachine"
+    assert isinstance(wait.send(Answer(0, True)), Ready)
+    sup = elected(machine=True)
+    sup.logic.sessions.reset(40)
+    sup.logic.sessions.unknown_bound = (42, 1_000)
+    assert isinstance(_new_leader_actions(True, sup)[-1], Ready)
 
 
 def test_a_leader_stranded_before_its_first_batch_is_not_ready():

@@ -199,7 +199,8 @@ def test_a_member_lacking_sessions_asks_for_a_snapshot_its_log_goes_on_from(tmp_
 def test_a_leaders_whole_table_is_used_below_the_members_own_newer_one(leader, tmp_path):
     """Its sessions unknown below 39, the member cut its own snapshot at 55 from the table
     it has; the leader's at 49 is sealed after it: the table comes from the leader's (it
-    knows every session) and the log after it, not from the newer one that lacks some."""
+    knows every session) and the log after it, not from the newer one that lacks some.
+    (Until then it asks for one past 55: that one came without them.)"""
     shelf = Shelf(tmp_path / "snaps-g")
     f = _logic(tmp_path, "g")
     try:
@@ -208,6 +209,7 @@ def test_a_leaders_whole_table_is_used_below_the_members_own_newer_one(leader, t
         _snapshot(f, shelf, 55)  # its own: its table says what it lacks
         f.sealed([m for m in shelf.store.list() if m.index == 55])
         assert f.sessions.unknown_upto == 39  # still lacking them
+        assert f.snapshot_wanted(40) == 56  # a later one than the one that lacked them
         _snapshot(leader, shelf, 49)
         f.sealed([m for m in shelf.store.list() if m.index == 49])
         assert f.sessions.unknown_upto == -1 and f.snapshot_wanted(40) == -1

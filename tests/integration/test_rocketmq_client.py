@@ -53,7 +53,7 @@ class FakeMember:
         self.exc, self.calls = exc, 0
         self.append = self
 
-    def remote(self, bodies, group, target, ident=None):
+    def remote(self, bodies, group, target, ident=None, maybe_stored=True):
         self.calls += 1
         f: concurrent.futures.Future = concurrent.futures.Future()
         f.set_exception(self.exc)

@@ -375,3 +375,69 @@ def test_a_session_expired_then_written_again_comes_back_as_it_was_when_both_are
     assert {c: (s.last_seq, s.stamp) for c, s in t.sessions.items()} == {
         c: (s.last_seq, s.stamp) for c, s in never.sessions.items()
     }
+
+
+def test_a_table_lacking_sessions_takes_sessions_begun_after_its_bound_and_first_calls():
+    """Lacking the sessions below 50, the table's first stamped entry after them (at 52,
+    stamped 2_000) bounds their stamps: a session begun more than half a TTL after that
+    cannot be one of them, nor can one whose first call was never answered unknown.  A
+    retry of a first entry begun before the bound waits (UNKNOWN)."""
+    t = SessionTable(ttl_ms=10_000)
+    t.reset(50)
+    old = new_client_id(1_500, 1)
+    assert t.check(old, 0, 1, now=1_600).verdict is V.UNKNOWN
+    assert t.check(old, 0, 1, now=1_600, maybe_stored=False).verdict is V.NEW
+    write(t, [(52, 9, 0, 2_000)])
+    assert t.unknown_bound == (52, 2_000)
+    assert t.check(new_client_id(6_900, 2), 0, 1, now=7_000).verdict is V.UNKNOWN
+    assert t.check(new_client_id(7_001, 2), 0, 1, now=7_100).verdict is V.NEW
+    assert t.check(old, 0, 1, now=2_000).verdict is V.UNKNOWN
+    assert t.next_stamp(0) == 2_000  # never below the stamps of the sessions lacked
+
+
+def test_a_table_lacking_sessions_knows_them_once_committed_stamps_show_them_expired():
+    """Every session lacked was stamped by 2_000: a committed entry stamped more than a
+    TTL later has expired them all (a member that held them forgot them there), so the
+    table no longer lacks any.  Not before that entry is committed: a truncation of it
+    would bring them back on the member that held them."""
+    t = SessionTable(ttl_ms=1_000)
+    t.reset(50)
+    write(t, [(52, 9, 0, 2_000), (53, 9, 1, 2_500)])
+    assert t.unknown_upto == 49
+    write(t, [(54, 9, 2, 3_001)])
+    assert t.unknown_upto == 49  # not committed yet
+    t.truncated(53)
+    t.committed(60)
+    assert t.unknown_upto == 49  # the entry that expired them is gone
+    write(t, [(54, 9, 2, 3_002)])
+    assert t.unknown_upto == -1 and t.unknown_bound is None  # committed already
+    u = SessionTable(ttl_ms=1_000)
+    u.reset(50)
+    write(u, [(52, 9, 0, 2_000), (53, 9, 1, 3_001)])
+    u.committed(52)
+    assert u.unknown_upto == 49
+    u.committed(53)
+    assert u.unknown_upto == -1
+
+
+def test_the_bound_of_the_sessions_lacked_goes_with_a_truncation_and_a_snapshot():
+    """A truncation that cuts the entry bounding the sessions lacked leaves no bound until
+    the next stamped entry; a snapshot's table carries the bound below its index, and one
+    rebuilt from it whose stamps run a TTL past that bound lacks nothing."""
+    t = SessionTable(ttl_ms=1_000)
+    t.reset(50)
+    write(t, [(52, 9, 0, 2_000)])
+    t.truncated(51)
+    assert t.unknown_upto == 49 and t.unknown_bound is None
+    write(t, [(52, 8, 0, 1_900), (53, 8, 1, 2_950)])
+    assert t.unknown_bound == (52, 1_900)
+    assert t.at(51)["unknown_bound"] is None  # a snapshot below the bound has none
+    doc = t.at(53)
+    assert doc["unknown_bound"] == [52, 1_900] and doc["unknown_upto"] == 49
+    again = SessionTable(ttl_ms=1_000)
+    again.rebuild(doc, [], covered=53)
+    assert again.unknown_upto == -1  # 2_950 > 1_900 + TTL, and committed
+    t.truncated(52)
+    write(t, [(53, 8, 1, 2_800)])
+    again.rebuild(t.at(53), [], covered=53)
+    assert again.unknown_upto == 49 and again.unknown_bound == (52, 1_900)

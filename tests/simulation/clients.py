@@ -56,6 +56,7 @@ class ClientAppend:
     target: str
     bodies: tuple[bytes, ...]
     ident: tuple[int, int] | None = None  # an idempotent client's (session, first seq)
+    maybe_stored: bool = True  # a call with that identity ended with an unknown outcome
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ class Clients:
         c.ident = out.ident
         self._inflight_clients[req_id] = c
         self._sync_outstanding(c)
-        self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, a.bodies, a.ident))
+        self._to_client(c.id, c.believed, ClientAppend(c.id, req_id, c.believed, a.bodies, a.ident,
+                                                     out.maybe_stored))  # fmt: skip
 
     def _sync_outstanding(self, c: Client) -> None:
         live = [a for a in c.appends.values() if a.req_id]

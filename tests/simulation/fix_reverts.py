@@ -479,6 +479,20 @@ def _sessions_whole_first(patch: Callable) -> None:
     patch(MemberLogic, "_sessions_from_snapshot", from_snapshot)
 
 
+def _sessions_lacked(patch: Callable) -> None:
+    """A leader lacking client sessions hands over every time it is elected (with the
+    others lacking them too, the group has no leader for good), and refuses every new
+    session it lacks, however late it began."""
+    patch(Supervisor, "_lacks_sessions", lambda self: self.logic.sessions.unknown_upto >= 0)
+    patch(SessionTable, "bounded", lambda self, client: self.unknown_upto < 0)
+    real = SessionTable.check
+
+    def check(self, client, first_seq, n, now, queued=-1, maybe_stored=True):
+        return real(self, client, first_seq, n, now, queued, True)
+
+    patch(SessionTable, "check", check)
+
+
 def _sessions_verify(patch: Callable) -> None:
     """A snapshot's session table is loaded without checking it against its checksum."""
     from rayledger.storage.snapshots import SnapshotStore
@@ -512,6 +526,7 @@ def _expired_cut(patch: Callable) -> None:
 
 
 REVERTS: dict[str, Callable[[Callable], None]] = {
+    "sessions-lacked": _sessions_lacked,
     "checker-config": _checker_config,
     "term-queue": _term_queue,
     "snapshot-point": _snapshot_point,

@@ -445,6 +445,7 @@ class GroupSim(
         self.reply_codes: collections.Counter[ResponseCode] = collections.Counter()
         self.stats: collections.Counter[str] = collections.Counter()
         self.touched: dict[str, int] = {}  # lowest end a truncate/reset left since the last check
+        self.lack_checked: dict[str, tuple] = {}  # (begin, snapshots) last checked per member
 
     def _init_local_transport(self, dispatcher_cache_bytes: int | None) -> None:
         """The node-local transport: actor calls between a member and its helpers, the

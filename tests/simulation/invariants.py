@@ -4,8 +4,11 @@ acknowledged, rounds answered in time) and the convergence checks at the end of 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rayledger.replication.sessions import SessionTable
 from rayledger.storage import LogStore
+from rayledger.storage.snapshots import SESSIONS_FILE, read_sessions
 
 from .node_state import SimMember
 from .sim_config import ROUND_SLACK_MS
@@ -76,6 +79,8 @@ class Invariants:
             self._check_sessions(m)
             if cut < m.verified_end:
                 m.verified_end = cut
+        if m.node is not None and m.node.logic.sessions.unknown_upto >= 0:
+            self._check_lack(m)
         if end > m.verified_end:
             lo = max(m.verified_end + 1, store.ledger_begin_index)
             for index, term, chain, bcrc in self._headers(store, lo, end):
@@ -125,6 +130,22 @@ class Invariants:
                 self.max_committed = committed
             if m.alive:
                 self._note_commit_term(m.node.logic.state.current_term, committed)
+
+    def _check_lack(self, m: SimMember) -> None:
+        """A member lacking client sessions holds no snapshot that knows them at or past
+        its log's begin - 1 (one it could rebuild its table from)."""
+        shelf = m.node.logic.snapshots
+        if shelf is None:
+            return
+        begin = m.store.ledger_begin_index
+        key = (begin, tuple(meta.index for meta in shelf.store.list()))
+        if self.lack_checked.get(m.id) == key:
+            return
+        self.lack_checked[m.id] = key
+        at = _whole_sessions_at(shelf.store, begin - 1)
+        if at is not None:
+            self.fail(f"{m.id} lacks client sessions its own snapshot at {at} knows "
+                      f"(its log begins at {begin})")  # fmt: skip
 
     def _check_sessions(self, m: SimMember) -> None:
         """After a truncation or reset, the member's session table is the one its log makes:
@@ -212,9 +233,21 @@ class Invariants:
             return False
         if self.machine_path is not None and not self.machines_converged():
             return False
-        if any(m.node.logic.sessions.unknown_upto >= 0 for m in alive if m.node is not None):
+        if any(self._sessions_to_get(m, leader) for m in alive if m.node is not None):
             return False  # a member waits for a snapshot's client sessions
         return True
+
+    @staticmethod
+    def _sessions_to_get(m: SimMember, leader: SimMember) -> bool:
+        """Whether ``m`` lacks client sessions its leader holds a snapshot of, one it asks
+        for.  (Lacked by the leader too, they are known once the log's stamps show them
+        expired, which takes appends; :meth:`_same_sessions` checks that what such a
+        member holds agrees with the others.)"""
+        lg = m.node.logic
+        if lg.sessions.unknown_upto < 0 or leader.node.logic.snapshots is None:
+            return False
+        want = lg.snapshot_wanted(m.store.ledger_begin_index)
+        return _whole_sessions_at(leader.node.logic.snapshots.store, want) is not None
 
     def _same_sessions(self, members) -> None:
         """Identical logs make identical session tables: every member knows the same
@@ -222,22 +255,40 @@ class Invariants:
         log still holds would refuse the client, or take a retry as new), and the runs of
         entries one keeps are the newest of the other's (one may keep fewer old runs, but
         none may answer a retry from another entry)."""
+        live = {m.id: m.node.logic.sessions for m in members if m.node is not None}
         tables = {
-            m.id: {c: (s.last_seq, s.stamp) for c, s in m.node.logic.sessions.sessions.items()}
-            for m in members
-            if m.node is not None
+            mid: {c: (s.last_seq, s.stamp) for c, s in t.sessions.items()}
+            for mid, t in live.items()
         }
         if not tables:
             return
-        a, first = next(iter(tables.items()))
+        # the fullest table: one that lacks sessions holds those of the others, no more
+        a = min(tables, key=lambda mid: (live[mid].unknown_upto >= 0, -len(tables[mid])))
+        first = tables[a]
         for b, table in tables.items():
-            if table != first:
+            if live[b].unknown_upto >= 0:
+                m = self.members[b]
+                shelf = m.node.logic.snapshots
+                at = shelf and _whole_sessions_at(shelf.store, m.store.ledger_begin_index - 1)
+                if at is not None:
+                    self.fail(f"{b} lacks client sessions its own snapshot at {at} knows")
+                lacked = {(c, v) for c, v in first.items() if c not in table}
+                extra = set(table.items()) - set(first.items())
+                bound = live[b].unknown_bound
+                late = {(c, v) for c, v in lacked if bound is not None and v[1] > bound[1]}
+                if extra or late:
+                    self.fail(f"{b}'s session table, which lacks some, is not {a}'s less the "
+                              f"ones it lacks (stamped by {bound}): holds {sorted(extra)[:4]}, "
+                              f"lacks {sorted(late)[:4]}")  # fmt: skip
+            elif table != first:
                 only = set(first.items()) ^ set(table.items())
                 self.fail(f"session tables differ after convergence: {a} vs {b}: "
                           f"{sorted(only)[:6]}")  # fmt: skip
-        runs = {m.id: m.node.logic.sessions.sessions for m in members if m.node is not None}
+        runs = {mid: t.sessions for mid, t in live.items()}
         for b, sessions in runs.items():
             for c, s in sessions.items():
+                if c not in runs[a]:
+                    continue  # (a table lacking sessions holds none the fullest lacks)
                 mine, theirs = s.runs, runs[a][c].runs
                 n = min(len(mine), len(theirs))
                 if mine[len(mine) - n :] != theirs[len(theirs) - n :]:
@@ -294,3 +345,16 @@ class Invariants:
                 self.fail(
                     f"acknowledged append {body[:24]!r} at {index} is at {bodies.get(body)} in the committed log"
                 )
+
+
+def _whole_sessions_at(store, index: int) -> int | None:
+    """The index of a snapshot in ``store`` at or past ``index`` whose session table is
+    whole (verified, no session unknown), or None."""
+    for meta in store.list():
+        if meta.index < index:
+            continue
+        files = tuple(f for f in meta.files if f[0] == SESSIONS_FILE)
+        if files and store.verify(replace(meta, files=files)) is None:
+            if int(read_sessions(meta.path).get("unknown_upto", -1)) < 0:
+                return meta.index
+    return None

@@ -310,7 +310,7 @@ class MemberDelivery:
     def _client_append(self, node: Node, msg: ClientAppend) -> None:
         """``MemberActor.append``: admit and queue (:class:`RoundBook`), one round per turn."""
         ev = mc.ClientAppend(list(msg.bodies), self.group, msg.target, (msg.client, msg.req_id),
-                             msg.ident)  # fmt: skip
+                             msg.ident, msg.maybe_stored)  # fmt: skip
         try:
             self._step(node, ev)
         except LedgerError as exc:

@@ -127,6 +127,7 @@ PINNED: dict[str, int] = {
     "sessions-unknown": 112_415,
     "sessions-verify": 112_415,
     "sessions-whole-first": 112_643,
+    "sessions-lacked": 116_083,
 }
 
 
