@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -578,12 +579,15 @@ class LedgerClient:
             idx = np.frombuffer(out.indexes, dtype=np.int64).tolist()
             terms = np.frombuffer(out.terms, dtype=np.int64).tolist()
             pos = np.frombuffer(out.positions, dtype=np.int64).tolist()
-            results = [AppendResult(i, t, q) for i, t, q in zip(idx, terms, pos, strict=True)]
+            rc = repeat(None)
         else:
             first, term, positions, *receipts = out
             pos = np.frombuffer(positions, dtype=np.int64).tolist()
-            rc = receipts[0] if receipts else [None] * len(pos)
-            results = [AppendResult(first + j, term, pos[j], rc[j]) for j in range(len(pos))]
+            idx, terms = range(first, first + len(pos)), repeat(term)
+            rc = receipts[0] if receipts else repeat(None)
+        results = list(
+            map(AppendResult._make, zip(idx, terms, pos, rc, strict=False))
+        )  # (repeat: endless)
         k = 0
         for p in batch:  # one already settled (its deadline won) never stops the others
             n = len(p.bodies)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from rayledger.election import Role
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """Where a committed append landed."""
+class AppendResult(NamedTuple):
+    """Where a committed append landed.  (A named tuple: a batch of a thousand entries
+    gets a thousand of them, and a tuple is made in a quarter of a frozen dataclass's time.)"""
 
     index: int
     term: int
