@@ -176,7 +176,8 @@ class MachineDelivery:
         latest = self.committed_configs[max(self.committed_configs)] if (
             self.committed_configs) else None  # fmt: skip
         voters = latest.voters if latest is not None else self.voters0
-        return all(self.members[v].alive and not self.gone(v) for v in voters if v != m.id)
+        others = [v for v in voters if v != m.id]  # (a lone voter's is the only copy)
+        return bool(others) and all(self.members[v].alive and not self.gone(v) for v in others)
 
     def _damage_newest_snapshot(self, m: SimMember) -> None:
         """A restart finds its newest snapshot damaged (a flipped byte), in the machine's

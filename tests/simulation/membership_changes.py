@@ -83,6 +83,8 @@ class MembershipChanges:
             op, member, old = Op.REMOVE, rng.choice(voters), ""
             if not self._leaves_live_majority(latest, member):
                 return
+        if op in (Op.REMOVE, Op.REPLACE) and self._removes_a_state_holder():
+            return
         try:
             self._step(node, mc.ChangeMembers(op, member, None, old))
         except LedgerError as exc:
@@ -106,6 +108,12 @@ class MembershipChanges:
             return False
         return True
 
+    def _removes_a_state_holder(self) -> bool:
+        """Whether a removal now may take away the last member holding the state a stranded
+        machine waits for (its only snapshot damaged): an operator who removes the healthy
+        members while one waits for their snapshot loses the group's state with them."""
+        return self.machine_path is not None and self._any_stranded()
+
     def _cut_removal_step(self, now: int) -> None:
         """Now and then the leader loses its links to a voter, and the operator removes that
         member -- down to the leader alone, as an operator removes a member that stopped
@@ -122,7 +130,7 @@ class MembershipChanges:
         if not others:
             return
         member = rng.choice(others)
-        if not self._leaves_live_majority(latest, member):
+        if not self._leaves_live_majority(latest, member) or self._removes_a_state_holder():
             return
         self.net.cut_both(node.id, member)
         try:
