@@ -27,7 +27,9 @@ States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
 * APPEND -- push batches from ``write_index``, many in flight (pipelining),
   remembering when each was sent; resend the oldest after ``max_push_timeout_ms``;
   an INCONSISTENT_STATE answer sends the dispatcher back to COMPARE.  When no
-  entries flow a COMMIT push carries the leader's committed index.
+  entries flow a COMMIT push carries the leader's committed index: :data:`COMMIT_LINGER_MS`
+  after it rose (the next push carries it meanwhile, so a steady stream sends none), and
+  at least every ``commit_push_interval_ms``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ from .messages import PushEntryRequest, PushEntryResponse, PushType, SnapshotChu
 log = logging.getLogger("rayledger.replication")
 
 _NEVER = -(1 << 62)
+
+COMMIT_LINGER_MS = 20
+"""How long a risen committed index waits for a push to carry it before a COMMIT does: the
+next round's push, in a group that appends (one client's next append follows its answer
+by a few hops).  An idle follower learns it this much later."""
 
 
 class DispatcherState(str, Enum):
@@ -106,6 +113,7 @@ class EntryDispatcher:
         self._backoff_until = _NEVER
         self._last_push_ms = _NEVER  # DLedger lastPushCommitTimeMs
         self._commit_sent = -1
+        self._commit_rose_ms = _NEVER  # when the committed index passed _commit_sent
         self._last_leak_check_ms = _NEVER
         # the pacing bucket, in bytes (see _pace_allows)
         self._tokens: float = config.max_batch_push_bytes
@@ -184,6 +192,7 @@ class EntryDispatcher:
             self._water_mark = -1
             self._write_index = -1
             self._commit_sent = -1
+            self._commit_rose_ms = _NEVER
             self._last_push_ms = _NEVER
             self._backoff_until = _NEVER
             self._tokens, self._tokens_ms = self.config.max_batch_push_bytes, _NEVER
@@ -378,15 +387,20 @@ class EntryDispatcher:
         if out:
             self._last_push_ms = now_ms
             self._commit_sent = log_.committed_index
+            self._commit_rose_ms = _NEVER
             self.pushes_sent += len(out)
-        elif self._write_index > end and (
-            log_.committed_index > self._commit_sent
+            return out
+        if log_.committed_index > self._commit_sent and self._commit_rose_ms == _NEVER:
+            self._commit_rose_ms = now_ms
+        if self._write_index > end and (
+            (self._commit_rose_ms != _NEVER and now_ms - self._commit_rose_ms >= COMMIT_LINGER_MS)
             or now_ms - self._last_push_ms >= self.config.commit_push_interval_ms
         ):
             req = self._commit_request(log_)
             out.append(req)
             self._last_push_ms = now_ms
             self._commit_sent = req.commit_index
+            self._commit_rose_ms = _NEVER
         return out
 
     def _resend_overdue(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
@@ -519,6 +533,8 @@ class EntryDispatcher:
             return self._backoff_until
         if self._state is DispatcherState.APPEND:
             due = self._last_push_ms + cfg.commit_push_interval_ms
+            if self._commit_rose_ms != _NEVER:
+                due = min(due, self._commit_rose_ms + COMMIT_LINGER_MS)
             oldest = self._inflight.oldest()
             if oldest is not None:
                 due = min(due, oldest.sent_ms + cfg.max_push_timeout_ms + 1)

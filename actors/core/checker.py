@@ -28,9 +28,11 @@ from rayledger.replication import QuorumAckChecker, ReplicationConfig, Resolved
 from rayledger.storage import ResponseCode
 
 COMMIT_NOTICE_MS = 5
-"""How long the committed index stands still before the dispatchers hear of it.  Under load
-every announcement and report answer carries it; only the last commit before a pause
-reaches an idle follower no other way, so it goes out once, not once per round."""
+"""How long the committed index stands still before the dispatchers hear of it -- only when
+one of them was not told it in a report's answer (its follower is slow or down, or the
+leader's own flush made the quorum).  Under load every announcement and report answer
+carries it, and after a round each follower's report is answered with its commit, so in a
+steady group the notice is never sent."""
 
 Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
 
@@ -144,6 +146,7 @@ class CheckerLogic:
         self._committed_sent = -1
         self._notice: tuple[int, int] | None = None
         self._notice_at = 0
+        self._told: dict[str, int] = {}  # the committed index each peer's report was answered
         self.graph_gen: int | None = None
         self.config_index = -1  # the configuration entry whose voters it counts
 
@@ -179,6 +182,7 @@ class CheckerLogic:
         self.term = term
         self._registered.clear()
         self._committed_sent = -1
+        self._told.clear()
         self.config_index = -1
         failed = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
         self._configure(term, info)
@@ -235,6 +239,19 @@ class CheckerLogic:
         self.core.update_water_mark(term, peer, water_mark)
         return True
 
+    def told(self, peer: str) -> int:
+        """The committed index a report of ``peer`` is answered with (after its check): its
+        dispatcher needs no notice of it."""
+        committed = self.core.committed_index
+        if committed > self._told.get(peer, -1):
+            self._told[peer] = committed
+        return committed
+
+    def _untold(self, committed: int) -> bool:
+        """Whether a dispatcher was not told ``committed`` in a report's answer."""
+        told = self._told
+        return any(told.get(p, -1) < committed for p in self.core.peers if p != self.self_id)
+
     def _graph_begin(self, term: int, gen: int) -> bool:
         if term != self.term:
             return False
@@ -284,6 +301,8 @@ class CheckerLogic:
         if self._notice is not None:
             if now_ms >= self._notice_at:
                 notice, self._notice = self._notice, None
+                if not self._untold(notice[1]):
+                    notice = None
             elif wake is None or self._notice_at < wake:
                 wake = self._notice_at
         return CheckerReady(resolution, notice, self.core.committed_index, wake)
@@ -323,7 +342,7 @@ class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
                 if not reply:
                     return None  # not this checker's term: no committed index
                 self.pump.run()
-                return self.logic.committed_index  # after the report's check
+                return self.logic.told(ev.peer)  # after the report's check
             case GraphReport():
                 # on the graph's thread: the answer goes back through the graph, the loop
                 # re-arms its timer

@@ -37,9 +37,10 @@ from rayledger.replication import (
 from rayledger.replication.messages import Announcement, Inline, LeaderInfo, Payload
 from rayledger.storage import LedgerError, ResponseCode
 
-PROGRESS_MS = 50
+PROGRESS_MS = 250
 """How often at most a dispatcher tells its member's elector how far the follower matches
-(a leadership transfer waits for it)."""
+(a leadership transfer waits for it, the preferred-leader check reads it): a call of its
+own, so not once a round; a transfer waits at most this much longer for it."""
 
 FETCH_RETRY_MS = 50
 """After a failed fetch from the member, the next try waits this long."""

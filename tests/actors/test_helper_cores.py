@@ -149,3 +149,22 @@ def test_the_commit_notice_waits_for_the_index_to_stand_still() -> None:
     assert first.wake_at_ms == COMMIT_NOTICE_MS
     assert c.ready(COMMIT_NOTICE_MS).notice == (2, 5)
     assert c.ready(COMMIT_NOTICE_MS + 1).notice is None  # once
+
+
+def test_no_commit_notice_when_every_report_was_answered_with_the_index() -> None:
+    """After a round, each follower's report is answered with its commit (``told``): the
+    dispatchers know it, and no notice follows.  One not told (its follower is down) gets
+    the notice."""
+    c = CheckerLogic("g", "n0", PEERS, CFG)
+    c.step(BecomeLeader(2, 4, INFO), 0)
+    c.step(AddRound(2, 5, 5, "r", 5), 0)
+    c.step(Report(2, "n1", 5), 0)
+    assert c.ready(0).resolution.committed == 5
+    assert c.told("n1") == 5
+    c.step(Report(2, "n2", 5), 1)
+    assert c.told("n2") == 5
+    assert c.ready(COMMIT_NOTICE_MS).notice is None
+    c.step(AddRound(2, 6, 6, "s", 6), 10)
+    c.step(Report(2, "n1", 6), 10)
+    assert c.ready(10).resolution.committed == 6 and c.told("n1") == 6
+    assert c.ready(10 + COMMIT_NOTICE_MS).notice == (2, 6)  # n2 was not told

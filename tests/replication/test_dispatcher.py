@@ -11,6 +11,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
+from rayledger.replication.dispatcher import COMMIT_LINGER_MS
 from rayledger.storage import MemoryStore, ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, resp, store_with
@@ -338,12 +339,30 @@ def test_commit_when_idle() -> None:
     to_append(d, log, 1)
     assert d.next_requests(0, log) == []
     log.update_committed_index(1)
-    (c,) = d.next_requests(5, log)  # the committed index moved: tell the follower now
+    # the committed index moved: a push would carry it; with none, a COMMIT tells the
+    # follower COMMIT_LINGER_MS later
+    assert d.next_requests(5, log) == []
+    assert d.next_wakeup_ms(5) == 5 + COMMIT_LINGER_MS
+    (c,) = d.next_requests(5 + COMMIT_LINGER_MS, log)
     assert c.type is PushType.COMMIT and c.commit_index == 1
     assert (c.first_index, c.entry_term, c.entry_pos) == (1, 1, log.get_pos(1))
-    assert d.next_requests(6, log) == []
-    (c2,) = d.next_requests(1005, log)  # and at least every commit_push_interval_ms
+    assert d.next_requests(6 + COMMIT_LINGER_MS, log) == []
+    (c2,) = d.next_requests(1030, log)  # and at least every commit_push_interval_ms
     assert c2.type is PushType.COMMIT
+
+
+def test_a_push_carries_a_risen_committed_index_instead_of_a_commit() -> None:
+    """A steady stream sends no COMMIT: each push carries the committed index."""
+    log = store_with([1] * 2)
+    d = dispatcher(commit_push_interval_ms=1000)
+    to_append(d, log, 1)
+    log.update_committed_index(1)
+    assert d.next_requests(5, log) == []
+    log.append_as_leader([b"x"], 1)
+    (p,) = d.next_requests(10, log)
+    assert p.type is PushType.APPEND and p.commit_index == 1
+    d.on_response(p, resp(ResponseCode.SUCCESS, 2), 12)
+    assert d.next_requests(5 + COMMIT_LINGER_MS, log) == []  # nothing new to tell
 
 
 def test_commit_waits_for_a_water_mark_to_name() -> None:
@@ -365,9 +384,9 @@ def test_inconsistent_commit_answer_goes_back_to_compare() -> None:
     log.update_committed_index(1)
     d = dispatcher()
     to_append(d, log, 1)
-    (c,) = d.next_requests(0, log)
+    (c,) = d.next_requests(0, log) + d.next_requests(COMMIT_LINGER_MS, log)
     assert c.type is PushType.COMMIT
-    d.on_response(c, resp(BAD, 1, 0, -1), 1)
+    d.on_response(c, resp(BAD, 1, 0, -1), COMMIT_LINGER_MS + 1)
     assert d.state is DispatcherState.COMPARE
 
 

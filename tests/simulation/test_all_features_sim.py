@@ -32,7 +32,7 @@ from .network import sim_seeds
 from .sim_config import all_features
 
 FILE = "tests/simulation/test_all_features_sim.py"
-COVERAGE_SEEDS = (110_003, 110_004, 110_008)
+COVERAGE_SEEDS = (110_000, 110_001, 110_002)
 CHAOS_MS = 15_000
 CONVERGE_MS = 30_000
 

@@ -36,6 +36,7 @@ from rayledger.actors.core.dispatcher import CachedBatch, DispatcherLogic
 from rayledger.actors.core.member_logic import MemberLogic, StartLeading, StopLeading
 from rayledger.election import MemoryTermStore, Role
 from rayledger.replication import PushEntryRequest
+from rayledger.replication.dispatcher import COMMIT_LINGER_MS
 from rayledger.replication.messages import Inline
 from rayledger.storage import MemoryStore, StoreConfig
 
@@ -299,6 +300,8 @@ def stale_dispatcher_needs_entries() -> FiveMembers:
         assert g.logic[mid].state.leader_id == "n" and g.logic[mid].state.current_term == T + 1
     g.replicate("n")
     g.append("n", [b"n-new-3", b"n-new-4"])
+    g.replicate("n")
+    g.now += COMMIT_LINGER_MS  # no next round to carry the commit: a COMMIT push
     g.replicate("n")
     for mid in ("n", "x", "y"):
         assert g.store(mid).committed_index == 4, mid

@@ -48,10 +48,17 @@ def _run_until(sim: GroupSim, pred, limit_ms: int) -> None:
 
 
 def test_a_machine_whose_installed_snapshot_is_damaged_at_a_restart_catches_up() -> None:
-    """Seed 7 reaches it: the follower installs the leader's snapshot at 241 with its log
-    reset to begin at 114, and is the member that restarts with it damaged (its machine
-    back at -1, the entries up to 113 gone from every log)."""
-    sim = GroupSim(3, 7, store_kind="file", replication=sim_config_for(7), machine="kv",
+    """A seed that reaches it: the follower installs the leader's snapshot with its log
+    reset past its old end, and is the member that restarts with it damaged (its machine
+    back at -1, the entries below its log's begin gone from every log)."""
+    installed_snapshot_damaged_at_restart(DAMAGED_INSTALL_SEED)
+
+
+DAMAGED_INSTALL_SEED = 13
+
+
+def installed_snapshot_damaged_at_restart(seed: int) -> None:
+    sim = GroupSim(3, seed, store_kind="file", replication=sim_config_for(seed), machine="kv",
                    clients=4, client_interval_ms=(1, 15), test_name="machine_recovery",
                    **QUIET)  # fmt: skip
     # compactions (the seeded draw below 0.5) but no random damage (below 0.3)

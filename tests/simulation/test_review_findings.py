@@ -151,7 +151,7 @@ def test_appends_queued_when_a_term_ends_are_never_written_in_a_later_one(seed):
         sim.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 3, 4])
 def test_reads_in_flight_when_a_change_leaves_the_leader_the_only_voter(seed):
     """Readers read at the leader of three voters; the operator removes one follower, then,
     cut off from the other (a confirmation round stays in flight), that one too: the leader is its group's only
