@@ -297,7 +297,27 @@ class EntryHandler:
 
     def _append(self, req: PushEntryRequest) -> PushEntryResponse:
         """Write a push that starts exactly at ``ledger_end_index + 1``."""
+        self._start_where_the_leader_does(req)
         return self._append_batch(req, req.batch)
+
+    def _start_where_the_leader_does(self, req: PushEntryRequest) -> None:
+        """A log that holds nothing after its begin (a reset, an install) takes the leader's
+        position for its first entry.  Where the entry after a snapshot point lies depends
+        on that entry's size (a segment's padding), and the reset may have placed it as an
+        old leader's entry that never committed: the new leader's would be refused for good
+        (the all-features simulation: COMPARE at the point succeeded, APPEND after it
+        failed, again and again)."""
+        store = self.store
+        data = getattr(req.batch, "data", None)
+        if not data or not store.is_empty or req.first_index != store.ledger_begin_index:
+            return
+        pos = req.batch.first_pos
+        if pos == store.write_pos:
+            return
+        self._event(INFO, "append.repositioned", req, was=store.write_pos, pos=pos)
+        store.reset(req.first_index, pos, store.ledger_end_term)
+        if self.on_reset is not None:
+            self.on_reset(req.first_index)
 
     def _append_batch(self, req: PushEntryRequest, batch: EntryBatch) -> PushEntryResponse:
         try:
@@ -421,7 +441,8 @@ class EntryHandler:
             return self._resp(req, ResponseCode.SUCCESS)
         try:
             if req.reset:
-                if not (store.is_empty and store.ledger_begin_index == index):
+                if not (store.is_empty and store.ledger_begin_index == index
+                        and store.write_pos == req.entry_pos):  # fmt: skip
                     store.reset(index, req.entry_pos, req.entry_term)
                     if self.on_reset is not None:
                         self.on_reset(index)

@@ -194,6 +194,11 @@ class EntryBatch:
     def last_index(self) -> int:
         return self.first_index + self.count - 1
 
+    @property
+    def first_pos(self) -> int:
+        """The data position of the first entry, as its header says (the leader's)."""
+        return HEADER.unpack_from(self.data, 0)[4]
+
     def entries(self) -> list[Entry]:
         return list(iter_entries(self.data))
 

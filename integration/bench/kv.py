@@ -3,6 +3,12 @@
 Figures (``--json`` prints them as one object):
 
 - ``put_per_s_single``: one client, one ``KVClient.put`` at a time (and its ``_p50_ms``);
+- ``put_p50_over_append``: ``put_single_p50_ms`` over the single-append p50 of a plain
+  ledger group (no machine) of the same settings, measured in the same run
+  (``ledger_single_p50_ms``): what waiting for the leader's machine costs.  Goal <= 1.3;
+- ``put_per_s_64_threads`` / ``ledger_per_s_64_threads`` / ``put_64_threads_over_append``:
+  64 threads sharing one client, ``KVClient.put`` against plain appends of a body as
+  long, each for ``threads_seconds``.  Goal >= 0.8;
 - ``put_per_s_batched``: ``clients`` threads appending batches of ``batch`` put commands
   (how the store is loaded with ``keys`` keys);
 - ``get_per_s_linearizable`` / ``_lease`` / ``_committed``: one client, one ``get`` at a
@@ -35,11 +41,11 @@ import time
 import uuid
 
 import ray
-from rayledger.actors import LedgerConfig
+from rayledger.actors import LedgerConfig, LedgerGroup
 from rayledger.integration.kv import KVClient, put_command
 from rayledger.storage import LedgerError, StoreConfig
 
-from .loads import in_threads, pct
+from .loads import concurrent_phase, in_threads, pct
 from .mq import _until_ok
 
 
@@ -82,6 +88,48 @@ def _single_puts(kv: KVClient, n: int) -> dict:
         lat.append((time.perf_counter() - t) * 1000)
     return {"put_per_s_single": round(n / (time.perf_counter() - t0)),
             "put_single_p50_ms": pct(lat, 0.5)}  # fmt: skip
+
+
+def _threads_puts(kv: KVClient, threads: int, seconds: float) -> int:
+    """Puts per second from ``threads`` threads sharing ``kv``'s client."""
+    done = [0] * threads
+    stop = time.monotonic() + seconds
+
+    def work(k: int) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            try:
+                kv.put(f"threads/{k}/{i}", b"x" * 16)
+                done[k] += 1
+            except LedgerError:
+                pass
+            i += 1
+
+    return round(sum(done) / in_threads(work, threads))
+
+
+def _versus_ledger(kv: KVClient, root: str, config: LedgerConfig, n: int, seconds: float) -> dict:
+    """The KV store's puts beside plain appends on a group of the same settings and no
+    machine, in the same run: single p50 and 64 threads."""
+    out = {"put_per_s_64_threads": _threads_puts(kv, 64, seconds), "threads_seconds": seconds}
+    body = len(put_command("single/0", b"x" * 16))
+    g = LedgerGroup.create(f"bench-plain-{uuid.uuid4().hex[:6]}", 3, root, config)
+    try:
+        g.wait_for_leader(timeout_s=60)
+        c = g.client(idempotent=False)
+        _until_ok(lambda: c.append(b"warm"))
+        payload = os.urandom(body)
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            c.append(payload)
+            lat.append((time.perf_counter() - t) * 1000)
+        out["ledger_single_p50_ms"] = pct(lat, 0.5)
+        out["ledger_per_s_64_threads"] = concurrent_phase(g, 64, seconds, body)[
+            "concurrent_entries_per_s"]  # fmt: skip
+    finally:
+        g.shutdown(delete_data=True)
+    return out
 
 
 def _gets(kv: KVClient, keys: int, n: int) -> dict:
@@ -199,6 +247,11 @@ def run(quick: bool = False, clients: int = 4, batch: int = 1000, keys: int | No
         kvs.append(kv)
         _until_ok(lambda: kv.put("warm", b"w"))
         out.update(_single_puts(kv, n_single))
+        out.update(_versus_ledger(kv, root, _config(0, segment), n_single, 3 if quick else 10))
+        out["put_p50_over_append"] = round(
+            out["put_single_p50_ms"] / max(1e-9, out["ledger_single_p50_ms"]), 2)  # fmt: skip
+        out["put_64_threads_over_append"] = round(
+            out["put_per_s_64_threads"] / max(1, out["ledger_per_s_64_threads"]), 2)  # fmt: skip
         out["put_per_s_batched"] = _load(kv, keys, clients, batch)
         last, value = "last", b"the newest"
         kv.put(last, value)

@@ -95,6 +95,8 @@ class LostMembers:
         if len(voters) - 1 < latest.quorum:
             return
         mid = rng.choice(voters)
+        if self._removes_a_state_holder():  # (a stranded machine waits for its state)
+            return
         self.lose(mid)
 
     def lose(self, mid: str) -> None:

@@ -109,9 +109,10 @@ class MembershipChanges:
         return True
 
     def _removes_a_state_holder(self) -> bool:
-        """Whether a removal now may take away the last member holding the state a stranded
-        machine waits for (its only snapshot damaged): an operator who removes the healthy
-        members while one waits for their snapshot loses the group's state with them."""
+        """Whether a removal (or a node lost) now may take away the last member holding the
+        state a stranded machine waits for (its only snapshot damaged): the healthy members
+        gone while one waits for their snapshot take the group's state with them, a double
+        fault no group that keeps one copy survives."""
         return self.machine_path is not None and self._any_stranded()
 
     def _cut_removal_step(self, now: int) -> None:
