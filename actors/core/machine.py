@@ -278,13 +278,14 @@ class MachineCore:
         p.begin(self.applied)
         return self.applied
 
-    def snapshot_asked(self, index: int, begin: int) -> int | None:
+    def snapshot_asked(self, index: int, begin: int, have: int | None = None) -> int | None:
         """A follower's machine waits for a snapshot at or past ``index`` and ours stop
-        short of it: the index to snapshot at now (the machine is idle and stands that
-        far), or None -- the snapshot follows the batch that reaches it."""
+        short of it (``have``: the newest that can be sent, -1: none): the index to
+        snapshot at now (the machine is idle and stands that far), or None -- the snapshot
+        follows the batch that reaches it."""
         if self.snapshots is None:
             return None
-        self.snapshots.ask(index)
+        self.snapshots.ask(index, have)
         if self.applying is not None:
             return None  # its end asks snapshot_due
         return self.snapshot_due([], begin)

@@ -171,7 +171,7 @@ class MemberLogic:
         self.snapshots: SnapshotSource | None = None
         # the machine's answer to a follower that needs a snapshot further than our newest:
         # take one as soon as it stands that far (set with the snapshots)
-        self.snapshot_asked: Callable[[int], None] | None = None
+        self.snapshot_asked: Callable[[int, int], None] | None = None
         # the snapshot index the machine needs to start again, given the log's begin (-1:
         # none; set by the machine's shell)
         self.machine_wanted: Callable[[int], int] | None = None
@@ -533,7 +533,7 @@ class MemberLogic:
             return None
         snap = self.snapshots.newest() if self.snapshots is not None else None
         if at_least >= 0 and (snap is None or snap.index < at_least) and self.snapshot_asked:
-            self.snapshot_asked(at_least)
+            self.snapshot_asked(at_least, -1 if snap is None else snap.index)
         return snap, self.leader_info()
 
     def snapshot_chunk(self, term: int, index: int, snap_term: int, offset: int, n: int):

@@ -64,11 +64,15 @@ class SnapshotPolicy:
         """A batch of ``nbytes`` body bytes was applied."""
         self._bytes_since += nbytes
 
-    def ask(self, index: int) -> None:
+    def ask(self, index: int, have: int | None = None) -> None:
         """A follower's machine needs a snapshot at or past ``index`` (the newest one we
         have stands below it).  The nearest ask counts: the snapshot that answers it
         answers every ask at or below where it is cut, and a follower still short asks
-        again when its dispatcher looks again."""
+        again when its dispatcher looks again.  ``have``: the newest snapshot that can be
+        sent (-1: none): ours past it are damaged, so the next one is cut anew (else a
+        leader whose newest was found damaged never answered a stranded follower)."""
+        if have is not None and have < index <= self.last:
+            self.last = have
         if index > self.last:
             self.asked = index if self.asked <= self.last else min(self.asked, index)
 

@@ -121,12 +121,12 @@ class MachineRunner:
             self._cut(index, term)
         self._pump()  # whatever committed meanwhile
 
-    def snapshot_asked(self, index: int) -> None:
+    def snapshot_asked(self, index: int, have: int | None = None) -> None:
         """A follower's machine needs a snapshot at or past ``index`` (on the member's
         loop, under its lock): cut one now if the core says so, before any later batch."""
         m = self.member
         with m._lock:
-            now = self.core.snapshot_asked(index, m.store.ledger_begin_index)
+            now = self.core.snapshot_asked(index, m.store.ledger_begin_index, have)
             term = m.store.get_term(now) if now is not None else -1
         if now is not None:
             self._cut(now, term)

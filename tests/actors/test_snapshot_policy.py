@@ -91,3 +91,14 @@ def test_a_snapshot_asked_for_is_due_once_the_machine_stands_that_far() -> None:
     assert not p.due(160)  # what the newest snapshot holds already
     p.ask(150)
     assert p.due(150) and not p.due(149)
+
+
+def test_an_ask_past_a_damaged_newest_snapshot_cuts_a_new_one() -> None:
+    """The newest snapshot (140) was found damaged: the newest that can be sent is 86. A
+    follower asking for 120 gets a new one cut at once, not when the next periodic one is
+    due (an idle group never reaches it, and the follower stays stranded)."""
+    p = SnapshotPolicy(SnapshotConfig(every_entries=100), last=140)
+    p.ask(120)
+    assert not p.due(160)  # as far as it knows, 140 answers it
+    p.ask(120, have=86)
+    assert p.due(160)

@@ -108,3 +108,37 @@ def test_the_new_leader_brings_such_a_follower_in_line(committed_above) -> None:
     else:
         assert "TRUNCATE@9 -> SUCCESS" in seen, seen[:6]
         assert seen.count("TRUNCATE@9 -> INCONSISTENT_STATE") == 0, seen[:6]
+
+
+def _reset_for_an_old_entry() -> tuple[MemoryStore, MemoryStore]:
+    """(new leader, follower) on 512-byte segments: the follower's log was reset to begin at
+    10 where an old leader's long entry 10 went (padded into the next segment); the new
+    leader's entry 10, short, lies at the end of the segment before."""
+
+    def store() -> MemoryStore:
+        return MemoryStore(StoreConfig(data_segment_size=512, index_segment_size=32 * 1024))
+
+    common = [b"c%d" % i for i in range(6)]
+    old, leader = store(), store()
+    for s in (old, leader):
+        s.append_as_leader(common, 1)
+    old.append_as_leader([b"x" * 200], 2)
+    leader.append_as_leader([b"y"] * 4, 3)
+    leader.update_committed_index(5)
+    follower = store()
+    follower.reset(6, old.get_pos(6), 1)
+    follower.update_committed_index(5)
+    assert old.get_pos(6) != leader.get_pos(6)
+    return leader, follower
+
+
+def test_an_empty_log_takes_the_leaders_position_for_its_first_entry() -> None:
+    """Where the entry after a snapshot point lies depends on its size (a segment's
+    padding): the follower, reset there for an old leader's entry that never committed,
+    takes the new leader's entry at the new leader's position (before, the APPEND was
+    refused for good, and the COMPARE before it matched: a loop)."""
+    leader, follower = _reset_for_an_old_entry()
+    seen = _run(leader, follower, ms=3_000)
+    assert (follower.ledger_begin_index, follower.ledger_end_index) == (6, 9), seen[:8]
+    assert follower.read_batch(6).data == leader.read_batch(6).data
+    assert follower.get_pos(6) == leader.get_pos(6)

@@ -400,7 +400,7 @@ def _graph_stop(patch: Callable) -> None:
 def _snapshot_ask(patch: Callable) -> None:
     """A leader whose newest snapshot stops short of what a follower's machine needs
     waits for its next periodic one, which an idle group never takes."""
-    patch(MachineCore, "snapshot_asked", lambda self, index, begin: None)
+    patch(MachineCore, "snapshot_asked", lambda self, index, begin, have=None: None)
 
 
 def _watch_candidate(patch: Callable) -> None:
@@ -479,6 +479,21 @@ def _sessions_whole_first(patch: Callable) -> None:
     patch(MemberLogic, "_sessions_from_snapshot", from_snapshot)
 
 
+def _damaged_newest_ask(patch: Callable) -> None:
+    """A follower's ask for a snapshot is taken as answered by the leader's newest one, even
+    when that one was found damaged and cannot be sent."""
+    from rayledger.actors.core.snapshot_policy import SnapshotPolicy
+
+    real = SnapshotPolicy.ask
+    patch(SnapshotPolicy, "ask", lambda self, index, have=None: real(self, index))
+
+
+def _empty_log_position(patch: Callable) -> None:
+    """A follower's empty log keeps the position a reset gave its first entry, even when the
+    leader's entry there lies elsewhere (an old leader's, padded differently)."""
+    patch(EntryHandler, "_start_where_the_leader_does", lambda self, req: None)
+
+
 def _sessions_lacked(patch: Callable) -> None:
     """A leader lacking client sessions hands over every time it is elected (with the
     others lacking them too, the group has no leader for good), and refuses every new
@@ -526,6 +541,8 @@ def _expired_cut(patch: Callable) -> None:
 
 
 REVERTS: dict[str, Callable[[Callable], None]] = {
+    "empty-log-position": _empty_log_position,
+    "damaged-newest-ask": _damaged_newest_ask,
     "sessions-lacked": _sessions_lacked,
     "checker-config": _checker_config,
     "term-queue": _term_queue,

@@ -119,7 +119,8 @@ class MachineDelivery:
         if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
             node.logic.take_snapshots(node.applier.shelf)
             node.logic.machine_wanted = node.applier.core.snapshot_wanted
-            node.logic.snapshot_asked = lambda index, node=node: self._m_asked(node, index)
+            node.logic.snapshot_asked = lambda index, have, node=node: self._m_asked(
+                node, index, have)  # fmt: skip
         store = m.store
         store.keep_from = node.applier.core.keep_from(node.applier.saved)
         inner = machine.apply
@@ -368,9 +369,9 @@ class MachineDelivery:
         self.net.note(f"{node.id} machine loads the leader's snapshot at {job.index}")
         self._m_pump(node)
 
-    def _m_asked(self, node: Node, index: int) -> None:
+    def _m_asked(self, node: Node, index: int, have: int | None = None) -> None:
         """``MachineRunner.snapshot_asked``: a follower's machine needs a snapshot that far."""
-        now = node.applier.core.snapshot_asked(index, node.logic.store.ledger_begin_index)
+        now = node.applier.core.snapshot_asked(index, node.logic.store.ledger_begin_index, have)
         if now is not None:
             self.stats["snapshots_asked"] += 1
             self._m_snapshot(node, now)

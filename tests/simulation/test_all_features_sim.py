@@ -128,6 +128,8 @@ PINNED: dict[str, int] = {
     "sessions-verify": 114_004,
     "sessions-whole-first": 112_643,
     "sessions-lacked": 116_083,
+    "empty-log-position": 111_358,
+    "damaged-newest-ask": 111_735,
 }
 
 
