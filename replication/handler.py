@@ -380,9 +380,13 @@ class EntryHandler:
         Without the first, a leader that did not send the snapshot compared there, found no
         entry, and asked for a reset below our committed index, which we refuse; without
         the second, a log whose first entries are an old leader's uncommitted ones matched
-        there and refused the cut: both for good."""
-        store = self.store
-        return index == store.ledger_begin_index - 1 and 0 <= index <= store.committed_index
+        there and refused the cut: both for good.  Committed whatever our committed index
+        says: a log begins only past committed entries (a leader's reset, a compaction),
+        and a restart may find the committed index checkpointed before the reset (the
+        all-features simulation: a learner reset to 559 came back committed at 554, its
+        COMPARE at 558 refused, the leader's reset below its committed index refused, for
+        good)."""
+        return index == self.store.ledger_begin_index - 1 and index >= 0
 
     def _compare(self, req: PushEntryRequest) -> PushEntryResponse:
         """Do we hold the leader's entry at ``first_index``?  (Raft: then the whole prefix matches.)"""

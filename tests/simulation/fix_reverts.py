@@ -488,6 +488,17 @@ def _damaged_newest_ask(patch: Callable) -> None:
     patch(SnapshotPolicy, "ask", lambda self, index, have=None: real(self, index))
 
 
+def _point_below_committed(patch: Callable) -> None:
+    """The snapshot point matches only while the committed index reaches it (a restart may
+    bring the index back checkpointed before the reset)."""
+
+    def at_point(self, index):
+        store = self.store
+        return index == store.ledger_begin_index - 1 and 0 <= index <= store.committed_index
+
+    patch(EntryHandler, "_at_snapshot_point", at_point)
+
+
 def _empty_log_position(patch: Callable) -> None:
     """A follower's empty log keeps the position a reset gave its first entry, even when the
     leader's entry there lies elsewhere (an old leader's, padded differently)."""
@@ -542,6 +553,7 @@ def _expired_cut(patch: Callable) -> None:
 
 REVERTS: dict[str, Callable[[Callable], None]] = {
     "empty-log-position": _empty_log_position,
+    "point-below-committed": _point_below_committed,
     "damaged-newest-ask": _damaged_newest_ask,
     "sessions-lacked": _sessions_lacked,
     "checker-config": _checker_config,
