@@ -29,10 +29,19 @@ REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (each socket held open until all are picked: the OS gives
+    a closed one out again, and two of the head's servers on one port fail its start)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _env() -> dict[str, str]:
@@ -77,17 +86,23 @@ def _kill_cluster(temp_dir: str) -> int:
 def head_cluster():
     """A Ray head started with `ray start --head` on free ports and its own temp dir."""
     temp_dir = tempfile.mkdtemp(prefix="rl-job-", dir="/tmp")  # short: unix socket paths
-    gcs, dash = _free_port(), _free_port()
-    cmd = [
-        RAY, "start", "--head", f"--port={gcs}", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1",
-        "--include-dashboard=true", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-        f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-        f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
-        f"--metrics-export-port={_free_port()}", f"--node-manager-port={_free_port()}",
-        f"--object-manager-port={_free_port()}",
-    ]  # fmt: skip
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+        for attempt in range(3):  # a port taken between picking and binding: pick again
+            gcs, dash, client, agent, agent_grpc, runtime, metrics, node, objects = (
+                _free_ports(9))  # fmt: skip
+            cmd = [
+                RAY, "start", "--head", f"--port={gcs}", f"--dashboard-port={dash}",
+                "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2",
+                f"--temp-dir={temp_dir}", "--disable-usage-stats",
+                f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+                f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime}",
+                f"--metrics-export-port={metrics}", f"--node-manager-port={node}",
+                f"--object-manager-port={objects}",
+            ]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+            if proc.returncode == 0 or attempt == 2:
+                break
+            _kill_cluster(temp_dir)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         address = f"http://127.0.0.1:{dash}"
         deadline = time.monotonic() + 60
