@@ -90,9 +90,9 @@ def _single_puts(kv: KVClient, n: int) -> dict:
             "put_single_p50_ms": pct(lat, 0.5)}  # fmt: skip
 
 
-def _threads_puts(kv: KVClient, threads: int, seconds: float) -> int:
-    """Puts per second from ``threads`` threads sharing ``kv``'s client."""
-    done = [0] * threads
+def _threads_puts(kv: KVClient, threads: int, seconds: float) -> tuple[int, int]:
+    """(puts per second, puts refused) from ``threads`` threads sharing ``kv``'s client."""
+    done, refused = [0] * threads, [0] * threads
     stop = time.monotonic() + seconds
 
     def work(k: int) -> None:
@@ -102,16 +102,18 @@ def _threads_puts(kv: KVClient, threads: int, seconds: float) -> int:
                 kv.put(f"threads/{k}/{i}", b"x" * 16)
                 done[k] += 1
             except LedgerError:
-                pass
+                refused[k] += 1  # counted, not hidden: a run with many is not a figure
             i += 1
 
-    return round(sum(done) / in_threads(work, threads))
+    return round(sum(done) / in_threads(work, threads)), sum(refused)
 
 
 def _versus_ledger(kv: KVClient, root: str, config: LedgerConfig, n: int, seconds: float) -> dict:
     """The KV store's puts beside plain appends on a group of the same settings and no
     machine, in the same run: single p50 and 64 threads."""
-    out = {"put_per_s_64_threads": _threads_puts(kv, 64, seconds), "threads_seconds": seconds}
+    rate, refused = _threads_puts(kv, 64, seconds)
+    out = {"put_per_s_64_threads": rate, "put_errors_64_threads": refused,
+           "threads_seconds": seconds}  # fmt: skip
     body = len(put_command("single/0", b"x" * 16))
     g = LedgerGroup.create(f"bench-plain-{uuid.uuid4().hex[:6]}", 3, root, config)
     try:
