@@ -7,7 +7,10 @@ simulation injects, and fails on the code before its fix.
 * appends queued behind a configuration entry on a leader that loses its term;
 * reads in flight while a change leaves the leader its group's only voter;
 * a lease confirmed by the old voters, then two changes and the leader cut off (safe by
-  pre-vote even with the lease kept across the changes).
+  pre-vote even with the lease kept across the changes);
+* a leader cut off right after it snapshots and compacts at its committed index, and a
+  learner it resets there: both logs begin right after their snapshot point with entries
+  the next leader never got.
 """
 
 from __future__ import annotations
@@ -238,6 +241,72 @@ def test_no_leader_is_elected_inside_a_lease_confirmed_before_two_changes(seed, 
             assert sim.clock.now_ms >= until, (cut_at, until, sim.clock.now_ms)
             sim.net.heal()
             _heal_and_check(sim)
+    except SimulationFailure as exc:
+        pytest.fail(str(exc).split("\n")[0])
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("reverted", [False, True], ids=["fixed", "refused"])
+@pytest.mark.parametrize("seed", [2, 4, 5])
+def test_a_log_beginning_right_after_its_snapshot_point_takes_the_next_leaders_entries(
+    seed, reverted
+):
+    """Leader L of {L, A, B}, learner n3 still empty (cut off from L since it was added).
+    The clients pause until every voter holds L's whole log, committed at c; L is cut off
+    from A and B, takes its clients' next appends (never committed), snapshots at c and
+    compacts its log to begin at c + 1; n3 comes back and L resets it there and sends it
+    those appends.  A or B leads next, with its own entries after c.  L and n3 both hold a
+    log that begins right after their snapshot point with an old leader's uncommitted
+    entries: the next leader's COMPARE at c matches, and its TRUNCATE there must be taken
+    (refused, with the fix reverted, for ever: the group never converges)."""
+    import contextlib
+    import dataclasses
+
+    from .fix_reverts import revert
+    from .sim_config import SIM_ELECTION
+
+    election = dataclasses.replace(SIM_ELECTION, heartbeat_interval_ms=500)  # L leads ~1.5 s
+    replication = dataclasses.replace(sim_config_for(seed), compare_timeout_ms=200)
+    sim = GroupSim(3, seed, store_kind="file", machine="kv", replication=replication,
+                   election=election, spares=1, clients=4, snapshot_keep=1, segment_bytes=256,
+                   test_name="snapshot_point", **QUIET)  # fmt: skip
+    try:
+        with revert("snapshot-point") if reverted else contextlib.nullcontext():
+            _run_until(sim, lambda: _ready_leader(sim) is not None
+                       and _ready_leader(sim).store.committed_index >= 10)  # fmt: skip
+            L = _ready_leader(sim)
+            A, B = [p for p in ("n0", "n1", "n2") if p != L.id]
+            n3 = sim.members["n3"]
+            clog = L.node.logic.config_log
+            sim.net.cut_both(L.id, n3.id)
+            sim._step(L.node, mc.ChangeMembers(Op.ADD_LEARNER, n3.id, None, ""))
+            _run_until(sim, lambda: not clog.pending(L.store.committed_index) and clog.entries)
+            sim.clients_on = False
+            log_ = L.store
+            _run_until(sim, lambda: log_.committed_index == log_.ledger_end_index
+                       == L.node.machine_next - 1 and all(
+                           sim.members[p].store.ledger_end_index == log_.ledger_end_index
+                           for p in (A, B)))  # fmt: skip
+            c = L.store.committed_index
+            sim.net.cut_both(L.id, A)
+            sim.net.cut_both(L.id, B)
+            sim.net.restore(L.id, n3.id)
+            sim.net.restore(n3.id, L.id)
+            sim.clients_on = True
+            _run_until(sim, lambda: L.store.ledger_end_index >= c + 2, 2000)
+            sim._m_snapshot(L.node, c)  # where its snapshot schedule may cut one
+            L.store.clean(compact=True)
+            assert (L.store.ledger_begin_index, L.store.committed_index) == (c + 1, c)
+            _run_until(sim, lambda: n3.store.ledger_begin_index == c + 1
+                       and n3.store.ledger_end_index > c, 3000)  # fmt: skip
+            _run_until(sim, lambda: any(sim.members[p].state.is_leader for p in (A, B)), 3000)
+            if reverted:
+                with pytest.raises(pytest.fail.Exception, match="not converged"):
+                    _heal_and_check(sim)
+            else:
+                _heal_and_check(sim)
+                assert n3.store.get_term(c + 1) == sim.members[A].store.get_term(c + 1)
     except SimulationFailure as exc:
         pytest.fail(str(exc).split("\n")[0])
     finally:
