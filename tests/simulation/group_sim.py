@@ -276,6 +276,7 @@ class GroupSim(
         snapshot_keep: int = 2,
         segment_bytes: int | None = None,
         sessions_damage: float = 0.0,
+        snapshot_cuts: bool = False,
         test_file: str = "tests/simulation/test_group_sim.py",
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there are
@@ -314,7 +315,9 @@ class GroupSim(
         ``segment_bytes``: the file stores' data segment size (a few entries each: a
         compaction then leaves a log beginning right after its snapshot point).
         ``sessions_damage``: the share of a restart's damaged snapshots damaged in the client
-        sessions kept with them.
+        sessions kept with them.  ``snapshot_cuts``: now and then a leader snapshotting at its
+        committed index is cut off from its voters right then, and compacts its log there
+        (:data:`~.sim_config.SNAPSHOT_CUTS_SHARE`).
         ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
@@ -369,7 +372,7 @@ class GroupSim(
         self.steps = 0
         self._init_history()
         self._init_local_transport(dispatcher_cache_bytes)
-        self._init_machines(machine, snapshot_keep, sessions_damage)  # its own streams
+        self._init_machines(machine, snapshot_keep, sessions_damage, snapshot_cuts)  # own streams
         # the streams are drawn from self.rng in this order: a seed reruns the same run
         self._init_members(fast_path, fast_path_switches, faults is not False)
         self.client_timeout_ms = client_timeout_ms  # a writer then asks another member

@@ -61,6 +61,7 @@ from rayledger.storage.snapshots import SESSIONS_FILE, write_sessions
 
 from .network import SimulationFailure
 from .node_state import Node, SimMember
+from .sim_config import LEASE_PARTITION_TIMEOUTS, SNAPSHOT_CUT_CHANCE
 
 MACHINES = {
     "kv": "rayledger.integration.kv:KvMachine",
@@ -82,10 +83,15 @@ class MachineDelivery:
     """Members' state machines and their checks (a mixin of :class:`~.group_sim.GroupSim`)."""
 
     def _init_machines(
-        self, machine: str | None, keep: int = 2, sessions_damage: float = 0.0
+        self,
+        machine: str | None,
+        keep: int = 2,
+        sessions_damage: float = 0.0,
+        snapshot_cuts: bool = False,
     ) -> None:
         """``machine``: "kv", "mq" or None; ``keep``: the snapshots each keeps;
-        ``sessions_damage``: the share of damaged snapshots damaged in their client sessions.
+        ``sessions_damage``: the share of damaged snapshots damaged in their client sessions;
+        ``snapshot_cuts``: see :meth:`_m_snapshot_cut`.
         Its own streams, so the other streams of a seed stay as they were."""
         self.sessions_damage = sessions_damage
         self.machine = machine
@@ -95,6 +101,7 @@ class MachineDelivery:
         self._query_rng = random.Random(self.seed * 7919 + 79)
         self._snapshot_rng = random.Random(self.seed * 7919 + 83)
         self._damage_rng = random.Random(self.seed * 7919 + 173)  # which file a damage hits
+        self._snapshot_cut_rng = random.Random(self.seed * 7919 + 191) if snapshot_cuts else None
         # snapshots: every 20-80 applied entries, the newest ``keep`` kept; a restart
         # sometimes finds the machine's own state file gone and starts from a snapshot
         self.snapshots = SnapshotConfig(every_entries=20 * (1 + self.seed % 4), keep=keep)
@@ -394,6 +401,33 @@ class MachineDelivery:
             snaps.delete(old)
         self.stats["machine_snapshots"] += 1
         self._m_compact(node, 0.5)  # a member away longer than that gets the snapshot
+        self._m_snapshot_cut(node, index)
+
+    def _m_snapshot_cut(self, node: Node, index: int) -> None:
+        """Now and then (``snapshot_cuts``, seeded, its own stream) a leader that has just
+        snapshotted at its committed index is cut off from its voters for 1.5-4 heartbeat
+        timeouts and compacts its log there: the entries it appended after it reach no later
+        leader, and its log (and a learner's it resets) begins right after the snapshot
+        point -- what a TRUNCATE at that point must cut."""
+        rng, m = self._snapshot_cut_rng, self.members[node.id]
+        store = node.logic.store
+        if rng is None or self._next_change_ms is None:  # none once healed
+            return
+        if not m.state.is_leader or index != store.committed_index:
+            return
+        if rng.random() >= SNAPSHOT_CUT_CHANCE:
+            return
+        lo, hi = LEASE_PARTITION_TIMEOUTS
+        timeout = self.election.heartbeat_timeout_ms
+        until = self.clock.now_ms + rng.randint(int(lo * timeout), int(hi * timeout))
+        for voter in node.logic.config_log.latest().voters:
+            if voter != node.id:
+                self._cut_for(node.id, voter, until)
+        if store.clean(compact=True):
+            self.stats["log_compactions"] += 1
+        self.stats["snapshot_cuts"] += 1
+        self.net.note(f"FAULT {node.id} cut off from its voters until {until} as it snapshots "
+                      f"at {index}; its log now begins at {store.ledger_begin_index}")  # fmt: skip
 
     def _m_check_apply(self, node: Node, entries: list) -> None:
         """Instrumented around the applier's call: in order from where the machine stands,

@@ -229,6 +229,13 @@ then lacks."""
 
 SMALL_SEGMENTS_SHARE = 0.5
 SMALL_SEGMENT_BYTES = 1024
+
+SNAPSHOT_CUTS_SHARE = 0.5
+"""On this share of the seeds with small segments, a leader is now and then cut off from
+its voters the moment it snapshots at its committed index, and compacts its log there
+(``GroupSim(snapshot_cuts=True)``): its log then begins right after its snapshot point with
+entries no later leader gets, and so may a learner's it resets there."""
+SNAPSHOT_CUT_CHANCE = 0.3  # of such snapshots
 """On this share of the seeds that keep one snapshot, data segments hold a few entries
 each, so a compaction up to the snapshot leaves a log that begins right after its point
 (with 16 KiB segments only by chance): a leader then compares and truncates there."""
@@ -239,7 +246,8 @@ def all_features(seed: int) -> dict:
     RocketMQ commit log on the fourth), sync_flush on odd seeds, the replication settings of
     :func:`sim_config_for`, short session TTLs on some (:data:`SHORT_TTL_SHARE`), removals
     of unreachable voters on some (:data:`CUT_REMOVALS_SHARE`), one kept snapshot on some
-    (:data:`KEEP_ONE_SHARE`), small segments on some of those (:data:`SMALL_SEGMENTS_SHARE`)."""
+    (:data:`KEEP_ONE_SHARE`), small segments on some of those (:data:`SMALL_SEGMENTS_SHARE`),
+    leaders cut off as they snapshot on some of those (:data:`SNAPSHOT_CUTS_SHARE`)."""
     kw = dict(ALL_FEATURES, sessions_damage=SESSIONS_DAMAGE_SHARE)
     kw["machine"] = "mq" if seed % 4 == 3 else "kv"
     if seed % 2:
@@ -256,4 +264,5 @@ def all_features(seed: int) -> dict:
         kw["snapshot_keep"] = 1
         if random.Random(seed * 7919 + 167).random() < SMALL_SEGMENTS_SHARE:
             kw["segment_bytes"] = SMALL_SEGMENT_BYTES
+            kw["snapshot_cuts"] = random.Random(seed * 7919 + 181).random() < SNAPSHOT_CUTS_SHARE
     return kw

@@ -120,10 +120,13 @@ PINNED: dict[str, int] = {
     "session-expiry": 114_006,
     "sessions-verify": 114_004,
     "sessions-whole-first": 112_643,
-    "empty-log-position": 111_358,
+    "empty-log-position": 114_424,
     "damaged-newest-ask": 111_735,
-    "point-below-committed": 112_414,
+    "point-below-committed": 113_034,
     "sessions-unknown": 114_803,
+    "snapshot-point": 111_348,
+    "stranded-at-start": 200_040,
+    "expired-cut": 200_178,
 }
 
 
