@@ -136,24 +136,12 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         )
 
     @property
-    def transfer_deadline_ms(self) -> int | None:
-        return self._transfer.deadline_ms if self._transfer is not None else None
-
-    @property
     def last_parse_result(self) -> ParseResult:
         return self._last_parse_result
 
     @property
-    def need_increase_term_immediately(self) -> bool:
-        return self._need_increase_term_immediately
-
-    @property
     def next_time_to_request_vote(self) -> int:
         return self._timers.next_time_to_request_vote
-
-    @property
-    def in_vote_round(self) -> bool:
-        return self._vote_round is not None
 
     @property
     def is_taking_leadership(self) -> bool:
@@ -168,7 +156,7 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         return dict(self._timers.peers_live)
 
     def snapshot(self) -> dict:
-        """Plain-dict status for metadata calls and logs."""
+        """Plain-dict status for metadata calls (``MemberActor.info``) and logs."""
         st = self.state
         return {
             "group": st.group,
@@ -182,6 +170,9 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
             "transferee": st.transferee,
             "last_parse_result": self._last_parse_result.value,
             "known_max_term_in_group": st.known_max_term_in_group,
+            "in_vote_round": self._vote_round is not None,
+            "need_increase_term_immediately": self._need_increase_term_immediately,
+            "transfer_deadline_ms": self._transfer.deadline_ms if self._transfer else None,
         }
 
     def handle(self, request: object, now_ms: int) -> tuple[object, list[Action]]:

@@ -48,12 +48,11 @@ class LogEnd(Protocol):
     def ledger_end_term(self) -> int: ...
 
 
-class _SetLogEnd:
-    """The log end of a state without a store, set with ``update_ledger``."""
+class _NoLog:
+    """The log end of a state before its store is attached: an empty log."""
 
-    def __init__(self) -> None:
-        self.ledger_end_index = -1
-        self.ledger_end_term = -1
+    ledger_end_index = -1
+    ledger_end_term = -1
 
 
 class FileTermStore:
@@ -147,7 +146,7 @@ class MemberState:
 
         self.role: Role = Role.CANDIDATE
         self.leader_id: str | None = None
-        self._log: LogEnd = _SetLogEnd()
+        self._log: LogEnd = _NoLog()
         self.known_max_term_in_group = -1
         self.transferee: str | None = None
         self.term_to_take_leadership = -1
@@ -253,16 +252,6 @@ class MemberState:
         """Read the log end from ``log`` (the member's store) from now on: one owner of the
         log end, so no write can leave the state behind it."""
         self._log = log
-
-    def update_ledger(self, end_index: int, end_term: int) -> None:
-        """Set the log end of a state without a store (election-only tests and simulations);
-        a state reading its store's end refuses (the store owns it)."""
-        if not isinstance(self._log, _SetLogEnd):
-            raise LedgerError.of(
-                ResponseCode.ILLEGAL_MEMBER_STATE,
-                f"{self.self_id}: the log end is read from the store, not set",
-            )
-        self._log.ledger_end_index, self._log.ledger_end_term = end_index, end_term
 
     # ---------------------------------------------------------------- membership
     @property

@@ -408,22 +408,13 @@ class EntryHandler:
 
     def _conflict_hint(self, index: int) -> tuple[int, int]:
         """(term we hold at ``index`` -- or at our end when shorter --, first index of that
-        term in our log); (-1, -1) when we hold nothing there.  Terms never decrease along a
-        log, so the first index of a term is a binary search, not a walk."""
+        term in our log); (-1, -1) when we hold nothing there."""
         store = self.store
-        begin = store.ledger_begin_index
         probe = min(index, store.ledger_end_index)
-        if probe < begin:
+        if probe < store.ledger_begin_index:
             return -1, -1
         term = store.get_term(probe)
-        lo, hi = begin, probe  # the first index in [lo, hi] whose term is ``term``
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if store.get_term(mid) < term:
-                lo = mid + 1
-            else:
-                hi = mid
-        return term, lo
+        return term, store.first_index_of_term(term)
 
     def _truncate(self, req: PushEntryRequest) -> PushEntryResponse:
         """Cut our log after the leader's entry at ``first_index`` (or reset it to start there)."""

@@ -18,7 +18,7 @@ from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import ResponseCode
 
 if TYPE_CHECKING:
-    from rayledger.election.configuration import Configuration
+    pass
 
 
 class PushType(str, Enum):
@@ -96,22 +96,6 @@ class PushEntryRequest:
     def last_index(self) -> int:
         return self.first_index + self.count - 1
 
-    def describe(self) -> str:
-        if self.type is PushType.APPEND:
-            what = f"APPEND[{self.first_index}..{self.last_index}]"
-        elif self.type is PushType.COMMIT:
-            what = "COMMIT"
-        elif self.type is PushType.INSTALL and self.snapshot is not None:
-            c = self.snapshot
-            what = f"INSTALL@{c.index}(term {c.term}) {c.offset}+{c.length}/{c.total}"
-        else:
-            what = f"{self.type.value}@{self.first_index}(term {self.entry_term})"
-            if self.reset:
-                what += " reset"
-        return (
-            f"{what} {self.leader_id}->{self.remote_id} term={self.term} commit={self.commit_index}"
-        )
-
 
 @dataclass
 class PushEntryResponse:
@@ -185,10 +169,6 @@ class LeaderInfo:
     # the configurations in its log (``ConfigLog.frozen``): the checker counts the latest's
     # voters, a dispatcher resetting a follower sends the one in effect below the begin
     configs: tuple = ()
-
-    @property
-    def configuration(self) -> Configuration | None:
-        return self.configs[-1][1] if self.configs else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -515,6 +515,8 @@ class MemberActor:
 
     @ray.method(concurrency_group="election")
     async def info(self) -> dict:
+        with self._lock:
+            election = self.logic.elector.snapshot()
         return {
             "group": self.group,
             "self_id": self.self_id,
@@ -523,6 +525,7 @@ class MemberActor:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "started": self._started,
+            "election": election,
         }
 
     @ray.method(concurrency_group="election")

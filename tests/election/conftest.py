@@ -26,6 +26,11 @@ from rayledger.storage.errors import ResponseCode
 PEERS = ("n0", "n1", "n2")
 
 
+def set_log_end(state: MemberState, index: int, term: int) -> None:
+    """The log end the state's store would report (a state reads it through ``attach_log``)."""
+    state.attach_log(SimpleNamespace(ledger_end_index=index, ledger_end_term=term))
+
+
 def make(
     self_id: str = "n0",
     peers: tuple[str, ...] = PEERS,
@@ -42,7 +47,7 @@ def make(
     from them, or (``midlife``) as one that has been running in that term all along."""
     store = store if store is not None else MemoryTermStore(term, vote)
     state = MemberState("g", self_id, peers, store)
-    state.update_ledger(*ledger)
+    set_log_end(state, *ledger)
     el = Elector(state, config or ElectionConfig(), random.Random(seed))
     if midlife:
         el._restarted, el._restart_term = False, -1
@@ -130,6 +135,7 @@ def answer_heartbeats(
 def h() -> SimpleNamespace:
     return SimpleNamespace(
         make=make,
+        set_log_end=set_log_end,
         vote_req=vote_req,
         hb_req=hb_req,
         sends=sends,

@@ -19,7 +19,7 @@ P = ParseResult
 def _round(h, el, now):
     actions = el.tick(now)
     sends = h.sends(actions)
-    assert el.in_vote_round, el.snapshot()
+    assert el.snapshot()["in_vote_round"], el.snapshot()
     return sends
 
 
@@ -57,9 +57,9 @@ def test_round_waits_until_its_deadline_then_parses(h) -> None:
     _round(h, el, 0)
     deadline = el._vote_round.deadline_ms
     assert 2000 <= deadline < 3000  # 2000 + random(maxVoteIntervalMs)
-    assert el.tick(deadline - 1) == [] and el.in_vote_round
+    assert el.tick(deadline - 1) == [] and el.snapshot()["in_vote_round"]
     el.tick(deadline)
-    assert not el.in_vote_round
+    assert not el.snapshot()["in_vote_round"]
     # only its own vote was valid: no quorum -> WAIT_TO_REVOTE, same term
     assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 1
     assert deadline + 300 <= el.next_time_to_request_vote < deadline + 1000
@@ -70,7 +70,7 @@ def test_timer_gates_the_next_round(h) -> None:
     _round(h, el, 0)
     el.tick(el._vote_round.deadline_ms)
     nxt = el.next_time_to_request_vote
-    assert el.tick(nxt - 1) == [] and not el.in_vote_round
+    assert el.tick(nxt - 1) == [] and not el.snapshot()["in_vote_round"]
     assert h.sends(el.tick(nxt))
 
 
@@ -104,7 +104,7 @@ def test_already_has_leader_backs_off_for_the_heartbeat_timeout(h) -> None:
     el = h.make(term=3)
     sends = _round(h, el, 0)
     _answer(el, sends[:1], [R.REJECT_ALREADY_HAS_LEADER], 5)  # ends the round at once
-    assert not el.in_vote_round
+    assert not el.snapshot()["in_vote_round"]
     assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 3
     assert 5 + 300 + 6000 <= el.next_time_to_request_vote < 5 + 1000 + 6000
 
@@ -166,7 +166,7 @@ def test_stale_and_duplicate_answers_are_ignored(h) -> None:
     el.on_vote_response(first.to, first.message, VoteResponse(R.REJECT_ALREADY_VOTED, 3), 1)
     # the same voter again (a duplicated message) does not count twice
     assert el.on_vote_response(first.to, first.message, VoteResponse(R.ACCEPT, 3), 2) == []
-    assert el.in_vote_round and el.role is Role.CANDIDATE
+    assert el.snapshot()["in_vote_round"] and el.role is Role.CANDIDATE
     # an answer to a request from another round is dropped
     other = VoteRequest(**{**first.message.__dict__, "round_id": first.message.round_id - 1})
     assert el.on_vote_response(sends[1].to, other, VoteResponse(R.ACCEPT, 3), 3) == []

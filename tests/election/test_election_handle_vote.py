@@ -50,7 +50,11 @@ def test_reject_expired_ledger_term(h) -> None:
     el = h.make(term=5, ledger=(10, 4))
     resp, _ = el.handle_vote(h.vote_req(el, term=6, ledger_end_index=50, ledger_end_term=3), 0)
     assert resp.result is R.REJECT_EXPIRED_LEDGER_TERM and resp.term == 5
-    assert el.term == 5 and el.role is Role.CANDIDATE and not el.need_increase_term_immediately
+    assert (
+        el.term == 5
+        and el.role is Role.CANDIDATE
+        and not el.snapshot()["need_increase_term_immediately"]
+    )
 
 
 def test_reject_small_ledger_end_index(h) -> None:
@@ -84,11 +88,19 @@ def test_reject_term_not_ready_steps_down_and_raises_the_term_at_the_next_tick(h
     h.become_follower(el, "n2")
     resp, actions = el.handle_vote(h.vote_req(el, "n1", term=7), 100)
     assert resp.result is R.REJECT_TERM_NOT_READY and resp.term == 5
-    assert el.role is Role.CANDIDATE and el.term == 5 and el.need_increase_term_immediately
+    assert (
+        el.role is Role.CANDIDATE
+        and el.term == 5
+        and el.snapshot()["need_increase_term_immediately"]
+    )
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(7, Role.CANDIDATE)]
     # DLedger's maintainer: jump to the known term, no vote this tick, new timer
     assert el.tick(110) == []
-    assert el.term == 7 and el.state.vote_for is None and not el.need_increase_term_immediately
+    assert (
+        el.term == 7
+        and el.state.vote_for is None
+        and not el.snapshot()["need_increase_term_immediately"]
+    )
     assert el.state.term_store.load() == (7, None)
     assert 110 + 300 <= el.next_time_to_request_vote < 110 + 1000
     # now the candidate's retry is accepted
@@ -133,7 +145,7 @@ def test_pre_vote_changes_no_state(h) -> None:
     assert resp.result is R.ACCEPT and resp.pre_vote
     assert actions == [] and store.saves == 0
     assert (el.term, el.state.vote_for, el.role) == (5, None, Role.CANDIDATE)
-    assert not el.need_increase_term_immediately
+    assert not el.snapshot()["need_increase_term_immediately"]
 
 
 def test_pre_vote_refused_while_the_leader_is_alive(h) -> None:

@@ -77,7 +77,11 @@ def test_term_not_ready_steps_down_and_catches_up(h) -> None:
     h.become_follower(el, "n1")
     resp, actions = el.handle_heartbeat(h.hb_req(el, "n2", term=6), 10)
     assert resp.code is C.TERM_NOT_READY
-    assert el.role is Role.CANDIDATE and el.need_increase_term_immediately and el.term == 4
+    assert (
+        el.role is Role.CANDIDATE
+        and el.snapshot()["need_increase_term_immediately"]
+        and el.term == 4
+    )
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(6, Role.CANDIDATE)]
     el.tick(20)
     assert el.term == 6
@@ -90,7 +94,7 @@ def test_old_leader_is_not_followed_once_a_newer_term_is_known(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
     el.handle_vote(h.vote_req(el, "n2", term=5), 10)  # steps down; term 5 pending
-    assert el.term == 4 and el.need_increase_term_immediately
+    assert el.term == 4 and el.snapshot()["need_increase_term_immediately"]
     resp, actions = el.handle_heartbeat(h.hb_req(el, "n1", term=4), 12)
     assert resp.code is C.EXPIRED_TERM and resp.term == 5
     assert el.role is Role.CANDIDATE and actions == []

@@ -23,7 +23,6 @@ CONFIG = Configuration.of(["n0", "n1", "n2"], ["n3", "n4"])
 
 def _make(self_id: str, config: Configuration = CONFIG) -> Elector:
     state = MemberState("g", self_id, config.voters, MemoryTermStore(), config=ConfigLog(config))
-    state.update_ledger(-1, -1)
     return Elector(state, ElectionConfig(), random.Random(0))
 
 
@@ -76,7 +75,6 @@ def test_a_learner_never_campaigns_and_a_voter_behind_its_promotion_votes_for_it
 def test_a_member_removed_from_its_latest_configuration_stops_campaigning(h) -> None:
     log = ConfigLog(Configuration.of(["n0", "n1", "n2"]))
     state = MemberState("g", "n2", ("n0", "n1", "n2"), MemoryTermStore(), config=log)
-    state.update_ledger(-1, -1)
     el = Elector(state, ElectionConfig(), random.Random(0))
     log.appended(3, Configuration.of(["n0", "n1"]))  # its log holds its removal
     for now in range(0, 30_000, 500):
@@ -111,7 +109,6 @@ def test_a_candidate_whose_voters_changed_in_its_term_campaigns_in_the_next(h) -
     log = ConfigLog(Configuration.of(["n0", "n1", "n2", "n3", "n4"]))
     state = MemberState("g", "n1", ("n0", "n1", "n2", "n3", "n4"), MemoryTermStore(term=1),
                         config=log)  # fmt: skip
-    state.update_ledger(-1, -1)
     assert not state.voters_changed_in_term()
     log.appended(3, Configuration.of(["n0", "n1", "n2", "n3"]))
     log.appended(4, Configuration.of(["n0", "n1", "n2"]))

@@ -34,7 +34,7 @@ def _take_order(sends):
 
 def test_transfer_blocks_appends_and_orders_the_caught_up_transferee(h) -> None:
     el, now = _leader(h, term=0, ledger=(-1, -1))
-    el.state.update_ledger(50, el.term)
+    h.set_log_end(el.state, 50, el.term)
     el.on_peer_progress("n2", el.term, 50, now)
     resp, actions = el.transfer_leadership("n2", now)
     assert isinstance(resp, LeadershipTransferResponse) and resp.code is C.SUCCESS
@@ -54,7 +54,7 @@ def test_transfer_blocks_appends_and_orders_the_caught_up_transferee(h) -> None:
 def test_transfer_waits_for_the_transferee_to_come_within_wait_index(h) -> None:
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
-    el.state.update_ledger(100, el.term)
+    h.set_log_end(el.state, 100, el.term)
     el.on_peer_progress("n1", el.term, 80, now)
     resp, actions = el.transfer_leadership("n1", now)
     assert resp.code is C.SUCCESS and h.sends(actions) == []
@@ -67,7 +67,7 @@ def test_transfer_waits_for_the_transferee_to_come_within_wait_index(h) -> None:
 def test_transfer_is_abandoned_at_its_deadline(h) -> None:
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
-    el.state.update_ledger(100, el.term)
+    h.set_log_end(el.state, 100, el.term)
     el.transfer_leadership("n1", now)
     assert [a for a in el.tick(now + 1000) if isinstance(a, TransferOutcome)] == []
     actions = el.tick(now + 1001)
@@ -165,7 +165,7 @@ def test_transferee_votes_at_once_for_the_next_term(h) -> None:
     h.become_follower(el, "n1")
     resp, actions = el.handle_leadership_transfer(_order(el, index=30), 100)
     assert resp.code is C.SUCCESS
-    assert el.role is Role.CANDIDATE and el.need_increase_term_immediately
+    assert el.role is Role.CANDIDATE and el.snapshot()["need_increase_term_immediately"]
     assert el.state.term_to_take_leadership == 5
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(5, Role.CANDIDATE)]
     assert el.tick(110) == [] and el.term == 5 and el.is_taking_leadership
@@ -186,7 +186,7 @@ def test_transferee_waits_to_catch_up_then_votes(h) -> None:
     assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and actions == []
     el.tick(150)
     assert el.role is Role.FOLLOWER
-    el.state.update_ledger(30, 4)
+    h.set_log_end(el.state, 30, 4)
     actions = el.tick(160)
     assert el.role is Role.CANDIDATE and el.state.term_to_take_leadership == 5
 
@@ -197,7 +197,7 @@ def test_transferee_gives_up_when_it_cannot_catch_up_in_time(h) -> None:
     el.handle_leadership_transfer(_order(el, index=30, wait=300), 100)
     el.handle_heartbeat(h.hb_req(el, "n1"), 401)
     el.tick(401)
-    el.state.update_ledger(30, 4)
+    h.set_log_end(el.state, 30, 4)
     el.tick(410)
     assert el.role is Role.FOLLOWER and el.state.term_to_take_leadership == -1
 
@@ -237,7 +237,7 @@ def test_preferred_leader_check_skips_dead_or_lagging_members(h) -> None:
     el, now = _leader(h, term=0, config=cfg)
     sends = h.sends(el.tick(now))
     h.answer_heartbeats(el, sends, C.SUCCESS, now + 1, only={"n1"})
-    el.state.update_ledger(100, el.term)
+    h.set_log_end(el.state, 100, el.term)
     el.on_peer_progress("n1", el.term, 50, now)
     el.tick(now + 1000)
     assert not el.transferring  # n2 dead, n1 too far behind
@@ -342,7 +342,7 @@ def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
     transferee that may lag by any amount."""
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, midlife=True, config=cfg)
-    el.state.update_ledger(1000, 0)
+    h.set_log_end(el.state, 1000, 0)
     old = el.term
     el.on_peer_progress("n1", old, 995, now + 10)
     el._change_role_to_candidate(old + 1, now + 20)
@@ -366,13 +366,13 @@ def test_a_hand_over_that_is_given_up_ends_in_a_step_down(h) -> None:
     given up steps the leader down; a plain transfer that is given up does not."""
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
-    el.state.update_ledger(100, el.term)
+    h.set_log_end(el.state, 100, el.term)
     code, actions = el.hand_over("n1", now)  # n1 lags: no take order yet
     assert code is C.SUCCESS and el.role is Role.LEADER
     el.tick(now + cfg.leadership_transfer_wait_timeout_ms + 1)
     assert el.role is Role.CANDIDATE and not el.transferring
     plain, now = _leader(h, term=0, config=cfg)
-    plain.state.update_ledger(100, plain.term)
+    h.set_log_end(plain.state, 100, plain.term)
     plain.transfer_leadership("n1", now)
     plain.tick(now + cfg.leadership_transfer_wait_timeout_ms + 1)
     assert plain.role is Role.LEADER and not plain.transferring

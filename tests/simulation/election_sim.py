@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from rayledger.election import (
     ElectionConfig,
@@ -54,6 +55,11 @@ __all__ = [
     "SyncAck",
     "SyncLog",
 ]
+
+
+def _set_log_end(state: MemberState, ledger: tuple[int, int]) -> None:
+    """The member's log end as (index, term): this simulation keeps no store."""
+    state.attach_log(SimpleNamespace(ledger_end_index=ledger[0], ledger_end_term=ledger[1]))
 
 
 @dataclass(frozen=True)
@@ -214,7 +220,7 @@ class ElectionSim(SimDriver):
             if st.role is Role.LEADER:
                 self._record_leader(m.id, term)
                 if st.transferee is not None:
-                    deadline = el.transfer_deadline_ms
+                    deadline = el.snapshot()["transfer_deadline_ms"]
                     if deadline is None or now > deadline + self.tick_ms:
                         self.fail(f"{m.id} still transferring at {now}, deadline {deadline}")
             elif st.transferee is not None:
@@ -225,7 +231,7 @@ class ElectionSim(SimDriver):
     def _start(self, mid: str) -> None:
         m = self.members[mid]
         state = MemberState(self.group, mid, self.ids, m.store)
-        state.update_ledger(*m.ledger)
+        _set_log_end(state, m.ledger)
         m.incarnation += 1
         m.elector = Elector(state, self.config, random.Random(self.rng.getrandbits(64)))
         self.net.set_down(mid, False)
@@ -305,7 +311,7 @@ class ElectionSim(SimDriver):
                 and st.current_term == payload.term
             ):
                 m.ledger = (payload.end_index, payload.end_term)
-                st.update_ledger(*m.ledger)
+                _set_log_end(st, m.ledger)
                 self.net.send(dst, src, SyncAck(payload.term, payload.end_index))
         elif isinstance(payload, SyncAck):
             if el.role is Role.LEADER and el.term == payload.term:
@@ -325,7 +331,7 @@ class ElectionSim(SimDriver):
                 if el.transferring:  # appends are refused while leadership moves
                     continue
                 m.ledger = (m.ledger[0] + self.rng.randint(1, 30), el.term)
-                el.state.update_ledger(*m.ledger)
+                _set_log_end(el.state, m.ledger)
         if now >= self._next_sync_ms:
             self._next_sync_ms = now + self.sync_every_ms
             for m in self.members.values():

@@ -127,6 +127,7 @@ PINNED: dict[str, int] = {
     "snapshot-point": 111_348,
     "stranded-at-start": 200_040,
     "expired-cut": 200_178,
+    "graph-stop": 200_286,
 }
 
 
