@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,19 +221,19 @@ class SnapshotStore:
         except OSError as exc:
             raise _disk_error(f"cannot write snapshot chunk at {offset}", exc) from exc
 
-    def seal_files(self, index: int, term: int, files: dict[str, bytes]) -> SnapshotMeta:
-        """Write ``files`` (relative name -> bytes) as snapshot ``index`` and seal it: for a
-        machine whose state is a few small files, and for tests."""
+    def seal(self, index: int, term: int, write: Callable[[str], None]) -> SnapshotMeta:
+        """Snapshot ``index``: ``write(dir)`` fills a fresh directory, which is then sealed
+        (:meth:`commit`); a write or seal that fails leaves nothing behind."""
         tmp = self.begin(index, term)
         try:
-            for name, data in files.items():
-                p = Path(tmp) / name
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(data)
+            write(tmp)
+            return self.commit(tmp, index, term)
         except OSError as exc:
             self.abort(tmp)
             raise _disk_error(f"cannot write snapshot {index}", exc) from exc
-        return self.commit(tmp, index, term)
+        except BaseException:
+            self.abort(tmp)
+            raise
 
     def abort(self, tmp: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -142,17 +142,18 @@ class MachineRunner:
         the newest, and let the log go up to it (see SnapshotPolicy)."""
         m, snaps = self.member, self.applier.snapshots
         loop = asyncio.get_running_loop()
-        tmp = None
         with m._lock:  # the client sessions as of the cut travel with it
             sessions = m.logic.sessions.at(index)
         try:
             writer = await cut
             if writer is None:
                 raise RuntimeError("the machine's snapshot() returned no writer")
-            tmp = snaps.begin(index, term)
-            await loop.run_in_executor(None, writer, tmp)
-            write_sessions(tmp, sessions)
-            await loop.run_in_executor(None, snaps.commit, tmp, index, term)
+
+            def write(path: str) -> None:
+                writer(path)
+                write_sessions(path, sessions)
+
+            await loop.run_in_executor(None, snaps.seal, index, term, write)
             with m._lock:
                 gone, m.store.keep_from = self.core.snapshot_done(
                     index, snaps.list(), self.applier.saved
@@ -161,8 +162,6 @@ class MachineRunner:
                 snaps.delete(old)
             log.info("[%s] state machine snapshot at %d (term %d)", m.self_id, index, term)
         except Exception as exc:
-            if tmp is not None:
-                snaps.abort(tmp)
             with m._lock:
                 self.core.snapshot_failed(index, repr(exc))
             return

@@ -443,10 +443,6 @@ class FloorChain:
         """The chain's processes (not the client's)."""
         return [pid for pid, _ in self._processes]
 
-    def processes(self) -> list[tuple[int, list[str]]]:
-        """Each actor's pid and the rayledger modules its process loaded (none)."""
-        return list(self._processes)
-
     def shutdown(self) -> None:
         for c in self.clients:
             c.close()

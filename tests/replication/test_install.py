@@ -33,7 +33,12 @@ TOTAL = 55
 
 
 def _snapshot(store: SnapshotStore, index: int, term: int, files: dict[str, bytes]):
-    return store.seal_files(index, term, files)
+    def write(path: str) -> None:
+        for name, data in files.items():
+            (Path(path) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(path) / name).write_bytes(data)
+
+    return store.seal(index, term, write)
 
 
 class Spy:

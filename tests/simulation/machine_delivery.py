@@ -392,10 +392,12 @@ class MachineDelivery:
         writer = a.machine.snapshot()
         term = store.get_term(index)
         sessions = node.logic.sessions.at(index)  # MachineRunner._snapshot: the cut's table
-        tmp = snaps.begin(index, term)
-        writer(tmp)
-        write_sessions(tmp, sessions)
-        snaps.commit(tmp, index, term)
+
+        def write(path: str) -> None:
+            writer(path)
+            write_sessions(path, sessions)
+
+        snaps.seal(index, term, write)
         gone, store.keep_from = a.core.snapshot_done(index, snaps.list(), a.saved)
         for old in gone:
             snaps.delete(old)

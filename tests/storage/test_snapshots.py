@@ -12,7 +12,12 @@ from rayledger.storage.snapshots import SnapshotStore
 
 
 def _write(store: SnapshotStore, index: int, term: int, files: dict[str, bytes]):
-    return store.seal_files(index, term, files)
+    def write(path: str) -> None:
+        for name, data in files.items():
+            (Path(path) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(path) / name).write_bytes(data)
+
+    return store.seal(index, term, write)
 
 
 def test_a_committed_snapshot_lists_and_verifies(tmp_path) -> None:
