@@ -2,9 +2,10 @@
 rayledger, named after its section, as etcd's raft_paper_test.go does.  They drive the real
 cores through the script environment (interaction.py), without Ray.
 
-Not covered here: section 6 (membership changes: rayledger's groups are fixed) and
-section 7 (snapshots: the log is cut by age, as DLedger does).  Section 8's reads are
-tested in tests/actors/test_reads_logic.py.
+Not covered here: section 6 (membership changes: tests/simulation/test_membership_sim.py
+and tests/actors/test_membership_core.py) and section 7 (snapshots:
+tests/actors/test_snapshot_policy.py and the simulations).  Section 8's reads are tested
+in tests/actors/test_reads_logic.py.
 """
 
 from __future__ import annotations
