@@ -130,6 +130,10 @@ class FastPath:
         """The term ended: leave the graph (the member fails the rounds of the term)."""
         self.driver.stop()
 
+    def set_enabled(self, enabled: bool) -> None:
+        """Off: fall back to plain calls and build no graph; on: build one while leading."""
+        self.driver.set_enabled(enabled)
+
     def submit(self, announcement: Any, rounds: list[tuple[int, int, Any]]) -> bool:
         """Send a round through the graph; False when it must go as plain calls."""
         return self.driver.submit(announcement, rounds)

@@ -508,6 +508,22 @@ class LedgerGroup:
         refs = {m: self.handle(m).compact.remote() for m in targets}
         return {m: ray.get(ref, timeout=timeout_s) for m, ref in refs.items()}
 
+    def set_fast_path(self, enabled: bool, timeout_s: float = 30.0) -> None:
+        """Switch the compiled path off, or on again, at every member without a restart:
+        a leader running its graph falls back to plain calls at once, or builds it again.
+        Only for a group created with ``LedgerConfig(fast_path=True)`` (UNSUPPORTED
+        otherwise: its followers never prepared to run a graph)."""
+        if not isinstance(enabled, bool):
+            raise _bad(f"enabled must be a bool, got {enabled!r}")
+        if not self.config.fast_path:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED,
+                f"{self.name!r} runs without fast_path; create it with "
+                "LedgerConfig(fast_path=True) to switch the compiled path",
+            )
+        refs = [h.set_fast_path.remote(enabled) for h in self._handles.values()]
+        ray.get(refs, timeout=timeout_s)
+
     # -- watching ---------------------------------------------------------------------------
     def status(self, timeout_s: float = 2.0) -> dict[str, MemberStatus]:
         """Each member's status (the committed configuration's members; ``membership``:

@@ -228,9 +228,6 @@ class CheckerLogic:
         if self.core.add_pending(term, first, last, token, now_ms):
             self._registered.add(token)
 
-    def is_registered(self, token: Any) -> bool:
-        return token in self._registered
-
     def _report(self, term: int, peer: str, water_mark: int) -> bool:
         """A follower stores the leader's log of ``term`` up to ``water_mark``; False when
         this checker does not serve ``term`` (the reporter gets no committed index)."""

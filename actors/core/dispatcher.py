@@ -569,10 +569,6 @@ class DispatcherLogic:
             self._note_progress(term, wm, now_ms)
         return gen, term, self.peer_id, wm, rounds
 
-    def sent_through_graph(self, key: tuple) -> PushEntryRequest | None:
-        """The push a graph answer under ``key`` belongs to (None: not one in flight)."""
-        return self._graph_sent.get(key)
-
     # -- the way out -----------------------------------------------------------------------
     def ready(self, now_ms: int) -> DispatcherReady:
         out = DispatcherReady(self._outbox)

@@ -528,6 +528,16 @@ class MemberActor:
             "election": election,
         }
 
+    async def set_fast_path(self, enabled: bool) -> None:
+        """Switch the compiled path off or on again (see :meth:`LedgerGroup.set_fast_path`)."""
+        if not self.config.fast_path:
+            raise LedgerError.of(
+                ResponseCode.UNSUPPORTED,
+                f"{self.self_id}: the group runs without fast_path; create it with "
+                "LedgerConfig(fast_path=True) to switch the compiled path",
+            )
+        self.appends.switch_fast(bool(enabled))
+
     @ray.method(concurrency_group="election")
     async def stats(self) -> dict:
         """Counters of this member's transport (for benchmarks and operators)."""

@@ -51,6 +51,7 @@ class AppendPart(Part):
     def __init__(self, ctx: MemberContext):
         super().__init__(ctx)
         self.fast: FastPath | None = None
+        self.fast_on = True  # LedgerGroup.set_fast_path: the group's compiled path switched on
 
     # -- sending rounds: the compiled graph, or plain calls to the dispatchers -------------
     def _fast_path(self) -> FastPath:
@@ -80,6 +81,20 @@ class AppendPart(Part):
 
     def fast_start(self, term: int) -> None:
         self._fast_path().start(term)
+
+    def switch_fast(self, enabled: bool) -> None:
+        """The operator's switch (the group runs with ``fast_path``): a graph built falls
+        back or builds again; a leader that never built one builds it now."""
+        self.fast_on = enabled
+        if self.fast is not None:
+            self.fast.set_enabled(enabled)
+            return
+        with self._lock:
+            lg = self.logic
+            term = lg.ready_term if lg.ready_term == lg.state.current_term else -1
+            leads = term >= 0 and lg.leads(term)
+        if enabled and leads:
+            self.fast_start(term)
 
     def fast_stop(self) -> None:
         if self.fast is not None:

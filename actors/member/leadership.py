@@ -98,7 +98,7 @@ class LeadershipPart(Part):
         if isinstance(a, sv.WaitMachine):
             return await self.ctx.machine.wait_ready(lambda: self.logic.holds_office(a.term))
         if isinstance(a, sv.Ready):  # the core watches the helpers from now on
-            if a.fast:
+            if a.fast and self.appends.fast_on:
                 self.appends.fast_start(a.term)
             return None
         if isinstance(a, sv.Helpers):

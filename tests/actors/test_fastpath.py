@@ -145,3 +145,41 @@ def test_next_leader_builds_its_graph_after_the_driver_dies(make_group):
         r = c.append(b"n%d" % i)
         acked[r.index] = b"n%d" % i
     assert_consistent(g, acked, wait_s=60)
+
+
+def test_the_operator_switches_the_compiled_path_off_and_on_again(make_group):
+    """``LedgerGroup.set_fast_path(False)``: the leader falls back and builds no graph while
+    appends go on as plain calls; ``True``: it builds one again."""
+    g = make_group(config=FAST)
+    leader = wait_active(g)
+    c = g.client()
+    acked = {}
+    g.set_fast_path(False)
+    deadline = time.monotonic() + 30
+    while stats(g, leader)["fast_path_active"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    compiles = stats(g, leader)["fast_path_compiles"]
+    for i in range(20):
+        r = c.append(b"off%d" % i)
+        acked[r.index] = b"off%d" % i
+    s = stats(g, leader)
+    assert not s["fast_path_active"] and s["fast_path_compiles"] == compiles, s
+    g.set_fast_path(True)
+    assert wait_active(g, compiles_at_least=compiles + 1) == leader
+    for i in range(10):
+        r = c.append(b"on%d" % i)
+        acked[r.index] = b"on%d" % i
+    assert_consistent(g, acked)
+
+
+def test_the_switch_needs_a_group_created_with_the_compiled_path(make_group):
+    from rayledger.storage import LedgerError, ResponseCode
+
+    g = make_group()
+    with pytest.raises(LedgerError) as e:
+        g.set_fast_path(True)
+    assert e.value.code is ResponseCode.UNSUPPORTED
+    with pytest.raises(LedgerError) as e:
+        g.set_fast_path("on")
+    assert e.value.code is ResponseCode.UNEXPECTED_ARGUMENT
+    assert g.client().append(b"still fine").index >= 0

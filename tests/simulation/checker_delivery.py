@@ -88,7 +88,7 @@ class CheckerDelivery:
     ) -> None:
         if self._c_hung(node):
             return  # lost with the process when it is killed
-        if term == node.checker.term and node.checker.is_registered(token):
+        if term == node.checker.term and token in node.checker._registered:
             self.stats["double_registered"] += 1
         node.checker_driver.deliver(AddRound(term, first, last, token, leader_mark, config))
 
@@ -108,7 +108,7 @@ class CheckerDelivery:
 
     def _c_cg_report(self, node: Node, ack) -> tuple | None:
         for _, _, token in ack[4]:
-            if ack[0] == node.checker.graph_gen and node.checker.is_registered(token):
+            if ack[0] == node.checker.graph_gen and token in node.checker._registered:
                 self.stats["double_registered"] += 1
         return node.checker_driver.deliver(GraphReport(ack))
 

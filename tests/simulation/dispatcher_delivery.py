@@ -277,7 +277,7 @@ class DispatcherDelivery:
         for key, resp, origin in answers:
             if origin != (node.id, term):
                 self.stats["late_answer_elsewhere"] += 1
-            req = d.sent_through_graph(key)
+            req = d._graph_sent.get(key)  # the push this answer belongs to
             if req is not None:
                 self._check_commit_answer(node, peer, req, resp)
         plain = [(key, resp) for key, resp, _ in answers]
