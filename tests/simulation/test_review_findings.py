@@ -46,6 +46,16 @@ def _run_until(sim: GroupSim, pred, limit_ms: int = 5000) -> None:
     pytest.fail(f"gave up waiting at t={sim.clock.now_ms} ms")
 
 
+def _settled(sim: GroupSim, committed: int):
+    """Once a member leads, ready, with ``committed`` entries committed: it and the other
+    two members of n0..n2."""
+    _run_until(sim, lambda: (m := _ready_leader(sim)) is not None
+               and m.store.committed_index >= committed)  # fmt: skip
+    leader = _ready_leader(sim)
+    a, b = [p for p in ("n0", "n1", "n2") if p != leader.id]
+    return leader, a, b
+
+
 def _served_by_leaders(sim: GroupSim) -> int:
     return sum(v for k, v in sim.stats.items() if k.startswith("reads_served_") and
                k.endswith("_leader"))  # fmt: skip
@@ -80,10 +90,7 @@ def test_a_checker_behind_a_busy_role_lock_never_counts_a_configuration_two_chan
     sim = GroupSim(3, seed, store_kind="memory", replication=sim_config_for(seed), spares=2,
                    clients=2, test_name="checker_lag", **QUIET)  # fmt: skip
     try:
-        _run_until(sim, lambda: _ready_leader(sim) is not None
-                   and _ready_leader(sim).store.committed_index >= 5)  # fmt: skip
-        L = _ready_leader(sim)
-        A, B = [p for p in ("n0", "n1", "n2") if p != L.id]
+        L, A, B = _settled(sim, 5)
         clog = L.node.logic.config_log
         sim.net.cut_both(L.id, "n3")
         sim._step(L.node, mc.ChangeMembers(Op.REPLACE, "n3", None, B))
@@ -164,10 +171,7 @@ def test_reads_in_flight_when_a_change_leaves_the_leader_the_only_voter(seed):
                    clients=1, test_name="single_voter_reads",
                    **{**QUIET, "readers": 3, "readers_stay": True, "follower_reads": 0.0})  # fmt: skip
     try:
-        _run_until(sim, lambda: _ready_leader(sim) is not None
-                   and _ready_leader(sim).store.committed_index >= 5)  # fmt: skip
-        L = _ready_leader(sim)
-        A, B = [p for p in ("n0", "n1", "n2") if p != L.id]
+        L, A, B = _settled(sim, 5)
         clog = L.node.logic.config_log
         sim._step(L.node, mc.ChangeMembers(Op.REMOVE, A, None, ""))
         _run_until(sim, lambda: not clog.pending(L.store.committed_index) and clog.entries)
@@ -211,10 +215,7 @@ def test_no_leader_is_elected_inside_a_lease_confirmed_before_two_changes(seed, 
                    **{**QUIET, "readers": 3, "readers_stay": True, "follower_reads": 0.0})  # fmt: skip
     try:
         with revert("lease-config") if reverted else contextlib.nullcontext():
-            _run_until(sim, lambda: _ready_leader(sim) is not None
-                       and _ready_leader(sim).store.committed_index >= 5)  # fmt: skip
-            L = _ready_leader(sim)
-            A, B = [p for p in ("n0", "n1", "n2") if p != L.id]
+            L, A, B = _settled(sim, 5)
             N = "n3"
             clog = L.node.logic.config_log
             reads = L.node.core.reads
@@ -273,10 +274,7 @@ def test_a_log_beginning_right_after_its_snapshot_point_takes_the_next_leaders_e
                    test_name="snapshot_point", **QUIET)  # fmt: skip
     try:
         with revert("snapshot-point") if reverted else contextlib.nullcontext():
-            _run_until(sim, lambda: _ready_leader(sim) is not None
-                       and _ready_leader(sim).store.committed_index >= 10)  # fmt: skip
-            L = _ready_leader(sim)
-            A, B = [p for p in ("n0", "n1", "n2") if p != L.id]
+            L, A, B = _settled(sim, 10)
             n3 = sim.members["n3"]
             clog = L.node.logic.config_log
             sim.net.cut_both(L.id, n3.id)
