@@ -60,7 +60,7 @@ from rayledger.actors.member.leadership import LeadershipPart
 from rayledger.actors.member.machine import MachineRunner
 from rayledger.actors.member.reads import ReadPart
 from rayledger.actors.metrics import MemberMetrics
-from rayledger.actors.naming import NAMESPACE, actor_name, now_ms
+from rayledger.actors.naming import NAMESPACE, actor_name
 from rayledger.actors.placement import (
     alive_nodes,
     data_dir_of,
@@ -619,19 +619,16 @@ class MemberActor:
         """Pushes from the leader's compiled graph (runs on the graph's thread)."""
         carry, wire = pushed
         answers = []
-        now = now_ms()
         done, flush = [], False
-        rest = []
-        with self._lock:
-            for key, req in wire:
-                out = self.ctx.core.step(Push(req, ("cg", key), graph=True), now)
-                done += out.answers
-                flush = flush or out.flush_first
-                out.answers, out.flush_first = [], False
-                rest.append(out)
+        with self._lock:  # the round's pushes and the late answers in one hold (an RLock)
+            rest = self.ctx.step_all(Push(req, ("cg", key), graph=True) for key, req in wire)
             if self._late:
                 answers += self._late
                 self._late = []
+        for out in rest:
+            done += out.answers
+            flush = flush or out.flush_first
+            out.answers, out.flush_first = [], False
         if flush:
             self.store.flush()  # the graph's thread waits for the disk, not the member
         for out in rest:  # what else the pushes started, carried out on the main loop

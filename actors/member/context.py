@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,13 @@ class MemberContext:
         """Step the member's core with ``ev`` now, under the lock (any thread)."""
         with self.lock:
             return self.core.step(ev, now_ms())
+
+    def step_all(self, events: Iterable[MemberEvent]) -> list[MemberOut]:
+        """Step the core with each of ``events`` in turn at one moment, under one hold of
+        the lock (a compiled graph's pushes of one round)."""
+        with self.lock:
+            now = now_ms()
+            return [self.core.step(ev, now) for ev in events]
 
     @property
     def store(self) -> LogStore:

@@ -141,9 +141,9 @@ class ElectionPart(Part):
             raise LedgerError.of(
                 ResponseCode.UNKNOWN_MEMBER, f"{target!r} is not a member of {self.group!r}"
             )
-        with self._lock:
+        with self._lock:  # the term the order is stepped in (an RLock: ctx.step takes it too)
             term = self.logic.state.current_term
-            out = self.core.step(mc.TransferOrder(target), now_ms())
+            out = self.ctx.step(mc.TransferOrder(target))
         resp, running = out.reply
         done = None
         if resp.code == ResponseCode.SUCCESS and running:
