@@ -35,7 +35,7 @@ import itertools
 import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
@@ -282,6 +282,59 @@ class MemberOut:
     # Ray closes every loop the actor runs: a newer leader's graph built before this member
     # heard of its term falls back to plain calls and is built again
     leave_graphs: bool = False
+
+
+class OutPorts(Protocol):
+    """How a transport carries out each part of a :class:`MemberOut` (:func:`carry_out`)."""
+
+    def rounds(self, out: MemberOut) -> None:
+        """The append calls' results: ``finished``, ``settled``, ``written``."""
+
+    def answers(self, answers: list[tuple[Any, Any]], flush_first: bool) -> None: ...
+    def notes(self, notes: list[Any]) -> None: ...
+    def sends(self, sends: list[Send]) -> None: ...
+    def run(self, runs: list[Run]) -> Any: ...
+    def write_due(self) -> None: ...
+    def installed(self, sealed: list[Any]) -> None: ...
+    def spawns(self, spawns: list[Spawn]) -> None: ...
+    def reads(self, out: MemberOut) -> None:
+        """``reads_done``, ``read_pings``, ``deadlines``, ``expire_at_ms``."""
+
+    def leave_graphs(self) -> None: ...
+    def commits_moved(self) -> None: ...
+    def elector_moved(self) -> None: ...
+
+
+def carry_out(out: MemberOut, ports: OutPorts) -> Any:
+    """Carry out ``out`` in the one order every transport keeps -- the Ray member, the
+    simulation and the script tests: the append calls' results first, then the answers to
+    pushes, notes, election messages, the processes' actions, a round due, snapshots
+    installed, members to spawn, reads, graphs left, and the wake-ups.  Returns what
+    ``ports.run`` returned (the Ray member's next action of the process it follows)."""
+    if out.finished or out.settled or out.written is not None:
+        ports.rounds(out)
+    if out.answers:
+        ports.answers(out.answers, out.flush_first)
+    if out.notes:
+        ports.notes(out.notes)
+    if out.sends:
+        ports.sends(out.sends)
+    nxt = ports.run(out.run) if out.run else None
+    if out.write_due:
+        ports.write_due()
+    if out.installed:
+        ports.installed(out.installed)
+    if out.spawns:
+        ports.spawns(out.spawns)
+    if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
+        ports.reads(out)
+    if out.leave_graphs:
+        ports.leave_graphs()
+    if out.commits_moved:
+        ports.commits_moved()
+    if out.elector_moved:
+        ports.elector_moved()
+    return nxt
 
 
 class MemberCore:

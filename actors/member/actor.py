@@ -47,6 +47,7 @@ from rayledger.actors.core.member import (
     Push,
     Run,
     SpawnDone,
+    carry_out,
 )
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.actors.core.read_path import AskLeader, WaitCommitted
@@ -251,51 +252,11 @@ class MemberActor:
         """Carry out a :class:`MemberOut` of the member's core, on whichever loop or thread
         stepped it: answers and messages at once, the actions of its processes on the main
         loop.  Returns the next action of process ``follow`` (its caller goes on with it)."""
-        ctx = self.ctx
         try:
-            on_main = asyncio.get_running_loop() is ctx.loop
+            on_main = asyncio.get_running_loop() is self.ctx.loop
         except RuntimeError:  # a compiled graph's thread: no loop of its own
             on_main = False
-        if out.finished or out.written is not None or out.settled:  # the append calls' futures
-            if on_main:
-                self._rounds_out(out)
-            else:
-                ctx.loop.call_soon_threadsafe(self._rounds_out, out)
-        if out.answers:
-            if out.flush_first:
-                asyncio.ensure_future(self._flush_then_answer(out.answers))
-            else:
-                self._resolve(out.answers)
-        for note in out.notes:
-            if isinstance(note, TransferOutcome):
-                self.election.transfer_done(note)
-        for snd in out.sends:
-            self.election.send(snd.to, snd.message)
-        nxt = None
-        if out.run:
-            if on_main:
-                nxt = self._start_runs(out.run, follow)
-            else:
-                ctx.loop.call_soon_threadsafe(self._start_runs, out.run, None)
-        if out.write_due:
-            if on_main:
-                ctx.loop.call_soon(self.appends.write_round)
-            else:
-                ctx.loop.call_soon_threadsafe(self.appends.write_round)
-        if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
-            self.reads.carry(out)
-        if out.installed:
-            self._offer(out.installed)
-        if out.spawns:
-            for spawn in out.spawns:
-                asyncio.ensure_future(self._spawn(spawn))
-        if out.leave_graphs and reset_loops(self):  # the graph's loop returns on its thread
-            self._graphs_left += 1
-        if out.commits_moved:
-            self.reads.commits_moved()
-        if out.elector_moved:
-            self.election.rearm()
-        return nxt
+        return carry_out(out, _RayPorts(self, on_main, follow))
 
     async def _spawn(self, spawn) -> None:
         """Start a member to replace one whose node is lost (the core chose the node), then
@@ -757,3 +718,67 @@ def spawn_member(
     data_dir = data_dir_of(store_dir, group, member)
     log.info("starts member %s of %s on node %s", member, group, node_id)
     return MemberActor.options(**opts).remote(group, member, peers, config, data_dir, initial)
+
+
+class _RayPorts:
+    """What the Ray member does with each part of its core's :class:`MemberOut`; what must
+    run on the main loop hops there from a compiled graph's thread."""
+
+    def __init__(self, member: MemberActor, on_main: bool, follow: int | None) -> None:
+        self.m, self.on_main, self.follow = member, on_main, follow
+
+    def _main(self, fn, *args) -> None:
+        if self.on_main:
+            fn(*args)
+        else:
+            self.m.ctx.loop.call_soon_threadsafe(fn, *args)
+
+    def rounds(self, out: MemberOut) -> None:  # the append calls' futures
+        self._main(self.m._rounds_out, out)
+
+    def answers(self, answers: list, flush_first: bool) -> None:
+        if flush_first:
+            asyncio.ensure_future(self.m._flush_then_answer(answers))
+        else:
+            self.m._resolve(answers)
+
+    def notes(self, notes: list) -> None:
+        for note in notes:
+            if isinstance(note, TransferOutcome):
+                self.m.election.transfer_done(note)
+
+    def sends(self, sends: list) -> None:
+        for snd in sends:
+            self.m.election.send(snd.to, snd.message)
+
+    def run(self, runs: list[Run]) -> Run | None:
+        if self.on_main:
+            return self.m._start_runs(runs, self.follow)
+        self.m.ctx.loop.call_soon_threadsafe(self.m._start_runs, runs, None)
+        return None
+
+    def write_due(self) -> None:
+        if self.on_main:
+            self.m.ctx.loop.call_soon(self.m.appends.write_round)
+        else:
+            self.m.ctx.loop.call_soon_threadsafe(self.m.appends.write_round)
+
+    def installed(self, sealed: list) -> None:
+        self.m._offer(sealed)
+
+    def spawns(self, spawns: list) -> None:
+        for spawn in spawns:
+            asyncio.ensure_future(self.m._spawn(spawn))
+
+    def reads(self, out: MemberOut) -> None:
+        self.m.reads.carry(out)
+
+    def leave_graphs(self) -> None:
+        if reset_loops(self.m):  # the graph's loop returns on its thread
+            self.m._graphs_left += 1
+
+    def commits_moved(self) -> None:
+        self.m.reads.commits_moved()
+
+    def elector_moved(self) -> None:
+        self.m.election.rearm()

@@ -532,39 +532,10 @@ class Env:
         return out
 
     def _carry(self, node: Node, out: mc.MemberOut, pid: int | None = None) -> None:
-        """``MemberActor``'s carrying out of a :class:`MemberOut`.  The next action of the
-        process ``pid`` (just answered) and a round's go on at once; another process
-        starts as a task: after the event that started it."""
-        for fin in out.finished:
-            first, last = fin.round.first_index, fin.round.last_index
-            self.say(f"{node.id} append {first}..{last}: {fin.code.name}", 1, event=True)
-        w = out.written
-        if w is not None and w.error is not None:
-            self.say(f"{node.id} refuses: {w.error.code.name}", self.nest)
-        elif w is not None:
-            rnd = w.round
-            self.say(f"{node.id} stores {rnd.first_index}..{rnd.last_index} in term {rnd.term}",
-                     self.nest)  # fmt: skip
-        if out.answers:  # a follower's, after a flush when the core says so
-            if not out.flush_first or self._flush(node) is None:
-                for (leader, req), resp in out.answers:
-                    self._send(Msg(node.id, leader, resp, req))
-        for a in out.notes:
-            if isinstance(a, RoleChange):
-                leader = f" leader={a.leader_id}" if a.leader_id else ""
-                self.say(f"{node.id} is {a.role.value} term={a.term}{leader}", 1, event=True)
-            else:
-                text = f"{node.id} transfer of term {a.term} to {a.transferee}: {a.code.name}"
-                self.say(text, 1, event=True)
-        for snd in out.sends:
-            self._send(Msg(node.id, snd.to, snd.message))
-        for run in out.run:
-            if run.pid == pid or run.kind in ("round", "fallback"):
-                self._run_action(node, run)
-            else:
-                self._soon(node, self._run_action, node, run)
-        if out.write_due:
-            self._soon(node, self._write_round, node)
+        """``MemberActor``'s carrying out of a :class:`MemberOut` (the core's one order).
+        The next action of the process ``pid`` (just answered) and a round's go on at once;
+        another process starts as a task: after the event that started it."""
+        mc.carry_out(out, _ScriptPorts(self, node, pid))
 
     def _run_action(self, node: Node, run: mc.Run) -> None:
         """An action of the core's processes; a sleep is a timer, a flush runs off the
@@ -765,3 +736,63 @@ def run_script(text: str) -> tuple[str, str]:
     blocks = parse(text)
     actual = [(c, cmd, env.run(cmd) if cmd else "") for c, cmd, _ in blocks]
     return render(blocks), render(actual)
+
+
+class _ScriptPorts:
+    """What the script environment does with each part of a member's :class:`MemberOut`:
+    it prints what happened; what it does not model (machines, lost nodes, reads in the
+    member's output, compiled graphs) it leaves."""
+
+    def __init__(self, env: Env, node: Node, pid: int | None) -> None:
+        self.env, self.node, self.pid = env, node, pid
+
+    def rounds(self, out: mc.MemberOut) -> None:
+        env, node = self.env, self.node
+        for fin in out.finished:
+            first, last = fin.round.first_index, fin.round.last_index
+            env.say(f"{node.id} append {first}..{last}: {fin.code.name}", 1, event=True)
+        w = out.written
+        if w is not None and w.error is not None:
+            env.say(f"{node.id} refuses: {w.error.code.name}", env.nest)
+        elif w is not None:
+            rnd = w.round
+            env.say(f"{node.id} stores {rnd.first_index}..{rnd.last_index} in term {rnd.term}",
+                    env.nest)  # fmt: skip
+
+    def answers(self, answers: list, flush_first: bool) -> None:
+        # a follower's, after a flush when the core says so
+        if not flush_first or self.env._flush(self.node) is None:
+            for (leader, req), resp in answers:
+                self.env._send(Msg(self.node.id, leader, resp, req))
+
+    def notes(self, notes: list) -> None:
+        env, node = self.env, self.node
+        for a in notes:
+            if isinstance(a, RoleChange):
+                leader = f" leader={a.leader_id}" if a.leader_id else ""
+                env.say(f"{node.id} is {a.role.value} term={a.term}{leader}", 1, event=True)
+            else:
+                text = f"{node.id} transfer of term {a.term} to {a.transferee}: {a.code.name}"
+                env.say(text, 1, event=True)
+
+    def sends(self, sends: list) -> None:
+        for snd in sends:
+            self.env._send(Msg(self.node.id, snd.to, snd.message))
+
+    def run(self, runs: list) -> None:
+        env, node = self.env, self.node
+        for run in runs:
+            if run.pid == self.pid or run.kind in ("round", "fallback"):
+                env._run_action(node, run)
+            else:
+                env._soon(node, env._run_action, node, run)
+
+    def write_due(self) -> None:
+        self.env._soon(self.node, self.env._write_round, self.node)
+
+    def installed(self, sealed: list) -> None: ...
+    def spawns(self, spawns: list) -> None: ...
+    def reads(self, out: mc.MemberOut) -> None: ...
+    def leave_graphs(self) -> None: ...
+    def commits_moved(self) -> None: ...
+    def elector_moved(self) -> None: ...

@@ -36,57 +36,9 @@ class MemberDelivery:
         self._carry(node, out)
         return out
 
-    def _carry(self, node: Node, out: mc.MemberOut) -> None:  # noqa: C901 -- one per field
-        """``MemberActor``'s carrying out of a :class:`MemberOut`."""
-        for fin in out.finished:
-            self._answer_round(node, fin)
-        for (client, req_id), value in out.settled:  # retries answered from the log
-            self._to_client(node.id, client, _settled_reply(req_id, value, node.id))
-        w = out.written
-        if w is not None:
-            if w.error is not None:
-                for client, req_id in w.tokens:
-                    reply = ClientReply(req_id, w.error.code, leader_id=w.error.leader_id)
-                    self._to_client(node.id, client, reply)
-            else:
-                node.round_born[w.rid] = self.clock.now_ms
-                if len(node.core.book.rounds) > 1:  # another still waits for its quorum
-                    self.stats["overlapped_rounds"] += 1
-        if out.answers:
-            if out.flush_first:
-                self._spawn(node, self._flush_then_answer(node, out.answers))
-            else:
-                self._answer(node, out.answers)
-        for a in out.notes:
-            if isinstance(a, RoleChange):
-                self.net.note(f"{node.id} -> {a.role.value} term={a.term} leader={a.leader_id}")
-            else:
-                self.net.note(f"{node.id} transfer to {a.transferee}: {a.code.name}")
-        for s in out.sends:
-            if isinstance(s.message, LeadershipTransferRequest) and self._late_take_order():
-                # a take order held up on the way: it arrives after the transfer was given up
-                delay = self.election.leadership_transfer_wait_timeout_ms + 200
-                self.stats["late_take_orders"] += 1
-                self._late_orders.add((node.id, s.to, s.message.term))
-                self._at(node, self.clock.now_ms + delay, self.rpc.call, node.id, s.to, s.message)
-                continue
-            self.rpc.call(node.id, s.to, s.message)
-        for run in out.run:
-            if run.kind == "fallback" and isinstance(run.action, rp.Register):
-                self.stats["re_registered"] += 1
-            self._spawn(node, self._run_action(node, run))
-        if out.write_due:
-            self._soon(node, self._write_round, node)
-        if out.installed:
-            self._m_offer(node, out.installed)
-        for spawn in out.spawns:  # lost_members.py
-            self._spawn_member(node, spawn)
-        if out.reads_done or out.read_pings or out.deadlines or out.expire_at_ms is not None:
-            self._reads_out(node, out)
-        if out.leave_graphs:
-            self._leave_graphs(node.id, "core")
-        if out.elector_moved:
-            self._rearm(node)
+    def _carry(self, node: Node, out: mc.MemberOut) -> None:
+        """``MemberActor``'s carrying out of a :class:`MemberOut` (the core's one order)."""
+        mc.carry_out(out, _SimPorts(self, node))
 
     def _run_action(self, node: Node, run: mc.Run):
         """One action of a core's process, then its answer stepped in (an action that takes
@@ -398,3 +350,82 @@ def _settled_reply(req_id: int, value, member: str) -> ClientReply:
     spread = tuple(zip(idx, terms, strict=True))
     return ClientReply(req_id, ResponseCode.SUCCESS, idx[0], idx[-1], max(terms), member,
                        spread=spread)  # fmt: skip
+
+
+class _SimPorts:
+    """What the simulation does with each part of a member's :class:`MemberOut`."""
+
+    def __init__(self, sim: MemberDelivery, node: Node) -> None:
+        self.sim, self.node = sim, node
+
+    def rounds(self, out: mc.MemberOut) -> None:
+        sim, node = self.sim, self.node
+        for fin in out.finished:
+            sim._answer_round(node, fin)
+        for (client, req_id), value in out.settled:  # retries answered from the log
+            sim._to_client(node.id, client, _settled_reply(req_id, value, node.id))
+        w = out.written
+        if w is None:
+            return
+        if w.error is not None:
+            for client, req_id in w.tokens:
+                reply = ClientReply(req_id, w.error.code, leader_id=w.error.leader_id)
+                sim._to_client(node.id, client, reply)
+        else:
+            node.round_born[w.rid] = sim.clock.now_ms
+            if len(node.core.book.rounds) > 1:  # another still waits for its quorum
+                sim.stats["overlapped_rounds"] += 1
+
+    def answers(self, answers: list, flush_first: bool) -> None:
+        if flush_first:
+            self.sim._spawn(self.node, self.sim._flush_then_answer(self.node, answers))
+        else:
+            self.sim._answer(self.node, answers)
+
+    def notes(self, notes: list) -> None:
+        for a in notes:
+            if isinstance(a, RoleChange):
+                self.sim.net.note(f"{self.node.id} -> {a.role.value} term={a.term} "
+                                  f"leader={a.leader_id}")  # fmt: skip
+            else:
+                self.sim.net.note(f"{self.node.id} transfer to {a.transferee}: {a.code.name}")
+
+    def sends(self, sends: list) -> None:
+        sim, node = self.sim, self.node
+        for s in sends:
+            if isinstance(s.message, LeadershipTransferRequest) and sim._late_take_order():
+                # a take order held up on the way: it arrives after the transfer was given up
+                delay = sim.election.leadership_transfer_wait_timeout_ms + 200
+                sim.stats["late_take_orders"] += 1
+                sim._late_orders.add((node.id, s.to, s.message.term))
+                sim._at(node, sim.clock.now_ms + delay, sim.rpc.call, node.id, s.to, s.message)
+                continue
+            sim.rpc.call(node.id, s.to, s.message)
+
+    def run(self, runs: list) -> None:
+        for run in runs:
+            if run.kind == "fallback" and isinstance(run.action, rp.Register):
+                self.sim.stats["re_registered"] += 1
+            self.sim._spawn(self.node, self.sim._run_action(self.node, run))
+
+    def write_due(self) -> None:
+        self.sim._soon(self.node, self.sim._write_round, self.node)
+
+    def installed(self, sealed: list) -> None:
+        self.sim._m_offer(self.node, sealed)
+
+    def spawns(self, spawns: list) -> None:
+        for spawn in spawns:  # lost_members.py
+            self.sim._spawn_member(self.node, spawn)
+
+    def reads(self, out: mc.MemberOut) -> None:
+        self.sim._reads_out(self.node, out)
+
+    def leave_graphs(self) -> None:
+        self.sim._leave_graphs(self.node.id, "core")
+
+    def commits_moved(self) -> None:
+        """Readers waiting for a commit are stepped by the simulation's own events."""
+
+    def elector_moved(self) -> None:
+        self.sim._rearm(self.node)
