@@ -149,7 +149,7 @@ class MemberActor:
         self.appends = AppendPart(ctx)
         self.leadership = LeadershipPart(ctx, self.appends)
         if self.config.state_machine is not None:
-            ctx.machine = MachineRunner(self, data_dir)
+            ctx.machine = MachineRunner(ctx, data_dir)
         if self.config.fast_path:  # the group's leaders compile graphs this member runs in
             install_loop_registry()
         self._boot()

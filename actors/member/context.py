@@ -38,7 +38,6 @@ from rayledger.actors.metrics import MemberMetrics
 from rayledger.actors.naming import member_handle, now_ms
 
 if TYPE_CHECKING:
-    from rayledger.actors.member.machine import MachineRunner
     from rayledger.storage import LogStore
 
 
@@ -56,7 +55,7 @@ class MemberContext:
     carry: Callable[[MemberOut], None] = lambda out: None  # set by the shell: carries an Out
     faults: LinkFaults = field(default_factory=LinkFaults)
     loop: asyncio.AbstractEventLoop | None = None  # the main loop, set at boot
-    machine: MachineRunner | None = None
+    machine: Any = None  # the MachineRunner (machine.py), set when the group runs a machine
     checker: Any = None  # the QuorumAckCheckerActor handle, set at boot (see ensure_helpers)
     ensure_helpers: Callable[[], None] = lambda: None  # set by the shell: create them now
     new_dispatcher: Callable[[str], Any] = lambda peer: None  # set by the shell

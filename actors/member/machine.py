@@ -27,6 +27,7 @@ from rayledger.actors.machine import (
     load_machine,
     load_quietly,
 )
+from rayledger.actors.member.context import MemberContext
 from rayledger.actors.naming import now_ms
 from rayledger.election import Role
 from rayledger.storage import Entry
@@ -36,27 +37,27 @@ log = logging.getLogger("rayledger.actors")
 
 
 class MachineRunner:
-    def __init__(self, member: Any, data_dir: str | None):
-        cfg = member.config
+    def __init__(self, ctx: MemberContext, data_dir: str | None):
+        cfg = ctx.config
         machine = load_machine(cfg.state_machine)
-        ctx = MachineContext(
-            member.group, member.self_id, data_dir, dict(cfg.state_machine_args), member.store
+        own = MachineContext(
+            ctx.group, ctx.self_id, data_dir, dict(cfg.state_machine_args), ctx.store
         )
-        self.applier = Applier(machine, ctx, snapshots=cfg.snapshots())
+        self.applier = Applier(machine, own, snapshots=cfg.snapshots())
         self.core = self.applier.core
-        member.store.keep_from = self.core.keep_from(self.applier.saved)
+        ctx.store.keep_from = self.core.keep_from(self.applier.saved)
         if self.applier.shelf is not None:
-            member.logic.take_snapshots(self.applier.shelf)
+            ctx.logic.take_snapshots(self.applier.shelf)
             # push answers carry what the core says the machine needs from the leader
-            member.logic.machine_wanted = self.core.snapshot_wanted
-            member.logic.snapshot_asked = self.snapshot_asked
+            ctx.logic.machine_wanted = self.core.snapshot_wanted
+            ctx.logic.snapshot_asked = self.snapshot_asked
         if type(machine).pre_append is not StateMachine.pre_append:
-            member.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
-        self.member = member
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"machine-{member.self_id}")
+            ctx.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
+        self.ctx = ctx
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"machine-{ctx.self_id}")
         log.info(
             "[%s] state machine %s applied up to %d",
-            member.self_id,
+            ctx.self_id,
             cfg.state_machine,
             self.core.applied,
         )
@@ -72,18 +73,18 @@ class MachineRunner:
         try:
             return self.applier.machine.receipt(first, last)
         except Exception as exc:
-            log.error("[%s] receipt of %d..%d failed: %r", self.member.self_id, first, last, exc)
+            log.error("[%s] receipt of %d..%d failed: %r", self.ctx.self_id, first, last, exc)
             return None
 
     # -- applying committed entries --------------------------------------------------------
     def kick(self) -> None:
         """The committed index may have moved (any thread)."""
-        self.member._loop.call_soon_threadsafe(self._pump)
+        self.ctx.loop.call_soon_threadsafe(self._pump)
 
     def _pump(self) -> None:
         """Start the job the core says is due (none while one is in flight)."""
-        m = self.member
-        with m._lock:
+        m = self.ctx
+        with m.lock:
             batch = self.core.next_batch(m.store.committed_index, m.store.ledger_begin_index)
             if batch is None:
                 return
@@ -106,11 +107,11 @@ class MachineRunner:
         try:
             saved = await loop.run_in_executor(self._pool, self._run, entries)
         except Exception as exc:
-            with self.member._lock:
+            with self.ctx.lock:
                 self._failed(exc)
             return
-        m = self.member
-        with m._lock:
+        m = self.ctx
+        with m.lock:
             released = self.core.batch_done(batch.stop - 1)
             m.store.keep_from = self.core.keep_from(saved)
             index = self.core.snapshot_due(entries, m.store.ledger_begin_index)
@@ -124,8 +125,8 @@ class MachineRunner:
     def snapshot_asked(self, index: int, have: int | None = None) -> None:
         """A follower's machine needs a snapshot at or past ``index`` (on the member's
         loop, under its lock): cut one now if the core says so, before any later batch."""
-        m = self.member
-        with m._lock:
+        m = self.ctx
+        with m.lock:
             now = self.core.snapshot_asked(index, m.store.ledger_begin_index, have)
             term = m.store.get_term(now) if now is not None else -1
         if now is not None:
@@ -140,9 +141,9 @@ class MachineRunner:
     async def _snapshot(self, cut, index: int, term: int) -> None:
         """Write the machine's state at ``index`` off the machine's thread, seal it, keep
         the newest, and let the log go up to it (see SnapshotPolicy)."""
-        m, snaps = self.member, self.applier.snapshots
+        m, snaps = self.ctx, self.applier.snapshots
         loop = asyncio.get_running_loop()
-        with m._lock:  # the client sessions as of the cut travel with it
+        with m.lock:  # the client sessions as of the cut travel with it
             sessions = m.logic.sessions.at(index)
         try:
             writer = await cut
@@ -154,7 +155,7 @@ class MachineRunner:
                 write_sessions(path, sessions)
 
             await loop.run_in_executor(None, snaps.seal, index, term, write)
-            with m._lock:
+            with m.lock:
                 gone, m.store.keep_from = self.core.snapshot_done(
                     index, snaps.list(), self.applier.saved
                 )
@@ -162,12 +163,12 @@ class MachineRunner:
                 snaps.delete(old)
             log.info("[%s] state machine snapshot at %d (term %d)", m.self_id, index, term)
         except Exception as exc:
-            with m._lock:
+            with m.lock:
                 self.core.snapshot_failed(index, repr(exc))
             return
         # batches that ended while it was written took none: one may be due now (no batch
         # in flight, so the cut is where the machine stands; later batches queue behind it)
-        with m._lock:
+        with m.lock:
             due = self.core.applying is None
             again = self.core.snapshot_due([], m.store.ledger_begin_index) if due else None
             term = m.store.get_term(again) if again is not None else -1
@@ -184,10 +185,10 @@ class MachineRunner:
         try:
             await loop.run_in_executor(self._pool, self.applier.machine.rebase, job.index)
         except Exception as exc:
-            with self.member._lock:
+            with self.ctx.lock:
                 self._failed(exc)
             return
-        with self.member._lock:
+        with self.ctx.lock:
             released = self.core.rebased(job.index)
         for fut in released:
             set_result(fut, None)
@@ -202,16 +203,16 @@ class MachineRunner:
 
     async def _install(self, job: Install) -> None:
         loop = asyncio.get_running_loop()
-        m, snaps = self.member, self.applier.snapshots
+        m, snaps = self.ctx, self.applier.snapshots
         try:
             await loop.run_in_executor(
                 self._pool, load_quietly, self.applier.machine, job.path, job.index
             )
         except Exception as exc:
-            with m._lock:
+            with m.lock:
                 self._failed(exc)
             return
-        with m._lock:
+        with m.lock:
             released, gone, m.store.keep_from = self.core.installed(
                 job.index, snaps.list(), self.applier.saved
             )
@@ -228,7 +229,7 @@ class MachineRunner:
 
     # -- role, readiness, queries ----------------------------------------------------------
     async def role_changed(self, role: Role, term: int) -> None:
-        with self.member._lock:
+        with self.ctx.lock:
             news = self.core.role_news(role, term)
         if not news:
             return
@@ -236,14 +237,14 @@ class MachineRunner:
         try:
             await loop.run_in_executor(self._pool, self.applier.machine.on_role_change, role, term)
         except Exception as exc:
-            with self.member._lock:
+            with self.ctx.lock:
                 self._failed(exc)
 
     async def wait_ready(self, still_leading: Callable[[], bool]) -> bool | str:
         """Until the machine says it is ready to lead; False once leadership is gone,
         ``MACHINE_STRANDED`` when it needs a snapshot from another leader."""
         loop = asyncio.get_running_loop()
-        proc = self.core.wait_ready(still_leading, lambda: self.member.store.ledger_begin_index)
+        proc = self.core.wait_ready(still_leading, lambda: self.ctx.store.ledger_begin_index)
         gen, answer = proc.gen, None
         while True:
             try:
@@ -266,7 +267,7 @@ class MachineRunner:
         """The machine's answer once it has applied ``index``."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        with self.member._lock:
+        with self.ctx.lock:
             verdict = self.core.query(index, fut, now_ms(), int(timeout_s * 1000))
         if verdict == QueryVerdict.WAIT:
             timer = loop.call_later(timeout_s + 0.002, self._expire)  # past the deadline
@@ -275,12 +276,12 @@ class MachineRunner:
                 await fut
             finally:
                 timer.cancel()
-                with self.member._lock:
+                with self.ctx.lock:
                     self.core.discard(fut)
         return await loop.run_in_executor(self._pool, self.applier.machine.query, request)
 
     def _expire(self) -> None:
-        with self.member._lock:
+        with self.ctx.lock:
             late = self.core.expire(now_ms())
         for fut, err in late:
             set_exception(fut, err)
