@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import ResponseCode
-
-if TYPE_CHECKING:
-    pass
 
 
 class PushType(str, Enum):

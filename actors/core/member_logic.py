@@ -381,6 +381,11 @@ class MemberLogic:
             self.leading_term == term and self.state.is_leader and self.state.current_term == term
         )
 
+    def ready_leading_term(self) -> int:
+        """The term this member leads with its helpers set up for it, or -1."""
+        term = self.ready_term
+        return term if term >= 0 and self.leads(term) else -1
+
     def holds_office(self, term: int) -> bool:
         """Whether the office of ``term`` is still this member's to take up: no role change
         stopped it and no newer term began -- it may be a candidate for a moment, elected

@@ -90,10 +90,8 @@ class AppendPart(Part):
             self.fast.set_enabled(enabled)
             return
         with self._lock:
-            lg = self.logic
-            term = lg.ready_term if lg.ready_term == lg.state.current_term else -1
-            leads = term >= 0 and lg.leads(term)
-        if enabled and leads:
+            term = self.logic.ready_leading_term()
+        if enabled and term >= 0:
             self.fast_start(term)
 
     def fast_stop(self) -> None:

@@ -285,12 +285,11 @@ class FastPathDelivery:
             self.net.note(f"FAULT fast path on at {m.id}")
             if m.alive:
                 node = m.node
-                lg = node.logic
-                leads = lg.ready_term == lg.state.current_term and lg.leads(lg.ready_term)
+                term = node.logic.ready_leading_term()
                 if node.fast is not None:
                     node.fast.set_enabled(True)
-                elif leads:
-                    self._fp_start(node, lg.ready_term)
+                elif term >= 0:
+                    self._fp_start(node, term)
         else:
             m.fast_enabled = False
             self.net.note(f"FAULT fast path off at {m.id}")
