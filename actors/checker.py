@@ -1,12 +1,12 @@
 """QuorumAckCheckerActor: the Ray transport of the leader's
-:class:`~rayledger.actors.core.checker.CheckerLogic`.
+:class:`~rayledger.replication.checker.CheckerLogic`.
 
 The leader registers every round it stores (:meth:`add_round`); dispatchers report their followers'
 water marks (:meth:`report`); a compiled graph reports both at once (:meth:`cg_report`, on the
 graph's thread).  The core decides everything -- the committed index (Raft section 5.4.2: only
 entries of the current term commit directly), which rounds succeed, time out
 (WAIT_QUORUM_ACK_TIMEOUT) or lose their term, when the dispatchers hear of a commit -- and
-:class:`~rayledger.actors.core.checker.CheckerDriver` carries its answers out: to the leader as one
+:class:`~rayledger.replication.checker.CheckerDriver` carries its answers out: to the leader as one
 :meth:`MemberActor.on_resolved` call per loop turn, to the dispatchers as ``on_committed``.  This
 actor only makes those Ray calls.
 """
@@ -20,10 +20,10 @@ import threading
 import ray
 from rayledger.actors.aioloop import AsyncioLoop
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.core.checker import (
+from rayledger.actors.core.pump import CheckerDriver
+from rayledger.replication.checker import (
     AddRound,
     BecomeLeader,
-    CheckerDriver,
     CheckerLogic,
     Configure,
     GraphBegin,

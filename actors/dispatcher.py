@@ -1,9 +1,9 @@
 """EntryDispatcherActor: the Ray transport of one leader -> follower
-:class:`~rayledger.actors.core.dispatcher.DispatcherLogic`.
+:class:`~rayledger.replication.dispatcher.DispatcherLogic`.
 
 The member announces every round it stores (the bytes inline, or one ObjectRef for a large round);
 the core decides what to push, what to fetch from the member, when to report to the checker and to
-the member's elector, and :class:`~rayledger.actors.core.dispatcher.DispatcherDriver` runs it on
+the member's elector, and :class:`~rayledger.replication.dispatcher.DispatcherDriver` runs it on
 this actor's loop.  This shell only makes the calls: pushes to the follower (with the link faults
 tests inject and a timeout), term-fenced fetches from the member, reports to the checker, and the
 compiled graph's entry points.
@@ -21,12 +21,18 @@ from dataclasses import replace
 import ray
 from rayledger.actors.aioloop import AsyncioLoop
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.core.dispatcher import (
+from rayledger.actors.core.pump import DispatcherDriver
+from rayledger.actors.faults import LinkDown, LinkFaults
+from rayledger.actors.metrics import PeerMetrics
+from rayledger.actors.naming import NAMESPACE, actor_name
+from rayledger.actors.priority import set_background
+from rayledger.actors.wire import out_of_band
+from rayledger.replication import PushEntryRequest
+from rayledger.replication.dispatcher import (
     Activate,
     CachedBatch,
     Committed,
     Deactivate,
-    DispatcherDriver,
     DispatcherLogic,
     Fetch,
     Fetched,
@@ -36,14 +42,7 @@ from rayledger.actors.core.dispatcher import (
     Reported,
     RoundAnnounced,
 )
-from rayledger.actors.core.graph_events import GraphBegin, GraphEnd
-from rayledger.actors.faults import LinkDown, LinkFaults
-from rayledger.actors.metrics import PeerMetrics
-from rayledger.actors.naming import NAMESPACE, actor_name
-from rayledger.actors.priority import set_background
-from rayledger.actors.wire import out_of_band
-from rayledger.replication import PushEntryRequest
-from rayledger.replication.messages import Announcement, Inline, LeaderInfo
+from rayledger.replication.messages import Announcement, GraphBegin, GraphEnd, Inline, LeaderInfo
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.reader import StoreReader
 

@@ -36,7 +36,6 @@ from typing import Any
 
 import ray
 from rayledger.actors.aioloop import AsyncioLoop
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.fastpath import (
     PARK_MS,
     RETRY_MS,
@@ -50,6 +49,7 @@ from rayledger.actors.core.fastpath import (
     GraphRound,
 )
 from rayledger.actors.ray_compat import compile_options
+from rayledger.replication.checker import Resolution
 
 log = logging.getLogger("rayledger.actors")
 
@@ -64,7 +64,7 @@ class FastPath:
 
     It runs on a thread and event loop of its own, so compiling a graph (about a second of CPU)
     never stalls the member's loop or its heartbeats.  ``on_output(r)`` (a
-    :class:`~rayledger.actors.core.checker.Resolution`, as the checker sends) gets every answer of
+    :class:`~rayledger.replication.checker.Resolution`, as the checker sends) gets every answer of
     the checker nodes and ``on_fallback(items)`` the (announcement, rounds) that were queued or in
     flight when the graph was abandoned (they must travel again as plain calls); both are called on
     ``main_loop``.  The core decides; this class compiles, tells the helpers, submits in order and

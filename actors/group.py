@@ -15,13 +15,6 @@ from typing import Any
 import ray
 from rayledger.actors.client import LedgerClient
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.core.membership import (
-    Membership,
-    Op,
-    check_live_quorum,
-    check_node,
-    choose_node,
-)
 from rayledger.actors.faults import LinkFaults, load_faults, save_faults
 from rayledger.actors.member.actor import spawn_member
 from rayledger.actors.naming import NAMESPACE, actor_name, group_members
@@ -29,6 +22,13 @@ from rayledger.actors.placement import alive_nodes, forget_node, member_nodes
 from rayledger.actors.types import MemberStatus
 from rayledger.election import Role
 from rayledger.election.configuration import Configuration
+from rayledger.election.membership import (
+    Membership,
+    Op,
+    check_live_quorum,
+    check_node,
+    choose_node,
+)
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.metafile import ensure_writable_dir
 

@@ -3,7 +3,7 @@ leader knows the node of a member whose node is gone) and the cluster's live nod
 :class:`~.group.LedgerGroup` (create, add, replace) and a leader replacing a lost member
 (``replace_lost_after_s``); both start the member with
 :func:`~rayledger.actors.member.actor.spawn_member`. The choice of a node is
-:func:`~rayledger.actors.core.membership.choose_node`'s."""
+:func:`~rayledger.election.membership.choose_node`'s."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 
 import ray
-from rayledger.actors.core.membership import GONE
 from rayledger.actors.ray_compat import kv_del, kv_get, kv_put
+from rayledger.election.membership import GONE
 
 log = logging.getLogger("rayledger.actors")
 
@@ -29,7 +29,7 @@ def record_node(group: str, member: str, node_id: str) -> None:
 
 
 def record_gone(group: str, member: str) -> None:
-    """A member's process was stopped for good (:data:`~rayledger.actors.core.membership.GONE`): any
+    """A member's process was stopped for good (:data:`~rayledger.election.membership.GONE`): any
     later leader's view of the nodes says so."""
     try:
         kv_put(_key(group, member), GONE, _KV_NAMESPACE)

@@ -10,10 +10,10 @@ messages.
 from .admission import check_append
 from .checker import QuorumAckChecker, Resolved
 from .config import ReplicationConfig
-from .dispatcher import DispatcherState, EntryDispatcher
 from .handler import EntryHandler
 from .leaderlog import LeaderLog, NotCached
 from .messages import PushEntryRequest, PushEntryResponse, PushType, SnapshotChunk
+from .push import DispatcherState, EntryDispatcher
 
 __all__ = [
     "DispatcherState",

@@ -1,722 +1,630 @@
-"""EntryDispatcher: the leader's push state machine for one follower (sans-I/O).
+"""The entry dispatcher's core and its driver (sans-I/O: no Ray, no asyncio, no clock).
 
-DLedger runs one ``EntryDispatcher`` thread per follower; here the same logic is
-a plain object the shell drives: it calls :meth:`EntryDispatcher.next_requests`
-whenever something may have changed (a tick, an append, an answer) and sends
-what comes back, then feeds every answer (or ``None`` for a failed call) to
-:meth:`EntryDispatcher.on_response`.
+:class:`DispatcherLogic` is one leader -> follower pusher: the
+:class:`~rayledger.replication.push.EntryDispatcher` protocol core over a :class:`LeaderView`
+of the leader's log, plus everything a dispatcher decides around it -- what to fetch
+from its member (and when to try again), the single water-mark report in flight to the
+checker (it follows the current term), the throttled progress reports to the member's
+elector (the last one always gets through), and its part of a compiled graph (the keys
+of its pushes, a rewind when the graph is left).  Its one way in is
+:meth:`DispatcherLogic.step` (an event and the time; it returns the call's direct
+answer), its one way out :meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`,
+taken as it is handed out (a dispatcher persists nothing, so there is no ``Advance``).
 
-States, as in DLedger's DLedgerEntryPusher.EntryDispatcher:
-
-* COMPARE -- find where the follower's log stops matching the leader's, walking
-  ``compare_index`` down from the leader's end (one COMPARE in flight).  A refusal
-  carrying the follower's conflict hint (its term at the probe and that term's first
-  index) skips a whole term at a time, as etcd's ``findConflictByTerm`` does.
-* TRUNCATE -- cut the follower's log at the matching index (or reset it to the
-  leader's begin when the logs do not overlap), then APPEND.
-* INSTALL -- before such a reset, when the leader has a snapshot at or past the entry
-  before its begin (its state machine's): send it in chunks, one in flight,
-  resuming at the offset the follower holds; then the reset.  Without it a follower whose
-  machine stands below the leader's begin could never apply again.  A failed or lost chunk
-  goes back to TRUNCATE, which fetches the newest snapshot again (a lost chunk of the same
-  snapshot resumes where the follower stands).  Also from APPEND, when the follower's
-  answers say its machine stands below its log's begin (``snapshot_wanted``: the snapshot
-  that bridged the gap was lost): our newest snapshot, if it reaches that far (else asked
-  again later), and then APPEND again from the water mark -- the follower's log is left
-  as it is, so no entry it acknowledged is ever dropped for it.
-* APPEND -- push batches from ``write_index``, many in flight (pipelining),
-  remembering when each was sent; resend the oldest after ``max_push_timeout_ms``;
-  an INCONSISTENT_STATE answer sends the dispatcher back to COMPARE.  When no
-  entries flow a COMMIT push carries the leader's committed index: :data:`COMMIT_LINGER_MS`
-  after it rose (the next push carries it meanwhile, so a steady stream sends none), and
-  at least every ``commit_push_interval_ms``.
+:class:`~rayledger.actors.core.pump.DispatcherDriver` carries a loop's events in and the Ready
+out; the Ray actor (:mod:`rayledger.actors.dispatcher`) and the simulation differ only in the
+loop and the ports.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-from enum import Enum
-from logging import DEBUG, INFO, WARNING
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rayledger.election.logevent import log_event
-from rayledger.storage.errors import LedgerError, ResponseCode
+from rayledger.election.configuration import config_at
+from rayledger.storage import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
-from .inflights import Inflights
-from .leaderlog import LeaderLog, NotCached, batch_bytes
-from .messages import PushEntryRequest, PushEntryResponse, PushType, SnapshotChunk
+from .leaderlog import NotCached
+from .messages import (
+    Announcement,
+    GraphBegin,
+    GraphEnd,
+    Inline,
+    LeaderInfo,
+    Payload,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+)
+from .push import EntryDispatcher
 
-log = logging.getLogger("rayledger.replication")
+PROGRESS_MS = 250
+"""How often at most a dispatcher tells its member's elector how far the follower matches
+(a leadership transfer waits for it, the preferred-leader check reads it): a call of its
+own, so not once a round; a transfer waits at most this much longer for it."""
 
-_NEVER = -(1 << 62)
+FETCH_RETRY_MS = 50
+"""After a failed fetch from the member, the next try waits this long."""
 
-COMMIT_LINGER_MS = 20
-"""How long a risen committed index waits for a push to carry it before a COMMIT does: the
-next round's push, in a group that appends (one client's next append follows its answer
-by a few hops).  An idle follower learns it this much later."""
+REPORT_RETRY_MS = 50
+"""After a failed report to the checker, the next try waits this long."""
 
-
-class DispatcherState(str, Enum):
-    COMPARE = "COMPARE"
-    TRUNCATE = "TRUNCATE"
-    APPEND = "APPEND"
-    INSTALL = "INSTALL"
-
-
-def _peek_snapshot(log_: LeaderLog, at_least: int = -1) -> Any:
-    """The leader's newest snapshot as the log offers it (None: it has none, or the log
-    offers no snapshots at all); may raise NotCached.  ``at_least``: the index a
-    follower's machine needs (the leader snapshots that far when its newest is short)."""
-    peek = getattr(log_, "peek_snapshot", None)
-    return None if peek is None else peek(at_least)
-
-
-def _config_below(log_: LeaderLog, begin: int) -> bytes | None:
-    """The leader's configuration in effect below ``begin``, which a reset follower no
-    longer finds in its log (a log that offers none: None)."""
-    at = getattr(log_, "config_at", None)
-    return None if at is None else at(begin - 1)
+LEARNER_REPORT_MS = 250
+"""A learner's water mark goes to the checker at most this often (it counts toward no
+commit; the checker must only have it when the learner is promoted)."""
 
 
-def _snapshot_of(log_: LeaderLog) -> Any:
-    """Take the snapshot :func:`_peek_snapshot` saw (a cache fetches the next one afresh)."""
-    take = getattr(log_, "take_snapshot", None)
-    return None if take is None else take()
+_UNKNOWN = object()
 
 
-def _span(resp: PushEntryResponse) -> str:
-    return f"{resp.begin_index}..{resp.end_index}"
+@dataclass(slots=True)
+class CachedBatch:
+    """A batch the dispatcher may push."""
 
+    first_index: int
+    count: int
+    payload: Payload
+    nbytes: int
 
-class EntryDispatcher:
-    """Leader side, one per follower: decides what to push to ``peer_id`` and when."""
-
-    def __init__(self, group: str, self_id: str, peer_id: str, config: ReplicationConfig):
-        self.group = group
-        self.self_id = self_id
-        self.peer_id = peer_id
-        self.config = config
-        self.term = -1
-        self.leader_id: str | None = None
-        self.active = False
-        self._state = DispatcherState.COMPARE
-        self._compare_index = -1
-        self._write_index = -1
-        self._water_mark = -1
-        self._inflight = Inflights()  # APPEND pushes in flight, in index order
-        self._ctrl: PushEntryRequest | None = None  # the COMPARE/TRUNCATE in flight
-        self._ctrl_sent_ms = _NEVER
-        self._truncate_index = -1
-        self._truncate_reset = False
-        self._backoff_until = _NEVER
-        self._last_push_ms = _NEVER  # DLedger lastPushCommitTimeMs
-        self._commit_sent = -1
-        self._commit_rose_ms = _NEVER  # when the committed index passed _commit_sent
-        self._last_leak_check_ms = _NEVER
-        # the pacing bucket, in bytes (see _pace_allows)
-        self._tokens: float = config.max_batch_push_bytes
-        self._tokens_ms = _NEVER
-        self._paced = False  # the push being built is paced (it spends tokens)
-        self._held = False  # a push waits for the bucket (the only reason to wake for it)
-        self._rate = config.peer_push_quota  # bytes/s the bucket refills at (learner or not)
-        self._leader_begin = 0  # the leader's begin index when the last COMPARE was built
-        # the follower's conflict hint (its term, that term's first index) still to apply to
-        # _compare_index; applied when the next COMPARE is built, where reads may be retried
-        self._hint: tuple[int, int] | None = None
-        self._install: Any = None  # the snapshot being sent (index, term, files)
-        self._install_offset = 0
-        self._installed = -1  # the follower sealed our snapshot at this index (this term)
-        self._install_resets = True  # the install leads to a reset (else: a machine asked)
-        self._wanted = -1  # the follower's machine needs a snapshot at or past this index
-        # not before then: none of ours reached that far, or one was just sealed (answers
-        # from before the seal still ask)
-        self._wanted_after = _NEVER
-        self._wanted_commit = -1  # our committed index when none of ours reached that far
-        self._install_started_ms = 0
-        self.last_install: tuple[int, int, int] | None = None  # (index, bytes, ms) sent
-        self.pushes_sent = 0
-        self.resends = 0
-        self.installs = 0
-        self.need: NotCached | None = None  # what the last next_requests lacked
-
-    # -- observers ----------------------------------------------------------------------
     @property
-    def state(self) -> DispatcherState:
-        return self._state
+    def last_index(self) -> int:
+        return self.first_index + self.count - 1
+
+
+class LeaderView:
+    """The part of the leader's log a dispatcher needs: the batches its leader announced
+    (bounded by ``cache_bytes``) and the (term, pos) of entries it learned.  A read of
+    anything else raises :class:`~rayledger.replication.NotCached`."""
+
+    def __init__(self, cache_bytes: int):
+        self.cache_bytes = cache_bytes
+        self.batches: OrderedDict[int, CachedBatch] = OrderedDict()
+        self.meta: dict[int, tuple[int, int]] = {}
+        self.cached_bytes = 0
+        self.ledger_begin_index = 0
+        self.ledger_end_index = -1
+        self.committed_index = -1
+        self.snapshot: Any = _UNKNOWN  # the leader's newest snapshot, fetched per install
+        self.configs: tuple = ()  # the leader's configurations (LeaderInfo.configs)
+
+    def reset(self, info: LeaderInfo) -> None:
+        self.batches.clear()
+        self.meta.clear()
+        self.snapshot = _UNKNOWN
+        self.cached_bytes = 0
+        self.ledger_begin_index = info.begin
+        self.ledger_end_index = info.end
+        self.committed_index = info.committed
+        self.configs = info.configs
+        if info.end >= info.begin:
+            self.meta[info.end] = (info.end_term, info.end_pos)
+
+    def learn(self, info: LeaderInfo) -> None:
+        """Fold in a fenced answer of the leader (same term by construction)."""
+        self.ledger_begin_index = info.begin
+        self.ledger_end_index = max(self.ledger_end_index, info.end)
+        self.committed_index = max(self.committed_index, info.committed)
+        if info.configs:
+            self.configs = info.configs
+
+    def is_learner(self, peer: str) -> bool:
+        """Whether ``peer`` is a learner in the leader's latest configuration."""
+        return bool(self.configs) and self.configs[-1][1].is_learner(peer)
+
+    def config_at(self, index: int) -> bytes | None:
+        """The leader's configuration in effect at ``index`` (a reset sends it along)."""
+        return config_at(self.configs, index).encode() if self.configs else None
+
+    def add(self, batch: CachedBatch) -> None:
+        old = self.batches.pop(batch.first_index, None)
+        if old is not None:
+            self.cached_bytes -= old.nbytes
+        self.batches[batch.first_index] = batch
+        self.cached_bytes += batch.nbytes
+        while self.cached_bytes > self.cache_bytes and len(self.batches) > 1:
+            _, old = self.batches.popitem(last=False)
+            self.cached_bytes -= old.nbytes
+
+    def prune(self, water_mark: int) -> None:
+        while self.batches:
+            b = next(iter(self.batches.values()))
+            if b.last_index > water_mark:
+                break
+            self.batches.popitem(last=False)
+            self.cached_bytes -= b.nbytes
+        if len(self.meta) > 4096:
+            self.meta = {k: v for k, v in self.meta.items() if k > water_mark}
+
+    # -- the LeaderLog protocol -------------------------------------------------------------
+    def _below_begin(self, index: int) -> None:
+        """A read below the leader's begin (its log was compacted past it) fails as the
+        store's would, so the core compares again instead of fetching it for ever."""
+        if index < self.ledger_begin_index:
+            raise LedgerError.of(
+                ResponseCode.INDEX_OUT_OF_BOUNDS,
+                f"entry {index} is below the leader's begin {self.ledger_begin_index}",
+            )
+
+    def get_term(self, index: int) -> int:
+        m = self.meta.get(index)
+        if m is None:
+            self._below_begin(index)
+            raise NotCached("meta", index)
+        return m[0]
+
+    def get_pos(self, index: int) -> int:
+        m = self.meta.get(index)
+        if m is None:
+            self._below_begin(index)
+            raise NotCached("meta", index)
+        return m[1]
+
+    def peek_snapshot(self, at_least: int = -1) -> Any:
+        if self.snapshot is _UNKNOWN:
+            raise NotCached("snapshot", at_least)
+        return self.snapshot
+
+    def take_snapshot(self) -> Any:
+        snap, self.snapshot = self.snapshot, _UNKNOWN
+        return None if snap is _UNKNOWN else snap
+
+    def read_batch(self, start: int, max_bytes: int = 1 << 62, max_count: int = 1 << 62):
+        b = self.batches.get(start)
+        if b is None or b.count > max_count:
+            self._below_begin(start)
+            # a resend wants exactly its original range: fetch no more than that, or a
+            # larger cached batch would be fetched (and refused) again and again
+            raise NotCached("batch", start, max_count if max_count < (1 << 40) else None)
+        return b
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Ask the member (fenced by ``term``) for a batch from ``index``, an entry's
+    (term, pos), or its newest snapshot: what the :class:`LeaderView` lacks.
+
+    ``committed`` >= ``index`` (a batch): entries ``index..committed`` are committed, so
+    they may be read without the fence, straight from the leader's files where the
+    transport can (its dispatcher runs on the leader's node).  Committed entries are never
+    rewritten, in this member's log or any later leader's, so those bytes are the log's
+    whatever happens to the term meanwhile -- and a follower far behind (a learner catching
+    up) then costs the leader's process nothing."""
+
+    term: int
+    kind: str  # "batch" | "meta" | "snapshot"
+    index: int
+    max_bytes: int
+    max_count: int
+    committed: int = -1
+
+
+# ====================================================================== events in
+
+
+@dataclass(frozen=True, slots=True)
+class Activate:
+    """Push for the leader of ``info.term`` (:class:`~rayledger.replication.messages.LeaderInfo`),
+    from its log."""
+
+    info: LeaderInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Deactivate:
+    """Stop pushing; ``term`` is the term that ended (a later one may start)."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundAnnounced:
+    """The leader stored a round (:class:`~rayledger.replication.messages.Announcement`)."""
+
+    a: Announcement
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The checker of ``term`` committed ``index``."""
+
+    term: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class PushAnswered:
+    """A push's answer (``resp`` None: lost or timed out -- a timeout is an answer too)."""
+
+    req: PushEntryRequest
+    resp: PushEntryResponse | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """The member's fenced answer to a :class:`Fetch` (``answer`` None: it no longer leads
+    ``fetch.term``; ``failed``: it did not answer at all)."""
+
+    fetch: Fetch
+    answer: Any = None
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """The checker's answer to the report ``(term, wm)``: its committed index (None: it does
+    not serve ``term``); ``failed``: it did not answer (its process died or hangs)."""
+
+    term: int
+    wm: int
+    committed: int | None = None
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPush:
+    """A round through the compiled graph (on the graph's thread); answers ``(carry,
+    wire)``."""
+
+    g: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GraphAck:
+    """The follower's answers through the graph; answers the checker's ``(gen, term, peer,
+    water mark, rounds)``."""
+
+    answered: tuple
+
+
+DispatcherEvent = (
+    Activate | Deactivate | RoundAnnounced | Committed | PushAnswered | Fetched | Reported
+    | GraphBegin | GraphEnd | GraphPush | GraphAck
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class DispatcherReady:
+    pushes: list[PushEntryRequest] = field(default_factory=list)
+    fetch: Fetch | None = None
+    report: tuple[int, int] | None = None  # (term, water mark) for the checker
+    progress: tuple[int, int] | None = None  # (term, match index) for the member's elector
+    # run in the background from now on (True: the follower is a learner catching up, whose
+    # pushes must take only CPU the voters' rounds leave) or in the foreground (False)
+    background: bool | None = None
+    wake_at_ms: int | None = None
+
+
+class DispatcherLogic:
+    """One leader -> follower pusher: the EntryDispatcher core over a :class:`LeaderView`,
+    and the fetches, reports and graph pushes around it."""
+
+    def __init__(
+        self,
+        group: str,
+        self_id: str,
+        peer_id: str,
+        config: ReplicationConfig,
+        cache_bytes: int = 64 << 20,
+    ):
+        self.self_id, self.peer_id = self_id, peer_id
+        self.config = config
+        self.core = EntryDispatcher(group, self_id, peer_id, config)
+        self.view = LeaderView(cache_bytes)
+        self.term = -1
+        self.reported = -1  # the water mark last handed to a report
+        self.fetching = False
+        self._fetch_after = 0
+        self.reporting = False
+        self._report_due = False
+        self._report_after = 0
+        self._progress_wm = -1
+        self._progress_at: int | None = None
+        self._last_progress = -(1 << 62)
+        self.graph_gen: int | None = None  # the compiled-graph generation served
+        self._graph_sent: dict[tuple, PushEntryRequest] = {}
+        self._graph_keys = itertools.count()
+        self._outbox: list[PushEntryRequest] = []
+        self._background = False  # what the last Ready said about the follower (a learner)
+        self._last_report_ms = -(1 << 62)
+
+    @property
+    def active(self) -> bool:
+        return self.core.active
 
     @property
     def water_mark(self) -> int:
-        """The follower's highest index known to match the leader's log (-1 when unknown)."""
-        return self._water_mark
+        return self.core.water_mark
 
     @property
-    def write_index(self) -> int:
-        return self._write_index
+    def need(self) -> NotCached | None:
+        return self.core.need
 
-    @property
-    def compare_index(self) -> int:
-        return self._compare_index
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: DispatcherEvent, now_ms: int) -> Any:  # noqa: C901 -- one case each
+        """Deliver one event; returns the call's direct answer (see each event)."""
+        match ev:
+            case PushAnswered():
+                return self._on_response(ev.req, ev.resp, now_ms)
+            case RoundAnnounced():
+                return self._on_announcement(ev.a)
+            case Committed():
+                return self._on_committed(ev.term, ev.index)
+            case Fetched():
+                f = ev.fetch
+                if ev.failed:
+                    return self._fetch_failed(now_ms)
+                if f.kind == "batch":
+                    return self._took_batch(f.term, ev.answer)
+                if f.kind == "snapshot":
+                    return self._took_snapshot(f.term, ev.answer)
+                return self._took_meta(f.term, f.index, ev.answer)
+            case Reported():
+                if ev.failed:
+                    return self._report_failed(now_ms)
+                return self._reported_to_checker(ev.term, ev.wm, ev.committed, now_ms)
+            case GraphPush():
+                return self._graph_push(ev.g, now_ms)
+            case GraphAck():
+                return self._graph_ack(ev.answered, now_ms)
+            case Activate():
+                return self._activate(ev.info)
+            case Deactivate():
+                return self._deactivate(ev.term)
+            case GraphBegin():
+                return self._graph_begin(ev.term, ev.gen)
+            case GraphEnd():
+                return self._graph_end(ev.gen)
+        raise TypeError(f"not a dispatcher event: {ev!r}")
 
-    @property
-    def pending_pushes(self) -> int:
-        return len(self._inflight)
+    # -- its cases: from the member and the checker ----------------------------------------
+    def _activate(self, info: LeaderInfo) -> None:
+        self.term = info.term
+        self.view.reset(info)
+        self.core.check_and_fresh_state(info.term, self.self_id, True)
+        self.reported = -1
+        # set up again in the same term (its checker restarted): the fresh checker learns
+        # this follower's mark now, not when it next rises (an idle, caught-up follower's
+        # mark may never rise, and the rounds re-registered with the checker wait for it)
+        self._report_due = self.core.water_mark >= 0
+        self._progress_wm = -1
 
-    def __repr__(self) -> str:
-        return (
-            f"EntryDispatcher({self.self_id}->{self.peer_id} term={self.term} {self._state.value} "
-            f"compare={self._compare_index} write={self._write_index} wm={self._water_mark} "
-            f"pending={len(self._inflight)})"
-        )
+    def _deactivate(self, term: int) -> None:
+        """Stop pushing; ``term`` is the term that ended (a later one may start)."""
+        self.graph_gen = None
+        self._graph_sent.clear()
+        self._outbox.clear()
+        self._progress_wm = -1
+        self._progress_at = None
+        self._report_due = False
+        if term >= self.term:
+            self.core.check_and_fresh_state(term, None, False)
+            self.view.batches.clear()
+            self.view.cached_bytes = 0
 
-    def _event(self, level: int, event: str, index: int | None, **fields: Any) -> None:
-        """One protocol log line: our id and term, the index it is about, the follower."""
-        if log.isEnabledFor(level):
-            ids = {"member": self.self_id, "term": self.term, "index": index, "peer": self.peer_id}
-            log_event(log, level, event, **ids, **fields)
-
-    # -- state ------------------------------------------------------------------------------
-    def check_and_fresh_state(self, term: int, leader_id: str | None, is_leader: bool) -> None:
-        """DLedger checkAndFreshState: a new term or leader starts over with a COMPARE."""
-        if not is_leader or leader_id != self.self_id:
-            self.active = False
-            return
-        was_active, self.active = self.active, True
-        if term != self.term or leader_id != self.leader_id or not was_active:
-            # a new term, or leading the same term again after a pause (DLedger lets a
-            # candidate be re-elected in its term): what we knew about the follower is stale
-            self._event(INFO, "push.fresh", None, new_term=term)
-            self.term = term
-            self.leader_id = leader_id
-            self._water_mark = -1
-            self._write_index = -1
-            self._commit_sent = -1
-            self._commit_rose_ms = _NEVER
-            self._last_push_ms = _NEVER
-            self._backoff_until = _NEVER
-            self._tokens, self._tokens_ms = self.config.max_batch_push_bytes, _NEVER
-            self._install, self._installed = None, -1
-            self._wanted, self._wanted_after, self._wanted_commit = -1, _NEVER, -1
-            self._change_state(DispatcherState.COMPARE, -1, force=True)
-
-    def _change_state(self, target: DispatcherState, index: int, force: bool = False) -> None:
-        """DLedger changeState: ``index`` is the follower's matching end when entering APPEND."""
-        self._event(INFO, "push.state", index, old=self._state.value, new=target.value)
-        if target is DispatcherState.APPEND:
-            self._compare_index = -1
-            if index > self._water_mark:
-                self._water_mark = index
-            self._write_index = index + 1
-            self._inflight.clear()
-        elif target is DispatcherState.COMPARE:
-            if force or self._state is DispatcherState.APPEND:
-                self._compare_index = -1
-                self._inflight.clear()
-        elif target is DispatcherState.TRUNCATE:
-            self._compare_index = -1
-        self._ctrl = None
-        self._hint = None
-        self._state = target
-
-    # -- what to send -------------------------------------------------------------------
-    def next_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
-        """Everything to send now: pipelined pushes, a resend, a COMPARE/TRUNCATE or a COMMIT."""
-        self.need = None
-        if not self.active:
-            return []
-        try:
-            if self._state is DispatcherState.APPEND:
-                return self._append_requests(now_ms, log_)
-            return self._control_request(now_ms, log_)
-        except NotCached as exc:
-            self.need = exc  # raised before any state changed: ask again once fetched
-            return []
-        except LedgerError as exc:
-            # e.g. the entries to push were cleaned from the leader's log: compare again
-            self._event(WARNING, "push.read_failed", self._write_index, why=exc)
-            self._change_state(DispatcherState.COMPARE, -1, force=True)
-            self._backoff_until = now_ms + self.config.error_backoff_ms
-            return []
-
-    def _base(self, kind: PushType, log_: LeaderLog, **fields: Any) -> PushEntryRequest:
-        return PushEntryRequest(
-            group=self.group,
-            leader_id=self.self_id,
-            remote_id=self.peer_id,
-            term=self.term,
-            type=kind,
-            commit_index=log_.committed_index,
-            **fields,
-        )
-
-    def _control_request(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
-        if self._ctrl is not None:
-            if now_ms - self._ctrl_sent_ms < self.config.compare_timeout_ms:
-                return []
-            ctrl, waited = self._ctrl, now_ms - self._ctrl_sent_ms
-            self._event(WARNING, "ctrl.resend", ctrl.first_index, push=ctrl.type.value, ms=waited)
-            self._ctrl = None
-        if now_ms < self._backoff_until:
-            return []
-        begin, end = log_.ledger_begin_index, log_.ledger_end_index
-        self._leader_begin = begin
-        if self._hint is not None:
-            self._apply_hint(log_, begin)
-        if self._state is DispatcherState.TRUNCATE and self._needs_install(log_):
-            self._install, self._install_offset = _snapshot_of(log_), 0
-            self._install_started_ms, self._install_resets = now_ms, True
-            self._change_state(DispatcherState.INSTALL, self._install.index)
-        if self._state is DispatcherState.INSTALL:
-            return [self._install_request(now_ms, log_)]
-        if self._state is DispatcherState.TRUNCATE:
-            index, kind = self._truncate_index, PushType.TRUNCATE
-        else:
-            if end < begin:
-                return []  # nothing to compare yet (DLedger: compareIndex == -1 && end == -1)
-            if self._compare_index == -1 or not begin <= self._compare_index <= end:
-                self._compare_index = end
-            index, kind = self._compare_index, PushType.COMPARE
-        term, pos = log_.get_term(index), log_.get_pos(index)
-        reset = kind is PushType.TRUNCATE and self._truncate_reset
-        req = self._base(kind, log_, first_index=index, entry_term=term, entry_pos=pos, reset=reset,
-                         config=_config_below(log_, index) if reset else None)  # fmt: skip
-        self._ctrl = req
-        self._ctrl_sent_ms = now_ms
-        self._last_push_ms = now_ms
-        self._event(DEBUG, "send", index, push=req.type.value, entry_term=req.entry_term)
-        return [req]
-
-    def _needs_install(self, log_: LeaderLog) -> bool:
-        """A reset is due and the follower has not sealed a snapshot that bridges the gap
-        below our begin: is there one?  (Reads the snapshot the log offers -- a fetch
-        when the leader's view lacks it -- and keeps it for :meth:`_control_request`.)"""
-        if not self._truncate_reset or self._installed >= self._truncate_index - 1:
+    def _on_announcement(self, a: Announcement) -> bool:
+        """The leader stored a round; True when it may be pushed right away."""
+        if a.term != self.term or not self.core.active:
             return False
-        snap = _peek_snapshot(log_)
-        if snap is None or snap.index < self._truncate_index - 1:
-            self._event(INFO, "install.none", self._truncate_index,
-                        snapshot=None if snap is None else snap.index)  # fmt: skip
-            _snapshot_of(log_)  # forget it: the next reset asks afresh
-            self._installed = self._truncate_index - 1  # nothing bridges it: reset plainly
-            return False
-        return True
+        view = self.view
+        view.add(CachedBatch(a.first, a.count, a.payload, a.nbytes))
+        # every entry of a round has the leader's term: COMPARE/COMMIT pushes naming a
+        # round's edge need no fetch from the member
+        view.meta[a.first] = (a.term, a.edges[0])
+        view.meta[a.first + a.count - 1] = (a.term, a.edges[1])
+        last = a.first + a.count - 1
+        if last > view.ledger_end_index:
+            view.ledger_end_index = last
+        if a.committed > view.committed_index:
+            view.committed_index = a.committed
+        if a.configs:  # a configuration round: a learner promoted reports from now on
+            view.configs = a.configs
+        return self.core.write_index == a.first
 
-    def _machine_install_due(self, now_ms: int, log_: LeaderLog) -> bool:
-        """Whether to look for a snapshot for the follower's machine now: it asks, and our
-        last look found none that far a COMMIT interval ago with our committed index moved
-        since (a newer snapshot comes only as our machine applies more), or ten ago."""
-        if self._wanted < 0 or now_ms < self._wanted_after:
-            return False
-        idle = self._wanted_after + 9 * self.config.commit_push_interval_ms
-        return log_.committed_index > self._wanted_commit or now_ms >= idle
-
-    def _machine_install(self, now_ms: int, log_: LeaderLog) -> bool:
-        """The follower's machine needs a snapshot at or past ``_wanted`` though our logs
-        match: start sending our newest when it reaches that far (True).  None does yet
-        (the follower's own snapshots, or another leader's, went further than ours): look
-        again later (:meth:`_machine_install_due`).  May raise NotCached before any change."""
-        snap = _peek_snapshot(log_, self._wanted)
-        if snap is None or snap.index < self._wanted:
-            self._event(DEBUG, "install.none", self._wanted,
-                        snapshot=None if snap is None else snap.index)  # fmt: skip
-            _snapshot_of(log_)  # forget it: the next try asks afresh
-            self._wanted_after = now_ms + self.config.commit_push_interval_ms
-            self._wanted_commit = log_.committed_index
-            return False
-        self._event(INFO, "install.wanted", snap.index, wanted=self._wanted, wm=self._water_mark)
-        self._install, self._install_offset = _snapshot_of(log_), 0
-        self._install_started_ms, self._install_resets = now_ms, False
-        self._change_state(DispatcherState.INSTALL, snap.index)
-        return True
-
-    def _install_request(self, now_ms: int, log_: LeaderLog) -> PushEntryRequest:
-        snap, offset = self._install, self._install_offset
-        total = sum(f[1] for f in snap.files)
-        chunk = SnapshotChunk(snap.index, snap.term, tuple(snap.files), offset,
-                              min(self.config.install_chunk_bytes, total - offset))  # fmt: skip
-        req = self._base(PushType.INSTALL, log_, first_index=snap.index, entry_term=snap.term,
-                         snapshot=chunk)  # fmt: skip
-        self._ctrl, self._ctrl_sent_ms, self._last_push_ms = req, now_ms, now_ms
-        self._event(DEBUG, "send", snap.index, push="INSTALL", offset=offset, total=total)
-        return req
-
-    def _apply_hint(self, log_: LeaderLog, begin: int) -> None:
-        """Move ``_compare_index`` down past every index the hint proves cannot match.
-
-        The follower holds ``term`` on ``[first, probe]`` and only smaller terms below
-        ``first``; terms never decrease along a log.  So every leader entry above the last
-        one of a term <= ``term`` differs from the follower's, and when that entry's term
-        is below ``term`` so does every one from ``first`` up.  The next COMPARE is at the
-        highest index that may still match, never below the real match point (Log
-        Matching is still checked by that COMPARE).  Reads come first: a NotCached leaves
-        the hint in place for the retry.
-        """
-        term, first = self._hint  # type: ignore[misc]
-        j = self._compare_index
-        if j >= begin and log_.get_term(j) > term:
-            if log_.get_term(begin) > term:
-                j = begin - 1
-            else:
-                lo, hi = begin, j  # term(lo) <= term < term(hi)
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if log_.get_term(mid) <= term:
-                        lo = mid
-                    else:
-                        hi = mid
-                j = lo
-        if begin <= first <= j and log_.get_term(j) < term:
-            j = first - 1
-        self._hint = None
-        self._compare_index = j
-        if j < begin:
-            self._change_state(DispatcherState.TRUNCATE, begin)
-            self._truncate_index, self._truncate_reset = begin, True
-
-    def _append_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
-        """DLedger doAppend: resend the oldest push when overdue, push what is new, and when
-        nothing flows a COMMIT with our committed index."""
-        if now_ms < self._backoff_until:
-            return []
-        if self._machine_install_due(now_ms, log_) and self._machine_install(now_ms, log_):
-            return [self._install_request(now_ms, log_)]
-        out = self._resend_overdue(now_ms, log_)
-        end = log_.ledger_end_index
-        self._push_new(now_ms, end, log_, out)
-        if out:
-            self._last_push_ms = now_ms
-            self._commit_sent = log_.committed_index
-            self._commit_rose_ms = _NEVER
-            self.pushes_sent += len(out)
-            return out
-        if log_.committed_index > self._commit_sent and self._commit_rose_ms == _NEVER:
-            self._commit_rose_ms = now_ms
-        if self._write_index > end and (
-            (self._commit_rose_ms != _NEVER and now_ms - self._commit_rose_ms >= COMMIT_LINGER_MS)
-            or now_ms - self._last_push_ms >= self.config.commit_push_interval_ms
-        ):
-            req = self._commit_request(log_)
-            out.append(req)
-            self._last_push_ms = now_ms
-            self._commit_sent = req.commit_index
-            self._commit_rose_ms = _NEVER
-        return out
-
-    def _resend_overdue(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
-        """DLedger doCheckAppendResponse: the oldest push unanswered too long goes again;
-        pushes the water mark covers are forgotten (at the pipeline's limit or now and then)."""
-        cfg = self.config
-        inflight = self._inflight
-        oldest = inflight.oldest()
-        out: list[PushEntryRequest] = []
-        if oldest is None:
-            return out
-        if now_ms - oldest.sent_ms > cfg.max_push_timeout_ms:
-            first, last = oldest.first, oldest.last
-            if last <= self._water_mark:
-                inflight.drop(first)
-            else:
-                batch = log_.read_batch(first, 1 << 62, last - first + 1)
-                out.append(self._append_request(batch, oldest.nbytes, log_))
-                oldest.sent_ms = now_ms
-                self.resends += 1
-                self._event(WARNING, "append.resend", first, last=last, wm=self._water_mark)
-        if (
-            len(inflight) >= cfg.max_pending_pushes
-            or now_ms - self._last_leak_check_ms >= cfg.leak_check_interval_ms
-        ):
-            inflight.prune(self._water_mark)
-            self._last_leak_check_ms = now_ms
-        return out
-
-    def _push_new(
-        self, now_ms: int, end: int, log_: LeaderLog, out: list[PushEntryRequest]
-    ) -> None:
-        """Pipeline batches from ``write_index`` up to ``end`` while the pipeline and the
-        quota allow; a batch the leader's cache lacks stops here (``need``)."""
-        cfg = self.config
-        inflight = self._inflight
-        while self._write_index <= end and len(inflight) < cfg.max_pending_pushes:
-            start = self._write_index
-            try:
-                # the batch first: one the leader's cache lacks is fetched while the pace waits
-                batch = log_.read_batch(start, cfg.max_batch_push_bytes, cfg.max_batch_push_count)
-                if not self._pace_allows(now_ms, end, log_):
-                    break
-            except NotCached as exc:
-                self.need = exc  # send what was built; the shell fetches the rest
-                break
-            last = start + batch.count - 1
-            nbytes = batch_bytes(batch)
-            out.append(self._append_request(batch, nbytes, log_))
-            inflight.add(start, last, nbytes, now_ms)
-            self._write_index = last + 1
-            if self._paced:
-                self._tokens -= nbytes
-
-    def _commit_request(self, log_: LeaderLog) -> PushEntryRequest:
-        """Unlike DLedger, a COMMIT names an entry the follower is known to hold (like Raft's
-        prevLogIndex): a follower that restarted learns it matches us there and may follow
-        our committed index, and one that does not gets us to COMPARE."""
-        check = min(log_.committed_index, self._water_mark)
-        if check < log_.ledger_begin_index:
-            return self._base(PushType.COMMIT, log_)
-        term, pos = log_.get_term(check), log_.get_pos(check)
-        return self._base(PushType.COMMIT, log_, first_index=check, entry_term=term, entry_pos=pos)
-
-    def _append_request(self, batch: Any, nbytes: int, log_: LeaderLog) -> PushEntryRequest:
-        first, count = batch.first_index, batch.count
-        fields = {"first_index": first, "count": count, "batch": batch, "batch_bytes": nbytes}
-        req = self._base(PushType.APPEND, log_, **fields)
-        self._event(DEBUG, "send", first, push=req.type.value, last=req.last_index)
-        return req
-
-    def _to_learner(self, log_: LeaderLog) -> bool:
-        """Whether the follower is a learner in the leader's latest configuration (a log
-        that knows of no configurations: never)."""
-        learner = getattr(log_, "is_learner", None)
-        return learner is not None and learner(self.peer_id)
-
-    def _refill(self, now_ms: int, quota: int) -> None:
-        if self._tokens_ms == _NEVER:
-            self._tokens_ms = now_ms
-        elif now_ms > self._tokens_ms:
-            cap = self.config.max_batch_push_bytes
-            self._tokens = min(cap, self._tokens + (now_ms - self._tokens_ms) * quota / 1000)
-            self._tokens_ms = now_ms
-
-    def _pace_allows(self, now_ms: int, end: int, log_: LeaderLog) -> bool:
-        """DLedger's checkQuotaAndWait, smoothed: a follower lagging more than the throttle
-        point (a learner: always -- its catch-up must never hold back the voters' rounds)
-        gets at most its quota of bytes per second, so it cannot starve the others.
-
-        DLedger lets a second's whole quota go at once and then waits out the second; here
-        a token bucket refills continuously and holds one batch's worth at most, and a
-        batch goes once it is full, so the pushes are spread evenly over the second instead
-        of arriving as one burst that stalls every process on the host meanwhile.  Only
-        paced pushes spend tokens; the lag is measured only when they have run out."""
-        to_learner = self._to_learner(log_)
-        cfg = self.config
-        self._rate = quota = cfg.learner_push_quota if to_learner else cfg.peer_push_quota
-        self._refill(now_ms, quota)
-        self._paced = True
-        self._held = False
-        if self._tokens >= self.config.max_batch_push_bytes:
+    def _on_committed(self, term: int, index: int) -> bool:
+        """The checker of ``term`` committed ``index``; True when a COMMIT may be due."""
+        if term == self.term and index > self.view.committed_index:
+            self.view.committed_index = index
             return True
-        if not to_learner:
-            lag = log_.get_pos(end) - log_.get_pos(self._write_index)
-            if lag <= cfg.peer_push_throttle_point:
-                self._paced = False
-                return True
-        self._held = True
-        self._event(DEBUG, "append.paced", self._write_index, tokens=self._tokens)
         return False
 
-    def _pace_due_ms(self) -> int | None:
-        """When the bucket is full again for the push it holds back (None: it holds none
-        back).  The bucket refills only as pushes are built, so a bucket left short by the
-        last paced push, with nothing more to send, must not set a wake-up: it would be in
-        the past for good, and the dispatcher woke every millisecond on an idle group."""
-        short = self.config.max_batch_push_bytes - self._tokens
-        if not self._held or short <= 0 or self._tokens_ms == _NEVER:
+    # -- answers ---------------------------------------------------------------------------
+    def _on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
+        """Fold in a push's answer (None: lost or timed out); returns the new water mark
+        (a report to the checker is then due), or None."""
+        wm = self._fold(req, resp, now_ms)
+        if wm is not None:
+            self._report_due = True
+            if self.view.is_learner(self.peer_id):  # not reported: the elector hears it here
+                self._note_progress(self.term, wm, now_ms)
+        return wm
+
+    def _fold(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
+        if req.term != self.term:
             return None
-        return self._tokens_ms + math.ceil(short * 1000 / max(1, self._rate))
+        self.core.on_response(req, resp, now_ms)
+        wm = self.core.water_mark
+        if wm > self.reported and self.core.active:
+            self.reported = wm
+            self.view.prune(wm)
+            return wm
+        return None
 
-    def next_wakeup_ms(self, now_ms: int) -> int | None:
-        """When :meth:`next_requests` may next have something to send without a new event
-        (a resend, a COMMIT, a COMPARE again, the end of a backoff); None when inactive."""
-        if not self.active:
-            return None
-        cfg = self.config
-        if self._backoff_until > now_ms:
-            return self._backoff_until
-        if self._state is DispatcherState.APPEND:
-            due = self._last_push_ms + cfg.commit_push_interval_ms
-            if self._commit_rose_ms != _NEVER:
-                due = min(due, self._commit_rose_ms + COMMIT_LINGER_MS)
-            oldest = self._inflight.oldest()
-            if oldest is not None:
-                due = min(due, oldest.sent_ms + cfg.max_push_timeout_ms + 1)
-            paced = self._pace_due_ms()
-            if paced is not None:
-                due = min(due, paced)
-            if self._wanted >= 0 and self._wanted_after > now_ms:
-                due = min(due, self._wanted_after)
-        elif self._ctrl is not None:
-            due = self._ctrl_sent_ms + cfg.compare_timeout_ms + 1
-        else:
-            # nothing in flight: a COMPARE is due, or there is nothing to compare yet
-            due = self._last_push_ms + cfg.commit_push_interval_ms
-        return max(now_ms + 1, due)
-
-    def rewind(self) -> None:
-        """Push again from the follower's water mark (pushes in flight were lost with their
-        transport): the follower answers a push it already holds from its log."""
-        if self.active and self._state is DispatcherState.APPEND:
-            self._change_state(DispatcherState.APPEND, self._water_mark)
-
-    # -- answers --------------------------------------------------------------------------
-    def on_response(
-        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
-    ) -> None:
-        """Feed the follower's answer to ``req`` (``None``: the call failed or timed out)."""
-        if not self.active or req.term != self.term:
+    def _took_batch(self, term: int, answer) -> None:
+        """A fenced :meth:`MemberLogic.read_for_push` answer (None: the member stopped
+        leading ``term``), or committed entries read from the leader's files (no info)."""
+        self.fetching = False
+        if answer is None or term != self.term:
             return
-        if resp is not None:
-            self._note_wanted(resp)
-        if req.type is PushType.APPEND:
-            self._on_append_response(req, resp, now_ms)
-        elif req.type in (PushType.COMPARE, PushType.TRUNCATE, PushType.INSTALL):
-            ctrl = self._ctrl
-            if (
-                ctrl is None
-                or ctrl.type is not req.type
-                or ctrl.first_index != req.first_index
-                or ctrl.snapshot != req.snapshot
-            ):
-                return  # an answer to a control push we no longer wait for
-            self._ctrl = None
-            if req.type is PushType.COMPARE:
-                self._on_compare_response(req, resp, now_ms)
-            elif req.type is PushType.TRUNCATE:
-                self._on_truncate_response(req, resp, now_ms)
+        batch, info = answer
+        if info is not None:
+            self.view.learn(info)
+        if batch is not None and batch.count:
+            self.view.add(batch)
+
+    def _took_meta(self, term: int, index: int, answer) -> None:
+        self.fetching = False
+        if answer is None or term != self.term:
+            return
+        meta, info = answer
+        self.view.learn(info)
+        if meta is not None:  # None: compacted away (the view now knows the begin)
+            self.view.meta[index] = meta
+
+    def _took_snapshot(self, term: int, answer) -> None:
+        """A fenced :meth:`MemberLogic.snapshot_for_push` answer: ``(snapshot or None,
+        info)``, or None when the member stopped leading ``term``."""
+        self.fetching = False
+        if answer is None or term != self.term:
+            return
+        snap, info = answer
+        self.view.learn(info)
+        self.view.snapshot = snap
+
+    def _fetch_failed(self, now_ms: int) -> None:
+        """The member did not answer: try again after :data:`FETCH_RETRY_MS`."""
+        self.fetching = False
+        self._fetch_after = now_ms + FETCH_RETRY_MS
+
+    def _reported_to_checker(self, term: int, wm: int, committed: int | None, now_ms: int) -> None:
+        """The checker took the report ``(term, wm)`` and answered its committed index
+        (None: it does not serve ``term``).  Another report is due when the water mark
+        rose meanwhile or a new term started (a report of an older term must not swallow
+        the new term's first)."""
+        self.reporting = False
+        if committed is not None:
+            self._on_committed(term, committed)
+        self._note_progress(term, wm, now_ms)
+        if self.term != term or self.core.water_mark > wm:
+            self._report_due = True
+
+    def _report_failed(self, now_ms: int) -> None:
+        """The checker did not answer (its process died or was killed): report again after
+        :data:`REPORT_RETRY_MS`.  Waiting for the next rise of the water mark instead would
+        leave a restarted checker without this follower's mark for good once the follower
+        has caught up (found by the simulation: a round never answered)."""
+        self.reporting = False
+        self._report_due = True
+        self._report_after = now_ms + REPORT_RETRY_MS
+
+    def _note_progress(self, term: int, wm: int, now_ms: int) -> None:
+        """The member's elector hears of ``wm`` at most every :data:`PROGRESS_MS`, and the
+        last one always gets through; one learned in another term is dropped."""
+        if term != self.term:
+            return
+        self._progress_wm = max(self._progress_wm, wm)
+        if self._progress_at is None:
+            self._progress_at = max(now_ms, self._last_progress + PROGRESS_MS)
+
+    # -- the compiled path (fastpath.py) -----------------------------------------------------
+    def _graph_begin(self, term: int, gen: int) -> bool:
+        if term != self.term:
+            return False
+        self.graph_gen = gen
+        self._graph_sent.clear()
+        return True
+
+    def _graph_end(self, gen: int) -> bool:
+        """The leader left graph ``gen``: its pushes in flight are lost, push again, and
+        report again (water marks that went into the graph may never have reached the
+        checker).  False when ``gen`` is not the graph served."""
+        if self.graph_gen != gen:
+            return False
+        self.graph_gen = None
+        self._graph_sent.clear()
+        self.core.rewind()
+        self._report_due = True
+        return True
+
+    def _graph_push(self, g: Any, now_ms: int) -> tuple[tuple, list, bool]:
+        """A round through the graph: ``(carry, wire, run)`` -- the pushes the core wants
+        now that the graph can carry (inline APPEND/COMMIT), keyed by leader, term, graph
+        and a counter so that no other leader's answer is ever folded into one; the others
+        wait in the outbox and ``run`` asks the loop to send them (or to fetch)."""
+        a = g.announcement
+        carry = (g.gen, a.term, g.rounds)
+        if g.gen != self.graph_gen:
+            return carry, [], False
+        self._on_announcement(a)
+        wire = []
+        for req in self.core.next_requests(now_ms, self.view):
+            batch = req.batch
+            inline = batch is None or isinstance(batch.payload, Inline)
+            if inline and req.type in (PushType.APPEND, PushType.COMMIT):
+                key = (self.self_id, a.term, g.gen, next(self._graph_keys))
+                self._graph_sent[key] = req
+                wire.append((key, replace(req, batch=batch.payload.batch) if batch else req))
             else:
-                self._on_install_response(req, resp, now_ms)
-        elif (
-            resp is not None
-            and resp.code == ResponseCode.INCONSISTENT_STATE
-            and self._state is DispatcherState.APPEND
-        ):
-            # the follower does not hold the entry the COMMIT named: find where we match
-            self._event(WARNING, "commit.unheld", req.first_index, span=_span(resp))
-            self._change_state(DispatcherState.COMPARE, -1)
+                self._outbox.append(req)
+        return carry, wire, bool(self._outbox) or self.need is not None
 
-    def _note_wanted(self, resp: PushEntryResponse) -> None:
-        """What the follower's machine needs, as its latest answer says: nothing, or a
-        snapshot at or past an index.  (Not an index compared with what it sealed: a
-        restart may find that snapshot damaged again.)"""
-        wanted = resp.snapshot_wanted
-        if wanted >= 0 and self._wanted < 0:
-            self._event(INFO, "install.asked", wanted, span=_span(resp))
-        self._wanted = wanted
+    def _graph_ack(self, answered: tuple, now_ms: int) -> tuple:
+        """The follower's answers through the graph; returns ``(gen, term, peer, water
+        mark, rounds)`` for the checker (water mark -1: another term is served now)."""
+        (gen, term, rounds), answers = answered
+        for key, resp in answers:
+            req = self._graph_sent.pop(key, None)
+            if req is not None:
+                self._fold(req, resp, now_ms)  # the graph carries the water mark on
+        wm = self.core.water_mark if self.term == term else -1
+        if wm >= 0:
+            self._note_progress(term, wm, now_ms)
+        return gen, term, self.peer_id, wm, rounds
 
-    def _on_append_response(
-        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
-    ) -> None:
-        if resp is None:
-            # the call failed (the follower is down or restarting, the link is cut): after a
-            # pause, push again from the water mark instead of resending each push in flight
-            # one timeout after another
-            if self._state is DispatcherState.APPEND and req.first_index in self._inflight:
-                self._event(INFO, "append.no_answer", req.first_index, last=req.last_index)
-                self._change_state(DispatcherState.APPEND, self._water_mark)
-                self._backoff_until = now_ms + self.config.error_backoff_ms
-            return
-        code = resp.code
-        if code == ResponseCode.SUCCESS:
-            self._inflight.ack(req.first_index, req.last_index)
-            index = min(resp.index, req.last_index)
-            if index > self._water_mark:
-                self._water_mark = index
-        elif code == ResponseCode.INCONSISTENT_STATE:
-            if self._state is DispatcherState.APPEND and req.first_index in self._inflight:
-                self._event(INFO, "append.inconsistent", req.first_index, span=_span(resp))
-                self._change_state(DispatcherState.COMPARE, -1)
-        elif code != ResponseCode.REPEATED_PUSH and code != ResponseCode.UNKNOWN:
-            # UNKNOWN: the follower dropped the push for a COMPARE/TRUNCATE; nothing to do
-            self._event(WARNING, "append.refused", req.first_index, code=ResponseCode(code).name)
-
-    def _on_compare_response(
-        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
-    ) -> None:
-        if resp is None or resp.code not in (ResponseCode.SUCCESS, ResponseCode.INCONSISTENT_STATE):
-            self._backoff(req, resp, now_ms)
-            return
-        compare_index = req.first_index
-        self._compare_index = compare_index
-        begin = self._leader_begin
-        truncate_index = -1
-        reset = False
-        if resp.code == ResponseCode.SUCCESS:
-            if compare_index == resp.end_index:
-                self._change_state(DispatcherState.APPEND, compare_index)
-                return
-            truncate_index = compare_index  # the follower has more: cut after the match
-        elif resp.end_index < begin:
-            truncate_index, reset = begin, True  # follower entirely below our log
-        elif compare_index < resp.begin_index:
-            truncate_index, reset = begin, True  # follower's log starts above what we compare
-        elif compare_index > resp.end_index:
-            self._compare_index = resp.end_index  # jump to the follower's end
-        else:
-            self._compare_index = compare_index - 1  # step back
-        if truncate_index == -1 and self._compare_index < begin:
-            truncate_index, reset = begin, True
-        elif truncate_index == -1 and resp.conflict_term >= 0:
-            # the follower's hint: applied when the next COMPARE is built (it reads our log)
-            if resp.begin_index <= resp.conflict_index <= min(compare_index, resp.end_index):
-                self._hint = (resp.conflict_term, resp.conflict_index)
-        code = ResponseCode(resp.code).name
-        self._event(INFO, "compare", compare_index, code=code, span=_span(resp), hint=self._hint)
-        if truncate_index != -1:
-            self._change_state(DispatcherState.TRUNCATE, truncate_index)
-            self._truncate_index = truncate_index
-            self._truncate_reset = reset
-
-    def _on_truncate_response(
-        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
-    ) -> None:
-        if resp is None or resp.code != ResponseCode.SUCCESS:
-            self._backoff(req, resp, now_ms)
-            self._change_state(DispatcherState.COMPARE, -1, force=True)
-            return
-        index = min(resp.end_index, req.first_index)
-        self._change_state(DispatcherState.APPEND, index)
-
-    def _on_install_response(
-        self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
-    ) -> None:
-        """The follower holds ``resp.index`` bytes of the snapshot: send from there, or,
-        all of it sealed, reset its log to our begin -- or, when its machine asked for it,
-        push again from its water mark (its log matches ours).  A follower that takes no
-        snapshots (UNSUPPORTED: it runs no machine) gets the plain reset; any other failure
-        goes back to TRUNCATE after a pause, which fetches the newest snapshot again (a
-        machine's install: to APPEND, and it is tried again while the follower asks)."""
-        chunk = req.snapshot
-        resets = self._install_resets
-        if resp is not None and resp.code == ResponseCode.SUCCESS:
-            if resp.index >= chunk.total:
-                self._installed = chunk.index
-                # answers to pushes sent before the seal may still ask: heard after a while
-                self._wanted, self._wanted_commit = -1, -1
-                self._wanted_after = now_ms + self.config.compare_timeout_ms
-                self.installs += 1
-                self.last_install = (chunk.index, chunk.total, now_ms - self._install_started_ms)
-                self._event(INFO, "install.done", chunk.index, bytes=chunk.total, reset=resets)
-                if resets:
-                    self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
-                else:
-                    self._install = None
-                    self._change_state(DispatcherState.APPEND, self._water_mark)
+    # -- the way out -----------------------------------------------------------------------
+    def ready(self, now_ms: int) -> DispatcherReady:
+        out = DispatcherReady(self._outbox)
+        self._outbox = []
+        if not self.core.active:
+            return out
+        out.pushes += self.core.next_requests(now_ms, self.view)
+        wake = self.core.next_wakeup_ms(now_ms)
+        need = self.core.need
+        if need is not None and not self.fetching:
+            if now_ms >= self._fetch_after:
+                self.fetching = True
+                cfg = self.config
+                committed = self.view.committed_index
+                out.fetch = Fetch(
+                    self.term,
+                    need.kind,
+                    need.index,
+                    cfg.max_batch_push_bytes,
+                    need.count or cfg.max_batch_push_count,
+                    committed if need.kind == "batch" and need.index <= committed else -1,
+                )
             else:
-                self._install_offset = max(0, resp.index)
-            return
-        if resp is not None and resp.code == ResponseCode.UNSUPPORTED:
-            self._event(WARNING, "install.unsupported", chunk.index)
-            if resets:
-                self._installed = self._truncate_index - 1
+                wake = _earliest(wake, self._fetch_after)
+        # a learner's mark counts toward no commit: the checker hears of it every
+        # LEARNER_REPORT_MS (it has it when the learner is promoted), not at every push the
+        # learner answers -- a call into the process every round of the voters waits on
+        if self._report_due and not self.reporting:
+            after = self._report_after
+            if self.view.is_learner(self.peer_id):
+                after = max(after, self._last_report_ms + LEARNER_REPORT_MS)
+            if now_ms >= after:
+                self._last_report_ms = now_ms
+                self._report_due = False
+                self.reporting = True
+                out.report = (self.term, self.core.water_mark)
             else:
-                self._wanted_after = now_ms + self.config.commit_push_interval_ms
-        else:
-            self._backoff(req, resp, now_ms)
-        self._install = None
-        if resets:
-            self._change_state(DispatcherState.TRUNCATE, self._truncate_index)
-        else:
-            self._change_state(DispatcherState.APPEND, self._water_mark)
+                wake = _earliest(wake, after)
+        if self._progress_at is not None:
+            if now_ms >= self._progress_at:
+                self._progress_at = None
+                self._last_progress = now_ms
+                if self._progress_wm >= 0:
+                    out.progress = (self.term, self._progress_wm)
+            else:
+                wake = _earliest(wake, self._progress_at)
+        background = self.view.is_learner(self.peer_id)
+        if background != self._background:
+            self._background = out.background = background
+        out.wake_at_ms = wake
+        return out
 
-    def _backoff(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int) -> None:
-        code = "no answer" if resp is None else ResponseCode(resp.code).name
-        self._event(WARNING, "ctrl.backoff", req.first_index, push=req.type.value, code=code)
-        self._backoff_until = now_ms + self.config.error_backoff_ms
+
+def _earliest(a: int | None, b: int) -> int:
+    return b if a is None or b < a else a

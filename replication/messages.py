@@ -197,3 +197,19 @@ class Announcement:
             committed=max(self.committed, b.committed),
             configs=b.configs or self.configs,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class GraphBegin:
+    """What the leader's compiled path tells each helper core: graph ``gen`` of ``term``
+    starts; answers whether the helper serves that term."""
+
+    term: int
+    gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class GraphEnd:
+    """The leader left graph ``gen``: what went into it may be lost."""
+
+    gen: int

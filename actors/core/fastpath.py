@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.pump import Driver
+from rayledger.replication.checker import Resolution
 
 MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
 PARK_MS = 2000  # a graph that carried no round this long is torn down (parked)

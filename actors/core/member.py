@@ -39,16 +39,16 @@ from typing import Any, Protocol
 
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.member_logic import MemberLogic
-from rayledger.actors.core.membership import Membership, Spawn, Transfer
 from rayledger.actors.core.read_path import Confirm, ReadPath, WaitCommitted
 from rayledger.actors.core.reads import Consistency, ReadIndexLogic
 from rayledger.actors.core.rounds import MAX_ROUNDS, Finished, RoundBook, Written
 from rayledger.election import Role, RoleChange, Send, TransferOutcome
+from rayledger.election.membership import Membership, Spawn, Transfer
 from rayledger.election.messages import HeartbeatRequest
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.admission import not_leader
+from rayledger.replication.checker import Resolution
 from rayledger.storage import LedgerError, ResponseCode
 
 log = logging.getLogger("rayledger.actors")

@@ -1,10 +1,13 @@
-"""The loop a helper's core runs on, and the pump that turns its ``ready`` into actions.
+"""How a helper's core runs on a loop: the :class:`Pump` that turns its ``ready`` into
+actions, and the drivers of the checker's and the dispatchers' cores.
 
 Sans-I/O: a :class:`Loop` is whatever delivers -- asyncio on a Ray actor
 (:class:`~rayledger.actors.aioloop.AsyncioLoop`), the simulation's node-local queue in
-``tests/simulation``.  The helper drivers (:mod:`.checker`, :mod:`.dispatcher`) only talk to a Loop,
-so the Ray actors and the simulation run the same drivers over the same cores; what differs is how a
-call, a timer or a hop between threads is carried.
+``tests/simulation``.  A driver (:class:`CheckerDriver`, :class:`DispatcherDriver`, the fast
+path's) only talks to a Loop and to its ports, so the Ray actors and the simulation run the
+same drivers over the same cores (:mod:`rayledger.replication.checker`,
+:mod:`rayledger.replication.dispatcher`); what differs is how a call, a timer or a hop
+between threads is carried.
 """
 
 from __future__ import annotations
@@ -12,6 +15,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Generic, Protocol, TypeVar
+
+from rayledger.replication.checker import (
+    AddRound,
+    BecomeLeader,
+    CheckerEvent,
+    CheckerLogic,
+    Configure,
+    GraphReport,
+    Report,
+    Resolution,
+)
+from rayledger.replication.dispatcher import (
+    Committed,
+    Deactivate,
+    DispatcherEvent,
+    DispatcherLogic,
+    Fetch,
+    GraphAck,
+    GraphPush,
+    RoundAnnounced,
+)
+from rayledger.replication.messages import GraphBegin, GraphEnd, PushEntryRequest
 
 
 class Handle(Protocol):
@@ -103,3 +128,110 @@ class Driver(Generic[L, P]):
 
     def _run(self, now_ms: int) -> int | None:
         raise NotImplementedError
+
+
+class CheckerPorts(Protocol):
+    """Where the checker's messages go: its leader and the leader's dispatchers."""
+
+    def resolved(self, r: Resolution) -> None: ...
+
+    def notice(self, term: int, committed: int) -> None: ...
+
+
+class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
+    """Delivers events to a :class:`CheckerLogic` and carries its Ready out: one message to
+    the leader per loop turn with what changed, a timer for the oldest round's deadline or
+    the commit notice, nothing polled.  Graph events come from another thread (the lock)."""
+
+    def _after(self, ev: CheckerEvent, reply: Any) -> Any:
+        match ev:
+            case AddRound():
+                self.pump.kick()  # every round of this loop turn, then one check
+            case BecomeLeader() | Configure():
+                self.pump.run()
+            case Report():
+                if not reply:
+                    return None  # not this checker's term: no committed index
+                self.pump.run()
+                return self.logic.told(ev.peer)  # after the report's check
+            case GraphReport():
+                # on the graph's thread: the answer goes back through the graph, the loop
+                # re-arms its timer
+                if reply is not None and self.pump.loop is not None:
+                    self.pump.loop.call_threadsafe(self.pump.run)
+        return reply
+
+    def _run(self, now_ms: int) -> int | None:
+        with self.lock:
+            r = self.logic.ready(now_ms)
+        if r.resolution is not None:
+            self.ports.resolved(r.resolution)
+        if r.notice is not None:
+            self.ports.notice(*r.notice)
+        return r.wake_at_ms
+
+
+class DispatcherPorts(Protocol):
+    """Where a dispatcher's calls go; each answer comes back through the driver."""
+
+    def push(self, req: PushEntryRequest) -> None: ...  # -> PushAnswered
+
+    def fetch(self, f: Fetch) -> None: ...  # -> Fetched
+
+    def report(self, term: int, wm: int) -> None: ...  # -> Reported
+
+    def progress(self, term: int, wm: int) -> None: ...  # to the member; no answer
+
+    def priority(self, background: bool) -> None: ...  # this dispatcher's CPU share
+
+
+class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
+    """Delivers events to a :class:`DispatcherLogic` and carries its Ready out: every push
+    at once (pipelined), one fetch and one report in flight, nothing polled -- it runs
+    when an announcement, an answer or a fetched batch arrives, and otherwise at the
+    logic's next deadline.  Graph events come from another thread (the lock)."""
+
+    def _after(self, ev: DispatcherEvent, reply: Any) -> Any:  # noqa: C901 -- one case each
+        pump = self.pump
+        match ev:
+            case RoundAnnounced():
+                if reply:  # next in line: push it in this turn
+                    pump.run()
+                else:
+                    pump.kick()
+            case Deactivate():
+                pump.cancel()
+            case Committed() | GraphEnd():
+                if reply:
+                    pump.kick()
+            case GraphBegin():
+                pass  # nothing to send yet: the graph's pushes come through GraphPush
+            case GraphPush():
+                # on the graph's thread: the wire pushes go back through the graph, the rest
+                # (or a fetch) from the loop
+                carry, wire, run = reply
+                if run and pump.loop is not None:
+                    pump.loop.call_threadsafe(pump.run)
+                return carry, wire
+            case GraphAck():  # the loop reports progress and pushes
+                if pump.loop is not None:
+                    pump.loop.call_threadsafe(pump.run)
+            case _:
+                pump.kick()
+        return reply
+
+    def _run(self, now_ms: int) -> int | None:
+        with self.lock:
+            r = self.logic.ready(now_ms)
+        ports = self.ports
+        for req in r.pushes:
+            ports.push(req)
+        if r.fetch is not None:
+            ports.fetch(r.fetch)
+        if r.report is not None:
+            ports.report(*r.report)
+        if r.progress is not None:
+            ports.progress(*r.progress)
+        if r.background is not None:
+            ports.priority(r.background)
+        return r.wake_at_ms

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.member_logic import MemberLogic, Round
 from rayledger.election.configuration import CONFIG_CHANNEL
 from rayledger.replication.admission import not_leader
+from rayledger.replication.checker import Resolution
 from rayledger.replication.sessions import Verdict
 from rayledger.storage import LedgerError, OutcomeUnknownError, ResponseCode
 from rayledger.storage.codec import (

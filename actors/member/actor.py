@@ -34,8 +34,6 @@ from rayledger.actors.checker import QuorumAckCheckerActor
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import Resolution
-from rayledger.actors.core.dispatcher import CachedBatch
 from rayledger.actors.core.member import (
     ChangeMembers,
     ClusterView,
@@ -77,6 +75,8 @@ from rayledger.actors.wire import as_received
 from rayledger.election import TransferOutcome
 from rayledger.election.configuration import Configuration
 from rayledger.replication import PushEntryRequest
+from rayledger.replication.checker import Resolution
+from rayledger.replication.dispatcher import CachedBatch
 from rayledger.replication.messages import Inline
 from rayledger.storage import LedgerError, ResponseCode, open_store
 
@@ -427,7 +427,7 @@ class MemberActor:
     # -- membership ------------------------------------------------------------
     async def change_members(self, op: str, member: str, replaces: str = "") -> int:
         """On the leader: change the configuration (an
-        :class:`~rayledger.actors.core.membership.Op`); returns the index of the configuration entry
+        :class:`~rayledger.election.membership.Op`); returns the index of the configuration entry
         once it committed.  Coded errors: see
         :class:`~rayledger.actors.core.member.ChangeMembers`."""
         fut = self._loop.create_future()

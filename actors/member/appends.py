@@ -23,11 +23,11 @@ from rayledger.actors import wire
 from rayledger.actors.core import member as mc
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.rounds import Finished, Written
 from rayledger.actors.fastpath import FastPath
 from rayledger.actors.futures import set_exception, set_result
 from rayledger.actors.member.context import MemberContext, Part
+from rayledger.replication.checker import Resolution
 from rayledger.replication.messages import Announcement, Inline, Payload, Ref
 
 log = logging.getLogger("rayledger.actors")

@@ -13,10 +13,10 @@ import time
 
 from rayledger.actors.core import member as mc
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
+from rayledger.replication.checker import Resolution
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig
 
 

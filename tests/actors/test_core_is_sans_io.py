@@ -1,5 +1,6 @@
-"""Every module under ``actors/core/`` is a sans-I/O core: no Ray, no asyncio, no threads and
-no clock -- also not through a lazy import inside a function.  The shells, the simulation and
+"""Every module under ``actors/core/``, ``election/`` and ``replication/`` is a sans-I/O core:
+no Ray, no asyncio, no threads and no clock -- also not through a lazy import inside a
+function.  The shells, the simulation and
 the script tests deliver events to these cores; a core that reached for I/O itself could do
 what the simulation never sees."""
 
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[2] / "actors" / "core"
+ROOT = Path(__file__).resolve().parents[2]
+CORES = sorted(
+    p for d in ("actors/core", "election", "replication") for p in (ROOT / d).glob("*.py")
+)
 FORBIDDEN = ("ray", "asyncio", "threading", "concurrent", "time", "socket", "subprocess")
 
 
@@ -24,7 +28,7 @@ def _imports(path: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", sorted(CORE.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CORES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_core_imports_no_io(path: Path) -> None:
     bad = [m for m in _imports(path) if m.split(".")[0] in FORBIDDEN]
     assert not bad, f"{path.name} imports {bad}: the core must stay sans-I/O"

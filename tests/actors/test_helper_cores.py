@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from rayledger.actors.core.checker import (
+from rayledger.election.configuration import Configuration
+from rayledger.replication import PushEntryResponse, ReplicationConfig
+from rayledger.replication.checker import (
     COMMIT_NOTICE_MS,
     AddRound,
     BecomeLeader,
@@ -13,7 +15,7 @@ from rayledger.actors.core.checker import (
     LeadershipEnded,
     Report,
 )
-from rayledger.actors.core.dispatcher import (
+from rayledger.replication.dispatcher import (
     LEARNER_REPORT_MS,
     PROGRESS_MS,
     REPORT_RETRY_MS,
@@ -23,8 +25,6 @@ from rayledger.actors.core.dispatcher import (
     Reported,
     RoundAnnounced,
 )
-from rayledger.election.configuration import Configuration
-from rayledger.replication import PushEntryResponse, ReplicationConfig
 from rayledger.replication.messages import Announcement, Inline, LeaderInfo
 from rayledger.storage import EntryBatch, ResponseCode
 

@@ -110,7 +110,7 @@ def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_cop
     mark from the log end, so the unflushed copy plus one follower made a quorum and the
     append was acknowledged before it was on a quorum's disk.  In sync mode the leader's
     mark is its flushed end, everywhere."""
-    from rayledger.actors.core.checker import AddRound, BecomeLeader, CheckerLogic, Report
+    from rayledger.replication.checker import AddRound, BecomeLeader, CheckerLogic, Report
 
     cfg = StoreConfig(data_dir=str(tmp_path), sync_flush=True, flush_interval_ms=3_600_000)
     store = open_store(cfg)

@@ -7,14 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from rayledger.actors.core.dispatcher import (
-    Activate,
-    DispatcherLogic,
-    Fetch,
-    Fetched,
-    LeaderView,
-    PushAnswered,
-)
 from rayledger.actors.core.machine import Batch, Install, MachineCore, QueryVerdict, Rebase
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import (
@@ -23,6 +15,14 @@ from rayledger.replication import (
     PushEntryResponse,
     PushType,
     ReplicationConfig,
+)
+from rayledger.replication.dispatcher import (
+    Activate,
+    DispatcherLogic,
+    Fetch,
+    Fetched,
+    LeaderView,
+    PushAnswered,
 )
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import Entry, LedgerError, ResponseCode

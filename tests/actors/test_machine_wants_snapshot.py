@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rayledger.actors.core.dispatcher import Activate, DispatcherLogic, Fetched, PushAnswered
 from rayledger.actors.core.machine import Install, MachineCore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import DispatcherState, PushEntryResponse, PushType, ReplicationConfig
+from rayledger.replication.dispatcher import Activate, DispatcherLogic, Fetched, PushAnswered
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode
 

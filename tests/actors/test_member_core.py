@@ -9,7 +9,6 @@ import pytest
 from rayledger.actors.core import member as mc
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.actors.core.read_path import Confirm
 from rayledger.actors.core.reads import Consistency
@@ -21,6 +20,7 @@ from rayledger.election.messages import (
     VoteResult,
 )
 from rayledger.replication import ReplicationConfig
+from rayledger.replication.checker import Resolution
 from rayledger.storage import LedgerError, MemoryStore, ResponseCode, StoreConfig
 
 C = ResponseCode

@@ -1,11 +1,12 @@
-"""The leader's membership decisions (actors/core/membership.py), without Ray: what a request
+"""The leader's membership decisions (election/membership.py), without Ray: what a request
 becomes, when a learner is promoted and a replaced member removed, which lost members get
 a replacement and where."""
 
 from __future__ import annotations
 
 import pytest
-from rayledger.actors.core.membership import (
+from rayledger.election.configuration import Configuration
+from rayledger.election.membership import (
     GONE,
     Membership,
     Op,
@@ -15,7 +16,6 @@ from rayledger.actors.core.membership import (
     check_node,
     choose_node,
 )
-from rayledger.election.configuration import Configuration
 from rayledger.storage import LedgerError, ResponseCode
 
 C0 = Configuration.of(["n0", "n1", "n2"])

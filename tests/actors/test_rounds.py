@@ -4,11 +4,11 @@ simulation both run it."""
 from __future__ import annotations
 
 import pytest
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.actors.core.rounds import RoundBook
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
+from rayledger.replication.checker import Resolution
 from rayledger.storage import (
     LedgerError,
     MemoryStore,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.rounds import RoundBook, Spread
 from rayledger.replication import ReplicationConfig
+from rayledger.replication.checker import Resolution
 from rayledger.storage import (
     LedgerError,
     OutcomeUnknownError,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from rayledger.actors.core.dispatcher import LeaderView
 from rayledger.integration.bench.divergent import converge
 from rayledger.replication import (
     DispatcherState,
@@ -18,6 +17,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
+from rayledger.replication.dispatcher import LeaderView
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode
 

@@ -11,7 +11,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
-from rayledger.replication.dispatcher import COMMIT_LINGER_MS
+from rayledger.replication.push import COMMIT_LINGER_MS
 from rayledger.storage import MemoryStore, ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, resp, store_with

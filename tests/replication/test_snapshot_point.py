@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from rayledger.replication import EntryHandler, PushType, ReplicationConfig
-from rayledger.replication.dispatcher import EntryDispatcher
+from rayledger.replication.push import EntryDispatcher
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig
 
 from .helpers import FOLLOWER, GROUP, LEADER, append_req, follower_state, push

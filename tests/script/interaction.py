@@ -60,15 +60,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rayledger.actors.core import checker as ck
-from rayledger.actors.core import dispatcher as dl
 from rayledger.actors.core import member as mc
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import CheckerDriver, CheckerLogic, Resolution
-from rayledger.actors.core.dispatcher import CachedBatch, DispatcherDriver, DispatcherLogic, Fetch
 from rayledger.actors.core.member import MemberCore
 from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.pump import CheckerDriver, DispatcherDriver
 from rayledger.actors.core.round_path import RoundPath
 from rayledger.actors.core.rounds import RoundBook
 from rayledger.election import ElectionConfig
@@ -83,6 +80,10 @@ from rayledger.election.messages import (
     VoteResponse,
 )
 from rayledger.replication import ReplicationConfig
+from rayledger.replication import checker as ck
+from rayledger.replication import dispatcher as dl
+from rayledger.replication.checker import CheckerLogic, Resolution
+from rayledger.replication.dispatcher import CachedBatch, DispatcherLogic, Fetch
 from rayledger.replication.messages import Inline, PushEntryRequest, PushEntryResponse, PushType
 from rayledger.storage import LedgerError, MemoryStore, StoreConfig
 

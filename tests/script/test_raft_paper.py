@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 from interaction import GROUP, Env
-from rayledger.actors.core.checker import BecomeLeader, Report
 from rayledger.election import Role
 from rayledger.election.messages import HeartbeatRequest, VoteRequest, VoteResult
+from rayledger.replication.checker import BecomeLeader, Report
 from rayledger.replication.messages import PushEntryRequest, PushType
 from rayledger.storage import ResponseCode
 

@@ -1,5 +1,5 @@
 """``QuorumAckCheckerActor`` (actors/checker.py) in the whole-group simulation: the shipped
-:class:`~rayledger.actors.core.checker.CheckerDriver` on a node's loop, its messages to the
+:class:`~rayledger.replication.checker.CheckerDriver` on a node's loop, its messages to the
 member and the dispatchers carried as node-local hops.  Delivery only -- plus a checker
 process that can hang (a SIGSTOP: calls wait in it, its timers stop) until its member
 kills it, when Ray starts a fresh one that tells the member (``helper_started``)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 
-from rayledger.actors.core.checker import (
+from rayledger.actors.core.pump import CheckerDriver
+from rayledger.replication.checker import (
     AddRound,
     BecomeLeader,
-    CheckerDriver,
     CheckerLogic,
     Configure,
     GraphBegin,

@@ -1,5 +1,5 @@
 """``EntryDispatcherActor`` (actors/dispatcher.py) in the whole-group simulation: the shipped
-:class:`~rayledger.actors.core.dispatcher.DispatcherDriver` on a node's loop, its pushes
+:class:`~rayledger.replication.dispatcher.DispatcherDriver` on a node's loop, its pushes
 carried by the network, its fetches and reports as node-local calls.  Delivery only, plus
 two checks on what it carries (a fetch livelock, a COMMIT the follower cannot explain) --
 and dispatcher processes that die (Ray restarts them at once) or hang (a SIGSTOP: calls
@@ -12,12 +12,14 @@ import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
-from rayledger.actors.core.dispatcher import (
+from rayledger.actors.core.fastpath import GraphRound
+from rayledger.actors.core.pump import DispatcherDriver
+from rayledger.replication import PushEntryRequest, PushType
+from rayledger.replication.dispatcher import (
     Activate,
     CachedBatch,
     Committed,
     Deactivate,
-    DispatcherDriver,
     DispatcherLogic,
     Fetch,
     Fetched,
@@ -27,10 +29,7 @@ from rayledger.actors.core.dispatcher import (
     Reported,
     RoundAnnounced,
 )
-from rayledger.actors.core.fastpath import GraphRound
-from rayledger.actors.core.graph_events import GraphBegin, GraphEnd
-from rayledger.replication import PushEntryRequest, PushType
-from rayledger.replication.messages import Inline
+from rayledger.replication.messages import GraphBegin, GraphEnd, Inline
 from rayledger.storage import LedgerError, ResponseCode
 
 from .node_state import NeedWatch, Node

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.fastpath import (
     Began,
     Built,
@@ -18,6 +17,7 @@ from rayledger.actors.core.fastpath import (
     FastPathLogic,
     GraphFailed,
 )
+from rayledger.replication.checker import Resolution
 
 from .node_state import Chain, Channel, Node
 from .node_transport import SimLoop

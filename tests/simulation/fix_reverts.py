@@ -15,11 +15,11 @@ from rayledger.actors.core import client_session as cs
 from rayledger.actors.core.fastpath import FastPathLogic
 from rayledger.actors.core.machine import MachineCore
 from rayledger.actors.core.member_logic import MemberLogic
-from rayledger.actors.core.membership import Membership
 from rayledger.actors.core.reads import ReadIndexLogic
 from rayledger.actors.core.round_path import RoundPath
 from rayledger.actors.core.rounds import RoundBook
 from rayledger.actors.core.supervision import Supervisor
+from rayledger.election.membership import Membership
 from rayledger.election.messages import VoteResult
 from rayledger.election.voting import VotingSteps
 from rayledger.integration.kv.machine import KvMachine
@@ -255,7 +255,7 @@ def _machine_ahead(patch: Callable) -> None:
 def _gone_spawns(patch: Callable) -> None:
     """Only the leader that stopped a replacement removes it: Ray's view does not say a
     member's process is gone (its node is unknown, as before it started)."""
-    from rayledger.actors.core.membership import GONE
+    from rayledger.election.membership import GONE
 
     real, real_lost = Membership.stopped_spawns, Membership.lost
     patch(Membership, "stopped_spawns", lambda self, current, nodes=None: real(self, current))

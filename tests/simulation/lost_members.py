@@ -4,8 +4,8 @@ A seeded fault loses a member's node for good: its process dies and never comes 
 reports the node dead).  The leader hears Ray's view of the nodes each second, as
 ``MemberActor._watch_nodes`` delivers it (:class:`~rayledger.actors.core.member.ClusterView`);
 the shipped core decides when a member is lost long enough and where its replacement goes
-(:meth:`~rayledger.actors.core.membership.Membership.lost`), and hands out a
-:class:`~rayledger.actors.core.membership.Spawn`.  This mixin carries it out as
+(:meth:`~rayledger.election.membership.Membership.lost`), and hands out a
+:class:`~rayledger.election.membership.Spawn`.  This mixin carries it out as
 ``MemberActor._spawn`` does: start the new member on the chosen node (an empty disk, the
 configuration of the spawn as its first), ask this leader to replace the lost member with it
 (``change_members("replace", ...)``, again while LEADER_NOT_READY), and step
@@ -21,8 +21,8 @@ import shutil
 from dataclasses import dataclass
 
 from rayledger.actors.core import member as mc
-from rayledger.actors.core.membership import GONE, Op, Spawn
 from rayledger.election import MemoryTermStore
+from rayledger.election.membership import GONE, Op, Spawn
 from rayledger.storage import LedgerError, ResponseCode
 
 from .clients import ClientReply

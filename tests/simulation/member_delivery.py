@@ -9,12 +9,12 @@ import numpy as np
 from rayledger.actors.core import member as mc
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.checker import Resolution
 from rayledger.actors.core.read_path import AskLeader, WaitCommitted
 from rayledger.actors.core.reads import Consistency
 from rayledger.actors.core.rounds import Finished
 from rayledger.election import RoleChange
 from rayledger.election.messages import LeadershipTransferRequest
+from rayledger.replication.checker import Resolution
 from rayledger.replication.messages import Announcement
 from rayledger.storage import LedgerError, ResponseCode
 

@@ -9,12 +9,12 @@ import random
 import shutil
 
 from rayledger.actors.config import LedgerConfig
-from rayledger.actors.core.checker import CheckerLogic
-from rayledger.actors.core.dispatcher import DispatcherLogic
 from rayledger.actors.core.member import MemberCore
 from rayledger.actors.core.member_logic import MemberLogic
 from rayledger.election import FileTermStore, MemoryTermStore
 from rayledger.election.configuration import FileConfigStore
+from rayledger.replication.checker import CheckerLogic
+from rayledger.replication.dispatcher import DispatcherLogic
 from rayledger.storage import FileStore, LogStore, MemoryStore, StoreConfig
 
 from .node_state import Node, SimMember

@@ -16,9 +16,9 @@ from __future__ import annotations
 import random
 
 from rayledger.actors.core import member as mc
-from rayledger.actors.core.dispatcher import DispatcherLogic
-from rayledger.actors.core.membership import Op, check_live_quorum
 from rayledger.election.configuration import CONFIG_CHANNEL, Configuration
+from rayledger.election.membership import Op, check_live_quorum
+from rayledger.replication.dispatcher import DispatcherLogic
 from rayledger.storage import LedgerError
 
 from .node_state import NeedWatch, Node

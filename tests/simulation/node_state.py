@@ -8,11 +8,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayledger.actors.core.checker import CheckerDriver, CheckerLogic
-from rayledger.actors.core.dispatcher import DispatcherDriver, DispatcherLogic
 from rayledger.actors.core.fastpath import FastPathDriver
 from rayledger.actors.core.member import MemberCore
 from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.pump import CheckerDriver, DispatcherDriver
 from rayledger.actors.core.reads import ReadIndexLogic
 from rayledger.actors.core.round_path import RoundPath
 from rayledger.actors.core.rounds import RoundBook
@@ -20,6 +19,8 @@ from rayledger.actors.core.supervision import Supervisor
 from rayledger.actors.machine import Applier
 from rayledger.election import TermStore
 from rayledger.election.configuration import MemoryConfigStore
+from rayledger.replication.checker import CheckerLogic
+from rayledger.replication.dispatcher import DispatcherLogic
 from rayledger.storage import LogStore
 
 

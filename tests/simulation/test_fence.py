@@ -29,15 +29,15 @@ import random
 from dataclasses import replace
 
 import pytest
-from rayledger.actors.core import checker as ck
-from rayledger.actors.core import dispatcher as dl
-from rayledger.actors.core.checker import CheckerLogic
-from rayledger.actors.core.dispatcher import CachedBatch, DispatcherLogic
 from rayledger.actors.core.member_logic import MemberLogic, StartLeading, StopLeading
 from rayledger.election import MemoryTermStore, Role
 from rayledger.replication import PushEntryRequest
-from rayledger.replication.dispatcher import COMMIT_LINGER_MS
+from rayledger.replication import checker as ck
+from rayledger.replication import dispatcher as dl
+from rayledger.replication.checker import CheckerLogic
+from rayledger.replication.dispatcher import CachedBatch, DispatcherLogic
 from rayledger.replication.messages import Inline
+from rayledger.replication.push import COMMIT_LINGER_MS
 from rayledger.storage import MemoryStore, StoreConfig
 
 from .group_sim import SIM_ELECTION, SIM_REPLICATION, SIM_STORE

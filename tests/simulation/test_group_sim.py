@@ -23,7 +23,7 @@ from .sim_config import LEASE_MIX
 
 # What this simulation found in the shipped code (reproduce with the seeds given):
 #
-# * actors/core/dispatcher.py LeaderView.read_batch + the dispatcher's fetch: a resend of a pending
+# * replication/dispatcher.py LeaderView.read_batch + the dispatcher's fetch: a resend of a pending
 #   push needs exactly its entries (read_batch(first, .., count)), the cache holds a larger
 #   batch at that index, and the fetch asks for max_batch_push_count entries again: the
 #   dispatcher fetches forever (a hot loop of actor calls; permanent when nothing else
@@ -124,7 +124,7 @@ def test_overlapping_rounds_overlap() -> None:
         sim.close()
 
 
-def test_same_term_reelection_after_power_loss_seed_20008() -> None:
+def test_same_term_reelection_after_power_loss() -> None:
     """The seed the simulation found: n2 lost power as leader of term 1,
     restarted, was re-elected in term 1 and wrote another entry at (149, 1).  A restarted
     member now never leads the term it held, and the simulation fails if one does."""
@@ -196,14 +196,14 @@ def test_lease_after_take_order(seed: int) -> None:
     _run(3, seed, test_name="test_lease_after_take_order", **LEASE_MIX)
 
 
-def test_no_stale_lease_read_after_late_take_order_seed_70035() -> None:
+def test_no_stale_lease_read_after_late_take_order() -> None:
     """The first seed of the lease mix that found fix 1 reverted: n0 (term 2) gives up its
     transfer to n2; the take order lands 200 ms later, n2 takes term 3 with n1 while n0,
     parted from both, still leads term 2 with the lease of a read round n1 answered; n2
     acknowledges appends up to index 107 and r1 asks n0 for a lease read: with fix 1
     reverted n0 answers 104 from its lease (stale).  With the fix n0 holds no lease in the
     term it sent a take order in: its lease reads wait for a round that never confirms."""
-    name = "test_no_stale_lease_read_after_late_take_order_seed_70035"
+    name = "test_no_stale_lease_read_after_late_take_order"
     sim = GroupSim(3, 70035, replication=sim_config_for(70035), test_name=name, **LEASE_MIX)
     try:
         sim.run()

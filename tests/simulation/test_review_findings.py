@@ -19,7 +19,7 @@ import logging
 
 import pytest
 from rayledger.actors.core import member as mc
-from rayledger.actors.core.membership import Op
+from rayledger.election.membership import Op
 
 from . import member_delivery
 from .group_sim import GroupSim, sim_config_for
