@@ -4,9 +4,12 @@ The core never reads a clock, sleeps, spawns threads or does I/O other than the
 term store write.  It is driven by
 
 * :meth:`Elector.tick` -- DLedger's 10 ms ``maintainState`` step,
-* ``handle_*`` -- a request from another member, answered at once,
-* ``on_*_response`` -- the answer (or ``None`` when the call failed) to a
+* :meth:`Elector.handle` -- a request from another member, answered at once,
+* :meth:`Elector.on_response` -- the answer (or ``None`` when the call failed) to a
   request this core asked the shell to send,
+* :meth:`Elector.transfer_leadership`, :meth:`Elector.hand_over`,
+  :meth:`Elector.on_peer_progress` and :meth:`Elector.step_down` -- the member's own
+  requests,
 
 and every call returns the actions for the shell: :class:`Send` (deliver a
 message, feed the answer back), :class:`RoleChange` and :class:`TransferOutcome`.
@@ -43,63 +46,40 @@ from logging import INFO, WARNING
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ElectionConfig
-from .heartbeats import HeartbeatSteps
+from .heartbeats import Heartbeats
 from .member_state import MemberState
 from .messages import (
     Action,
     HeartbeatRequest,
     LeadershipTransferRequest,
+    LeadershipTransferResponse,
     ParseResult,
     Role,
     RoleChange,
     VoteRequest,
 )
-from .parts import Announced, HeartbeatRound, PendingTake, RunningTransfer, Timers
-from .transfer import TransferSteps
-from .votes import VoteTally
-from .voting import VotingSteps
+from .parts import ElectorShared
+from .transfer import LeadershipTransfer
+from .voting import Voting
 
 
-class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
-    """Leader election core for one member; see the module docstring.  It routes each
-    event to the part that handles it (:mod:`.voting`, :mod:`.heartbeats`,
-    :mod:`.transfer`) and owns the role changes."""
+class Elector:
+    """Leader election core for one member; see the module docstring.  Composed of three
+    parts that share one :class:`~.parts.ElectorShared` -- :attr:`voting`,
+    :attr:`heartbeats` and :attr:`transfer` -- it routes each event to the part that
+    handles it, runs each role's maintenance and owns the role changes."""
 
     def __init__(self, state: MemberState, config: ElectionConfig, rng: random.Random) -> None:
+        self.shared = ElectorShared(state, config, rng)
         self.state = state
         self.config = config
-        self.rng = rng
-        self._timers = Timers()
-        self._need_increase_term_immediately = False
-        # A member that restarts from persisted state may have lost entries it acknowledged
-        # in its last term (a power loss drops the unflushed tail): its first candidacy
-        # raises the term, so it never leads a term it may have written differently before.
-        restarted = state.current_term > 0 or state.vote_for is not None
-        self._last_parse_result = (
-            ParseResult.WAIT_TO_VOTE_NEXT if restarted else ParseResult.WAIT_TO_REVOTE
-        )
-        # It has also forgotten when it last heard from a leader.  Granting pre-votes at once
-        # could elect a new leader while the old one still serves lease reads confirmed with
-        # this member's help, so it grants none for one heartbeat timeout after its first
-        # event, as if it had just heard from a leader (see docs/SAFETY.md, lease reads).
-        self._restarted = restarted
-        # The term it held when it restarted: it never runs a real vote round in it, however
-        # its pre-votes go (a failed pre-vote must not fall back to a vote in the old term).
-        self._restart_term = state.current_term if restarted else -1
-        self._first_event_ms: int | None = None
-        self._last_vote_cost_ms = 0
-        self._pre_vote_granted_term = -1
-        self._vote_round: VoteTally | None = None
-        self._heartbeat_round: HeartbeatRound | None = None
-        self._transfer: RunningTransfer | None = None
-        self._pending_take: PendingTake | None = None
-        self._taking_from: LeadershipTransferRequest | None = None
-        # The term in which this leader sent a take-leadership order: its transferee skips
-        # pre-vote, so no lease is trusted for the rest of that term (see lease_allowed).
-        self._take_order_term = -1
-        # Random start so answers to a previous incarnation's rounds never match.
-        self._round_seq = rng.getrandbits(31)
-        self._announced = Announced(state.current_term, state.role, state.leader_id)
+        self.voting = Voting(self.shared, self)
+        self.heartbeats = Heartbeats(self.shared, self)
+        self.transfer = LeadershipTransfer(self.shared, self)
+
+    @property
+    def self_id(self) -> str:
+        return self.state.self_id
 
     @property
     def role(self) -> Role:
@@ -132,32 +112,30 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
             and st.role is Role.LEADER
             and st.current_term == term
             and st.transferee is None
-            and self._take_order_term != term
+            and self.transfer.take_order_term != term
         )
 
     @property
     def last_parse_result(self) -> ParseResult:
-        return self._last_parse_result
+        return self.shared.last_parse_result
 
     @property
     def next_time_to_request_vote(self) -> int:
-        return self._timers.next_time_to_request_vote
+        return self.shared.timers.next_time_to_request_vote
 
     @property
     def is_taking_leadership(self) -> bool:
         """DLedger's isTakingLeadership: voting for the term the leader handed us."""
-        return (
-            self.state.term_to_take_leadership != -1
-            and self.state.term_to_take_leadership == self.state.current_term
-        )
+        return self.shared.is_taking_leadership
 
     def peers_live(self) -> dict[str, bool]:
         """Which peers answered the last heartbeat (DLedger's peersLiveTable)."""
-        return dict(self._timers.peers_live)
+        return dict(self.shared.timers.peers_live)
 
     def snapshot(self) -> dict:
         """Plain-dict status for metadata calls (``MemberActor.info``) and logs."""
         st = self.state
+        running = self.transfer.running
         return {
             "group": st.group,
             "self_id": st.self_id,
@@ -168,21 +146,23 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
             "ledger_end_index": st.ledger_end_index,
             "ledger_end_term": st.ledger_end_term,
             "transferee": st.transferee,
-            "last_parse_result": self._last_parse_result.value,
+            "last_parse_result": self.shared.last_parse_result.value,
             "known_max_term_in_group": st.known_max_term_in_group,
-            "in_vote_round": self._vote_round is not None,
-            "need_increase_term_immediately": self._need_increase_term_immediately,
-            "transfer_deadline_ms": self._transfer.deadline_ms if self._transfer else None,
+            "in_vote_round": self.voting.round is not None,
+            "need_increase_term_immediately": self.shared.need_increase_term_immediately,
+            "transfer_deadline_ms": running.deadline_ms if running else None,
         }
 
+    # -- the way in ------------------------------------------------------------------------
     def handle(self, request: object, now_ms: int) -> tuple[object, list[Action]]:
         """Answer any election request (routes by type)."""
         if isinstance(request, VoteRequest):
-            return self.handle_vote(request, now_ms)
+            return self.voting.handle(request, now_ms)
         if isinstance(request, HeartbeatRequest):
-            return self.handle_heartbeat(request, now_ms)
+            self.voting.saw_event(now_ms)
+            return self.heartbeats.handle(request, now_ms)
         if isinstance(request, LeadershipTransferRequest):
-            return self.handle_leadership_transfer(request, now_ms)
+            return self.transfer.handle(request, now_ms)
         raise LedgerError.of(ResponseCode.UNSUPPORTED, f"not an election request: {request!r}")
 
     def on_response(
@@ -190,12 +170,28 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
     ) -> list[Action]:
         """Fold in the answer to any request this core sent (routes by request type)."""
         if isinstance(request, VoteRequest):
-            return self.on_vote_response(peer, request, response, now_ms)  # type: ignore[arg-type]
+            return self.voting.on_response(peer, request, response, now_ms)  # type: ignore[arg-type]
         if isinstance(request, HeartbeatRequest):
-            return self.on_heartbeat_response(peer, request, response, now_ms)  # type: ignore[arg-type]
+            return self.heartbeats.on_response(peer, request, response, now_ms)  # type: ignore[arg-type]
         if isinstance(request, LeadershipTransferRequest):
-            return self.on_leadership_transfer_response(peer, request, response, now_ms)  # type: ignore[arg-type]
+            return self.transfer.on_response(peer, request, response, now_ms)  # type: ignore[arg-type]
         raise LedgerError.of(ResponseCode.UNSUPPORTED, f"not an election request: {request!r}")
+
+    def transfer_leadership(
+        self, transferee_id: str, now_ms: int
+    ) -> tuple[LeadershipTransferResponse, list[Action]]:
+        """Ask this member (the leader) to hand leadership of its term to ``transferee_id``."""
+        return self.transfer.transfer_leadership(transferee_id, now_ms)
+
+    def hand_over(self, transferee_id: str, now_ms: int) -> tuple[ResponseCode, list[Action]]:
+        """Leave leadership of this term to ``transferee_id`` because this leader cannot
+        serve it (its helpers are lost or hung); see :meth:`LeadershipTransfer.hand_over`."""
+        return self.transfer.hand_over(transferee_id, now_ms)
+
+    def on_peer_progress(self, peer: str, term: int, match_index: int, now_ms: int) -> list[Action]:
+        """The shell reports a follower's match index, as a dispatcher of ``term`` learned it
+        (see :meth:`LeadershipTransfer.on_peer_progress`)."""
+        return self.transfer.on_peer_progress(peer, term, match_index, now_ms)
 
     def next_tick_ms(self, now_ms: int, granularity_ms: int = 10) -> int:
         """The latest time the next :meth:`tick` may run without acting late.
@@ -208,18 +204,18 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         soon = now_ms + granularity_ms
         cfg = self.config
         role = self.state.role
-        timers = self._timers
+        timers = self.shared.timers
         if role is Role.LEADER:
-            if self._transfer is not None or cfg.preferred_leader_ids:
+            if self.transfer.running is not None or cfg.preferred_leader_ids:
                 return soon
-            rnd = self._heartbeat_round
+            rnd = self.heartbeats.round
             if rnd is not None:
                 return max(now_ms + 1, min(rnd.deadline_ms, now_ms + cfg.heartbeat_interval_ms))
             last = timers.last_send_heartbeat_ms
             if last is None:
                 return soon
             return max(now_ms + 1, last + cfg.heartbeat_interval_ms + 1)
-        if role is Role.FOLLOWER and self._pending_take is None:
+        if role is Role.FOLLOWER and self.transfer.pending_take is None:
             last = timers.last_leader_heartbeat_ms
             if last is None:
                 return soon
@@ -228,14 +224,43 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
 
     def tick(self, now_ms: int) -> list[Action]:
         """DLedger's ``maintainState``: one step of the role's maintenance loop."""
-        self._saw_event(now_ms)
+        self.voting.saw_event(now_ms)
         role = self.state.role
         if role is Role.LEADER:
             return self._maintain_as_leader(now_ms)
         if role is Role.FOLLOWER:
             return self._maintain_as_follower(now_ms)
-        return self._maintain_as_candidate(now_ms)
+        return self.voting.maintain(now_ms)
 
+    def _maintain_as_leader(self, now_ms: int) -> list[Action]:
+        """A running transfer's progress, the preferred-leader check, then the heartbeat."""
+        actions: list[Action] = []
+        if self.transfer.running is not None:
+            actions.extend(self.transfer.progress(now_ms))
+        timers = self.shared.timers
+        if self.config.preferred_leader_ids and (
+            timers.last_preferred_check_ms is None
+            or now_ms - timers.last_preferred_check_ms
+            >= self.config.check_preferred_leader_interval_ms
+        ):
+            timers.last_preferred_check_ms = now_ms
+            actions.extend(self.transfer.check_preferred_leader(now_ms))
+        if self.state.role is not Role.LEADER:
+            return actions
+        actions.extend(self.heartbeats.maintain_as_leader(now_ms))
+        return actions
+
+    def _maintain_as_follower(self, now_ms: int) -> list[Action]:
+        """A take order waiting for our log, then the leader's heartbeat timeout."""
+        actions: list[Action] = []
+        if self.transfer.pending_take is not None:
+            actions.extend(self.transfer.check_pending_take(now_ms))
+            if self.state.role is not Role.FOLLOWER:
+                return actions
+        actions.extend(self.heartbeats.maintain_as_follower(now_ms))
+        return actions
+
+    # -- the role changes (the parts' :class:`~.parts.Roles`) -------------------------------
     def step_down(self, now_ms: int) -> list[Action]:
         """Leave leadership of the current term at once (the leader cannot serve it: its
         first entry cannot be written, its helpers are lost and no transfer could start).
@@ -244,54 +269,54 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         st = self.state
         if st.role is not Role.LEADER:
             return []
-        actions = self._change_role_to_candidate(st.current_term, now_ms)
-        self._last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
-        self._timers.next_time_to_request_vote = self._get_next_time_to_request_vote(
+        actions = self.change_role_to_candidate(st.current_term, now_ms)
+        self.shared.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+        self.shared.timers.next_time_to_request_vote = self.voting.next_time_to_request_vote(
             now_ms + self.config.heartbeat_timeout_ms
         )
-        self._log(WARNING, "StepDown", term=st.current_term)
+        self.shared.log(WARNING, "StepDown", term=st.current_term)
         return actions
 
-    def _change_role_to_leader(self, term: int, now_ms: int) -> list[Action]:
+    def change_role_to_leader(self, term: int, now_ms: int) -> list[Action]:
         st = self.state
         if st.current_term != term:
-            self._log(WARNING, "SkipLeader", term=term, current_term=st.current_term)
+            self.shared.log(WARNING, "SkipLeader", term=term, current_term=st.current_term)
             return []
         st.change_to_leader(term)
-        self._vote_round = None
-        self._pre_vote_granted_term = -1
-        self._pending_take = None
-        timers = self._timers
+        self.voting.round = None
+        self.voting.pre_vote_granted_term = -1
+        self.transfer.pending_take = None
+        timers = self.shared.timers
         timers.last_send_heartbeat_ms = None
         timers.last_succ_heartbeat_ms = now_ms
         timers.last_preferred_check_ms = now_ms
         timers.peers_live.clear()
         timers.peer_match_index.clear()
-        self._log(INFO, "ChangeRoleToLeader", term=term)
+        self.shared.log(INFO, "ChangeRoleToLeader", term=term)
         return self._handle_role_change(term, Role.LEADER)
 
-    def _change_role_to_candidate(self, term: int, now_ms: int) -> list[Action]:
+    def change_role_to_candidate(self, term: int, now_ms: int) -> list[Action]:
         st = self.state
         if term < st.current_term:
-            self._log(INFO, "SkipCandidate", term=term, current_term=st.current_term)
+            self.shared.log(INFO, "SkipCandidate", term=term, current_term=st.current_term)
             return []
         actions: list[Action] = []
         was_leader = st.role is Role.LEADER
-        transfer = self._transfer
+        transfer = self.transfer.running
         st.change_to_candidate(term)
-        self._heartbeat_round = None
-        self._pending_take = None
+        self.heartbeats.round = None
+        self.transfer.pending_take = None
         if transfer is not None:
-            self._transfer = None
+            self.transfer.running = None
             code = (
                 ResponseCode.SUCCESS
                 if term > transfer.term
                 else ResponseCode.TAKE_LEADERSHIP_FAILED
             )
             actions.append(
-                self._transfer_ended(transfer, code, INFO, "TransferEndedOnStepDown", new_term=term)
+                self.transfer.ended(transfer, code, INFO, "TransferEndedOnStepDown", new_term=term)
             )
-        self._log(
+        self.shared.log(
             INFO,
             "ChangeRoleToCandidate",
             term=term,
@@ -301,12 +326,12 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
         actions.extend(self._handle_role_change(term, Role.CANDIDATE))
         return actions
 
-    def _change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> list[Action]:
+    def change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> list[Action]:
         st = self.state
-        self._log(
+        self.shared.log(
             INFO, "ChangeRoleToFollower", term=term, leader=leader_id, current_term=st.current_term
         )
-        self._last_parse_result = ParseResult.WAIT_TO_REVOTE
+        self.shared.last_parse_result = ParseResult.WAIT_TO_REVOTE
         st.change_to_follower(term, leader_id)
         if st.vote_for is None:
             # following ``leader_id`` in ``term`` spends this member's vote of the term on it:
@@ -314,19 +339,17 @@ class Elector(VotingSteps, HeartbeatSteps, TransferSteps):
             # that took the term from a heartbeat (a voter added in the term) could
             # otherwise help a second leader to a majority of the term
             st.set_vote_for(leader_id)
-        self._vote_round = None
-        self._pre_vote_granted_term = -1  # a grant is only good for the round it enabled
-        self._heartbeat_round = None
-        self._timers.last_leader_heartbeat_ms = now_ms
+        self.voting.round = None
+        self.voting.pre_vote_granted_term = -1  # a grant is only good for the round it enabled
+        self.heartbeats.round = None
+        self.shared.timers.last_leader_heartbeat_ms = now_ms
         return self._handle_role_change(term, Role.FOLLOWER)
 
     def _handle_role_change(self, term: int, role: Role) -> list[Action]:
-        self._check_take_leadership(term, role)
+        self.transfer.check_take_leadership(term, role)
         st = self.state
-        ann = self._announced
+        ann = self.shared.announced
         if ann.term == term and ann.role is role and ann.leader_id == st.leader_id:
             return []
         ann.term, ann.role, ann.leader_id = term, role, st.leader_id
         return [RoleChange(term, role, st.leader_id)]  # the one channel role changes leave by
-
-    # ---------------------------------------------------------- transferee

@@ -15,49 +15,44 @@ from .messages import (
     Role,
     Send,
 )
-from .parts import ElectorParts, HeartbeatRound
+from .parts import ElectorShared, HeartbeatRound, Roles
 
 
-class HeartbeatSteps(ElectorParts):
-    """The leader's heartbeat rounds and the follower's side of them; part of :class:`Elector`."""
+class Heartbeats:
+    """The leader's heartbeat rounds and the follower's side of them; a part of
+    :class:`~rayledger.election.elector.Elector`."""
 
-    def _maintain_as_leader(self, now_ms: int) -> list[Action]:
+    def __init__(self, sh: ElectorShared, roles: Roles) -> None:
+        self.sh = sh
+        self.roles = roles
+        self.round: HeartbeatRound | None = None  # the leader's round in flight
+
+    def maintain_as_leader(self, now_ms: int) -> list[Action]:
+        """The leader's heartbeat: parse the round at its deadline, or send the next."""
         actions: list[Action] = []
-        if self._transfer is not None:
-            actions.extend(self._progress_transfer(now_ms))
-        timers = self._timers
-        if self.config.preferred_leader_ids and (
-            timers.last_preferred_check_ms is None
-            or now_ms - timers.last_preferred_check_ms
-            >= self.config.check_preferred_leader_interval_ms
-        ):
-            timers.last_preferred_check_ms = now_ms
-            actions.extend(self._check_preferred_leader(now_ms))
-        if self.state.role is not Role.LEADER:
-            return actions
-        rnd = self._heartbeat_round
+        timers = self.sh.timers
+        rnd = self.round
         if rnd is not None:
             # DLedger's maintainer waits on the heartbeat latch until the deadline.
             if now_ms >= rnd.deadline_ms:
                 actions.extend(self._parse_heartbeat_round(rnd, now_ms))
             return actions
         last = timers.last_send_heartbeat_ms
-        if last is None or now_ms - last > self.config.heartbeat_interval_ms:
+        if last is None or now_ms - last > self.sh.config.heartbeat_interval_ms:
             timers.last_send_heartbeat_ms = now_ms
             actions.extend(self._send_heartbeats(now_ms))
         return actions
 
     def _send_heartbeats(self, now_ms: int) -> list[Action]:
-        st = self.state
-        self._round_seq += 1
+        st = self.sh.state
         rnd = HeartbeatRound(
-            round_id=self._round_seq,
+            round_id=self.sh.next_round_id(),
             term=st.current_term,
             started_ms=now_ms,
-            deadline_ms=now_ms + self.config.heartbeat_interval_ms,
+            deadline_ms=now_ms + self.sh.config.heartbeat_interval_ms,
             waiting=set(),
         )
-        self._heartbeat_round = rnd
+        self.round = rnd
         actions: list[Action] = []
         for peer in st.peers:
             if peer == st.self_id:
@@ -76,29 +71,29 @@ class HeartbeatSteps(ElectorParts):
                     ),
                 )
             )
-        self._log(DEBUG, "SendHeartbeats", term=rnd.term, round=rnd.round_id)
+        self.sh.log(DEBUG, "SendHeartbeats", term=rnd.term, round=rnd.round_id)
         if self._heartbeat_round_done(rnd):  # a group of one
             actions.extend(self._parse_heartbeat_round(rnd, now_ms))
         return actions
 
-    def on_heartbeat_response(
+    def on_response(
         self, peer: str, req: HeartbeatRequest, resp: HeartbeatResponse | None, now_ms: int
     ) -> list[Action]:
         """Count one follower's heartbeat answer (None = the call failed)."""
-        st = self.state
+        st = self.sh.state
         if st.role is Role.LEADER and req.term == st.current_term:
             # Late answers still tell who is alive, as in DLedger's callbacks.
-            self._timers.peers_live[peer] = (
+            self.sh.timers.peers_live[peer] = (
                 resp is not None and resp.code != ResponseCode.NETWORK_ERROR
             )
-        rnd = self._heartbeat_round
+        rnd = self.round
         if (
             rnd is None
             or req.round_id != rnd.round_id
             or req.term != rnd.term
             or peer not in rnd.waiting
         ):
-            self._log(DEBUG, "StaleHeartbeatResponse", peer=peer, resp=resp)
+            self.sh.log(DEBUG, "StaleHeartbeatResponse", peer=peer, resp=resp)
             return []
         rnd.waiting.discard(peer)
         rnd.all_num += 1
@@ -114,7 +109,7 @@ class HeartbeatSteps(ElectorParts):
             elif code == ResponseCode.TERM_NOT_READY and st.is_voter(peer):
                 rnd.not_ready_num += 1
             if code != ResponseCode.SUCCESS:
-                self._log(
+                self.sh.log(
                     INFO,
                     "HeartbeatAnswer",
                     term=rnd.term,
@@ -127,7 +122,7 @@ class HeartbeatSteps(ElectorParts):
         return []
 
     def _heartbeat_round_done(self, rnd: HeartbeatRound) -> bool:
-        st = self.state
+        st = self.sh.state
         return (
             rnd.all_num >= st.peer_size
             or st.is_quorum(rnd.succ_num)
@@ -135,25 +130,25 @@ class HeartbeatSteps(ElectorParts):
         )
 
     def _parse_heartbeat_round(self, rnd: HeartbeatRound, now_ms: int) -> list[Action]:
-        if self._heartbeat_round is rnd:
-            self._heartbeat_round = None
-        st = self.state
+        if self.round is rnd:
+            self.round = None
+        st = self.sh.state
         if st.role is not Role.LEADER or st.current_term != rnd.term:
             return []
-        timers = self._timers
+        timers = self.sh.timers
         term = rnd.term
         if rnd.max_term > term:
-            self._log(WARNING, "NotTheBiggestTerm", term=term, max_term=rnd.max_term)
-            actions = self._change_role_to_candidate(rnd.max_term, now_ms)
+            self.sh.log(WARNING, "NotTheBiggestTerm", term=term, max_term=rnd.max_term)
+            actions = self.roles.change_role_to_candidate(rnd.max_term, now_ms)
             # take that term before campaigning, as a follower does on a larger heartbeat:
             # campaigning again in this term re-elected this leader by the same voters, and a
             # non-voter at the larger term (a learner) then deposed it again, for good
-            self._need_increase_term_immediately = True
+            self.sh.need_increase_term_immediately = True
             return actions
         if st.is_quorum(rnd.succ_num):
             timers.last_succ_heartbeat_ms = now_ms
             return []
-        self._log(
+        self.sh.log(
             INFO,
             "ParseHeartbeats",
             term=term,
@@ -169,55 +164,49 @@ class HeartbeatSteps(ElectorParts):
         if st.is_quorum(rnd.succ_num + rnd.not_ready_num):
             timers.last_send_heartbeat_ms = None  # send again at the next tick
         elif rnd.inconsistent_leader:
-            return self._change_role_to_candidate(term, now_ms)
+            return self.roles.change_role_to_candidate(term, now_ms)
         elif (
             timers.last_succ_heartbeat_ms is None
-            or now_ms - timers.last_succ_heartbeat_ms > self.config.heartbeat_timeout_ms
+            or now_ms - timers.last_succ_heartbeat_ms > self.sh.config.heartbeat_timeout_ms
         ):
-            return self._change_role_to_candidate(term, now_ms)
+            return self.roles.change_role_to_candidate(term, now_ms)
         return []
 
-    def _maintain_as_follower(self, now_ms: int) -> list[Action]:
+    def maintain_as_follower(self, now_ms: int) -> list[Action]:
+        """A follower that has not heard from its leader for a heartbeat timeout campaigns."""
         actions: list[Action] = []
-        if self._pending_take is not None:
-            actions.extend(self._check_pending_take(now_ms))
-            if self.state.role is not Role.FOLLOWER:
-                return actions
-        last = self._timers.last_leader_heartbeat_ms
-        if last is None or now_ms - last > self.config.heartbeat_timeout_ms:
-            st = self.state
-            self._log(
+        last = self.sh.timers.last_leader_heartbeat_ms
+        if last is None or now_ms - last > self.sh.config.heartbeat_timeout_ms:
+            st = self.sh.state
+            self.sh.log(
                 INFO,
                 "HeartBeatTimeOut",
                 last_leader_heartbeat=last,
-                interval=self.config.heartbeat_interval_ms,
+                interval=self.sh.config.heartbeat_interval_ms,
                 last_leader=st.leader_id,
             )
-            actions.extend(self._change_role_to_candidate(st.current_term, now_ms))
+            actions.extend(self.roles.change_role_to_candidate(st.current_term, now_ms))
         return actions
 
-    def handle_heartbeat(
-        self, req: HeartbeatRequest, now_ms: int
-    ) -> tuple[HeartbeatResponse, list[Action]]:
+    def handle(self, req: HeartbeatRequest, now_ms: int) -> tuple[HeartbeatResponse, list[Action]]:
         """DLedger's handleHeartBeat (plus DLedgerServer's receiver and group checks)."""
-        self._saw_event(now_ms)
-        st = self.state
+        st = self.sh.state
         C = ResponseCode
         if req.remote_id != st.self_id:
-            self._log(WARNING, "HandleHeartBeat", addressed_to=req.remote_id)
+            self.sh.log(WARNING, "HandleHeartBeat", addressed_to=req.remote_id)
             return self._heartbeat_response(req, C.UNKNOWN_MEMBER), []
         if req.group != st.group:
-            self._log(WARNING, "HandleHeartBeat", group=req.group, my_group=st.group)
+            self.sh.log(WARNING, "HandleHeartBeat", group=req.group, my_group=st.group)
             return self._heartbeat_response(req, C.UNKNOWN_GROUP), []
         if not isinstance(req.leader_id, str) or not req.leader_id:
-            self._log(WARNING, "BUG HandleHeartBeat", unknown_member=req.leader_id)
+            self.sh.log(WARNING, "BUG HandleHeartBeat", unknown_member=req.leader_id)
             return self._heartbeat_response(req, C.UNKNOWN_MEMBER), []
         # a leader outside this member's latest configuration is still followed (Raft
         # §4.2.1: requests are processed without consulting the configuration): this
         # member's newest configuration may be an uncommitted one the leader will cut, or
         # this member the one being added
         if req.leader_id == st.self_id:
-            self._log(WARNING, "BUG HandleHeartBeat", from_self=req.leader_id)
+            self.sh.log(WARNING, "BUG HandleHeartBeat", from_self=req.leader_id)
             return self._heartbeat_response(req, C.UNEXPECTED_MEMBER), []
 
         if req.term < st.current_term:
@@ -229,24 +218,26 @@ class HeartbeatSteps(ElectorParts):
             return self._heartbeat_response(req, C.EXPIRED_TERM, st.known_max_term_in_group), []
         if req.term == st.current_term:
             if st.leader_id is None:
-                actions = self._change_role_to_follower(req.term, req.leader_id, now_ms)
+                actions = self.roles.change_role_to_follower(req.term, req.leader_id, now_ms)
                 return self._heartbeat_response(req, C.SUCCESS), actions
             if req.leader_id == st.leader_id:
-                self._timers.last_leader_heartbeat_ms = now_ms
+                self.sh.timers.last_leader_heartbeat_ms = now_ms
                 return self._heartbeat_response(req, C.SUCCESS), []
-            self._log(ERROR, "BUG InconsistentLeader", leader=st.leader_id, received=req.leader_id)
+            self.sh.log(
+                ERROR, "BUG InconsistentLeader", leader=st.leader_id, received=req.leader_id
+            )
             return self._heartbeat_response(req, C.INCONSISTENT_LEADER), []
         # A larger term: become a candidate first; the term catches up at the next tick.
-        actions = self._change_role_to_candidate(req.term, now_ms)
-        self._need_increase_term_immediately = True
+        actions = self.roles.change_role_to_candidate(req.term, now_ms)
+        self.sh.need_increase_term_immediately = True
         return self._heartbeat_response(req, C.TERM_NOT_READY), actions
 
     def _heartbeat_response(
         self, req: HeartbeatRequest, code: ResponseCode, term: int | None = None
     ) -> HeartbeatResponse:
-        st = self.state
+        st = self.sh.state
         if code != ResponseCode.SUCCESS:
-            self._log(
+            self.sh.log(
                 INFO,
                 "HandleHeartBeat",
                 term=req.term,

@@ -1,11 +1,12 @@
 """What the parts of the elector share: the member's state and timers, the configuration,
-the rounds in flight, and one-line event logging.
+the election's progress, and one-line event logging.
 
-:class:`~rayledger.election.elector.Elector` is assembled from three parts, each a module
-with one job -- :mod:`.voting` (candidates' rounds, voters' answers), :mod:`.heartbeats`
-(the leader's rounds, followers' answers and timeouts) and :mod:`.transfer` (handing
-leadership on).  Each part reads and writes the attributes declared here; the elector
-creates them and routes events to the parts.
+:class:`~rayledger.election.elector.Elector` is composed of three parts, each a module with
+one job and each holding its own rounds -- :mod:`.voting` (candidates' rounds, voters'
+answers), :mod:`.heartbeats` (the leader's rounds, followers' answers and timeouts) and
+:mod:`.transfer` (handing leadership on, and taking it).  Each part gets the one
+:class:`ElectorShared` and the elector's role changes (:class:`Roles`); the elector owns
+both, routes events to the parts and runs each role's maintenance.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .config import ElectionConfig
 from .logevent import log_event
 from .member_state import MemberState
-from .messages import LeadershipTransferRequest, ParseResult, Role
-
-if TYPE_CHECKING:
-    from .votes import VoteTally
+from .messages import Action, LeadershipTransferRequest, ParseResult, Role
 
 log = logging.getLogger("rayledger.election")
 
@@ -84,38 +82,55 @@ class Timers:
     peer_match_index: dict[str, int] = field(default_factory=dict)
 
 
-class ElectorParts:
-    """The shared state of the elector's parts (set up by ``Elector.__init__``)."""
+class Roles(Protocol):
+    """The elector's role changes, the one way a part changes this member's role."""
 
-    state: MemberState
-    config: ElectionConfig
-    rng: random.Random
-    _timers: Timers
-    _announced: Announced
-    _round_seq: int  # rounds of this incarnation; answers to another round never match
-    _need_increase_term_immediately: bool
-    _last_parse_result: ParseResult
-    _last_vote_cost_ms: int
-    _pre_vote_granted_term: int
-    _restarted: bool
-    _restart_term: int
-    _first_event_ms: int | None
-    _vote_round: VoteTally | None
-    _heartbeat_round: HeartbeatRound | None
-    _transfer: RunningTransfer | None
-    _pending_take: PendingTake | None
-    _taking_from: LeadershipTransferRequest | None
-    _take_order_term: int  # the term this leader sent a take order in (no lease after it)
+    def change_role_to_leader(self, term: int, now_ms: int) -> list[Action]: ...
 
-    if TYPE_CHECKING:  # the elector's (elector.py); parts call it, the elector defines it
+    def change_role_to_candidate(self, term: int, now_ms: int) -> list[Action]: ...
 
-        def step_down(self, now_ms: int) -> list: ...
+    def change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> list[Action]: ...
+
+    def step_down(self, now_ms: int) -> list[Action]: ...
+
+
+class ElectorShared:
+    """What every part of the elector reads and writes."""
+
+    def __init__(self, state: MemberState, config: ElectionConfig, rng: random.Random) -> None:
+        self.state = state
+        self.config = config
+        self.rng = rng
+        self.timers = Timers()
+        # a voter raised its term from a request or a heartbeat: take it at the next tick
+        self.need_increase_term_immediately = False
+        # A member that restarts from persisted state may have lost entries it acknowledged
+        # in its last term (a power loss drops the unflushed tail): its first candidacy
+        # raises the term, so it never leads a term it may have written differently before.
+        self.restarted = state.current_term > 0 or state.vote_for is not None
+        self.last_parse_result = (
+            ParseResult.WAIT_TO_VOTE_NEXT if self.restarted else ParseResult.WAIT_TO_REVOTE
+        )
+        # Random start so answers to a previous incarnation's rounds never match.
+        self.round_seq = rng.getrandbits(31)
+        self.announced = Announced(state.current_term, state.role, state.leader_id)
+
+    def next_round_id(self) -> int:
+        """The id of a new vote or heartbeat round of this incarnation."""
+        self.round_seq += 1
+        return self.round_seq
 
     @property
     def self_id(self) -> str:
         return self.state.self_id
 
-    def _log(self, level: int, event: str, **fields) -> None:
+    @property
+    def is_taking_leadership(self) -> bool:
+        """DLedger's isTakingLeadership: voting for the term the leader handed us."""
+        st = self.state
+        return st.term_to_take_leadership != -1 and st.term_to_take_leadership == st.current_term
+
+    def log(self, level: int, event: str, **fields) -> None:
         """One protocol event on one line, with this member's id and the current term
         (or the ``term`` given) first, and ``index`` when one is given."""
         term = fields.pop("term", self.state.current_term)

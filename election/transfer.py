@@ -16,17 +16,28 @@ from .messages import (
     Send,
     TransferOutcome,
 )
-from .parts import ElectorParts, PendingTake, RunningTransfer
+from .parts import ElectorShared, PendingTake, Roles, RunningTransfer
 
 
-class TransferSteps(ElectorParts):
-    """Handing leadership on, and taking it when told to; part of :class:`Elector`."""
+class LeadershipTransfer:
+    """Handing leadership on, and taking it when told to; a part of
+    :class:`~rayledger.election.elector.Elector`."""
+
+    def __init__(self, sh: ElectorShared, roles: Roles) -> None:
+        self.sh = sh
+        self.roles = roles
+        self.running: RunningTransfer | None = None  # the transfer this leader runs
+        self.pending_take: PendingTake | None = None  # an order waiting for our log
+        self.taking_from: LeadershipTransferRequest | None = None  # the order we act on
+        # The term in which this leader sent a take-leadership order: its transferee skips
+        # pre-vote, so no lease is trusted for the rest of that term (see lease_allowed).
+        self.take_order_term = -1
 
     def transfer_leadership(
         self, transferee_id: str, now_ms: int
     ) -> tuple[LeadershipTransferResponse, list[Action]]:
         """Ask this member (the leader) to hand leadership of its term to ``transferee_id``."""
-        st = self.state
+        st = self.sh.state
         req = LeadershipTransferRequest(
             group=st.group,
             local_id=st.self_id,
@@ -36,7 +47,7 @@ class TransferSteps(ElectorParts):
             transferee_id=transferee_id,
             leader_id=st.leader_id,
         )
-        return self.handle_leadership_transfer(req, now_ms)
+        return self.handle(req, now_ms)
 
     def hand_over(self, transferee_id: str, now_ms: int) -> tuple[ResponseCode, list[Action]]:
         """Leave leadership of this term to ``transferee_id`` because this leader cannot
@@ -44,20 +55,20 @@ class TransferSteps(ElectorParts):
         given up, ends in :meth:`Elector.step_down` instead of leaving the leader in office
         (a leader that cannot replicate holds its term forever with heartbeats alone)."""
         resp, actions = self.transfer_leadership(transferee_id, now_ms)
-        transfer = self._transfer
+        transfer = self.running
         if resp.code is ResponseCode.SUCCESS and transfer is not None:
             transfer.must_leave = True
             return resp.code, actions
-        self._log(WARNING, "HandOverNotStarted", transferee=transferee_id, code=resp.code.name)
-        return resp.code, actions + self.step_down(now_ms)
+        self.sh.log(WARNING, "HandOverNotStarted", transferee=transferee_id, code=resp.code.name)
+        return resp.code, actions + self.roles.step_down(now_ms)
 
-    def handle_leadership_transfer(
+    def handle(
         self, req: LeadershipTransferRequest, now_ms: int
     ) -> tuple[LeadershipTransferResponse, list[Action]]:
         """On the leader: start a transfer.  On the transferee: take leadership."""
-        st = self.state
+        st = self.sh.state
         C = ResponseCode
-        self._log(
+        self.sh.log(
             INFO,
             "HandleLeadershipTransfer",
             term=req.term,
@@ -79,9 +90,9 @@ class TransferSteps(ElectorParts):
     def _transfer_response(
         self, req: LeadershipTransferRequest, code: ResponseCode
     ) -> LeadershipTransferResponse:
-        st = self.state
+        st = self.sh.state
         if code != ResponseCode.SUCCESS:
-            self._log(
+            self.sh.log(
                 INFO, "TransferRefused", term=req.term, transferee=req.transferee_id, code=code.name
             )
         return LeadershipTransferResponse(
@@ -96,7 +107,7 @@ class TransferSteps(ElectorParts):
     def _start_transfer(
         self, req: LeadershipTransferRequest, now_ms: int
     ) -> tuple[LeadershipTransferResponse, list[Action]]:
-        st = self.state
+        st = self.sh.state
         C = ResponseCode
         if not st.is_peer_member(req.transferee_id):
             return self._transfer_response(req, C.UNKNOWN_MEMBER), []
@@ -111,46 +122,44 @@ class TransferSteps(ElectorParts):
         if st.transferee is not None:
             return self._transfer_response(req, C.LEADER_TRANSFERRING), []
         st.set_transferee(req.transferee_id)
-        self._transfer = RunningTransfer(
+        self.running = RunningTransfer(
             transferee=req.transferee_id,
             term=st.current_term,
             started_ms=now_ms,
-            deadline_ms=now_ms + self.config.leadership_transfer_wait_timeout_ms,
+            deadline_ms=now_ms + self.sh.config.leadership_transfer_wait_timeout_ms,
         )
-        self._log(
+        self.sh.log(
             INFO,
             "StartTransfer",
             index=st.ledger_end_index,
             transferee=req.transferee_id,
-            peer_match=self._timers.peer_match_index.get(req.transferee_id, -1),
+            peer_match=self.sh.timers.peer_match_index.get(req.transferee_id, -1),
         )
-        return self._transfer_response(req, C.SUCCESS), self._progress_transfer(now_ms)
+        return self._transfer_response(req, C.SUCCESS), self.progress(now_ms)
 
     def _abandon_transfer(self, code: ResponseCode, why: str, now_ms: int) -> list[Action]:
-        transfer = self._transfer
+        transfer = self.running
         if transfer is None:
             return []
-        self._transfer = None
-        if self.state.transferee == transfer.transferee:
-            self.state.set_transferee(None)
-        out: list[Action] = [
-            self._transfer_ended(transfer, code, WARNING, "TransferAbandoned", why=why)
-        ]
+        self.running = None
+        if self.sh.state.transferee == transfer.transferee:
+            self.sh.state.set_transferee(None)
+        out: list[Action] = [self.ended(transfer, code, WARNING, "TransferAbandoned", why=why)]
         if transfer.must_leave:  # a failed hand-over: the leader cannot serve its term
-            out += self.step_down(now_ms)
+            out += self.roles.step_down(now_ms)
         return out
 
-    def _transfer_ended(
+    def ended(
         self, transfer: RunningTransfer, code: ResponseCode, level: int, event: str, **fields
     ) -> TransferOutcome:
         """Log how a transfer ended; its outcome, for the caller who asked for it."""
-        self._log(level, event, term=transfer.term, transferee=transfer.transferee,
+        self.sh.log(level, event, term=transfer.term, transferee=transfer.transferee,
                   code=code.name, **fields)  # fmt: skip
         return TransferOutcome(transfer.term, transfer.transferee, code)
 
-    def _progress_transfer(self, now_ms: int) -> list[Action]:
-        transfer = self._transfer
-        st = self.state
+    def progress(self, now_ms: int) -> list[Action]:
+        transfer = self.running
+        st = self.sh.state
         if transfer is None:
             return []
         if st.role is not Role.LEADER or st.current_term != transfer.term:
@@ -161,13 +170,13 @@ class TransferSteps(ElectorParts):
             return self._abandon_transfer(ResponseCode.TIMEOUT, "wait timeout", now_ms)
         if transfer.take_sent:
             return []
-        match = self._timers.peer_match_index.get(transfer.transferee, -1)
+        match = self.sh.timers.peer_match_index.get(transfer.transferee, -1)
         fall_behind = st.ledger_end_index - match
-        if fall_behind >= self.config.max_leadership_transfer_wait_index:
+        if fall_behind >= self.sh.config.max_leadership_transfer_wait_index:
             return []
         transfer.take_sent = True
-        self._take_order_term = transfer.term  # no lease for the rest of this term
-        self._log(
+        self.take_order_term = transfer.term  # no lease for the rest of this term
+        self.sh.log(
             INFO,
             "TellTakeLeadership",
             term=transfer.term,
@@ -192,7 +201,7 @@ class TransferSteps(ElectorParts):
             )
         ]
 
-    def on_leadership_transfer_response(
+    def on_response(
         self,
         peer: str,
         req: LeadershipTransferRequest,
@@ -200,7 +209,7 @@ class TransferSteps(ElectorParts):
         now_ms: int,
     ) -> list[Action]:
         """The transferee's answer to take-leadership; a refusal ends the transfer."""
-        transfer = self._transfer
+        transfer = self.running
         if transfer is None or peer != transfer.transferee or req.term != transfer.term:
             return []
         if resp is None:
@@ -216,49 +225,49 @@ class TransferSteps(ElectorParts):
         dispatcher of ``term`` learned it.  A report of another term is dropped: an old
         term's water mark must not refill ``peer_match_index`` after an election, or a take
         order could go to a transferee that lags."""
-        st = self.state
+        st = self.sh.state
         if term != st.current_term or st.role is not Role.LEADER:
             return []
-        timers = self._timers
+        timers = self.sh.timers
         if match_index > timers.peer_match_index.get(peer, -1):
             timers.peer_match_index[peer] = match_index
-        if self._transfer is not None and self._transfer.transferee == peer:
-            return self._progress_transfer(now_ms)
+        if self.running is not None and self.running.transferee == peer:
+            return self.progress(now_ms)
         return []
 
-    def _check_preferred_leader(self, now_ms: int) -> list[Action]:
+    def check_preferred_leader(self, now_ms: int) -> list[Action]:
         """DLedgerServer.checkPreferredLeader: hand over to the least-behind live preferred peer."""
-        st = self.state
-        preferred = self.config.preferred_leader_ids
+        st = self.sh.state
+        preferred = self.sh.config.preferred_leader_ids
         if st.role is not Role.LEADER or not preferred or st.transferee is not None:
             return []
         if st.self_id in preferred:
             return []
-        live = self._timers.peers_live
-        match = self._timers.peer_match_index
+        live = self.sh.timers.peers_live
+        match = self.sh.timers.peer_match_index
         best: str | None = None
         best_behind = 0
         for peer in preferred:
             if not st.is_voter(peer):
-                self._log(WARNING, "PreferredNotAPeer", preferred=peer)
+                self.sh.log(WARNING, "PreferredNotAPeer", preferred=peer)
                 continue
             if not live.get(peer, False):
                 continue
             behind = st.ledger_end_index - match.get(peer, -1)
             if best is None or behind < best_behind:
                 best, best_behind = peer, behind
-        if best is None or best_behind >= self.config.max_leadership_transfer_wait_index:
+        if best is None or best_behind >= self.sh.config.max_leadership_transfer_wait_index:
             return []
-        self._log(INFO, "PreferredTransferee", transferee=best, fall_behind=best_behind)
+        self.sh.log(INFO, "PreferredTransferee", transferee=best, fall_behind=best_behind)
         resp, actions = self.transfer_leadership(best, now_ms)
         return actions
 
     def _take_leadership(
         self, req: LeadershipTransferRequest, now_ms: int
     ) -> tuple[LeadershipTransferResponse, list[Action]]:
-        st = self.state
+        st = self.sh.state
         C = ResponseCode
-        taking = self._taking_from
+        taking = self.taking_from
         if (
             taking is not None
             and taking.term == req.term
@@ -266,7 +275,7 @@ class TransferSteps(ElectorParts):
             and st.term_to_take_leadership == req.term + 1
         ):
             return self._transfer_response(req, C.SUCCESS), []  # a repeated order
-        pending = self._pending_take
+        pending = self.pending_take
         if (
             pending is not None
             and pending.request.term == req.term
@@ -279,9 +288,9 @@ class TransferSteps(ElectorParts):
             return self._transfer_response(req, C.INCONSISTENT_TERM), []
         if st.ledger_end_index >= req.take_leadership_ledger_index:
             return self._transfer_response(req, C.SUCCESS), self._begin_take_leadership(req, now_ms)
-        wait = req.wait_timeout_ms or self.config.leadership_transfer_wait_timeout_ms
-        self._pending_take = PendingTake(req, now_ms + wait)
-        self._log(
+        wait = req.wait_timeout_ms or self.sh.config.leadership_transfer_wait_timeout_ms
+        self.pending_take = PendingTake(req, now_ms + wait)
+        self.sh.log(
             INFO,
             "TakeLeadershipWaits",
             term=req.term,
@@ -290,9 +299,9 @@ class TransferSteps(ElectorParts):
         )
         return self._transfer_response(req, C.SUCCESS), []
 
-    def _check_pending_take(self, now_ms: int) -> list[Action]:
-        pending = self._pending_take
-        st = self.state
+    def check_pending_take(self, now_ms: int) -> list[Action]:
+        pending = self.pending_take
+        st = self.sh.state
         if pending is None:
             return []
         req = pending.request
@@ -301,14 +310,14 @@ class TransferSteps(ElectorParts):
             or st.leader_id != req.transfer_id
             or st.role is not Role.FOLLOWER
         ):
-            self._pending_take = None
+            self.pending_take = None
             return []
         if st.ledger_end_index >= req.take_leadership_ledger_index:
-            self._pending_take = None
+            self.pending_take = None
             return self._begin_take_leadership(req, now_ms)
         if now_ms > pending.deadline_ms:
-            self._pending_take = None
-            self._log(
+            self.pending_take = None
+            self.sh.log(
                 WARNING,
                 "TransfereeFallBehind",
                 index=st.ledger_end_index,
@@ -319,18 +328,18 @@ class TransferSteps(ElectorParts):
 
     def _begin_take_leadership(self, req: LeadershipTransferRequest, now_ms: int) -> list[Action]:
         """DLedger's handleTakeLeadership: vote at once for term + 1."""
-        st = self.state
+        st = self.sh.state
         target = req.term + 1
         st.term_to_take_leadership = target
-        self._taking_from = req
-        self._log(INFO, "TakeLeadershipVoteNow", term=target)
-        actions = self._change_role_to_candidate(target, now_ms)
-        self._need_increase_term_immediately = True
+        self.taking_from = req
+        self.sh.log(INFO, "TakeLeadershipVoteNow", term=target)
+        actions = self.roles.change_role_to_candidate(target, now_ms)
+        self.sh.need_increase_term_immediately = True
         return actions
 
-    def _check_take_leadership(self, term: int, role: Role) -> None:
+    def check_take_leadership(self, term: int, role: Role) -> None:
         """DLedger's TakeLeadershipTask.check: end the take-leadership attempt when decided."""
-        st = self.state
+        st = self.sh.state
         target = st.term_to_take_leadership
         if target == -1:
             return
@@ -349,7 +358,7 @@ class TransferSteps(ElectorParts):
                 if role is Role.FOLLOWER
                 else ResponseCode.INTERNAL_ERROR
             )
-        self._log(
+        self.sh.log(
             INFO,
             "TakeLeadershipFinished",
             term=term,
@@ -358,4 +367,4 @@ class TransferSteps(ElectorParts):
             outcome=outcome.name,
         )
         st.term_to_take_leadership = -1
-        self._taking_from = None
+        self.taking_from = None

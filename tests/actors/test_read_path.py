@@ -51,7 +51,7 @@ def test_a_lease_read_skips_the_round_only_while_the_lease_holds() -> None:
     m, rp = _leader()
     rp.reads._lease = (3, 10**9)  # a round of term 3 was confirmed just now
     assert _run(rp.leader_read(Consistency.LEASE, 0), {WaitCommitted: True}) == 0
-    m.elector._take_order_term = 3  # a take order went out in term 3: no lease any more
+    m.elector.transfer.take_order_term = 3  # a take order went out in term 3: no lease any more
     with pytest.raises(KeyError):  # it asks for a confirmation round instead
         _run(rp.leader_read(Consistency.LEASE, 0), {WaitCommitted: True})
 

@@ -97,13 +97,13 @@ def test_a_hung_checker_does_not_keep_the_member_from_leading_again() -> None:
     m.state.change_to_leader(3)
     m.leadership()  # led term 3 with these helpers
     m.mark_ready(3)
-    m.elector._change_role_to_candidate(4, 0)  # deposed
+    m.elector.change_role_to_candidate(4, 0)  # deposed
     actions, ended = _run_hung(sup.role_changes(), 0)
     assert any(isinstance(a, CheckerStepDown) for a in actions)
     assert ended <= 2 * CONFIG.rpc_timeout_ms  # bounded, whatever the helpers do
     while m.state.current_term < 5:
         m.state.next_term()
-    m.elector._change_role_to_leader(5, 1000)  # elected again
+    m.elector.change_role_to_leader(5, 1000)  # elected again
     proc = sup.role_changes()
     first = proc.start()
     while isinstance(first, Sleep):
@@ -155,7 +155,7 @@ def test_a_watch_goes_on_through_a_re_election_in_its_term() -> None:
         elif isinstance(action, HandOver):
             handed += 1
             if handed == 1:  # the transfer failed: stepped down, then elected again in term 3
-                m.elector._change_role_to_candidate(3, now)
+                m.elector.change_role_to_candidate(3, now)
                 m.state.change_to_leader(3)
                 assert m.leadership() == [] and m.leads(3)  # no role change: same term
         action = proc.send(Answer(now, value))
@@ -178,7 +178,7 @@ def test_a_hung_helper_is_replaced_while_its_leader_is_a_candidate_for_a_moment(
         assert now < 2 * sup.helper_wait_ms(), action
         value = None
         if isinstance(action, Ping):
-            m.elector._change_role_to_candidate(3, now)  # as the ping ends: a candidate
+            m.elector.change_role_to_candidate(3, now)  # as the ping ends: a candidate
             now += action.timeout_ms
             value = {k: "timeout" for k in action.keys}
         elif isinstance(action, Sleep):
@@ -232,10 +232,10 @@ def test_a_helper_that_answered_has_started_though_its_report_is_late() -> None:
     while not isinstance(action, Ready):  # every helper answers the setup at once
         action = proc.send(Answer(0, None))
     assert late not in sup.pids and sup.helper_wait_ms() == sup.steady_wait_ms()
-    m.elector._change_role_to_candidate(4, 0)  # deposed, then elected again
+    m.elector.change_role_to_candidate(4, 0)  # deposed, then elected again
     while m.state.current_term < 5:
         m.state.next_term()
-    m.elector._change_role_to_leader(5, 1000)
+    m.elector.change_role_to_leader(5, 1000)
     actions, ended = _run_hung(sup.role_changes(), 0)  # now nothing answers
     replaced = [a for a in actions if isinstance(a, Replace)]
     assert replaced and late in replaced[0].keys

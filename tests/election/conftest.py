@@ -50,8 +50,8 @@ def make(
     set_log_end(state, *ledger)
     el = Elector(state, config or ElectionConfig(), random.Random(seed))
     if midlife:
-        el._restarted, el._restart_term = False, -1
-        el._last_parse_result = ParseResult.WAIT_TO_REVOTE
+        el.shared.restarted, el.voting.restart_term = False, -1
+        el.shared.last_parse_result = ParseResult.WAIT_TO_REVOTE
     return el
 
 
@@ -91,7 +91,7 @@ def answer_votes(el: Elector, actions, result: VoteResult, now: int, term: int |
         req = s.message
         assert isinstance(req, VoteRequest)
         resp = VoteResponse(result, req.term if term is None else term, local_id=s.to)
-        out.extend(el.on_vote_response(s.to, req, resp, now))
+        out.extend(el.on_response(s.to, req, resp, now))
     return out
 
 
@@ -112,7 +112,7 @@ def become_leader(el: Elector, now: int = 0) -> int:
 
 def become_follower(el: Elector, leader: str = "n1", now: int = 0) -> None:
     """Make ``el`` a follower of ``leader`` in its current term."""
-    resp, _ = el.handle_heartbeat(hb_req(el, leader), now)
+    resp, _ = el.handle(hb_req(el, leader), now)
     assert resp.code == ResponseCode.SUCCESS, resp
     assert el.role is Role.FOLLOWER
 
@@ -127,7 +127,7 @@ def answer_heartbeats(
         req = s.message
         assert isinstance(req, HeartbeatRequest)
         resp = HeartbeatResponse(code, req.term if term is None else term, local_id=s.to)
-        out.extend(el.on_heartbeat_response(s.to, req, resp, now))
+        out.extend(el.on_response(s.to, req, resp, now))
     return out
 
 

@@ -27,10 +27,10 @@ def _answer(el, sends, results, now, terms=None):
     out = []
     for i, (s, result) in enumerate(zip(sends, results, strict=False)):
         if result is None:
-            out.extend(el.on_vote_response(s.to, s.message, None, now))
+            out.extend(el.on_response(s.to, s.message, None, now))
             continue
         term = s.message.term if terms is None else terms[i]
-        out.extend(el.on_vote_response(s.to, s.message, VoteResponse(result, term), now))
+        out.extend(el.on_response(s.to, s.message, VoteResponse(result, term), now))
     return out
 
 
@@ -55,7 +55,7 @@ def test_first_tick_votes_for_itself_and_asks_every_peer(h) -> None:
 def test_round_waits_until_its_deadline_then_parses(h) -> None:
     el = h.make(term=1)
     _round(h, el, 0)
-    deadline = el._vote_round.deadline_ms
+    deadline = el.voting.round.deadline_ms
     assert 2000 <= deadline < 3000  # 2000 + random(maxVoteIntervalMs)
     assert el.tick(deadline - 1) == [] and el.snapshot()["in_vote_round"]
     el.tick(deadline)
@@ -68,7 +68,7 @@ def test_round_waits_until_its_deadline_then_parses(h) -> None:
 def test_timer_gates_the_next_round(h) -> None:
     el = h.make(term=1)
     _round(h, el, 0)
-    el.tick(el._vote_round.deadline_ms)
+    el.tick(el.voting.round.deadline_ms)
     nxt = el.next_time_to_request_vote
     assert el.tick(nxt - 1) == [] and not el.snapshot()["in_vote_round"]
     assert h.sends(el.tick(nxt))
@@ -151,7 +151,7 @@ def test_rejections_lead_to_a_pre_vote_for_the_next_term(h) -> None:
 
 def test_failed_pre_vote_keeps_the_term(h) -> None:
     el = h.make(term=3)
-    el._last_parse_result = P.WAIT_TO_VOTE_NEXT
+    el.shared.last_parse_result = P.WAIT_TO_VOTE_NEXT
     sends = h.sends(el.tick(0))
     assert sends[0].message.pre_vote
     _answer(el, sends, [R.REJECT_ALREADY_HAS_LEADER, R.REJECT_ALREADY_HAS_LEADER], 5)
@@ -163,13 +163,13 @@ def test_stale_and_duplicate_answers_are_ignored(h) -> None:
     el = h.make(term=3)
     sends = _round(h, el, 0)
     first = sends[0]
-    el.on_vote_response(first.to, first.message, VoteResponse(R.REJECT_ALREADY_VOTED, 3), 1)
+    el.on_response(first.to, first.message, VoteResponse(R.REJECT_ALREADY_VOTED, 3), 1)
     # the same voter again (a duplicated message) does not count twice
-    assert el.on_vote_response(first.to, first.message, VoteResponse(R.ACCEPT, 3), 2) == []
+    assert el.on_response(first.to, first.message, VoteResponse(R.ACCEPT, 3), 2) == []
     assert el.snapshot()["in_vote_round"] and el.role is Role.CANDIDATE
     # an answer to a request from another round is dropped
     other = VoteRequest(**{**first.message.__dict__, "round_id": first.message.round_id - 1})
-    assert el.on_vote_response(sends[1].to, other, VoteResponse(R.ACCEPT, 3), 3) == []
+    assert el.on_response(sends[1].to, other, VoteResponse(R.ACCEPT, 3), 3) == []
     assert el.role is Role.CANDIDATE
 
 
@@ -182,15 +182,15 @@ def test_single_member_group_elects_itself(h) -> None:
 def test_take_leadership_uses_its_short_vote_interval(h) -> None:
     el = h.make(term=5)
     el.state.term_to_take_leadership = 5
-    assert el._get_next_time_to_request_vote(0) in range(30, 100)
+    assert el.voting.next_time_to_request_vote(0) in range(30, 100)
     el.state.term_to_take_leadership = -1
-    assert el._get_next_time_to_request_vote(0) in range(300, 1000)
+    assert el.voting.next_time_to_request_vote(0) in range(300, 1000)
 
 
 def test_vote_wait_uses_configured_base(h) -> None:
     el = h.make(term=1, config=ElectionConfig(vote_wait_base_ms=50, max_vote_interval_ms=400))
     _round(h, el, 0)
-    assert 50 <= el._vote_round.deadline_ms < 450
+    assert 50 <= el.voting.round.deadline_ms < 450
 
 
 def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
@@ -205,9 +205,7 @@ def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
                 if isinstance(s.message, VoteRequest) and not s.message.pre_vote:
                     vote_terms.append(s.message.term)
                 elif isinstance(s.message, VoteRequest):  # grant the pre-vote
-                    el.on_vote_response(
-                        s.to, s.message, VoteResponse(R.ACCEPT, s.message.term), now
-                    )
+                    el.on_response(s.to, s.message, VoteResponse(R.ACCEPT, s.message.term), now)
             if vote_terms:
                 break
             now += 10
@@ -228,13 +226,13 @@ def test_a_restarted_member_whose_pre_votes_fail_never_votes_in_its_old_term(h, 
                 continue
             if not msg.pre_vote:
                 vote_terms.append(msg.term)
-                el.on_vote_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
+                el.on_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
             else:
                 pre_votes += 1
                 if answer is not None and pre_votes < 8:
-                    el.on_vote_response(s.to, msg, VoteResponse(answer, 3), now)
+                    el.on_response(s.to, msg, VoteResponse(answer, 3), now)
                 elif pre_votes >= 8:  # the leader is gone at last: grant
-                    el.on_vote_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
+                    el.on_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
         now += 10
     assert vote_terms and min(vote_terms) > 3, vote_terms
     assert pre_votes >= 8, pre_votes

@@ -1,4 +1,4 @@
-"""handle_heartbeat / maintainAsFollower and sendHeartbeats / maintainAsLeader."""
+"""A heartbeat handled / maintainAsFollower and sendHeartbeats / maintainAsLeader."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ C = ResponseCode
 
 def test_heartbeat_makes_a_candidate_follow(h) -> None:
     el = h.make(term=4)
-    resp, actions = el.handle_heartbeat(h.hb_req(el, "n1"), 50)
+    resp, actions = el.handle(h.hb_req(el, "n1"), 50)
     assert resp.code is C.SUCCESS and resp.term == 4
     assert (el.role, el.leader_id) == (Role.FOLLOWER, "n1")
     assert [(rc.term, rc.role, rc.leader_id) for rc in h.role_changes(actions)] == [
@@ -25,7 +25,7 @@ def test_heartbeat_makes_a_candidate_follow(h) -> None:
 def test_heartbeat_from_the_known_leader_refreshes_the_timer(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1", now=0)
-    assert el.handle_heartbeat(h.hb_req(el, "n1"), 5000)[0].code is C.SUCCESS
+    assert el.handle(h.hb_req(el, "n1"), 5000)[0].code is C.SUCCESS
     assert el.tick(5000 + 6000) == [] and el.role is Role.FOLLOWER
     actions = el.tick(5000 + 6001)
     assert el.role is Role.CANDIDATE and el.term == 4
@@ -43,7 +43,7 @@ def test_heartbeat_from_the_known_leader_refreshes_the_timer(h) -> None:
 )
 def test_heartbeat_from_a_non_member_is_refused(h, kw, code) -> None:
     el = h.make(term=4)
-    resp, actions = el.handle_heartbeat(h.hb_req(el, "n1", **kw), 0)
+    resp, actions = el.handle(h.hb_req(el, "n1", **kw), 0)
     assert resp.code is code and resp.term == 4
     assert actions == [] and el.role is Role.CANDIDATE
 
@@ -52,14 +52,14 @@ def test_a_leader_outside_the_configuration_is_followed(h) -> None:
     """Raft §4.2.1: this member's newest configuration may be an uncommitted one
     that the leader is about to cut, or this member the one being added."""
     el = h.make(term=4)
-    resp, _ = el.handle_heartbeat(h.hb_req(el, "n1", leader_id="stranger", local_id="stranger"), 0)
+    resp, _ = el.handle(h.hb_req(el, "n1", leader_id="stranger", local_id="stranger"), 0)
     assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and el.state.leader_id == "stranger"
     assert el.state.vote_for == "stranger"  # following spends the vote of the term
 
 
 def test_expired_term(h) -> None:
     el = h.make(term=4)
-    resp, _ = el.handle_heartbeat(h.hb_req(el, "n1", term=3), 0)
+    resp, _ = el.handle(h.hb_req(el, "n1", term=3), 0)
     assert resp.code is C.EXPIRED_TERM and resp.term == 4
     assert el.role is Role.CANDIDATE
 
@@ -67,7 +67,7 @@ def test_expired_term(h) -> None:
 def test_inconsistent_leader(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    resp, _ = el.handle_heartbeat(h.hb_req(el, "n2"), 10)
+    resp, _ = el.handle(h.hb_req(el, "n2"), 10)
     assert resp.code is C.INCONSISTENT_LEADER
     assert el.leader_id == "n1"
 
@@ -75,7 +75,7 @@ def test_inconsistent_leader(h) -> None:
 def test_term_not_ready_steps_down_and_catches_up(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    resp, actions = el.handle_heartbeat(h.hb_req(el, "n2", term=6), 10)
+    resp, actions = el.handle(h.hb_req(el, "n2", term=6), 10)
     assert resp.code is C.TERM_NOT_READY
     assert (
         el.role is Role.CANDIDATE
@@ -86,16 +86,16 @@ def test_term_not_ready_steps_down_and_catches_up(h) -> None:
     el.tick(20)
     assert el.term == 6
     # the leader's next heartbeat now makes it follow
-    assert el.handle_heartbeat(h.hb_req(el, "n2", term=6), 30)[0].code is C.SUCCESS
+    assert el.handle(h.hb_req(el, "n2", term=6), 30)[0].code is C.SUCCESS
     assert (el.role, el.leader_id) == (Role.FOLLOWER, "n2")
 
 
 def test_old_leader_is_not_followed_once_a_newer_term_is_known(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    el.handle_vote(h.vote_req(el, "n2", term=5), 10)  # steps down; term 5 pending
+    el.handle(h.vote_req(el, "n2", term=5), 10)  # steps down; term 5 pending
     assert el.term == 4 and el.snapshot()["need_increase_term_immediately"]
-    resp, actions = el.handle_heartbeat(h.hb_req(el, "n1", term=4), 12)
+    resp, actions = el.handle(h.hb_req(el, "n1", term=4), 12)
     assert resp.code is C.EXPIRED_TERM and resp.term == 5
     assert el.role is Role.CANDIDATE and actions == []
 
@@ -151,7 +151,7 @@ def test_leader_steps_down_after_max_heartbeat_leak_without_quorum(h) -> None:
             h.answer_heartbeats(el, [s for s in sends if s.to == "n1"], C.NETWORK_ERROR, t + 1)
             for s in sends:
                 if s.to == "n2":
-                    el.on_heartbeat_response("n2", s.message, None, t + 5)
+                    el.on_response("n2", s.message, None, t + 5)
         t += 10
         assert t < now + 20_000
     assert el.role is Role.CANDIDATE and el.term == 0
@@ -205,13 +205,13 @@ def test_one_success_is_a_quorum_of_three(h) -> None:
     h.answer_heartbeats(el, sends[:1], C.SUCCESS, now + 1)
     # round over: the straggler's answer is stale
     stale = HeartbeatResponse(C.EXPIRED_TERM, 9)
-    assert el.on_heartbeat_response(sends[1].to, sends[1].message, stale, now + 2) == []
+    assert el.on_response(sends[1].to, sends[1].message, stale, now + 2) == []
     assert el.role is Role.LEADER
 
 
 def test_leader_rejects_heartbeat_of_another_leader_in_its_term(h) -> None:
     el, now = _leader(h, term=0)
-    resp, _ = el.handle_heartbeat(h.hb_req(el, "n1"), now)
+    resp, _ = el.handle(h.hb_req(el, "n1"), now)
     assert resp.code is C.INCONSISTENT_LEADER and el.role is Role.LEADER
 
 
@@ -222,7 +222,7 @@ def test_next_tick_follows_the_heartbeat_timers(h) -> None:
     el = h.make(term=4)
     assert el.next_tick_ms(0, 10) == 10  # a candidate keeps the fine granularity
     h.become_follower(el, "n1", now=0)
-    el.handle_heartbeat(h.hb_req(el, "n1"), 5000)
+    el.handle(h.hb_req(el, "n1"), 5000)
     timeout = el.config.heartbeat_timeout_ms
     nxt = el.next_tick_ms(5100, 10)
     assert nxt == 5000 + timeout + 1

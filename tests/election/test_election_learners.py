@@ -51,11 +51,11 @@ def test_heartbeat_answers_of_learners_make_no_majority(h) -> None:
     acts = el.tick(10_000)
     to = sorted(s.to for s in h.sends(acts) if isinstance(s.message, HeartbeatRequest))
     assert to == ["n1", "n2", "n3", "n4"]  # every member hears the leader
-    before = el._timers.last_succ_heartbeat_ms
+    before = el.shared.timers.last_succ_heartbeat_ms
     h.answer_heartbeats(el, acts, ResponseCode.SUCCESS, 10_001, only={"n3", "n4"})
-    assert el._timers.last_succ_heartbeat_ms == before  # the learners alone: no majority
+    assert el.shared.timers.last_succ_heartbeat_ms == before  # the learners alone: no majority
     h.answer_heartbeats(el, acts, ResponseCode.SUCCESS, 10_002, only={"n1"})
-    assert el._timers.last_succ_heartbeat_ms == 10_002
+    assert el.shared.timers.last_succ_heartbeat_ms == 10_002
 
 
 def test_a_learner_never_campaigns_and_a_voter_behind_its_promotion_votes_for_it(h) -> None:
@@ -68,7 +68,7 @@ def test_a_learner_never_campaigns_and_a_voter_behind_its_promotion_votes_for_it
     voter = _make("n1")
     req = VoteRequest(group="g", local_id="n3", remote_id="n1", leader_id="n3", term=1,
                       ledger_end_index=5, ledger_end_term=1)  # fmt: skip
-    resp, _ = voter.handle_vote(req, 0)
+    resp, _ = voter.handle(req, 0)
     assert resp.result is not VoteResult.REJECT_UNKNOWN_LEADER  # (DLedger: term first)
 
 

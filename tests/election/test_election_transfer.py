@@ -82,7 +82,7 @@ def test_transfer_is_abandoned_when_the_transferee_refuses_or_is_unreachable(h) 
     _, actions = el.transfer_leadership("n1", now)
     order = _take_order(h.sends(actions))
     refusal = LeadershipTransferResponse(C.INCONSISTENT_TERM, el.term)
-    out = el.on_leadership_transfer_response("n1", order.message, refusal, now + 5)
+    out = el.on_response("n1", order.message, refusal, now + 5)
     assert out == [TransferOutcome(el.term, "n1", C.INCONSISTENT_TERM)] and not el.transferring
 
     _, actions = el.transfer_leadership("n2", now + 10)
@@ -96,10 +96,10 @@ def test_transfer_succeeds_when_the_leader_sees_the_new_term(h) -> None:
     _, actions = el.transfer_leadership("n1", now)
     order = _take_order(h.sends(actions))
     ok = LeadershipTransferResponse(C.SUCCESS, el.term)
-    assert el.on_leadership_transfer_response("n1", order.message, ok, now + 5) == []
+    assert el.on_response("n1", order.message, ok, now + 5) == []
     assert el.transferring
     vote = h.vote_req(el, "n1", term=el.term + 1)
-    _, actions = el.handle_vote(vote, now + 50)
+    _, actions = el.handle(vote, now + 50)
     assert TransferOutcome(el.term, "n1", C.SUCCESS) in actions
     assert el.role is Role.CANDIDATE and not el.transferring
 
@@ -132,7 +132,7 @@ def test_transfer_request_checks(h, setup, kw, code) -> None:
         transferee_id="n1",
     )
     fields.update(kw)
-    resp, actions = el.handle_leadership_transfer(LeadershipTransferRequest(**fields), now)
+    resp, actions = el.handle(LeadershipTransferRequest(**fields), now)
     assert resp.code is code
     assert h.sends(actions) == []
 
@@ -163,7 +163,7 @@ def _order(el, leader="n1", index=-1, term=None, wait=1000):
 def test_transferee_votes_at_once_for_the_next_term(h) -> None:
     el = h.make(term=4, ledger=(30, 4))
     h.become_follower(el, "n1")
-    resp, actions = el.handle_leadership_transfer(_order(el, index=30), 100)
+    resp, actions = el.handle(_order(el, index=30), 100)
     assert resp.code is C.SUCCESS
     assert el.role is Role.CANDIDATE and el.snapshot()["need_increase_term_immediately"]
     assert el.state.term_to_take_leadership == 5
@@ -174,7 +174,7 @@ def test_transferee_votes_at_once_for_the_next_term(h) -> None:
     assert sends and all(s.message.term == 5 and s.message.take_leadership for s in sends)
     assert not sends[0].message.pre_vote
     # a repeated order (duplicated message) is answered the same way
-    assert el.handle_leadership_transfer(_order(el, index=30, term=4), 120)[0].code is C.SUCCESS
+    assert el.handle(_order(el, index=30, term=4), 120)[0].code is C.SUCCESS
     h.answer_votes(el, sends, VoteResult.ACCEPT, 200)
     assert el.role is Role.LEADER and el.state.term_to_take_leadership == -1
 
@@ -182,7 +182,7 @@ def test_transferee_votes_at_once_for_the_next_term(h) -> None:
 def test_transferee_waits_to_catch_up_then_votes(h) -> None:
     el = h.make(term=4, ledger=(20, 4))
     h.become_follower(el, "n1")
-    resp, actions = el.handle_leadership_transfer(_order(el, index=30), 100)
+    resp, actions = el.handle(_order(el, index=30), 100)
     assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and actions == []
     el.tick(150)
     assert el.role is Role.FOLLOWER
@@ -194,8 +194,8 @@ def test_transferee_waits_to_catch_up_then_votes(h) -> None:
 def test_transferee_gives_up_when_it_cannot_catch_up_in_time(h) -> None:
     el = h.make(term=4, ledger=(20, 4))
     h.become_follower(el, "n1")
-    el.handle_leadership_transfer(_order(el, index=30, wait=300), 100)
-    el.handle_heartbeat(h.hb_req(el, "n1"), 401)
+    el.handle(_order(el, index=30, wait=300), 100)
+    el.handle(h.hb_req(el, "n1"), 401)
     el.tick(401)
     h.set_log_end(el.state, 30, 4)
     el.tick(410)
@@ -209,7 +209,7 @@ def test_transferee_gives_up_when_it_cannot_catch_up_in_time(h) -> None:
 def test_transferee_checks_leader_and_term(h, leader, term, code) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    resp, actions = el.handle_leadership_transfer(_order(el, leader=leader, term=term), 0)
+    resp, actions = el.handle(_order(el, leader=leader, term=term), 0)
     assert resp.code is code and actions == [] and el.role is Role.FOLLOWER
 
 
@@ -262,10 +262,10 @@ def test_every_role_change_is_announced_once(h) -> None:
     now = h.become_leader(el)
     seen += [(0, Role.LEADER)] if el.role is Role.LEADER else []
     for _resp, actions in (
-        el.handle_vote(h.vote_req(el, "n1", term=el.term + 3), now),
-        el.handle_vote(h.vote_req(el, "n2", term=el.term + 3), now),  # same (term, role)
+        el.handle(h.vote_req(el, "n1", term=el.term + 3), now),
+        el.handle(h.vote_req(el, "n2", term=el.term + 3), now),  # same (term, role)
         ([], el.tick(now + 10)),
-        el.handle_heartbeat(h.hb_req(el, "n1"), now + 20),
+        el.handle(h.hb_req(el, "n1"), now + 20),
     ):
         seen += [(rc.term, rc.role) for rc in h.role_changes(actions)]
     assert seen == [(0, Role.LEADER), (3, Role.CANDIDATE), (3, Role.FOLLOWER)]
@@ -314,9 +314,9 @@ def test_member_cut_from_the_leader_only(h, pre_vote) -> None:
     leader; with pre-vote n1 refuses because it still hears the leader."""
     # n0 leads term 1 with n2's vote; n1 follows without having voted in term 1.
     g = _Group(h, ElectionConfig(enable_pre_vote=pre_vote), {"n0": "n0", "n1": None, "n2": "n0"})
-    g.els["n0"]._change_role_to_leader(1, 0)
-    g.els["n1"].handle_heartbeat(h.hb_req(g.els["n1"], "n0"), 0)
-    g.els["n2"].handle_heartbeat(h.hb_req(g.els["n2"], "n0"), 0)
+    g.els["n0"].change_role_to_leader(1, 0)
+    g.els["n1"].handle(h.hb_req(g.els["n1"], "n0"), 0)
+    g.els["n2"].handle(h.hb_req(g.els["n2"], "n0"), 0)
     g.advance(3000)
     assert g.roles()["n0"] == (Role.LEADER, 1)
     g.cut |= {("n0", "n2"), ("n2", "n0")}
@@ -332,7 +332,7 @@ def test_member_cut_from_the_leader_only(h, pre_vote) -> None:
 
 def test_role_change_action_carries_the_leader(h) -> None:
     el = h.make(term=2)
-    _, actions = el.handle_heartbeat(h.hb_req(el, "n2"), 0)
+    _, actions = el.handle(h.hb_req(el, "n2"), 0)
     assert actions == [RoleChange(2, Role.FOLLOWER, "n2")]
 
 
@@ -345,18 +345,18 @@ def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
     h.set_log_end(el.state, 1000, 0)
     old = el.term
     el.on_peer_progress("n1", old, 995, now + 10)
-    el._change_role_to_candidate(old + 1, now + 20)
+    el.change_role_to_candidate(old + 1, now + 20)
     while el.term < old + 2:
         el.state.next_term()
-    el._change_role_to_leader(old + 2, now + 30)
-    assert el._timers.peer_match_index == {}
+    el.change_role_to_leader(old + 2, now + 30)
+    assert el.shared.timers.peer_match_index == {}
     assert el.on_peer_progress("n1", old, 995, now + 31) == []  # the old dispatcher's report
-    assert el._timers.peer_match_index == {}
+    assert el.shared.timers.peer_match_index == {}
     resp, actions = el.transfer_leadership("n1", now + 40)
     assert resp.code is C.SUCCESS
     assert [s for s in h.sends(actions) if isinstance(s.message, LeadershipTransferRequest)] == []
     el.on_peer_progress("n1", el.term, 995, now + 41)  # the new term's report counts
-    assert el._timers.peer_match_index == {"n1": 995}
+    assert el.shared.timers.peer_match_index == {"n1": 995}
 
 
 def test_a_hand_over_that_is_given_up_ends_in_a_step_down(h) -> None:

@@ -65,7 +65,7 @@ def _group(h, preferred: tuple[str, ...] = ()):
     members = {m: h.make(m, midlife=True, config=cfg) for m in ("n0", "n1", "n2")}
     h.become_leader(members["n0"], 0)
     for m in ("n1", "n2"):
-        members[m].handle_heartbeat(h.hb_req(members[m], "n0"), 0)
+        members[m].handle(h.hb_req(members[m], "n0"), 0)
     return members
 
 

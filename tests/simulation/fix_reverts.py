@@ -21,7 +21,7 @@ from rayledger.actors.core.rounds import RoundBook
 from rayledger.actors.core.supervision import Supervisor
 from rayledger.election.membership import Membership
 from rayledger.election.messages import VoteResult
-from rayledger.election.voting import VotingSteps
+from rayledger.election.voting import Voting
 from rayledger.integration.kv.machine import KvMachine
 from rayledger.replication.handler import EntryHandler
 from rayledger.replication.sessions import Check, Session, SessionTable, Verdict
@@ -152,14 +152,14 @@ def _stranded_machine(patch: Callable) -> None:
 
 def _votes_by_configuration(patch: Callable) -> None:
     """A voter refuses any candidate that is not a voter in its own latest configuration."""
-    real = VotingSteps._judge_vote
+    real = Voting._judge_vote
 
     def judge(self, req, now_ms, *, self_vote):
-        if not self.state.is_voter(req.leader_id):
+        if not self.sh.state.is_voter(req.leader_id):
             return self._vote_response(req, VoteResult.REJECT_UNKNOWN_LEADER), []
         return real(self, req, now_ms, self_vote=self_vote)
 
-    patch(VotingSteps, "_judge_vote", judge)
+    patch(Voting, "_judge_vote", judge)
 
 
 def _live_majority(patch: Callable) -> None:
