@@ -52,8 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.machine import MachineCore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
+from rayledger.actors.naming import now_ms
 from rayledger.election import Role
 from rayledger.storage import Entry, LedgerError, ResponseCode
 from rayledger.storage.snapshots import SnapshotStore
@@ -226,9 +228,9 @@ class Applier:
 
     def run(self, entries: list[Entry]) -> None:
         """Apply entries that continue exactly where the machine stands (the machine's
-        thread; the core learns of it through ``core.batch_done``)."""
+        thread; the core learns of it through a ``BatchApplied`` event)."""
         if entries:
-            self.core.check_continues(entries[0].index)
+            self.core.step(mcore.Continues(entries[0].index), now_ms())
             # configuration entries are the group's, not the machine's: it sees
             # client entries (and a term's empty first entry) only
             mine = [e for e in entries if not e.channel]
@@ -245,9 +247,9 @@ class Applier:
         """``run``, then record where the machine stands."""
         if entries:
             self.run(entries)
-            self.core.batch_done(entries[-1].index)
+            self.core.step(mcore.BatchApplied(entries[-1].index), now_ms())
 
     def role_changed(self, role: Role, term: int) -> None:
         """Tell the machine once per distinct (role, term)."""
-        if self.core.role_news(role, term):
+        if self.core.step(mcore.RoleNews(role, term), now_ms()):
             self.machine.on_role_change(role, term)

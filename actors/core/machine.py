@@ -2,23 +2,26 @@
 
 The runner around a member's state machine (machine.py) only delivers events to this core and does
 what it answers; the Ray member (:mod:`rayledger.actors.member.machine`) with a one-thread pool and
-futures, the seeded simulation with simulated time.  The core decides:
+futures, the seeded simulation with simulated time.  Its one way in is
+:meth:`MachineCore.step` (an event and the time; it returns the event's direct answer), as
+for the checker's and the dispatchers' cores; what only reads its state (``due``,
+``snapshot_wanted``, ``keep_from``, ``next_deadline_ms``) is asked by method.  The core decides:
 
 * **what to apply next**: from where the machine stands, at most ``max_batch`` committed
-  entries, one batch at a time (:meth:`MachineCore.next_batch`), and that each batch
-  continues exactly where the machine stands (:meth:`MachineCore.check_continues`);
+  entries, one batch at a time (:class:`NextJob`), and that each batch
+  continues exactly where the machine stands (:class:`Continues`);
 * **when a query may be answered or must fail**: at once once the machine has applied
   the index the read consistency requires, else it waits until a batch reaches it
-  (:meth:`MachineCore.batch_done`), TIMEOUT at its deadline (:meth:`MachineCore.expire`),
+  (:class:`BatchApplied`), TIMEOUT at its deadline (:class:`ExpireQueries`),
   INTERNAL_ERROR once the machine failed;
-* **when the machine counts as ready for a new leader's term** (:meth:`MachineCore.wait_ready`):
+* **when the machine counts as ready for a new leader's term** (:class:`WaitReady`):
   once ``ready_to_lead()`` says so while the term lasts, asked again every
   ``READY_POLL_MS``; a failed machine is never ready;
-* **what a failure does** (:meth:`MachineCore.fail`): a machine whose ``apply`` or
+* **what a failure does** (:class:`MachineFailed`): a machine whose ``apply`` or
   ``on_role_change`` raised applies no more (its state is unknown), and every waiting and
   later query fails INTERNAL_ERROR;
 * **role news**: the machine hears each distinct (role, term) once;
-* **installs**: a snapshot sealed from the leader (:meth:`MachineCore.offer`) is
+* **installs**: a snapshot sealed from the leader (:class:`SnapshotOffered`) is
   loaded next, between batches, only when it is ahead of where the machine stands (never
   applied twice, never skipped: the machine then stands exactly at its index); a machine
   that stands below its log's begin (the log was reset to the leader's after a long
@@ -87,8 +90,163 @@ class Install:
     path: str
 
 
+# ====================================================================== events in
+# Each event's answer is what :meth:`MachineCore.step` returns for it.
+
+
+@dataclass(frozen=True, slots=True)
+class NextJob:
+    """What the machine does next with ``committed`` entries and its log beginning at
+    ``begin``: answers a :class:`Batch`, :class:`Install` or :class:`Rebase` now in flight,
+    or None."""
+
+    committed: int
+    begin: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOffered:
+    """A snapshot at ``index`` (in ``path``) was sealed from the leader; answers whether the
+    machine will load it."""
+
+    index: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rebased:
+    """The machine continues after ``index``; answers the query tokens it may answer now."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Installed:
+    """The machine loaded the snapshot at ``index`` (``have``: every snapshot now, ``saved``:
+    what it made durable itself); answers (query tokens, snapshots to delete, the log's new
+    compaction floor)."""
+
+    index: int
+    have: list
+    saved: int
+
+
+@dataclass(frozen=True, slots=True)
+class Continues:
+    """Entries from ``first`` are about to be applied; raises INCONSISTENT_STATE unless they
+    continue exactly where the machine stands."""
+
+    first: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRead:
+    """The store gave ``entries`` for ``batch``; raises INCONSISTENT_STATE unless exactly
+    those."""
+
+    batch: Batch
+    entries: list
+
+
+@dataclass(frozen=True, slots=True)
+class BatchApplied:
+    """The machine applied entries up to ``last``; answers the query tokens it may answer."""
+
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class MachineFailed:
+    """The machine raised ``why``; answers ``(token, error)`` for every waiting query."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotDue:
+    """A batch of ``entries`` was applied (the log begins at ``begin``); answers the index
+    to snapshot at now, or None."""
+
+    entries: list
+    begin: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotAsked:
+    """A follower's machine waits for a snapshot at or past ``index`` (``have``: the newest
+    that can be sent, -1: none); answers the index to snapshot at now, or None."""
+
+    index: int
+    begin: int
+    have: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSealed:
+    """Snapshot ``index`` is sealed on disk; answers (snapshots to delete, compaction floor)."""
+
+    index: int
+    have: list
+    saved: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFailed:
+    """Taking the snapshot at ``index`` failed with ``why``."""
+
+    index: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A query ``token`` needs the machine to have applied ``index``, for at most
+    ``timeout_ms``; answers a :class:`QueryVerdict`, or raises INTERNAL_ERROR once the
+    machine failed."""
+
+    index: int
+    token: Any
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireQueries:
+    """Time passed: answers ``(token, TIMEOUT error)`` for every query past its deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryGone:
+    """A waiting query gave up on its own (its caller went away)."""
+
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RoleNews:
+    """The member is ``role`` in ``term``; answers whether the machine must hear of it."""
+
+    role: Role
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitReady:
+    """A new leader waits for its machine while ``leads()`` holds (its log begins at
+    ``begin()``); answers the :class:`~.supervision.Process` that waits."""
+
+    leads: Callable[[], bool]
+    begin: Callable[[], int] = lambda: 0
+
+
+MachineEvent = (
+    NextJob | SnapshotOffered | Rebased | Installed | Continues | BatchRead | BatchApplied
+    | MachineFailed | SnapshotDue | SnapshotAsked | SnapshotSealed | SnapshotFailed | Query
+    | ExpireQueries | QueryGone | RoleNews | WaitReady
+)  # fmt: skip
+
+
 class QueryVerdict:
-    """What :meth:`MachineCore.query` decided: answer now, or wait for a batch."""
+    """What :class:`Query` decided: answer now, or wait for a batch."""
 
     ANSWER = "answer"
     WAIT = "wait"
@@ -118,6 +276,47 @@ class MachineCore:
         self._role: tuple[Role, int] | None = None
         self._waiting: list[tuple[int, int, Any]] = []  # (index, deadline ms, token)
 
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: MachineEvent, now_ms: int) -> Any:  # noqa: C901 -- one case each
+        """Deliver one event at ``now_ms``; returns the call's direct answer (see each
+        event), as :meth:`~rayledger.replication.checker.CheckerLogic.step` does."""
+        match ev:
+            case NextJob():
+                return self._next_batch(ev.committed, ev.begin)
+            case BatchRead():
+                return self._check_batch(ev.batch, ev.entries)
+            case BatchApplied():
+                return self._batch_done(ev.last)
+            case Continues():
+                return self._check_continues(ev.first)
+            case SnapshotDue():
+                return self._snapshot_due(ev.entries, ev.begin)
+            case Query():
+                return self._query(ev.index, ev.token, now_ms, ev.timeout_ms)
+            case ExpireQueries():
+                return self._expire(now_ms)
+            case QueryGone():
+                return self._discard(ev.token)
+            case RoleNews():
+                return self._role_news(ev.role, ev.term)
+            case WaitReady():
+                return self._wait_ready_process(ev.leads, ev.begin)
+            case SnapshotOffered():
+                return self._offer(ev.index, ev.path)
+            case Rebased():
+                return self._rebased(ev.index)
+            case Installed():
+                return self._installed(ev.index, ev.have, ev.saved)
+            case MachineFailed():
+                return self._fail(ev.why)
+            case SnapshotAsked():
+                return self._snapshot_asked(ev.index, ev.begin, ev.have)
+            case SnapshotSealed():
+                return self._snapshot_done(ev.index, ev.have, ev.saved)
+            case SnapshotFailed():
+                return self._snapshot_failed(ev.index, ev.why)
+        raise TypeError(f"not a machine event: {ev!r}")
+
     # -- what to apply next ------------------------------------------------------------------
     def due(self, committed: int) -> tuple[int, int] | None:
         """The next ``[start, stop)`` after where the machine stands, at most ``max_batch``
@@ -133,7 +332,7 @@ class MachineCore:
             n *= CATCH_UP
         return start, min(committed + 1, start + n)
 
-    def next_batch(self, committed: int, begin: int = 0) -> Batch | Install | Rebase | None:
+    def _next_batch(self, committed: int, begin: int = 0) -> Batch | Install | Rebase | None:
         """The machine's next job: a snapshot offered by the leader, else the batch to
         apply now; None when nothing is due, a job is in flight (one at a time, in order),
         or the machine failed.  A machine that stands below its log's ``begin`` (the
@@ -179,7 +378,7 @@ class MachineCore:
             pending = max(pending, self.applying.index)
         return -1 if pending >= begin - 1 else begin - 1
 
-    def offer(self, index: int, path: str) -> bool:
+    def _offer(self, index: int, path: str) -> bool:
         """A snapshot at ``index`` was sealed from the leader: True when the machine will
         load it (it is ahead of where it stands and of any snapshot offered before)."""
         ahead = max(self.applied, self.offered.index if self.offered else -1)
@@ -194,14 +393,14 @@ class MachineCore:
         self.offered = Install(index, path)
         return True
 
-    def rebased(self, index: int) -> list[Any]:
+    def _rebased(self, index: int) -> list[Any]:
         """The machine continues after ``index``; returns the queries it may answer now."""
         self.applied = index
         self.applying = None
         self.stranded = self.ahead_of_log = False
         return self._reached()
 
-    def installed(self, index: int, have: list, saved: int) -> tuple[list, list, int | None]:
+    def _installed(self, index: int, have: list, saved: int) -> tuple[list, list, int | None]:
         """The machine loaded the snapshot at ``index`` (``have``: every snapshot now):
         returns the queries it may answer now, the snapshots to delete and the log's new
         compaction floor."""
@@ -212,7 +411,7 @@ class MachineCore:
         gone = self.snapshots.installed(index, have) if self.snapshots is not None else []
         return self._reached(), gone, self.keep_from(saved)
 
-    def check_continues(self, first: int) -> None:
+    def _check_continues(self, first: int) -> None:
         """Entries from ``first`` must continue exactly where the machine stands: never
         skip, never apply twice (INCONSISTENT_STATE)."""
         if first != self.applied + 1:
@@ -221,7 +420,7 @@ class MachineCore:
                 f"apply from {first}, but the machine stands at {self.applied}",
             )
 
-    def check_batch(self, batch: Batch, entries: list) -> None:
+    def _check_batch(self, batch: Batch, entries: list) -> None:
         """The store gave exactly the batch's entries (INCONSISTENT_STATE otherwise: a
         machine never gets a gap, nor less than it was promised)."""
         want = list(range(batch.start, batch.stop))
@@ -232,7 +431,7 @@ class MachineCore:
                 f"batch {batch.start}..{batch.stop - 1} read as entries {got}",
             )
 
-    def batch_done(self, last: int) -> list[Any]:
+    def _batch_done(self, last: int) -> list[Any]:
         """The machine applied entries up to ``last`` (the batch in flight, or a batch
         applied by hand); returns the query tokens it may answer now."""
         if last < self.applied:
@@ -245,7 +444,7 @@ class MachineCore:
         self.ahead_of_log = False
         return self._reached()
 
-    def fail(self, why: str) -> list[tuple[Any, LedgerError]]:
+    def _fail(self, why: str) -> list[tuple[Any, LedgerError]]:
         """The machine raised: it applies no more (its state is unknown) and every waiting
         query fails; returns ``(token, error)`` for them."""
         if self.failed is None:
@@ -263,7 +462,7 @@ class MachineCore:
         )
 
     # -- snapshots -------------------------------------------------------------------
-    def snapshot_due(self, entries: list, begin: int = 0) -> int | None:
+    def _snapshot_due(self, entries: list, begin: int = 0) -> int | None:
         """After a batch of ``entries`` applied: the index to snapshot the machine at now
         (its consistent cut: where it stands), or None -- also when the log now begins
         past it (``begin``: reset while the batch was applied; the cut's term is gone, and
@@ -278,7 +477,7 @@ class MachineCore:
         p.begin(self.applied)
         return self.applied
 
-    def snapshot_asked(self, index: int, begin: int, have: int | None = None) -> int | None:
+    def _snapshot_asked(self, index: int, begin: int, have: int | None = None) -> int | None:
         """A follower's machine waits for a snapshot at or past ``index`` and ours stop
         short of it (``have``: the newest that can be sent, -1: none): the index to
         snapshot at now (the machine is idle and stands that far), or None -- the snapshot
@@ -288,16 +487,16 @@ class MachineCore:
         self.snapshots.ask(index, have)
         if self.applying is not None:
             return None  # its end asks snapshot_due
-        return self.snapshot_due([], begin)
+        return self._snapshot_due([], begin)
 
-    def snapshot_done(self, index: int, have: list, saved: int) -> tuple[list, int | None]:
+    def _snapshot_done(self, index: int, have: list, saved: int) -> tuple[list, int | None]:
         """Snapshot ``index`` is sealed on disk (``have``: every snapshot now): returns the
         snapshots to delete (beyond the newest ``keep``) and the log's new compaction floor
         (``saved``: what the machine's ``open`` returned)."""
         gone = self.snapshots.taken(index, have)
         return gone, self.keep_from(saved)
 
-    def snapshot_failed(self, index: int, why: str) -> None:
+    def _snapshot_failed(self, index: int, why: str) -> None:
         log.error("[%s] snapshot at %d failed: %s", self.member, index, why)
         self.snapshots.failed()
 
@@ -309,10 +508,10 @@ class MachineCore:
         return self.snapshots.compaction_floor()
 
     # -- queries -----------------------------------------------------------------------------
-    def query(self, index: int, token: Any, now_ms: int, timeout_ms: int) -> str:
+    def _query(self, index: int, token: Any, now_ms: int, timeout_ms: int) -> str:
         """A query needs the machine to have applied ``index``: :attr:`QueryVerdict.ANSWER` (ask
         the machine now) or :attr:`QueryVerdict.WAIT` (``token`` is listed until a batch reaches
-        ``index``, :meth:`expire` at ``now_ms + timeout_ms``).  Raises INTERNAL_ERROR once
+        ``index``, :class:`ExpireQueries` at ``now_ms + timeout_ms``).  Raises INTERNAL_ERROR once
         the machine failed."""
         if self.failed is not None:
             raise self.broken()
@@ -334,7 +533,7 @@ class MachineCore:
     def next_deadline_ms(self) -> int | None:
         return min((d for _, d, _ in self._waiting), default=None)
 
-    def expire(self, now_ms: int) -> list[tuple[Any, LedgerError]]:
+    def _expire(self, now_ms: int) -> list[tuple[Any, LedgerError]]:
         """Queries whose deadline passed fail TIMEOUT; returns ``(token, error)``."""
         late = [(i, t) for i, d, t in self._waiting if d <= now_ms]
         if not late:
@@ -342,7 +541,7 @@ class MachineCore:
         self._waiting = [w for w in self._waiting if w[1] > now_ms]
         return [(t, self.too_late(i)) for i, t in late]
 
-    def discard(self, token: Any) -> None:
+    def _discard(self, token: Any) -> None:
         """A waiting query gave up on its own (its caller went away)."""
         self._waiting = [w for w in self._waiting if w[2] is not token]
 
@@ -353,7 +552,7 @@ class MachineCore:
         )
 
     # -- roles and readiness -----------------------------------------------------------------
-    def role_news(self, role: Role, term: int) -> bool:
+    def _role_news(self, role: Role, term: int) -> bool:
         """Whether the machine must hear of ``(role, term)``: once per distinct pair, and
         never once it failed."""
         if self.failed is not None or self._role == (role, term):
@@ -361,7 +560,7 @@ class MachineCore:
         self._role = (role, term)
         return True
 
-    def wait_ready(
+    def _wait_ready_process(
         self, leads: Callable[[], bool], begin: Callable[[], int] = lambda: 0
     ) -> Process:
         """A new leader's wait for its machine (the supervisor's ``WaitMachine``): returns
@@ -392,4 +591,13 @@ class MachineCore:
         return False
 
 
-__all__ = ["READY_POLL_MS", "AskReady", "Batch", "Install", "MachineCore", "Rebase", "QueryVerdict"]
+__all__ = [
+    "READY_POLL_MS",
+    "AskReady",
+    "Batch",
+    "Install",
+    "MachineCore",
+    "MachineEvent",
+    "QueryVerdict",
+    "Rebase",
+]

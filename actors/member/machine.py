@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core import supervision as sv
 from rayledger.actors.core.machine import AskReady, Batch, Install, QueryVerdict, Rebase
 from rayledger.actors.futures import set_exception, set_result
@@ -85,7 +86,9 @@ class MachineRunner:
         """Start the job the core says is due (none while one is in flight)."""
         m = self.ctx
         with m.lock:
-            batch = self.core.next_batch(m.store.committed_index, m.store.ledger_begin_index)
+            batch = self.core.step(
+                mcore.NextJob(m.store.committed_index, m.store.ledger_begin_index), now_ms()
+            )
             if batch is None:
                 return
             if isinstance(batch, Install):
@@ -96,7 +99,7 @@ class MachineRunner:
                 return
             try:
                 entries = m.store.get_range(batch.start, batch.stop)
-                self.core.check_batch(batch, entries)
+                self.core.step(mcore.BatchRead(batch, entries), now_ms())
             except Exception as exc:
                 self._failed(exc)
                 return
@@ -112,9 +115,9 @@ class MachineRunner:
             return
         m = self.ctx
         with m.lock:
-            released = self.core.batch_done(batch.stop - 1)
+            released = self.core.step(mcore.BatchApplied(batch.stop - 1), now_ms())
             m.store.keep_from = self.core.keep_from(saved)
-            index = self.core.snapshot_due(entries, m.store.ledger_begin_index)
+            index = self.core.step(mcore.SnapshotDue(entries, m.store.ledger_begin_index), now_ms())
             term = m.store.get_term(index) if index is not None else -1
         for fut in released:
             set_result(fut, None)
@@ -127,7 +130,9 @@ class MachineRunner:
         loop, under its lock): cut one now if the core says so, before any later batch."""
         m = self.ctx
         with m.lock:
-            now = self.core.snapshot_asked(index, m.store.ledger_begin_index, have)
+            now = self.core.step(
+                mcore.SnapshotAsked(index, m.store.ledger_begin_index, have), now_ms()
+            )
             term = m.store.get_term(now) if now is not None else -1
         if now is not None:
             self._cut(now, term)
@@ -156,21 +161,25 @@ class MachineRunner:
 
             await loop.run_in_executor(None, snaps.seal, index, term, write)
             with m.lock:
-                gone, m.store.keep_from = self.core.snapshot_done(
-                    index, snaps.list(), self.applier.saved
+                gone, m.store.keep_from = self.core.step(
+                    mcore.SnapshotSealed(index, snaps.list(), self.applier.saved), now_ms()
                 )
             for old in gone:
                 snaps.delete(old)
             log.info("[%s] state machine snapshot at %d (term %d)", m.self_id, index, term)
         except Exception as exc:
             with m.lock:
-                self.core.snapshot_failed(index, repr(exc))
+                self.core.step(mcore.SnapshotFailed(index, repr(exc)), now_ms())
             return
         # batches that ended while it was written took none: one may be due now (no batch
         # in flight, so the cut is where the machine stands; later batches queue behind it)
         with m.lock:
             due = self.core.applying is None
-            again = self.core.snapshot_due([], m.store.ledger_begin_index) if due else None
+            again = (
+                self.core.step(mcore.SnapshotDue([], m.store.ledger_begin_index), now_ms())
+                if due
+                else None
+            )
             term = m.store.get_term(again) if again is not None else -1
         if again is not None:
             self._cut(again, term)
@@ -189,7 +198,7 @@ class MachineRunner:
                 self._failed(exc)
             return
         with self.ctx.lock:
-            released = self.core.rebased(job.index)
+            released = self.core.step(mcore.Rebased(job.index), now_ms())
         for fut in released:
             set_result(fut, None)
         self._pump()
@@ -198,7 +207,12 @@ class MachineRunner:
     def offer(self, sealed: list) -> None:
         """Snapshots the member sealed from its leader (under the member's lock): the core
         says whether the machine loads one."""
-        if any([self.core.offer(meta.index, meta.path) for meta in sealed]):
+        if any(
+            [
+                self.core.step(mcore.SnapshotOffered(meta.index, meta.path), now_ms())
+                for meta in sealed
+            ]
+        ):
             self.kick()
 
     async def _install(self, job: Install) -> None:
@@ -213,8 +227,8 @@ class MachineRunner:
                 self._failed(exc)
             return
         with m.lock:
-            released, gone, m.store.keep_from = self.core.installed(
-                job.index, snaps.list(), self.applier.saved
+            released, gone, m.store.keep_from = self.core.step(
+                mcore.Installed(job.index, snaps.list(), self.applier.saved), now_ms()
             )
         for old in gone:
             snaps.delete(old)
@@ -224,13 +238,13 @@ class MachineRunner:
 
     def _failed(self, exc: BaseException) -> None:
         """Tell the core (under the member's lock); its waiting queries fail."""
-        for fut, err in self.core.fail(repr(exc)):
+        for fut, err in self.core.step(mcore.MachineFailed(repr(exc)), now_ms()):
             set_exception(fut, err)
 
     # -- role, readiness, queries ----------------------------------------------------------
     async def role_changed(self, role: Role, term: int) -> None:
         with self.ctx.lock:
-            news = self.core.role_news(role, term)
+            news = self.core.step(mcore.RoleNews(role, term), now_ms())
         if not news:
             return
         loop = asyncio.get_running_loop()
@@ -244,7 +258,9 @@ class MachineRunner:
         """Until the machine says it is ready to lead; False once leadership is gone,
         ``MACHINE_STRANDED`` when it needs a snapshot from another leader."""
         loop = asyncio.get_running_loop()
-        proc = self.core.wait_ready(still_leading, lambda: self.ctx.store.ledger_begin_index)
+        proc = self.core.step(
+            mcore.WaitReady(still_leading, lambda: self.ctx.store.ledger_begin_index), now_ms()
+        )
         gen, answer = proc.gen, None
         while True:
             try:
@@ -268,7 +284,7 @@ class MachineRunner:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         with self.ctx.lock:
-            verdict = self.core.query(index, fut, now_ms(), int(timeout_s * 1000))
+            verdict = self.core.step(mcore.Query(index, fut, int(timeout_s * 1000)), now_ms())
         if verdict == QueryVerdict.WAIT:
             timer = loop.call_later(timeout_s + 0.002, self._expire)  # past the deadline
             self.kick()
@@ -277,12 +293,12 @@ class MachineRunner:
             finally:
                 timer.cancel()
                 with self.ctx.lock:
-                    self.core.discard(fut)
+                    self.core.step(mcore.QueryGone(fut), now_ms())
         return await loop.run_in_executor(self._pool, self.applier.machine.query, request)
 
     def _expire(self) -> None:
         with self.ctx.lock:
-            late = self.core.expire(now_ms())
+            late = self.core.step(mcore.ExpireQueries(), now_ms())
         for fut, err in late:
             set_exception(fut, err)
 

@@ -4,6 +4,7 @@ to apply next, when queries are answered or fail, readiness for a term, failures
 from __future__ import annotations
 
 import pytest
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.machine import READY_POLL_MS, AskReady, Batch, MachineCore, QueryVerdict
 from rayledger.actors.core.read_path import run_to_end
 from rayledger.actors.core.supervision import Answer, Failed, Sleep
@@ -18,32 +19,32 @@ def entries(a: int, b: int) -> list[Entry]:
 
 def test_batches_apply_one_at_a_time_from_where_the_machine_stands():
     c = MachineCore("n0", applied=4, max_batch=3)
-    assert c.next_batch(4) is None  # nothing committed past it
-    b = c.next_batch(10)
+    assert c.step(mcore.NextJob(4), 0) is None  # nothing committed past it
+    b = c.step(mcore.NextJob(10), 0)
     assert b == Batch(5, 8)
-    assert c.next_batch(10) is None  # one batch in flight at a time
-    c.check_batch(b, entries(5, 8))
-    assert c.batch_done(7) == [] and c.applied == 7
-    assert c.next_batch(10) == Batch(8, 11)
+    assert c.step(mcore.NextJob(10), 0) is None  # one batch in flight at a time
+    c.step(mcore.BatchRead(b, entries(5, 8)), 0)
+    assert c.step(mcore.BatchApplied(7), 0) == [] and c.applied == 7
+    assert c.step(mcore.NextJob(10), 0) == Batch(8, 11)
 
 
 def test_a_batch_read_with_a_gap_or_short_is_refused():
     c = MachineCore("n0", applied=-1)
-    b = c.next_batch(5)
+    b = c.step(mcore.NextJob(5), 0)
     for got in (entries(0, 3), entries(1, 6), []):
         with pytest.raises(LedgerError) as e:
-            c.check_batch(b, got)
+            c.step(mcore.BatchRead(b, got), 0)
         assert e.value.code == ResponseCode.INCONSISTENT_STATE
-    c.check_batch(b, entries(0, 6))
+    c.step(mcore.BatchRead(b, entries(0, 6)), 0)
     with pytest.raises(LedgerError):
-        c.check_continues(3)  # never skip, never twice
-    c.check_continues(0)
+        c.step(mcore.Continues(3), 0)  # never skip, never twice
+    c.step(mcore.Continues(0), 0)
 
 
 def test_a_machine_restarted_ahead_of_the_committed_index_waits_for_it():
     c = MachineCore("n0", applied=20)  # it saved more than the store recovered as committed
-    assert c.next_batch(15) is None
-    assert c.next_batch(21) == Batch(21, 22)
+    assert c.step(mcore.NextJob(15), 0) is None
+    assert c.step(mcore.NextJob(21), 0) == Batch(21, 22)
 
 
 def test_a_machine_ahead_of_its_log_answers_once_the_log_holds_what_it_applied():
@@ -51,57 +52,60 @@ def test_a_machine_ahead_of_its_log_answers_once_the_log_holds_what_it_applied()
     (which may read message bodies from the log) waits until a batch is applied past 48,
     which the log then holds; a machine level with its log answers at once."""
     c = MachineCore("n0", applied=48, log_end=47)
-    assert c.query(-1, "q", 0, 100) == QueryVerdict.WAIT
-    assert c.next_batch(48) is None  # the member's committed index is back below 48
-    assert c.next_batch(49) == Batch(49, 50)
-    assert c.batch_done(49) == ["q"]
-    assert c.query(-1, "later", 0, 100) == QueryVerdict.ANSWER
-    assert MachineCore("n0", applied=48, log_end=48).query(5, "q", 0, 100) == QueryVerdict.ANSWER
+    assert c.step(mcore.Query(-1, "q", 100), 0) == QueryVerdict.WAIT
+    assert c.step(mcore.NextJob(48), 0) is None  # the member's committed index is back below 48
+    assert c.step(mcore.NextJob(49), 0) == Batch(49, 50)
+    assert c.step(mcore.BatchApplied(49), 0) == ["q"]
+    assert c.step(mcore.Query(-1, "later", 100), 0) == QueryVerdict.ANSWER
+    assert (
+        MachineCore("n0", applied=48, log_end=48).step(mcore.Query(5, "q", 100), 0)
+        == QueryVerdict.ANSWER
+    )
 
 
 def test_queries_wait_for_the_index_then_are_answered():
     c = MachineCore("n0", applied=2, max_batch=2)
-    assert c.query(2, "now", 0, 100) == QueryVerdict.ANSWER
-    assert c.query(5, "q5", 0, 100) == QueryVerdict.WAIT
-    assert c.query(3, "q3", 0, 100) == QueryVerdict.WAIT
-    c.next_batch(9)
-    assert c.batch_done(4) == ["q3"]
-    c.next_batch(9)
-    assert c.batch_done(6) == ["q5"]
+    assert c.step(mcore.Query(2, "now", 100), 0) == QueryVerdict.ANSWER
+    assert c.step(mcore.Query(5, "q5", 100), 0) == QueryVerdict.WAIT
+    assert c.step(mcore.Query(3, "q3", 100), 0) == QueryVerdict.WAIT
+    c.step(mcore.NextJob(9), 0)
+    assert c.step(mcore.BatchApplied(4), 0) == ["q3"]
+    c.step(mcore.NextJob(9), 0)
+    assert c.step(mcore.BatchApplied(6), 0) == ["q5"]
     assert c.next_deadline_ms() is None
 
 
 def test_a_waiting_query_times_out_at_its_deadline():
     c = MachineCore("n0", applied=0)
-    c.query(5, "a", now_ms=0, timeout_ms=100)
-    c.query(5, "b", now_ms=50, timeout_ms=100)
+    c.step(mcore.Query(5, "a", 100), 0)
+    c.step(mcore.Query(5, "b", 100), 50)
     assert c.next_deadline_ms() == 100
-    assert c.expire(99) == []
-    ((token, err),) = c.expire(100)
+    assert c.step(mcore.ExpireQueries(), 99) == []
+    ((token, err),) = c.step(mcore.ExpireQueries(), 100)
     assert token == "a" and err.code == ResponseCode.TIMEOUT
-    c.discard("b")
+    c.step(mcore.QueryGone("b"), 0)
     assert c.next_deadline_ms() is None
 
 
 def test_a_failed_machine_applies_no_more_and_fails_every_query():
     c = MachineCore("n0", applied=0)
-    c.query(3, "w", 0, 1000)
-    c.next_batch(5)
-    (failed,) = c.fail("ValueError('bad entry')")
+    c.step(mcore.Query(3, "w", 1000), 0)
+    c.step(mcore.NextJob(5), 0)
+    (failed,) = c.step(mcore.MachineFailed("ValueError('bad entry')"), 0)
     assert failed[0] == "w" and failed[1].code == ResponseCode.INTERNAL_ERROR
-    assert c.next_batch(5) is None and c.applying is None
+    assert c.step(mcore.NextJob(5), 0) is None and c.applying is None
     with pytest.raises(LedgerError) as e:
-        c.query(0, "late", 0, 1000)  # even an index it applied: its state is unknown
+        c.step(mcore.Query(0, "late", 1000), 0)  # even an index it applied: its state is unknown
     assert e.value.code == ResponseCode.INTERNAL_ERROR
-    assert not c.role_news(Role.LEADER, 3)
+    assert not c.step(mcore.RoleNews(Role.LEADER, 3), 0)
 
 
 def test_role_news_once_per_distinct_role_and_term():
     c = MachineCore("n0", applied=-1)
-    assert c.role_news(Role.FOLLOWER, 1)
-    assert not c.role_news(Role.FOLLOWER, 1)
-    assert c.role_news(Role.LEADER, 2)
-    assert c.role_news(Role.FOLLOWER, 2)
+    assert c.step(mcore.RoleNews(Role.FOLLOWER, 1), 0)
+    assert not c.step(mcore.RoleNews(Role.FOLLOWER, 1), 0)
+    assert c.step(mcore.RoleNews(Role.LEADER, 2), 0)
+    assert c.step(mcore.RoleNews(Role.FOLLOWER, 2), 0)
 
 
 def _drive(proc, answers):
@@ -118,7 +122,7 @@ def _drive(proc, answers):
 
 def test_ready_once_the_machine_says_so_asked_every_poll():
     c = MachineCore("n0", applied=-1)
-    seen, ready = _drive(c.wait_ready(lambda: True), [False, Failed("boom"), True])
+    seen, ready = _drive(c.step(mcore.WaitReady(lambda: True), 0), [False, Failed("boom"), True])
     assert ready is True
     assert seen == [AskReady(), Sleep(READY_POLL_MS), AskReady(), Sleep(READY_POLL_MS), AskReady()]
 
@@ -126,15 +130,15 @@ def test_ready_once_the_machine_says_so_asked_every_poll():
 def test_not_ready_once_the_term_ended():
     c = MachineCore("n0", applied=-1)
     leads = iter([True, False])
-    seen, ready = _drive(c.wait_ready(lambda: next(leads, False)), [False])
+    seen, ready = _drive(c.step(mcore.WaitReady(lambda: next(leads, False)), 0), [False])
     assert ready is False and seen == [AskReady()]
 
 
 def test_a_failed_machine_is_never_asked_and_never_ready():
     c = MachineCore("n0", applied=-1)
-    c.fail("boom")
+    c.step(mcore.MachineFailed("boom"), 0)
     polls = iter([True, True, False])
-    seen, ready = _drive(c.wait_ready(lambda: next(polls)), [])
+    seen, ready = _drive(c.step(mcore.WaitReady(lambda: next(polls)), 0), [])
     assert ready is False and seen == [Sleep(READY_POLL_MS), Sleep(READY_POLL_MS)]
 
 
@@ -149,10 +153,10 @@ class Counter(StateMachine):
 def test_the_applier_runs_the_machine_and_the_core_records_it():
     m = Counter()
     a = Applier(m, MachineContext("g", "n0", None, {}), max_batch=4)
-    b = a.core.next_batch(9)
+    b = a.core.step(mcore.NextJob(9), 0)
     a.run(entries(b.start, b.stop))  # the machine's thread
     assert m.seen == [0, 1, 2, 3] and a.applied == -1  # the core hears it on its own thread
-    a.core.batch_done(b.stop - 1)
+    a.core.step(mcore.BatchApplied(b.stop - 1), 0)
     assert a.applied == 3 and a.due(9) == (4, 8)
 
 
@@ -216,7 +220,7 @@ def test_a_leader_whose_machine_is_stranded_hands_leadership_on():
 
     c = MachineCore("n0", applied=-1)
     c.stranded = True
-    assert _drive(c.wait_ready(lambda: True), []) == ([], MACHINE_STRANDED)
+    assert _drive(c.step(mcore.WaitReady(lambda: True), 0), []) == ([], MACHINE_STRANDED)
     actions = _new_leader_actions(MACHINE_STRANDED)
     assert isinstance(actions[-1], HandOver) and actions[-1].target in ("n1", "n2")
     assert not any(isinstance(a, Ready) for a in actions)
@@ -255,12 +259,17 @@ def test_a_leader_stranded_before_its_first_batch_is_not_ready():
     from rayledger.actors.core.supervision import MACHINE_STRANDED
 
     c = MachineCore("n0", applied=-1, snapshots=SnapshotPolicy(SnapshotConfig(), -1, []))
-    assert _drive(c.wait_ready(lambda: True, lambda: 290), []) == ([], MACHINE_STRANDED)
-    c.offer(300, "/300")  # a snapshot that far is coming: it waits for it as usual
-    seen, ready = _drive(c.wait_ready(lambda: True, lambda: 290), [True])
+    assert _drive(c.step(mcore.WaitReady(lambda: True, lambda: 290), 0), []) == (
+        [],
+        MACHINE_STRANDED,
+    )
+    c.step(
+        mcore.SnapshotOffered(300, "/300"), 0
+    )  # a snapshot that far is coming: it waits for it as usual
+    seen, ready = _drive(c.step(mcore.WaitReady(lambda: True, lambda: 290), 0), [True])
     assert ready is True and seen == [AskReady()]
     plain = MachineCore("n0", applied=-1)  # takes no snapshots: it rebases, never stranded
-    assert _drive(plain.wait_ready(lambda: True, lambda: 290), [True])[1] is True
+    assert _drive(plain.step(mcore.WaitReady(lambda: True, lambda: 290), 0), [True])[1] is True
 
 
 def test_no_snapshot_is_cut_where_the_log_was_reset_past_the_machine():
@@ -272,7 +281,7 @@ def test_no_snapshot_is_cut_where_the_log_was_reset_past_the_machine():
     c = MachineCore(
         "n0", applied=40, snapshots=SnapshotPolicy(SnapshotConfig(every_entries=10), -1, [])
     )
-    c.next_batch(61)
-    c.batch_done(61)
-    assert c.snapshot_due(entries(41, 62), begin=96) is None
-    assert c.snapshot_due(entries(41, 62), begin=50) == 61
+    c.step(mcore.NextJob(61), 0)
+    c.step(mcore.BatchApplied(61), 0)
+    assert c.step(mcore.SnapshotDue(entries(41, 62), begin=96), 0) is None
+    assert c.step(mcore.SnapshotDue(entries(41, 62), begin=50), 0) == 61

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.machine import Batch, Install, MachineCore, QueryVerdict, Rebase
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import (
@@ -44,25 +45,25 @@ def entries(a: int, b: int) -> list[Entry]:
 
 def test_an_offered_snapshot_is_the_next_job_even_with_batches_due() -> None:
     c = MachineCore("n0", applied=4, max_batch=3)
-    assert c.offer(20, "/snap/20") is True
+    assert c.step(mcore.SnapshotOffered(20, "/snap/20"), 0) is True
     assert c.offered == Install(20, "/snap/20")
-    job = c.next_batch(30)
+    job = c.step(mcore.NextJob(30), 0)
     assert job == Install(20, "/snap/20") and c.applying == job and c.offered is None
-    assert c.next_batch(30) is None  # one job at a time
-    c.installed(20, [], saved=-1)
+    assert c.step(mcore.NextJob(30), 0) is None  # one job at a time
+    c.step(mcore.Installed(20, [], saved=-1), 0)
     assert c.applied == 20 and c.applying is None
-    assert c.next_batch(30) == Batch(21, 24)  # the log goes on from the snapshot
+    assert c.step(mcore.NextJob(30), 0) == Batch(21, 24)  # the log goes on from the snapshot
 
 
 def test_an_offer_waits_for_the_batch_in_flight() -> None:
     c = MachineCore("n0", applied=4, max_batch=3)
-    b = c.next_batch(20)
+    b = c.step(mcore.NextJob(20), 0)
     assert b == Batch(5, 8)
-    assert c.offer(20, "/snap/20") is True
-    assert c.next_batch(20) is None  # the batch is still being applied
-    c.check_batch(b, entries(5, 8))
-    assert c.batch_done(7) == [] and c.applied == 7
-    assert c.next_batch(20) == Install(20, "/snap/20")
+    assert c.step(mcore.SnapshotOffered(20, "/snap/20"), 0) is True
+    assert c.step(mcore.NextJob(20), 0) is None  # the batch is still being applied
+    c.step(mcore.BatchRead(b, entries(5, 8)), 0)
+    assert c.step(mcore.BatchApplied(7), 0) == [] and c.applied == 7
+    assert c.step(mcore.NextJob(20), 0) == Install(20, "/snap/20")
 
 
 def test_a_machine_far_behind_applies_larger_batches() -> None:
@@ -78,52 +79,63 @@ def test_a_machine_far_behind_applies_larger_batches() -> None:
 @pytest.mark.parametrize("index", [4, 3, -1])
 def test_an_offer_at_or_below_applied_is_refused(index) -> None:
     c = MachineCore("n0", applied=4)
-    assert c.offer(index, "/old") is False
+    assert c.step(mcore.SnapshotOffered(index, "/old"), 0) is False
     assert c.offered is None
-    assert c.next_batch(10) == Batch(5, 11)
+    assert c.step(mcore.NextJob(10), 0) == Batch(5, 11)
 
 
 def test_an_offer_at_or_below_one_offered_or_loading_is_refused() -> None:
     c = MachineCore("n0", applied=4)
-    assert c.offer(20, "/20") is True
-    assert c.offer(20, "/20-again") is False and c.offer(15, "/15") is False
+    assert c.step(mcore.SnapshotOffered(20, "/20"), 0) is True
+    assert (
+        c.step(mcore.SnapshotOffered(20, "/20-again"), 0) is False
+        and c.step(mcore.SnapshotOffered(15, "/15"), 0) is False
+    )
     assert c.offered == Install(20, "/20")
-    assert c.offer(25, "/25") is True and c.offered == Install(25, "/25")  # a newer one wins
-    assert c.next_batch(30) == Install(25, "/25")
-    assert c.offer(25, "/25") is False and c.offer(22, "/22") is False  # 25 is loading
+    assert c.step(mcore.SnapshotOffered(25, "/25"), 0) is True and c.offered == Install(
+        25, "/25"
+    )  # a newer one wins
+    assert c.step(mcore.NextJob(30), 0) == Install(25, "/25")
+    assert (
+        c.step(mcore.SnapshotOffered(25, "/25"), 0) is False
+        and c.step(mcore.SnapshotOffered(22, "/22"), 0) is False
+    )  # 25 is loading
     assert c.offered is None
-    assert c.offer(27, "/27") is True  # ahead of the one loading: next
-    c.installed(25, [], saved=-1)
-    assert c.next_batch(30) == Install(27, "/27")
+    assert c.step(mcore.SnapshotOffered(27, "/27"), 0) is True  # ahead of the one loading: next
+    c.step(mcore.Installed(25, [], saved=-1), 0)
+    assert c.step(mcore.NextJob(30), 0) == Install(27, "/27")
 
 
 def test_a_failed_machine_takes_no_snapshot() -> None:
     c = MachineCore("n0", applied=4)
-    c.fail("boom")
-    assert c.offer(20, "/20") is False and c.next_batch(30) is None
+    c.step(mcore.MachineFailed("boom"), 0)
+    assert (
+        c.step(mcore.SnapshotOffered(20, "/20"), 0) is False
+        and c.step(mcore.NextJob(30), 0) is None
+    )
 
 
 def test_installed_moves_applied_and_releases_the_queries_it_reaches() -> None:
     c = MachineCore("n0", applied=4)
     for index, token in ((10, "q10"), (20, "q20"), (21, "q21"), (40, "q40")):
-        assert c.query(index, token, now_ms=0, timeout_ms=1000) == QueryVerdict.WAIT
-    c.offer(20, "/20")
-    c.next_batch(30)
-    ready, gone, floor = c.installed(20, [], saved=-1)
+        assert c.step(mcore.Query(index, token, 1000), 0) == QueryVerdict.WAIT
+    c.step(mcore.SnapshotOffered(20, "/20"), 0)
+    c.step(mcore.NextJob(30), 0)
+    ready, gone, floor = c.step(mcore.Installed(20, [], saved=-1), 0)
     assert ready == ["q10", "q20"]
     assert gone == [] and floor == 0  # no policy: the machine's own save decides (none)
     assert c.applied == 20 and c.applying is None and c.stranded is False
-    assert c.query(20, "now", 0, 1000) == QueryVerdict.ANSWER
-    assert c.batch_done(21) == ["q21"]
+    assert c.step(mcore.Query(20, "now", 1000), 0) == QueryVerdict.ANSWER
+    assert c.step(mcore.BatchApplied(21), 0) == ["q21"]
 
 
 def test_installed_with_a_policy_returns_the_floor_after_the_snapshot() -> None:
     policy = SnapshotPolicy(SnapshotConfig(every_entries=100, keep=1), last=3)
     c = MachineCore("n0", applied=4, snapshots=policy)
-    c.offer(50, "/50")
-    assert c.next_batch(60) == Install(50, "/50")
+    c.step(mcore.SnapshotOffered(50, "/50"), 0)
+    assert c.step(mcore.NextJob(60), 0) == Install(50, "/50")
     have = [Snap(3, 1), Snap(50, 2)]
-    ready, gone, floor = c.installed(50, have, saved=7)
+    ready, gone, floor = c.step(mcore.Installed(50, have, saved=7), 0)
     assert ready == []
     assert gone == [Snap(3, 1)]  # the installed one is the one kept
     assert floor == 51 and policy.last == 50
@@ -134,9 +146,9 @@ def test_installed_with_a_policy_returns_the_floor_after_the_snapshot() -> None:
 def test_installed_with_a_policy_deletes_the_oldest_beyond_keep() -> None:
     policy = SnapshotPolicy(SnapshotConfig(every_entries=100, keep=2), last=3)
     c = MachineCore("n0", applied=4, snapshots=policy)
-    c.offer(50, "/50")
-    c.next_batch(60)
-    _, gone, floor = c.installed(50, [Snap(1, 1), Snap(3, 1), Snap(50, 2)], saved=-1)
+    c.step(mcore.SnapshotOffered(50, "/50"), 0)
+    c.step(mcore.NextJob(60), 0)
+    _, gone, floor = c.step(mcore.Installed(50, [Snap(1, 1), Snap(3, 1), Snap(50, 2)], saved=-1), 0)
     assert gone == [Snap(1, 1)]  # beyond the newest two
     # after the oldest snapshot kept (3 -> 4): a damaged newest one leaves the older one
     # and the log after it
@@ -147,63 +159,65 @@ def test_installed_keeps_a_snapshot_of_ours_being_written_past_it() -> None:
     policy = SnapshotPolicy(SnapshotConfig(every_entries=10), last=-1)
     c = MachineCore("n0", applied=4, snapshots=policy)
     policy.begin(70)  # our own snapshot at 70 is being written
-    c.offer(50, "/50")
-    c.next_batch(60)
-    c.installed(50, [Snap(50, 2)], saved=-1)
+    c.step(mcore.SnapshotOffered(50, "/50"), 0)
+    c.step(mcore.NextJob(60), 0)
+    c.step(mcore.Installed(50, [Snap(50, 2)], saved=-1), 0)
     assert policy.taking == 70
     policy2 = SnapshotPolicy(SnapshotConfig(every_entries=10), last=-1)
     c2 = MachineCore("n1", applied=4, snapshots=policy2)
     policy2.begin(30)  # one below the installed snapshot is superseded
-    c2.offer(50, "/50")
-    c2.next_batch(60)
-    c2.installed(50, [Snap(50, 2)], saved=-1)
+    c2.step(mcore.SnapshotOffered(50, "/50"), 0)
+    c2.step(mcore.NextJob(60), 0)
+    c2.step(mcore.Installed(50, [Snap(50, 2)], saved=-1), 0)
     assert policy2.taking is None
 
 
 def test_a_machine_below_its_logs_begin_is_stranded_until_a_snapshot() -> None:
     c = MachineCore("n0", applied=4, max_batch=5, snapshots=SnapshotPolicy(SnapshotConfig()))
-    assert c.next_batch(30, begin=10) is None
+    assert c.step(mcore.NextJob(30, begin=10), 0) is None
     assert c.stranded is True and c.applying is None and c.failed is None
-    assert c.next_batch(30, begin=10) is None and c.stranded is True
-    assert c.offer(12, "/12") is True
-    assert c.next_batch(30, begin=10) == Install(12, "/12")
+    assert c.step(mcore.NextJob(30, begin=10), 0) is None and c.stranded is True
+    assert c.step(mcore.SnapshotOffered(12, "/12"), 0) is True
+    assert c.step(mcore.NextJob(30, begin=10), 0) == Install(12, "/12")
     assert c.stranded is True  # until it is loaded
-    c.installed(12, [], saved=-1)
+    c.step(mcore.Installed(12, [], saved=-1), 0)
     assert c.stranded is False and c.applied == 12
-    assert c.next_batch(30, begin=10) == Batch(13, 18)
+    assert c.step(mcore.NextJob(30, begin=10), 0) == Batch(13, 18)
 
 
 def test_a_machine_that_takes_no_snapshots_rebases_to_its_logs_begin() -> None:
     """No snapshot will come: it continues after the reset log's begin (the RocketMQ commit
     log rebuilds its consume queues from there), once, between batches."""
     c = MachineCore("n0", applied=4, max_batch=5)
-    assert c.next_batch(30, begin=10) == Rebase(9)
-    assert c.next_batch(30, begin=10) is None  # one job at a time
+    assert c.step(mcore.NextJob(30, begin=10), 0) == Rebase(9)
+    assert c.step(mcore.NextJob(30, begin=10), 0) is None  # one job at a time
     q = object()
-    assert c.query(10, q, now_ms=0, timeout_ms=100) == "wait"
-    assert c.rebased(9) == [] and c.applied == 9 and c.stranded is False
-    assert c.next_batch(30, begin=10) == Batch(10, 15)
-    assert c.batch_done(14) == [q]
+    assert c.step(mcore.Query(10, q, 100), 0) == "wait"
+    assert c.step(mcore.Rebased(9), 0) == [] and c.applied == 9 and c.stranded is False
+    assert c.step(mcore.NextJob(30, begin=10), 0) == Batch(10, 15)
+    assert c.step(mcore.BatchApplied(14), 0) == [q]
 
 
 def test_a_machine_right_at_its_logs_begin_is_not_stranded() -> None:
     c = MachineCore("n0", applied=9, max_batch=5)
-    assert c.next_batch(30, begin=10) == Batch(10, 15)
+    assert c.step(mcore.NextJob(30, begin=10), 0) == Batch(10, 15)
     assert c.stranded is False
 
 
 def test_a_stranded_machine_with_nothing_committed_is_not_flagged() -> None:
     c = MachineCore("n0", applied=4)
-    assert c.next_batch(4, begin=10) is None
+    assert c.step(mcore.NextJob(4, begin=10), 0) is None
     assert c.stranded is False
 
 
 def test_an_offer_overtaken_by_the_batch_in_flight_is_not_loaded() -> None:
     c = MachineCore("n0", applied=4, max_batch=10)
-    assert c.next_batch(30) == Batch(5, 15)
-    c.offer(8, "/8")  # ahead of applied (4), but inside the batch being applied
-    c.batch_done(14)
-    job = c.next_batch(30)
+    assert c.step(mcore.NextJob(30), 0) == Batch(5, 15)
+    c.step(
+        mcore.SnapshotOffered(8, "/8"), 0
+    )  # ahead of applied (4), but inside the batch being applied
+    c.step(mcore.BatchApplied(14), 0)
+    job = c.step(mcore.NextJob(30), 0)
     assert job == Batch(15, 25)  # not Install(8, "/8"): the machine stands at 14
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig
 from rayledger.actors.machine import Applier, MachineContext, StateMachine
 from rayledger.integration.kv.machine import KvMachine, set_command
@@ -39,7 +40,7 @@ def test_snapshots_are_due_every_n_entries_and_the_newest_k_stay(tmp_path) -> No
     for first in range(0, 50, 5):
         batch = _entries(first, 5)
         a.apply(batch)
-        index = a.core.snapshot_due(batch)
+        index = a.core.step(mcore.SnapshotDue(batch), 0)
         if index is not None:
             _take(a, index)
             taken.append(index)
@@ -81,7 +82,7 @@ def test_the_byte_trigger_counts_the_applied_bodies(tmp_path) -> None:
     for first in range(6):
         batch = _entries(first, 1)
         a.apply(batch)
-        due.append(a.core.snapshot_due(batch))
+        due.append(a.core.step(mcore.SnapshotDue(batch), 0))
         if due[-1] is not None:
             _take(a, due[-1])
     assert due == [None, None, 2, None, None, 5]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.machine import Install, MachineCore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import DispatcherState, PushEntryResponse, PushType, ReplicationConfig
@@ -40,30 +41,30 @@ def test_a_machine_below_its_logs_begin_wants_a_snapshot_at_the_point_before_it(
 def test_a_machine_that_takes_no_snapshots_or_failed_wants_none() -> None:
     assert MachineCore("n0", applied=-1).snapshot_wanted(begin=114) == -1  # it rebases
     c = core()
-    c.fail("boom")
+    c.step(mcore.MachineFailed("boom"), 0)
     assert c.snapshot_wanted(begin=114) == -1
 
 
 def test_it_stops_asking_once_a_snapshot_that_far_is_offered_or_loading() -> None:
     c = core()
-    assert c.offer(50, "/50") is True  # not far enough
+    assert c.step(mcore.SnapshotOffered(50, "/50"), 0) is True  # not far enough
     assert c.snapshot_wanted(begin=114) == 113
-    assert c.offer(2000, "/2000") is True
+    assert c.step(mcore.SnapshotOffered(2000, "/2000"), 0) is True
     assert c.snapshot_wanted(begin=114) == -1
-    assert c.next_batch(2100, begin=114) == Install(2000, "/2000")
+    assert c.step(mcore.NextJob(2100, begin=114), 0) == Install(2000, "/2000")
     assert c.snapshot_wanted(begin=114) == -1  # loading
-    c.installed(2000, [], saved=-1)
+    c.step(mcore.Installed(2000, [], saved=-1), 0)
     assert c.snapshot_wanted(begin=114) == -1 and c.applied == 2000 and not c.stranded
 
 
 def test_a_stranded_machine_asks_until_the_snapshot_is_loaded() -> None:
     c = core()
-    assert c.next_batch(300, begin=114) is None and c.stranded
+    assert c.step(mcore.NextJob(300, begin=114), 0) is None and c.stranded
     assert c.snapshot_wanted(begin=114) == 113
-    assert c.offer(241, "/241")
-    assert c.next_batch(300, begin=114) == Install(241, "/241")
-    c.installed(241, [], saved=-1)
-    assert c.next_batch(300, begin=114).start == 242  # applies from its log again
+    assert c.step(mcore.SnapshotOffered(241, "/241"), 0)
+    assert c.step(mcore.NextJob(300, begin=114), 0) == Install(241, "/241")
+    c.step(mcore.Installed(241, [], saved=-1), 0)
+    assert c.step(mcore.NextJob(300, begin=114), 0).start == 242  # applies from its log again
 
 
 # ================================================================ DispatcherLogic
@@ -94,14 +95,14 @@ def test_the_logic_fetches_the_newest_snapshot_for_a_machine_that_asks() -> None
 def test_an_idle_leader_snapshots_at_once_when_a_follower_needs_one_further() -> None:
     c = MachineCore("n0", applied=140, max_batch=5,
                     snapshots=SnapshotPolicy(SnapshotConfig(every_entries=1000), last=86))  # fmt: skip
-    assert c.snapshot_asked(98, begin=0) == 140  # idle: cut where it stands
-    assert c.snapshot_asked(98, begin=0) is None  # one being written
+    assert c.step(mcore.SnapshotAsked(98, begin=0), 0) == 140  # idle: cut where it stands
+    assert c.step(mcore.SnapshotAsked(98, begin=0), 0) is None  # one being written
 
 
 def test_a_busy_machine_snapshots_after_the_batch_that_reaches_the_index() -> None:
     c = MachineCore("n0", applied=10, max_batch=5,
                     snapshots=SnapshotPolicy(SnapshotConfig(every_entries=1000)))  # fmt: skip
-    batch = c.next_batch(committed=20)
-    assert c.snapshot_asked(12, begin=0) is None  # a batch is applying
-    c.batch_done(batch.stop - 1)
-    assert c.snapshot_due([], begin=0) == 15
+    batch = c.step(mcore.NextJob(committed=20), 0)
+    assert c.step(mcore.SnapshotAsked(12, begin=0), 0) is None  # a batch is applying
+    c.step(mcore.BatchApplied(batch.stop - 1), 0)
+    assert c.step(mcore.SnapshotDue([], begin=0), 0) == 15

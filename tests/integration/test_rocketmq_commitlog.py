@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.machine import Applier, MachineContext
 from rayledger.election import Role
 from rayledger.integration.rocketmq.commitlog import CommitLogMachine, offset_command
@@ -372,7 +373,7 @@ def test_a_member_that_loads_the_leaders_table_continues_every_queue(tmp_path):
     b.store.append_as_leader([b"filler"] * (at + 1), 1)  # its log, reset and refilled
     b.store.update_committed_index(at)
     b.machine.load_snapshot(str(snap), at)
-    b.applier.core.installed(at, [], -1)
+    b.applier.core.step(mcore.Installed(at, [], -1), 0)
     try:
         for _ in range(2):  # as loaded, and after a restart
             assert b.machine.query(("topics",)) == {"T": {0: 3, 1: 1}, "U": {0: 1}}

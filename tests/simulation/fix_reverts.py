@@ -341,8 +341,8 @@ def _setup_after_candidacy(patch: Callable) -> None:
 
 def _snapshot_after_reset(patch: Callable) -> None:
     """A snapshot is cut where the machine stands even when the log was reset past it."""
-    real = MachineCore.snapshot_due
-    patch(MachineCore, "snapshot_due", lambda self, entries, begin=0: real(self, entries))
+    real = MachineCore._snapshot_due
+    patch(MachineCore, "_snapshot_due", lambda self, entries, begin=0: real(self, entries))
 
 
 def _reset_term_floor(patch: Callable) -> None:
@@ -400,7 +400,7 @@ def _graph_stop(patch: Callable) -> None:
 def _snapshot_ask(patch: Callable) -> None:
     """A leader whose newest snapshot stops short of what a follower's machine needs
     waits for its next periodic one, which an idle group never takes."""
-    patch(MachineCore, "snapshot_asked", lambda self, index, begin, have=None: None)
+    patch(MachineCore, "_snapshot_asked", lambda self, index, begin, have=None: None)
 
 
 def _watch_candidate(patch: Callable) -> None:

@@ -7,7 +7,7 @@ outcome is the one the machines recorded at its index), and of unknown outcome w
 is.  KV getters ask any member for a key at any consistency, as ``MemberActor.query`` serves
 it: the shipped read path (:class:`~rayledger.actors.core.member.ReadIndex`), then this
 member's committed index as the limit, and the machine answers once it applied that far
-(``MachineCore.query``).  Linearizable and lease gets enter the history (a get without an
+(a ``Query`` event of ``MachineCore``).  Linearizable and lease gets enter the history (a get without an
 answer is dropped: it changed nothing); committed gets may lag and are not checked.
 
 The check runs :mod:`.linearizability` (a Wing-Gong/Porcupine checker) through
@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core import member as mc
 from rayledger.actors.core.machine import QueryVerdict
 from rayledger.actors.core.reads import Consistency
@@ -211,7 +212,7 @@ class KvHistory:
         )
         now = self.clock.now_ms
         try:
-            verdict = node.applier.core.query(limit, token, now, KV_GET_TIMEOUT_MS)
+            verdict = node.applier.core.step(mcore.Query(limit, token, KV_GET_TIMEOUT_MS), now)
         except LedgerError:
             return  # the machine failed: no answer
         if verdict == QueryVerdict.ANSWER:

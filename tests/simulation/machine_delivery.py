@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from rayledger.actors.core import machine as mcore
 from rayledger.actors.core import supervision as sv
 from rayledger.actors.core.machine import AskReady, Install, QueryVerdict, Rebase
 from rayledger.actors.core.read_path import run_to_end
@@ -248,7 +249,9 @@ class MachineDelivery:
     def _m_pump(self, node: Node) -> None:
         core = node.applier.core
         store = node.logic.store
-        batch = core.next_batch(store.committed_index, store.ledger_begin_index)
+        batch = core.step(
+            mcore.NextJob(store.committed_index, store.ledger_begin_index), self.clock.now_ms
+        )
         if batch is None:
             if core.stranded:
                 self.stats["machine_stranded_steps"] += 1
@@ -260,9 +263,9 @@ class MachineDelivery:
             return
         try:
             entries = store.get_range(batch.start, batch.stop)
-            core.check_batch(batch, entries)
+            core.step(mcore.BatchRead(batch, entries), self.clock.now_ms)
         except Exception as exc:
-            core.fail(repr(exc))
+            core.step(mcore.MachineFailed(repr(exc)), self.clock.now_ms)
             self.fail(f"{node.id} could not read {batch} for its machine: {exc!r}")
         rng = self._machine_rng
         ms = rng.randint(*MACHINE_APPLY_MS) + len(entries) // 64
@@ -278,16 +281,16 @@ class MachineDelivery:
         except SimulationFailure:
             raise  # a check of the instrumented apply
         except Exception as exc:
-            core.fail(repr(exc))
+            core.step(mcore.MachineFailed(repr(exc)), self.clock.now_ms)
             self.fail(f"{node.id}'s machine failed on {batch}: {exc!r}")
         self._m_skip_configs(node, batch.stop)
         m = self.members[node.id]
         m.machine_high = max(m.machine_high, node.machine_next - 1)
         store = node.logic.store
-        for token in core.batch_done(batch.stop - 1):
+        for token in core.step(mcore.BatchApplied(batch.stop - 1), self.clock.now_ms):
             self._m_answer(node, token)
         store.keep_from = core.keep_from(node.applier.saved_now())
-        index = core.snapshot_due(entries, store.ledger_begin_index)
+        index = core.step(mcore.SnapshotDue(entries, store.ledger_begin_index), self.clock.now_ms)
         if index is not None:
             self._m_snapshot(node, index)
         elif self.machine == "mq":
@@ -315,12 +318,12 @@ class MachineDelivery:
         try:
             node.applier.machine.rebase(job.index)
         except Exception as exc:
-            node.applier.core.fail(repr(exc))
+            node.applier.core.step(mcore.MachineFailed(repr(exc)), self.clock.now_ms)
             self.fail(f"{node.id}'s machine failed to rebase to {job.index}: {exc!r}")
         m.rebases.append((node.machine_next - 1, job.index))  # (stood at, continues after)
         node.machine_next = job.index + 1
         m.machine_high = max(m.machine_high, job.index)
-        for token in node.applier.core.rebased(job.index):
+        for token in node.applier.core.step(mcore.Rebased(job.index), self.clock.now_ms):
             self._m_answer(node, token)
         self.stats["machine_rebases"] += 1
         self.net.note(f"{node.id} machine rebases to {job.index}")
@@ -334,7 +337,9 @@ class MachineDelivery:
         for meta in sealed:
             self.stats["installs_sealed"] += 1
             m.sealed_high = max(m.sealed_high, meta.index)
-            if node.applier.core.offer(meta.index, meta.path):
+            if node.applier.core.step(
+                mcore.SnapshotOffered(meta.index, meta.path), self.clock.now_ms
+            ):
                 self.stats["installs_offered"] += 1
         self._m_pump(node)
 
@@ -361,13 +366,15 @@ class MachineDelivery:
         try:
             a.machine.load_snapshot(job.path, job.index)
         except Exception as exc:
-            a.core.fail(repr(exc))
+            a.core.step(mcore.MachineFailed(repr(exc)), self.clock.now_ms)
             self.fail(f"{node.id}'s machine failed to load snapshot {job.index}: {exc!r}")
         self._m_check_snapshot_state(node, job.index)
         m.rebases.append((job.index, job.index))
         node.machine_next = job.index + 1
         m.machine_high = max(m.machine_high, job.index)
-        released, gone, store.keep_from = a.core.installed(job.index, a.snapshots.list(), a.saved)
+        released, gone, store.keep_from = a.core.step(
+            mcore.Installed(job.index, a.snapshots.list(), a.saved), self.clock.now_ms
+        )
         for old in gone:
             a.snapshots.delete(old)
         for token in released:
@@ -378,7 +385,9 @@ class MachineDelivery:
 
     def _m_asked(self, node: Node, index: int, have: int | None = None) -> None:
         """``MachineRunner.snapshot_asked``: a follower's machine needs a snapshot that far."""
-        now = node.applier.core.snapshot_asked(index, node.logic.store.ledger_begin_index, have)
+        now = node.applier.core.step(
+            mcore.SnapshotAsked(index, node.logic.store.ledger_begin_index, have), self.clock.now_ms
+        )
         if now is not None:
             self.stats["snapshots_asked"] += 1
             self._m_snapshot(node, now)
@@ -398,7 +407,9 @@ class MachineDelivery:
             write_sessions(path, sessions)
 
         snaps.seal(index, term, write)
-        gone, store.keep_from = a.core.snapshot_done(index, snaps.list(), a.saved)
+        gone, store.keep_from = a.core.step(
+            mcore.SnapshotSealed(index, snaps.list(), a.saved), self.clock.now_ms
+        )
         for old in gone:
             snaps.delete(old)
         self.stats["machine_snapshots"] += 1
@@ -496,7 +507,7 @@ class MachineDelivery:
         core = node.applier.core
         now = self.clock.now_ms
         timeout = rng.randint(*MACHINE_QUERY_TIMEOUT_MS)
-        verdict = core.query(index, token, now, timeout)  # raises once failed
+        verdict = core.step(mcore.Query(index, token, timeout), now)  # raises once failed
         self.stats["machine_queries"] += 1
         if verdict == QueryVerdict.ANSWER:
             self._m_answer(node, token)
@@ -505,7 +516,7 @@ class MachineDelivery:
             self._at(node, now + timeout, self._m_expire, node)
 
     def _m_expire(self, node: Node) -> None:
-        for _token, err in node.applier.core.expire(self.clock.now_ms):
+        for _token, err in node.applier.core.step(mcore.ExpireQueries(), self.clock.now_ms):
             self.stats[f"machine_query_{err.code.name.lower()}"] += 1
 
     def _m_answer(self, node: Node, token: tuple) -> None:
@@ -545,7 +556,7 @@ class MachineDelivery:
         """``MachineRole``: the role and term as the member holds them now."""
         st = node.logic.state
         core = node.applier.core
-        if not core.role_news(st.role, st.current_term):
+        if not core.step(mcore.RoleNews(st.role, st.current_term), self.clock.now_ms):
             return None
         role, term, out = st.role, st.current_term, []
         end = self._m_thread(
@@ -559,15 +570,14 @@ class MachineDelivery:
         )
         yield end - self.clock.now_ms
         if out and isinstance(out[0], sv.Failed):
-            core.fail(out[0].why)
+            core.step(mcore.MachineFailed(out[0].why), self.clock.now_ms)
             self.fail(f"{node.id}'s machine failed on a role change: {out[0].why}")
         return None
 
     def _m_wait_ready(self, node: Node, term: int):
         """``WaitMachine``: the core's process, its questions asked on the machine's thread."""
         store = node.logic.store
-        proc = node.applier.core.wait_ready(lambda: node.logic.holds_office(term),
-                                            lambda: store.ledger_begin_index)  # fmt: skip
+        proc = node.applier.core.step(mcore.WaitReady(lambda: node.logic.holds_office(term), lambda: store.ledger_begin_index), self.clock.now_ms)  # fmt: skip
         answer = None
         while True:
             action, result = run_to_end(proc, answer)
