@@ -1,10 +1,10 @@
 """Leader election: DLedger's ``DLedgerLeaderElector`` and ``MemberState`` as a
 sans-I/O state machine (no clock, threads, asyncio or Ray inside).
 
-The Ray shell owns the clock and the transport: it calls :meth:`Elector.tick`
-every ~10 ms, hands incoming requests to :meth:`Elector.handle`, delivers every
-:class:`Send` and feeds the answer (or ``None``) to :meth:`Elector.on_response`,
-and announces every :class:`RoleChange`.
+The member's core owns the elector and steps it (:meth:`Elector.step`) with the events
+its shell delivers: a ``Tick`` every ~10 ms, each incoming request (``ElectionRequest``),
+and the answer (or ``None``) to every :class:`Send` (``ElectionAnswer``); it carries
+out the sends and announces every :class:`RoleChange`.
 """
 
 from .config import ElectionConfig

@@ -1,18 +1,18 @@
 """DLedger's leader elector (``DLedgerLeaderElector``) as a sans-I/O state machine.
 
 The core never reads a clock, sleeps, spawns threads or does I/O other than the
-term store write.  It is driven by
+term store write.  Its one way in is :meth:`Elector.step`, with one of
 
-* :meth:`Elector.tick` -- DLedger's 10 ms ``maintainState`` step,
-* :meth:`Elector.handle` -- a request from another member, answered at once,
-* :meth:`Elector.on_response` -- the answer (or ``None`` when the call failed) to a
+* ``Tick`` -- DLedger's 10 ms ``maintainState`` step,
+* ``ElectionRequest`` -- a request from another member, answered at once,
+* ``ElectionAnswer`` -- the answer (or ``None`` when the call failed) to a
   request this core asked the shell to send,
-* :meth:`Elector.transfer_leadership`, :meth:`Elector.hand_over`,
-  :meth:`Elector.on_peer_progress` and :meth:`Elector.step_down` -- the member's own
-  requests,
+* ``TransferOrder``, ``HandOverOrder``, ``PeerProgress`` and ``QuitLeadership`` -- the
+  member's own requests,
 
-and every call returns the actions for the shell: :class:`Send` (deliver a
-message, feed the answer back), :class:`RoleChange` and :class:`TransferOutcome`.
+and every step returns an :class:`~.messages.ElectorOut`: the direct answer and the actions
+for the shell: :class:`Send` (deliver a message, feed the answer back), :class:`RoleChange`
+and :class:`TransferOutcome`.
 
 Where DLedger blocks a thread on a latch (a candidate's vote round, a leader's
 heartbeat round) the core keeps the round as data: the sends are emitted at the
@@ -50,12 +50,20 @@ from .heartbeats import Heartbeats
 from .member_state import MemberState
 from .messages import (
     Action,
+    ElectionAnswer,
+    ElectionRequest,
+    ElectorEvent,
+    ElectorOut,
+    HandOverOrder,
     HeartbeatRequest,
     LeadershipTransferRequest,
-    LeadershipTransferResponse,
     ParseResult,
+    PeerProgress,
+    QuitLeadership,
     Role,
     RoleChange,
+    Tick,
+    TransferOrder,
     VoteRequest,
 )
 from .parts import ElectorShared
@@ -154,7 +162,31 @@ class Elector:
         }
 
     # -- the way in ------------------------------------------------------------------------
-    def handle(self, request: object, now_ms: int) -> tuple[object, list[Action]]:
+    def step(self, ev: ElectorEvent, now_ms: int) -> ElectorOut:
+        """Deliver one event at ``now_ms``: the one way in, for the member's core and the
+        tests alike.  Returns the direct answer (see each event) and the actions."""
+        match ev:
+            case Tick():
+                return ElectorOut(None, self._tick(now_ms))
+            case ElectionRequest():
+                return ElectorOut(*self._handle(ev.req, now_ms))
+            case ElectionAnswer():
+                return ElectorOut(None, self._on_response(ev.peer, ev.req, ev.resp, now_ms))
+            case PeerProgress():
+                # how far a follower matches, as a dispatcher of ``ev.term`` learned it
+                tr = self.transfer
+                return ElectorOut(
+                    None, tr.on_peer_progress(ev.peer, ev.term, ev.match_index, now_ms)
+                )
+            case TransferOrder():
+                return ElectorOut(*self.transfer.transfer_leadership(ev.target, now_ms))
+            case HandOverOrder():
+                return ElectorOut(*self.transfer.hand_over(ev.target, now_ms))
+            case QuitLeadership():
+                return ElectorOut(None, self.step_down(now_ms))
+        raise TypeError(f"not an elector event: {ev!r}")
+
+    def _handle(self, request: object, now_ms: int) -> tuple[object, list[Action]]:
         """Answer any election request (routes by type)."""
         if isinstance(request, VoteRequest):
             return self.voting.handle(request, now_ms)
@@ -165,7 +197,7 @@ class Elector:
             return self.transfer.handle(request, now_ms)
         raise LedgerError.of(ResponseCode.UNSUPPORTED, f"not an election request: {request!r}")
 
-    def on_response(
+    def _on_response(
         self, peer: str, request: object, response: object | None, now_ms: int
     ) -> list[Action]:
         """Fold in the answer to any request this core sent (routes by request type)."""
@@ -177,24 +209,8 @@ class Elector:
             return self.transfer.on_response(peer, request, response, now_ms)  # type: ignore[arg-type]
         raise LedgerError.of(ResponseCode.UNSUPPORTED, f"not an election request: {request!r}")
 
-    def transfer_leadership(
-        self, transferee_id: str, now_ms: int
-    ) -> tuple[LeadershipTransferResponse, list[Action]]:
-        """Ask this member (the leader) to hand leadership of its term to ``transferee_id``."""
-        return self.transfer.transfer_leadership(transferee_id, now_ms)
-
-    def hand_over(self, transferee_id: str, now_ms: int) -> tuple[ResponseCode, list[Action]]:
-        """Leave leadership of this term to ``transferee_id`` because this leader cannot
-        serve it (its helpers are lost or hung); see :meth:`LeadershipTransfer.hand_over`."""
-        return self.transfer.hand_over(transferee_id, now_ms)
-
-    def on_peer_progress(self, peer: str, term: int, match_index: int, now_ms: int) -> list[Action]:
-        """The shell reports a follower's match index, as a dispatcher of ``term`` learned it
-        (see :meth:`LeadershipTransfer.on_peer_progress`)."""
-        return self.transfer.on_peer_progress(peer, term, match_index, now_ms)
-
     def next_tick_ms(self, now_ms: int, granularity_ms: int = 10) -> int:
-        """The latest time the next :meth:`tick` may run without acting late.
+        """The latest time the next ``Tick`` may run without acting late.
 
         A leader's next heartbeat, a follower's heartbeat timeout; candidates, transfers
         and preferred-leader checks keep ``granularity_ms``.  Ticking earlier is always
@@ -222,7 +238,7 @@ class Elector:
             return max(now_ms + 1, last + cfg.heartbeat_timeout_ms + 1)
         return soon
 
-    def tick(self, now_ms: int) -> list[Action]:
+    def _tick(self, now_ms: int) -> list[Action]:
         """DLedger's ``maintainState``: one step of the role's maintenance loop."""
         self.voting.saw_event(now_ms)
         role = self.state.role

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass
 from enum import Enum
+from typing import Any, NamedTuple
 
 from rayledger.storage.errors import ResponseCode
 
@@ -173,7 +174,7 @@ class LeadershipTransferResponse(_CodedResponse):
 @dataclass(frozen=True)
 class Send:
     """Deliver ``message`` to member ``to`` and feed its answer (or None on failure)
-    back through :meth:`Elector.on_response`."""
+    back as an ``ElectionAnswer``."""
 
     to: str
     message: object
@@ -203,3 +204,75 @@ class TransferOutcome:
 
 
 Action = Send | RoleChange | TransferOutcome
+
+
+# ====================================================================== the elector's events
+# What :meth:`~rayledger.election.elector.Elector.step` takes; the member's core steps the
+# elector with the very events it is given.
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The elector's clock (DLedger's ``maintainState``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionRequest:
+    """A vote, pre-vote, heartbeat or take-leadership order from a peer; answers its
+    response."""
+
+    req: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionAnswer:
+    """A peer's answer to this member's election message (None: none in time)."""
+
+    peer: str
+    req: Any
+    resp: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProgress:
+    """How far a follower matches this leader's log of ``term`` (from its dispatcher)."""
+
+    peer: str
+    term: int
+    match_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransferOrder:
+    """An operator asks this leader to hand leadership to ``target``; answers the
+    elector's response (``transferring``: whether a transfer now runs)."""
+
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandOverOrder:
+    """This leader cannot serve its term (its helpers are lost or hung): hand it to
+    ``target``, stepping down if the transfer cannot start or is given up; answers the
+    transfer's code."""
+
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuitLeadership:
+    """Leave leadership of the current term at once."""
+
+
+ElectorEvent = (
+    Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | HandOverOrder
+    | QuitLeadership
+)  # fmt: skip
+
+
+class ElectorOut(NamedTuple):
+    """What one step of the elector gives: the direct answer (an election request's
+    response, a transfer's; None for the others) and the actions for the shell."""
+
+    reply: Any
+    actions: list[Action]

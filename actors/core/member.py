@@ -45,7 +45,16 @@ from rayledger.actors.core.reads import Consistency, ReadIndexLogic
 from rayledger.actors.core.rounds import MAX_ROUNDS, Finished, RoundBook, Written
 from rayledger.election import Role, RoleChange, Send, TransferOutcome
 from rayledger.election.membership import Membership, Spawn, Transfer
-from rayledger.election.messages import HeartbeatRequest
+from rayledger.election.messages import (
+    ElectionAnswer,
+    ElectionRequest,
+    HandOverOrder,
+    HeartbeatRequest,
+    PeerProgress,
+    QuitLeadership,
+    Tick,
+    TransferOrder,
+)
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.admission import not_leader
 from rayledger.replication.checker import Resolution
@@ -55,45 +64,6 @@ log = logging.getLogger("rayledger.actors")
 
 
 # ====================================================================== events in
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """The elector's clock (DLedger's ``maintainState``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ElectionRequest:
-    """A vote, pre-vote, heartbeat or take-leadership order from a peer; answers its
-    response."""
-
-    req: Any
-
-
-@dataclass(frozen=True, slots=True)
-class ElectionAnswer:
-    """A peer's answer to this member's election message (None: none in time)."""
-
-    peer: str
-    req: Any
-    resp: Any
-
-
-@dataclass(frozen=True, slots=True)
-class PeerProgress:
-    """How far a follower matches this leader's log of ``term`` (from its dispatcher)."""
-
-    peer: str
-    term: int
-    match_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class TransferOrder:
-    """An operator asks this leader to hand leadership to ``target``; answers the
-    elector's response (``transferring``: whether a transfer now runs)."""
-
-    target: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +399,7 @@ class MemberCore:
                 if self.membership.spawn_done(ev.member, ev.ok, ev.code):
                     out.stop_spawned.append(ev.member)
             case TransferOrder():
-                resp, actions = lg.elector.transfer_leadership(ev.target, now_ms)
+                resp, actions = lg.elector.step(TransferOrder(ev.target), now_ms)
                 out.reply = (resp, lg.elector.transferring)
                 self._elector(actions, now_ms, out)
             case HelperStarted():
@@ -549,7 +519,7 @@ class MemberCore:
 
     def _step_down(self, why: str, now_ms: int, out: MemberOut) -> None:
         term = self.logic.state.current_term
-        actions = self.logic.elector.step_down(now_ms)
+        actions = self.logic.elector.step(QuitLeadership(), now_ms).actions
         if actions:
             log.error("[%s] term=%d: steps down: %s", self.logic.self_id, term, why)
         self._elector(actions, now_ms, out)
@@ -562,7 +532,7 @@ class MemberCore:
             return
         log.error("[%s] term=%d: hands leadership to %s: %s", self.logic.self_id, a.term,
                   a.target, a.why)  # fmt: skip
-        _, actions = self.logic.elector.hand_over(a.target, now_ms)
+        _, actions = self.logic.elector.step(HandOverOrder(a.target), now_ms)
         self._elector(actions, now_ms, out)
 
     # -- membership ----------------------------------------------------------------------------
@@ -604,7 +574,7 @@ class MemberCore:
             self.membership.check_live(current, proposed)
         if isinstance(proposed, Transfer):
             lg.admit_config(lg.config_log.latest(), queued=self.book.config_queued)  # in progress?
-            resp, actions = lg.elector.transfer_leadership(proposed.target, now_ms)
+            resp, actions = lg.elector.step(TransferOrder(proposed.target), now_ms)
             self._elector(actions, now_ms, out)
             raise LedgerError.of(
                 ResponseCode.LEADER_TRANSFERRING,
@@ -628,7 +598,7 @@ class MemberCore:
             return
         if isinstance(step, Transfer):
             if not lg.elector.transferring:
-                _, actions = lg.elector.transfer_leadership(step.target, now_ms)
+                _, actions = lg.elector.step(TransferOrder(step.target), now_ms)
                 self._elector(actions, now_ms, out)
             return
         try:

@@ -40,6 +40,7 @@ from rayledger.election.configuration import (
     check_change,
     recover_config_log,
 )
+from rayledger.election.messages import ElectionAnswer, ElectionRequest, PeerProgress, Tick
 from rayledger.replication import (
     EntryHandler,
     PushEntryRequest,
@@ -260,7 +261,7 @@ class MemberLogic:
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:
         """(election actions, push answers) due now."""
-        return self.elector.tick(now_ms), self.handler.tick(now_ms)
+        return self.elector.step(Tick(), now_ms).actions, self.handler.tick(now_ms)
 
     def next_tick_ms(self, now_ms: int, granularity_ms: int) -> int:
         """When :meth:`tick` must run next (the elector's next deadline; queued
@@ -270,13 +271,13 @@ class MemberLogic:
         return self.elector.next_tick_ms(now_ms, granularity_ms)
 
     def handle_election(self, req: object, now_ms: int) -> tuple[object, list]:
-        return self.elector.handle(req, now_ms)
+        return self.elector.step(ElectionRequest(req), now_ms)
 
     def on_election_response(self, peer: str, req: object, resp: object, now_ms: int) -> list:
-        return self.elector.on_response(peer, req, resp, now_ms)
+        return self.elector.step(ElectionAnswer(peer, req, resp), now_ms).actions
 
     def on_peer_progress(self, peer: str, term: int, match_index: int, now_ms: int) -> list:
-        return self.elector.on_peer_progress(peer, term, match_index, now_ms)
+        return self.elector.step(PeerProgress(peer, term, match_index), now_ms).actions
 
     @staticmethod
     def split(actions: list) -> tuple[list[Send], bool]:

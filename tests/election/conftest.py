@@ -21,6 +21,7 @@ from rayledger.election import (
     VoteResponse,
     VoteResult,
 )
+from rayledger.election.messages import ElectionAnswer, ElectionRequest, Tick
 from rayledger.storage.errors import ResponseCode
 
 PEERS = ("n0", "n1", "n2")
@@ -91,13 +92,13 @@ def answer_votes(el: Elector, actions, result: VoteResult, now: int, term: int |
         req = s.message
         assert isinstance(req, VoteRequest)
         resp = VoteResponse(result, req.term if term is None else term, local_id=s.to)
-        out.extend(el.on_response(s.to, req, resp, now))
+        out.extend(el.step(ElectionAnswer(s.to, req, resp), now).actions)
     return out
 
 
 def become_leader(el: Elector, now: int = 0) -> int:
     """Drive a fresh candidate to leadership; returns the time it happened."""
-    acts = el.tick(now)
+    acts = el.step(Tick(), now).actions
     for _ in range(10):
         if el.role is Role.LEADER:
             return now
@@ -105,14 +106,14 @@ def become_leader(el: Elector, now: int = 0) -> int:
             acts = answer_votes(el, acts, VoteResult.ACCEPT, now)
             continue
         now = max(now + 10, el.next_time_to_request_vote)
-        acts = el.tick(now)
+        acts = el.step(Tick(), now).actions
     assert el.role is Role.LEADER, el.snapshot()
     return now
 
 
 def become_follower(el: Elector, leader: str = "n1", now: int = 0) -> None:
     """Make ``el`` a follower of ``leader`` in its current term."""
-    resp, _ = el.handle(hb_req(el, leader), now)
+    resp, _ = el.step(ElectionRequest(hb_req(el, leader)), now)
     assert resp.code == ResponseCode.SUCCESS, resp
     assert el.role is Role.FOLLOWER
 
@@ -127,7 +128,7 @@ def answer_heartbeats(
         req = s.message
         assert isinstance(req, HeartbeatRequest)
         resp = HeartbeatResponse(code, req.term if term is None else term, local_id=s.to)
-        out.extend(el.on_response(s.to, req, resp, now))
+        out.extend(el.step(ElectionAnswer(s.to, req, resp), now).actions)
     return out
 
 

@@ -11,13 +11,14 @@ from rayledger.election import (
     VoteResponse,
     VoteResult,
 )
+from rayledger.election.messages import ElectionAnswer, QuitLeadership, Tick
 
 R = VoteResult
 P = ParseResult
 
 
 def _round(h, el, now):
-    actions = el.tick(now)
+    actions = el.step(Tick(), now).actions
     sends = h.sends(actions)
     assert el.snapshot()["in_vote_round"], el.snapshot()
     return sends
@@ -27,10 +28,12 @@ def _answer(el, sends, results, now, terms=None):
     out = []
     for i, (s, result) in enumerate(zip(sends, results, strict=False)):
         if result is None:
-            out.extend(el.on_response(s.to, s.message, None, now))
+            out.extend(el.step(ElectionAnswer(s.to, s.message, None), now).actions)
             continue
         term = s.message.term if terms is None else terms[i]
-        out.extend(el.on_response(s.to, s.message, VoteResponse(result, term), now))
+        out.extend(
+            el.step(ElectionAnswer(s.to, s.message, VoteResponse(result, term)), now).actions
+        )
     return out
 
 
@@ -57,8 +60,8 @@ def test_round_waits_until_its_deadline_then_parses(h) -> None:
     _round(h, el, 0)
     deadline = el.voting.round.deadline_ms
     assert 2000 <= deadline < 3000  # 2000 + random(maxVoteIntervalMs)
-    assert el.tick(deadline - 1) == [] and el.snapshot()["in_vote_round"]
-    el.tick(deadline)
+    assert el.step(Tick(), deadline - 1).actions == [] and el.snapshot()["in_vote_round"]
+    el.step(Tick(), deadline)
     assert not el.snapshot()["in_vote_round"]
     # only its own vote was valid: no quorum -> WAIT_TO_REVOTE, same term
     assert el.last_parse_result is P.WAIT_TO_REVOTE and el.term == 1
@@ -68,10 +71,10 @@ def test_round_waits_until_its_deadline_then_parses(h) -> None:
 def test_timer_gates_the_next_round(h) -> None:
     el = h.make(term=1)
     _round(h, el, 0)
-    el.tick(el.voting.round.deadline_ms)
+    el.step(Tick(), el.voting.round.deadline_ms)
     nxt = el.next_time_to_request_vote
-    assert el.tick(nxt - 1) == [] and not el.snapshot()["in_vote_round"]
-    assert h.sends(el.tick(nxt))
+    assert el.step(Tick(), nxt - 1).actions == [] and not el.snapshot()["in_vote_round"]
+    assert h.sends(el.step(Tick(), nxt).actions)
 
 
 def test_passed_becomes_leader_and_says_so_in_a_role_change(h) -> None:
@@ -96,7 +99,7 @@ def test_larger_term_in_a_rejection_means_wait_to_vote_next_at_that_term(h) -> N
     assert el.state.known_max_term_in_group == 8
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(8, Role.CANDIDATE)]
     # catching up to a term the group already uses needs no pre-vote
-    sends = h.sends(el.tick(el.next_time_to_request_vote))
+    sends = h.sends(el.step(Tick(), el.next_time_to_request_vote).actions)
     assert el.term == 8 and sends and not sends[0].message.pre_vote and sends[0].message.term == 8
 
 
@@ -131,7 +134,7 @@ def test_not_ready_voters_mean_revote_immediately(h) -> None:
     _answer(el, sends[:1], [R.REJECT_TERM_NOT_READY], 5)  # 1 accept + 1 not ready = quorum
     assert el.last_parse_result is P.REVOTE_IMMEDIATELY
     assert el.next_time_to_request_vote == nxt  # timer untouched
-    sends = h.sends(el.tick(15))
+    sends = h.sends(el.step(Tick(), 15).actions)
     assert sends and sends[0].message.term == 3  # same term, at the very next tick
 
 
@@ -140,7 +143,7 @@ def test_rejections_lead_to_a_pre_vote_for_the_next_term(h) -> None:
     sends = _round(h, el, 0)
     _answer(el, sends, [R.REJECT_ALREADY_VOTED, R.REJECT_TAKING_LEADERSHIP], 5)
     assert el.last_parse_result is P.WAIT_TO_VOTE_NEXT and el.term == 3
-    sends = h.sends(el.tick(el.next_time_to_request_vote))
+    sends = h.sends(el.step(Tick(), el.next_time_to_request_vote).actions)
     assert [s.message.pre_vote for s in sends] == [True, True]
     assert sends[0].message.term == 4 and el.term == 3  # asked, not raised
     actions = _answer(el, sends[:1], [R.ACCEPT], 1500)  # pre-vote passed
@@ -152,7 +155,7 @@ def test_rejections_lead_to_a_pre_vote_for_the_next_term(h) -> None:
 def test_failed_pre_vote_keeps_the_term(h) -> None:
     el = h.make(term=3)
     el.shared.last_parse_result = P.WAIT_TO_VOTE_NEXT
-    sends = h.sends(el.tick(0))
+    sends = h.sends(el.step(Tick(), 0).actions)
     assert sends[0].message.pre_vote
     _answer(el, sends, [R.REJECT_ALREADY_HAS_LEADER, R.REJECT_ALREADY_HAS_LEADER], 5)
     assert el.term == 3 and el.state.term_store.load() == (3, None)
@@ -163,19 +166,21 @@ def test_stale_and_duplicate_answers_are_ignored(h) -> None:
     el = h.make(term=3)
     sends = _round(h, el, 0)
     first = sends[0]
-    el.on_response(first.to, first.message, VoteResponse(R.REJECT_ALREADY_VOTED, 3), 1)
+    el.step(ElectionAnswer(first.to, first.message, VoteResponse(R.REJECT_ALREADY_VOTED, 3)), 1)
     # the same voter again (a duplicated message) does not count twice
-    assert el.on_response(first.to, first.message, VoteResponse(R.ACCEPT, 3), 2) == []
+    assert (
+        el.step(ElectionAnswer(first.to, first.message, VoteResponse(R.ACCEPT, 3)), 2).actions == []
+    )
     assert el.snapshot()["in_vote_round"] and el.role is Role.CANDIDATE
     # an answer to a request from another round is dropped
     other = VoteRequest(**{**first.message.__dict__, "round_id": first.message.round_id - 1})
-    assert el.on_response(sends[1].to, other, VoteResponse(R.ACCEPT, 3), 3) == []
+    assert el.step(ElectionAnswer(sends[1].to, other, VoteResponse(R.ACCEPT, 3)), 3).actions == []
     assert el.role is Role.CANDIDATE
 
 
 def test_single_member_group_elects_itself(h) -> None:
     el = h.make(peers=("n0",), term=0)
-    actions = el.tick(0)
+    actions = el.step(Tick(), 0).actions
     assert el.role is Role.LEADER and h.sends(actions) == []
 
 
@@ -201,11 +206,13 @@ def test_a_restarted_member_never_campaigns_in_its_old_term(h) -> None:
         el = h.make(term=term, vote=vote)
         now, vote_terms = 0, []
         for _ in range(400):
-            for s in h.sends(el.tick(now)):
+            for s in h.sends(el.step(Tick(), now).actions):
                 if isinstance(s.message, VoteRequest) and not s.message.pre_vote:
                     vote_terms.append(s.message.term)
                 elif isinstance(s.message, VoteRequest):  # grant the pre-vote
-                    el.on_response(s.to, s.message, VoteResponse(R.ACCEPT, s.message.term), now)
+                    el.step(
+                        ElectionAnswer(s.to, s.message, VoteResponse(R.ACCEPT, s.message.term)), now
+                    )
             if vote_terms:
                 break
             now += 10
@@ -220,19 +227,19 @@ def test_a_restarted_member_whose_pre_votes_fail_never_votes_in_its_old_term(h, 
     el = h.make(term=3, vote="n0")
     now, vote_terms, pre_votes = 0, [], 0
     for _ in range(6000):
-        for s in h.sends(el.tick(now)):
+        for s in h.sends(el.step(Tick(), now).actions):
             msg = s.message
             if not isinstance(msg, VoteRequest):
                 continue
             if not msg.pre_vote:
                 vote_terms.append(msg.term)
-                el.on_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
+                el.step(ElectionAnswer(s.to, msg, VoteResponse(R.ACCEPT, msg.term)), now)
             else:
                 pre_votes += 1
                 if answer is not None and pre_votes < 8:
-                    el.on_response(s.to, msg, VoteResponse(answer, 3), now)
+                    el.step(ElectionAnswer(s.to, msg, VoteResponse(answer, 3)), now)
                 elif pre_votes >= 8:  # the leader is gone at last: grant
-                    el.on_response(s.to, msg, VoteResponse(R.ACCEPT, msg.term), now)
+                    el.step(ElectionAnswer(s.to, msg, VoteResponse(R.ACCEPT, msg.term)), now)
         now += 10
     assert vote_terms and min(vote_terms) > 3, vote_terms
     assert pre_votes >= 8, pre_votes
@@ -252,14 +259,16 @@ def test_a_leader_that_steps_down_waits_an_election_timeout_before_it_campaigns(
     el = h.make(term=3, midlife=True)
     h.become_leader(el, 0)
     assert el.role is Role.LEADER
-    changes = h.role_changes(el.step_down(100))
+    changes = h.role_changes(el.step(QuitLeadership(), 100).actions)
     assert el.role is Role.CANDIDATE and el.term == 3
     assert [c.role for c in changes] == [Role.CANDIDATE]
     timeout = el.config.heartbeat_timeout_ms
     votes = []
     now = 100
     while now < 100 + timeout:
-        votes += [s for s in h.sends(el.tick(now)) if isinstance(s.message, VoteRequest)]
+        votes += [
+            s for s in h.sends(el.step(Tick(), now).actions) if isinstance(s.message, VoteRequest)
+        ]
         now += 10
     assert votes == [], "campaigned within an election timeout of stepping down"
-    assert el.step_down(now) == []  # only a leader steps down
+    assert el.step(QuitLeadership(), now).actions == []  # only a leader steps down

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from rayledger.election import ElectionConfig, HeartbeatRequest, HeartbeatResponse, Role
+from rayledger.election.messages import ElectionAnswer, ElectionRequest, Tick
 from rayledger.storage.errors import ResponseCode
 
 C = ResponseCode
@@ -14,7 +15,7 @@ C = ResponseCode
 
 def test_heartbeat_makes_a_candidate_follow(h) -> None:
     el = h.make(term=4)
-    resp, actions = el.handle(h.hb_req(el, "n1"), 50)
+    resp, actions = el.step(ElectionRequest(h.hb_req(el, "n1")), 50)
     assert resp.code is C.SUCCESS and resp.term == 4
     assert (el.role, el.leader_id) == (Role.FOLLOWER, "n1")
     assert [(rc.term, rc.role, rc.leader_id) for rc in h.role_changes(actions)] == [
@@ -25,9 +26,9 @@ def test_heartbeat_makes_a_candidate_follow(h) -> None:
 def test_heartbeat_from_the_known_leader_refreshes_the_timer(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1", now=0)
-    assert el.handle(h.hb_req(el, "n1"), 5000)[0].code is C.SUCCESS
-    assert el.tick(5000 + 6000) == [] and el.role is Role.FOLLOWER
-    actions = el.tick(5000 + 6001)
+    assert el.step(ElectionRequest(h.hb_req(el, "n1")), 5000)[0].code is C.SUCCESS
+    assert el.step(Tick(), 5000 + 6000).actions == [] and el.role is Role.FOLLOWER
+    actions = el.step(Tick(), 5000 + 6001).actions
     assert el.role is Role.CANDIDATE and el.term == 4
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(4, Role.CANDIDATE)]
 
@@ -43,7 +44,7 @@ def test_heartbeat_from_the_known_leader_refreshes_the_timer(h) -> None:
 )
 def test_heartbeat_from_a_non_member_is_refused(h, kw, code) -> None:
     el = h.make(term=4)
-    resp, actions = el.handle(h.hb_req(el, "n1", **kw), 0)
+    resp, actions = el.step(ElectionRequest(h.hb_req(el, "n1", **kw)), 0)
     assert resp.code is code and resp.term == 4
     assert actions == [] and el.role is Role.CANDIDATE
 
@@ -52,14 +53,16 @@ def test_a_leader_outside_the_configuration_is_followed(h) -> None:
     """Raft §4.2.1: this member's newest configuration may be an uncommitted one
     that the leader is about to cut, or this member the one being added."""
     el = h.make(term=4)
-    resp, _ = el.handle(h.hb_req(el, "n1", leader_id="stranger", local_id="stranger"), 0)
+    resp, _ = el.step(
+        ElectionRequest(h.hb_req(el, "n1", leader_id="stranger", local_id="stranger")), 0
+    )
     assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and el.state.leader_id == "stranger"
     assert el.state.vote_for == "stranger"  # following spends the vote of the term
 
 
 def test_expired_term(h) -> None:
     el = h.make(term=4)
-    resp, _ = el.handle(h.hb_req(el, "n1", term=3), 0)
+    resp, _ = el.step(ElectionRequest(h.hb_req(el, "n1", term=3)), 0)
     assert resp.code is C.EXPIRED_TERM and resp.term == 4
     assert el.role is Role.CANDIDATE
 
@@ -67,7 +70,7 @@ def test_expired_term(h) -> None:
 def test_inconsistent_leader(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    resp, _ = el.handle(h.hb_req(el, "n2"), 10)
+    resp, _ = el.step(ElectionRequest(h.hb_req(el, "n2")), 10)
     assert resp.code is C.INCONSISTENT_LEADER
     assert el.leader_id == "n1"
 
@@ -75,7 +78,7 @@ def test_inconsistent_leader(h) -> None:
 def test_term_not_ready_steps_down_and_catches_up(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    resp, actions = el.handle(h.hb_req(el, "n2", term=6), 10)
+    resp, actions = el.step(ElectionRequest(h.hb_req(el, "n2", term=6)), 10)
     assert resp.code is C.TERM_NOT_READY
     assert (
         el.role is Role.CANDIDATE
@@ -83,19 +86,19 @@ def test_term_not_ready_steps_down_and_catches_up(h) -> None:
         and el.term == 4
     )
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(6, Role.CANDIDATE)]
-    el.tick(20)
+    el.step(Tick(), 20)
     assert el.term == 6
     # the leader's next heartbeat now makes it follow
-    assert el.handle(h.hb_req(el, "n2", term=6), 30)[0].code is C.SUCCESS
+    assert el.step(ElectionRequest(h.hb_req(el, "n2", term=6)), 30)[0].code is C.SUCCESS
     assert (el.role, el.leader_id) == (Role.FOLLOWER, "n2")
 
 
 def test_old_leader_is_not_followed_once_a_newer_term_is_known(h) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    el.handle(h.vote_req(el, "n2", term=5), 10)  # steps down; term 5 pending
+    el.step(ElectionRequest(h.vote_req(el, "n2", term=5)), 10)  # steps down; term 5 pending
     assert el.term == 4 and el.snapshot()["need_increase_term_immediately"]
-    resp, actions = el.handle(h.hb_req(el, "n1", term=4), 12)
+    resp, actions = el.step(ElectionRequest(h.hb_req(el, "n1", term=4)), 12)
     assert resp.code is C.EXPIRED_TERM and resp.term == 5
     assert el.role is Role.CANDIDATE and actions == []
 
@@ -104,8 +107,8 @@ def test_follower_times_out_after_max_heartbeat_leak(h) -> None:
     cfg = ElectionConfig(heartbeat_interval_ms=100, max_heartbeat_leak=2)
     el = h.make(term=1, config=cfg)
     h.become_follower(el, "n1", now=1000)
-    assert el.tick(1200) == [] and el.role is Role.FOLLOWER
-    el.tick(1201)
+    assert el.step(Tick(), 1200).actions == [] and el.role is Role.FOLLOWER
+    el.step(Tick(), 1201)
     assert el.role is Role.CANDIDATE
 
 
@@ -120,24 +123,24 @@ def _leader(h, **kw):
 
 def test_leader_sends_heartbeats_every_interval(h) -> None:
     el, now = _leader(h, term=0)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     assert sorted(s.to for s in sends) == ["n1", "n2"]
     req = sends[0].message
     assert isinstance(req, HeartbeatRequest)
     assert (req.group, req.local_id, req.leader_id, req.term) == ("g", "n0", "n0", el.term)
     h.answer_heartbeats(el, sends, C.SUCCESS, now + 3)
-    assert el.tick(now + 2000) == []  # DLedger: strictly more than the interval
-    assert len(h.sends(el.tick(now + 2001))) == 2
+    assert el.step(Tick(), now + 2000).actions == []  # DLedger: strictly more than the interval
+    assert len(h.sends(el.step(Tick(), now + 2001).actions)) == 2
     assert el.peers_live() == {"n1": True, "n2": True}
 
 
 def test_leader_waits_for_its_round_before_the_next(h) -> None:
     el, now = _leader(h, term=0)
-    el.tick(now)  # nobody answers
-    assert h.sends(el.tick(now + 1999)) == []
-    el.tick(now + 2000)  # round deadline: parsed, still within the leak budget
+    el.step(Tick(), now)  # nobody answers
+    assert h.sends(el.step(Tick(), now + 1999).actions) == []
+    el.step(Tick(), now + 2000)  # round deadline: parsed, still within the leak budget
     assert el.role is Role.LEADER
-    assert len(h.sends(el.tick(now + 2010))) == 2
+    assert len(h.sends(el.step(Tick(), now + 2010).actions)) == 2
 
 
 def test_leader_steps_down_after_max_heartbeat_leak_without_quorum(h) -> None:
@@ -145,13 +148,13 @@ def test_leader_steps_down_after_max_heartbeat_leak_without_quorum(h) -> None:
     t = now
     rounds = 0
     while el.role is Role.LEADER:
-        sends = h.sends(el.tick(t))
+        sends = h.sends(el.step(Tick(), t).actions)
         if sends:
             rounds += 1
             h.answer_heartbeats(el, [s for s in sends if s.to == "n1"], C.NETWORK_ERROR, t + 1)
             for s in sends:
                 if s.to == "n2":
-                    el.on_response("n2", s.message, None, t + 5)
+                    el.step(ElectionAnswer("n2", s.message, None), t + 5)
         t += 10
         assert t < now + 20_000
     assert el.role is Role.CANDIDATE and el.term == 0
@@ -161,7 +164,7 @@ def test_leader_steps_down_after_max_heartbeat_leak_without_quorum(h) -> None:
 
 def test_leader_steps_down_on_a_larger_term(h) -> None:
     el, now = _leader(h, term=0)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     actions = h.answer_heartbeats(el, sends, C.EXPIRED_TERM, now + 1, term=5)
     assert el.role is Role.CANDIDATE
     assert el.state.known_max_term_in_group == 5
@@ -173,12 +176,16 @@ def test_a_leader_deposed_by_a_larger_term_campaigns_in_it(h) -> None:
     it re-elected by the same voters, and a non-voter at the larger term (a learner)
     deposed it again, for good (the simulation's membership seed 93151)."""
     el, now = _leader(h, term=0)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     h.answer_heartbeats(el, sends, C.EXPIRED_TERM, now + 1, term=5)
     asked = []
     t = now + 2
     while not asked:
-        asked = [s.message for s in h.sends(el.tick(t)) if hasattr(s.message, "ledger_end_index")]
+        asked = [
+            s.message
+            for s in h.sends(el.step(Tick(), t).actions)
+            if hasattr(s.message, "ledger_end_index")
+        ]
         t += 10
         assert t < now + 10_000
     assert el.term == 5 and all(m.term >= 5 for m in asked), asked
@@ -186,32 +193,32 @@ def test_a_leader_deposed_by_a_larger_term_campaigns_in_it(h) -> None:
 
 def test_leader_steps_down_when_another_leader_is_followed(h) -> None:
     el, now = _leader(h, term=0)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     h.answer_heartbeats(el, sends, C.INCONSISTENT_LEADER, now + 1)
     assert el.role is Role.CANDIDATE and el.term == 0
 
 
 def test_not_ready_followers_get_an_immediate_heartbeat(h) -> None:
     el, now = _leader(h, term=0)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     h.answer_heartbeats(el, sends[:1], C.TERM_NOT_READY, now + 1)  # 1 + 1 not ready = quorum
     assert el.role is Role.LEADER
-    assert len(h.sends(el.tick(now + 10))) == 2
+    assert len(h.sends(el.step(Tick(), now + 10).actions)) == 2
 
 
 def test_one_success_is_a_quorum_of_three(h) -> None:
     el, now = _leader(h, term=0)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     h.answer_heartbeats(el, sends[:1], C.SUCCESS, now + 1)
     # round over: the straggler's answer is stale
     stale = HeartbeatResponse(C.EXPIRED_TERM, 9)
-    assert el.on_response(sends[1].to, sends[1].message, stale, now + 2) == []
+    assert el.step(ElectionAnswer(sends[1].to, sends[1].message, stale), now + 2).actions == []
     assert el.role is Role.LEADER
 
 
 def test_leader_rejects_heartbeat_of_another_leader_in_its_term(h) -> None:
     el, now = _leader(h, term=0)
-    resp, _ = el.handle(h.hb_req(el, "n1"), now)
+    resp, _ = el.step(ElectionRequest(h.hb_req(el, "n1")), now)
     assert resp.code is C.INCONSISTENT_LEADER and el.role is Role.LEADER
 
 
@@ -222,18 +229,18 @@ def test_next_tick_follows_the_heartbeat_timers(h) -> None:
     el = h.make(term=4)
     assert el.next_tick_ms(0, 10) == 10  # a candidate keeps the fine granularity
     h.become_follower(el, "n1", now=0)
-    el.handle(h.hb_req(el, "n1"), 5000)
+    el.step(ElectionRequest(h.hb_req(el, "n1")), 5000)
     timeout = el.config.heartbeat_timeout_ms
     nxt = el.next_tick_ms(5100, 10)
     assert nxt == 5000 + timeout + 1
     # sleeping until then is never late: one ms earlier the follower still follows
-    assert el.tick(nxt - 1) == [] and el.role is Role.FOLLOWER
-    assert el.tick(nxt) and el.role is Role.CANDIDATE
+    assert el.step(Tick(), nxt - 1).actions == [] and el.role is Role.FOLLOWER
+    assert el.step(Tick(), nxt).actions and el.role is Role.CANDIDATE
 
 
 def test_next_tick_of_a_leader_is_its_next_heartbeat(h) -> None:
     el = h.make(term=4)
     now = h.become_leader(el, now=0)
-    el.tick(now)  # sends the first heartbeats
+    el.step(Tick(), now)  # sends the first heartbeats
     nxt = el.next_tick_ms(now, 10)
     assert now < nxt <= now + el.config.heartbeat_interval_ms + 1

@@ -16,6 +16,7 @@ from rayledger.election import (
     VoteResult,
 )
 from rayledger.election.configuration import ConfigLog, Configuration
+from rayledger.election.messages import ElectionRequest, Tick
 from rayledger.storage.errors import ResponseCode
 
 CONFIG = Configuration.of(["n0", "n1", "n2"], ["n3", "n4"])
@@ -31,7 +32,7 @@ def test_a_candidate_asks_only_the_voters_and_needs_a_majority_of_them(h) -> Non
     assert el.state.peers == ("n0", "n1", "n2", "n3", "n4") and el.state.voter_size == 3
     now = 0
     for _ in range(20):  # pre-vote first, then the real vote
-        acts = el.tick(now)
+        acts = el.step(Tick(), now).actions
         asked = sorted(s.to for s in h.sends(acts) if isinstance(s.message, VoteRequest))
         if asked:
             assert asked == ["n1", "n2"]  # never the learners
@@ -48,7 +49,7 @@ def test_heartbeat_answers_of_learners_make_no_majority(h) -> None:
     h.become_leader(el)
     st = el.state
     assert st.is_quorum(2) and not st.is_quorum(1)
-    acts = el.tick(10_000)
+    acts = el.step(Tick(), 10_000).actions
     to = sorted(s.to for s in h.sends(acts) if isinstance(s.message, HeartbeatRequest))
     assert to == ["n1", "n2", "n3", "n4"]  # every member hears the leader
     before = el.shared.timers.last_succ_heartbeat_ms
@@ -61,14 +62,14 @@ def test_heartbeat_answers_of_learners_make_no_majority(h) -> None:
 def test_a_learner_never_campaigns_and_a_voter_behind_its_promotion_votes_for_it(h) -> None:
     learner = _make("n3")
     for now in range(0, 30_000, 500):
-        assert not h.sends(learner.tick(now))
+        assert not h.sends(learner.step(Tick(), now).actions)
     assert learner.state.current_term == 0  # it never even raised its term
     # a candidate the voter still knows as a learner (its promotion is later in the
     # candidate's log than the voter's): judged by the logs, as Raft's votes are
     voter = _make("n1")
     req = VoteRequest(group="g", local_id="n3", remote_id="n1", leader_id="n3", term=1,
                       ledger_end_index=5, ledger_end_term=1)  # fmt: skip
-    resp, _ = voter.handle(req, 0)
+    resp, _ = voter.step(ElectionRequest(req), 0)
     assert resp.result is not VoteResult.REJECT_UNKNOWN_LEADER  # (DLedger: term first)
 
 
@@ -78,7 +79,7 @@ def test_a_member_removed_from_its_latest_configuration_stops_campaigning(h) -> 
     el = Elector(state, ElectionConfig(), random.Random(0))
     log.appended(3, Configuration.of(["n0", "n1"]))  # its log holds its removal
     for now in range(0, 30_000, 500):
-        assert not h.sends(el.tick(now))
+        assert not h.sends(el.step(Tick(), now).actions)
 
 
 def test_the_checker_commits_what_a_majority_of_the_voters_stores() -> None:
@@ -116,7 +117,7 @@ def test_a_candidate_whose_voters_changed_in_its_term_campaigns_in_the_next(h) -
     el = Elector(state, ElectionConfig(enable_pre_vote=False), random.Random(0))
     votes = []
     for now in range(0, 30_000, 50):
-        votes = [s.message for s in h.sends(el.tick(now)) if not s.message.pre_vote]
+        votes = [s.message for s in h.sends(el.step(Tick(), now).actions) if not s.message.pre_vote]
         if votes:
             break
     assert votes and {v.term for v in votes} == {2} and state.current_term == 2

@@ -13,6 +13,14 @@ from rayledger.election import (
     TransferOutcome,
     VoteResult,
 )
+from rayledger.election.messages import (
+    ElectionAnswer,
+    ElectionRequest,
+    HandOverOrder,
+    PeerProgress,
+    Tick,
+    TransferOrder,
+)
 from rayledger.storage.errors import ResponseCode
 
 C = ResponseCode
@@ -35,8 +43,8 @@ def _take_order(sends):
 def test_transfer_blocks_appends_and_orders_the_caught_up_transferee(h) -> None:
     el, now = _leader(h, term=0, ledger=(-1, -1))
     h.set_log_end(el.state, 50, el.term)
-    el.on_peer_progress("n2", el.term, 50, now)
-    resp, actions = el.transfer_leadership("n2", now)
+    el.step(PeerProgress("n2", el.term, 50), now)
+    resp, actions = el.step(TransferOrder("n2"), now)
     assert isinstance(resp, LeadershipTransferResponse) and resp.code is C.SUCCESS
     assert el.transferring and el.state.transferee == "n2"
     order = _take_order(h.sends(actions))
@@ -55,11 +63,11 @@ def test_transfer_waits_for_the_transferee_to_come_within_wait_index(h) -> None:
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
     h.set_log_end(el.state, 100, el.term)
-    el.on_peer_progress("n1", el.term, 80, now)
-    resp, actions = el.transfer_leadership("n1", now)
+    el.step(PeerProgress("n1", el.term, 80), now)
+    resp, actions = el.step(TransferOrder("n1"), now)
     assert resp.code is C.SUCCESS and h.sends(actions) == []
-    assert el.on_peer_progress("n1", el.term, 90, now + 10) == []  # 10 behind: not yet
-    order = _take_order(el.on_peer_progress("n1", el.term, 91, now + 20))
+    assert el.step(PeerProgress("n1", el.term, 90), now + 10).actions == []  # 10 behind: not yet
+    order = _take_order(el.step(PeerProgress("n1", el.term, 91), now + 20).actions)
     assert order.message.take_leadership_ledger_index == 100
     assert order.message.wait_timeout_ms == 1000 - 20
 
@@ -68,9 +76,9 @@ def test_transfer_is_abandoned_at_its_deadline(h) -> None:
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
     h.set_log_end(el.state, 100, el.term)
-    el.transfer_leadership("n1", now)
-    assert [a for a in el.tick(now + 1000) if isinstance(a, TransferOutcome)] == []
-    actions = el.tick(now + 1001)
+    el.step(TransferOrder("n1"), now)
+    assert [a for a in el.step(Tick(), now + 1000).actions if isinstance(a, TransferOutcome)] == []
+    actions = el.step(Tick(), now + 1001).actions
     assert [a for a in actions if isinstance(a, TransferOutcome)] == [
         TransferOutcome(el.term, "n1", C.TIMEOUT)
     ]
@@ -79,27 +87,27 @@ def test_transfer_is_abandoned_at_its_deadline(h) -> None:
 
 def test_transfer_is_abandoned_when_the_transferee_refuses_or_is_unreachable(h) -> None:
     el, now = _leader(h, term=0)
-    _, actions = el.transfer_leadership("n1", now)
+    _, actions = el.step(TransferOrder("n1"), now)
     order = _take_order(h.sends(actions))
     refusal = LeadershipTransferResponse(C.INCONSISTENT_TERM, el.term)
-    out = el.on_response("n1", order.message, refusal, now + 5)
+    out = el.step(ElectionAnswer("n1", order.message, refusal), now + 5).actions
     assert out == [TransferOutcome(el.term, "n1", C.INCONSISTENT_TERM)] and not el.transferring
 
-    _, actions = el.transfer_leadership("n2", now + 10)
+    _, actions = el.step(TransferOrder("n2"), now + 10)
     order = _take_order(h.sends(actions))
-    out = el.on_response("n2", order.message, None, now + 20)
+    out = el.step(ElectionAnswer("n2", order.message, None), now + 20).actions
     assert out == [TransferOutcome(el.term, "n2", C.TAKE_LEADERSHIP_FAILED)]
 
 
 def test_transfer_succeeds_when_the_leader_sees_the_new_term(h) -> None:
     el, now = _leader(h, term=0)
-    _, actions = el.transfer_leadership("n1", now)
+    _, actions = el.step(TransferOrder("n1"), now)
     order = _take_order(h.sends(actions))
     ok = LeadershipTransferResponse(C.SUCCESS, el.term)
-    assert el.on_response("n1", order.message, ok, now + 5) == []
+    assert el.step(ElectionAnswer("n1", order.message, ok), now + 5).actions == []
     assert el.transferring
     vote = h.vote_req(el, "n1", term=el.term + 1)
-    _, actions = el.handle(vote, now + 50)
+    _, actions = el.step(ElectionRequest(vote), now + 50)
     assert TransferOutcome(el.term, "n1", C.SUCCESS) in actions
     assert el.role is Role.CANDIDATE and not el.transferring
 
@@ -122,7 +130,7 @@ def test_transfer_request_checks(h, setup, kw, code) -> None:
     else:
         el, now = _leader(h, term=0)
     if setup == "transferring":
-        el.transfer_leadership("n2", now)
+        el.step(TransferOrder("n2"), now)
     fields = dict(
         group="g",
         local_id="admin",
@@ -132,14 +140,14 @@ def test_transfer_request_checks(h, setup, kw, code) -> None:
         transferee_id="n1",
     )
     fields.update(kw)
-    resp, actions = el.handle(LeadershipTransferRequest(**fields), now)
+    resp, actions = el.step(ElectionRequest(LeadershipTransferRequest(**fields)), now)
     assert resp.code is code
     assert h.sends(actions) == []
 
 
 def test_transfer_to_itself_is_a_no_op(h) -> None:
     el, now = _leader(h, term=0)
-    resp, actions = el.transfer_leadership("n0", now)
+    resp, actions = el.step(TransferOrder("n0"), now)
     assert resp.code is C.SUCCESS and actions == [] and not el.transferring
 
 
@@ -163,18 +171,18 @@ def _order(el, leader="n1", index=-1, term=None, wait=1000):
 def test_transferee_votes_at_once_for_the_next_term(h) -> None:
     el = h.make(term=4, ledger=(30, 4))
     h.become_follower(el, "n1")
-    resp, actions = el.handle(_order(el, index=30), 100)
+    resp, actions = el.step(ElectionRequest(_order(el, index=30)), 100)
     assert resp.code is C.SUCCESS
     assert el.role is Role.CANDIDATE and el.snapshot()["need_increase_term_immediately"]
     assert el.state.term_to_take_leadership == 5
     assert [(rc.term, rc.role) for rc in h.role_changes(actions)] == [(5, Role.CANDIDATE)]
-    assert el.tick(110) == [] and el.term == 5 and el.is_taking_leadership
+    assert el.step(Tick(), 110).actions == [] and el.term == 5 and el.is_taking_leadership
     assert 110 + 30 <= el.next_time_to_request_vote < 110 + 100
-    sends = h.sends(el.tick(el.next_time_to_request_vote))
+    sends = h.sends(el.step(Tick(), el.next_time_to_request_vote).actions)
     assert sends and all(s.message.term == 5 and s.message.take_leadership for s in sends)
     assert not sends[0].message.pre_vote
     # a repeated order (duplicated message) is answered the same way
-    assert el.handle(_order(el, index=30, term=4), 120)[0].code is C.SUCCESS
+    assert el.step(ElectionRequest(_order(el, index=30, term=4)), 120)[0].code is C.SUCCESS
     h.answer_votes(el, sends, VoteResult.ACCEPT, 200)
     assert el.role is Role.LEADER and el.state.term_to_take_leadership == -1
 
@@ -182,23 +190,23 @@ def test_transferee_votes_at_once_for_the_next_term(h) -> None:
 def test_transferee_waits_to_catch_up_then_votes(h) -> None:
     el = h.make(term=4, ledger=(20, 4))
     h.become_follower(el, "n1")
-    resp, actions = el.handle(_order(el, index=30), 100)
+    resp, actions = el.step(ElectionRequest(_order(el, index=30)), 100)
     assert resp.code is C.SUCCESS and el.role is Role.FOLLOWER and actions == []
-    el.tick(150)
+    el.step(Tick(), 150)
     assert el.role is Role.FOLLOWER
     h.set_log_end(el.state, 30, 4)
-    actions = el.tick(160)
+    actions = el.step(Tick(), 160).actions
     assert el.role is Role.CANDIDATE and el.state.term_to_take_leadership == 5
 
 
 def test_transferee_gives_up_when_it_cannot_catch_up_in_time(h) -> None:
     el = h.make(term=4, ledger=(20, 4))
     h.become_follower(el, "n1")
-    el.handle(_order(el, index=30, wait=300), 100)
-    el.handle(h.hb_req(el, "n1"), 401)
-    el.tick(401)
+    el.step(ElectionRequest(_order(el, index=30, wait=300)), 100)
+    el.step(ElectionRequest(h.hb_req(el, "n1")), 401)
+    el.step(Tick(), 401)
     h.set_log_end(el.state, 30, 4)
-    el.tick(410)
+    el.step(Tick(), 410)
     assert el.role is Role.FOLLOWER and el.state.term_to_take_leadership == -1
 
 
@@ -209,7 +217,7 @@ def test_transferee_gives_up_when_it_cannot_catch_up_in_time(h) -> None:
 def test_transferee_checks_leader_and_term(h, leader, term, code) -> None:
     el = h.make(term=4)
     h.become_follower(el, "n1")
-    resp, actions = el.handle(_order(el, leader=leader, term=term), 0)
+    resp, actions = el.step(ElectionRequest(_order(el, leader=leader, term=term)), 0)
     assert resp.code is code and actions == [] and el.role is Role.FOLLOWER
 
 
@@ -219,13 +227,13 @@ def test_transferee_checks_leader_and_term(h, leader, term, code) -> None:
 def test_leader_hands_over_to_a_live_preferred_member(h) -> None:
     cfg = ElectionConfig(preferred_leader_ids="n2")
     el, now = _leader(h, term=0, config=cfg)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     h.answer_heartbeats(el, sends, C.SUCCESS, now + 1)
     assert el.peers_live()["n2"]
     actions = []
     t = now + 10
     while not el.transferring:
-        actions = el.tick(t)
+        actions = el.step(Tick(), t).actions
         t += 10
         assert t < now + 1100
     assert t - now >= 1000  # checked once a second
@@ -235,21 +243,21 @@ def test_leader_hands_over_to_a_live_preferred_member(h) -> None:
 def test_preferred_leader_check_skips_dead_or_lagging_members(h) -> None:
     cfg = ElectionConfig(preferred_leader_ids=("n1", "n2"), max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
-    sends = h.sends(el.tick(now))
+    sends = h.sends(el.step(Tick(), now).actions)
     h.answer_heartbeats(el, sends, C.SUCCESS, now + 1, only={"n1"})
     h.set_log_end(el.state, 100, el.term)
-    el.on_peer_progress("n1", el.term, 50, now)
-    el.tick(now + 1000)
+    el.step(PeerProgress("n1", el.term, 50), now)
+    el.step(Tick(), now + 1000)
     assert not el.transferring  # n2 dead, n1 too far behind
-    el.on_peer_progress("n1", el.term, 95, now + 1001)
-    el.tick(now + 2000)
+    el.step(PeerProgress("n1", el.term, 95), now + 1001)
+    el.step(Tick(), now + 2000)
     assert el.state.transferee == "n1"
 
 
 def test_preferred_leader_itself_never_transfers(h) -> None:
     el, now = _leader(h, term=0, config=ElectionConfig(preferred_leader_ids=("n0", "n1")))
-    h.answer_heartbeats(el, h.sends(el.tick(now)), C.SUCCESS, now + 1)
-    el.tick(now + 1500)
+    h.answer_heartbeats(el, h.sends(el.step(Tick(), now).actions), C.SUCCESS, now + 1)
+    el.step(Tick(), now + 1500)
     assert not el.transferring
 
 
@@ -262,10 +270,10 @@ def test_every_role_change_is_announced_once(h) -> None:
     now = h.become_leader(el)
     seen += [(0, Role.LEADER)] if el.role is Role.LEADER else []
     for _resp, actions in (
-        el.handle(h.vote_req(el, "n1", term=el.term + 3), now),
-        el.handle(h.vote_req(el, "n2", term=el.term + 3), now),  # same (term, role)
-        ([], el.tick(now + 10)),
-        el.handle(h.hb_req(el, "n1"), now + 20),
+        el.step(ElectionRequest(h.vote_req(el, "n1", term=el.term + 3)), now),
+        el.step(ElectionRequest(h.vote_req(el, "n2", term=el.term + 3)), now),  # same (term, role)
+        ([], el.step(Tick(), now + 10).actions),
+        el.step(ElectionRequest(h.hb_req(el, "n1")), now + 20),
     ):
         seen += [(rc.term, rc.role) for rc in h.role_changes(actions)]
     assert seen == [(0, Role.LEADER), (3, Role.CANDIDATE), (3, Role.FOLLOWER)]
@@ -290,18 +298,21 @@ class _Group:
         for a in actions:
             if not isinstance(a, Send) or (sender, a.to) in self.cut:
                 continue
-            resp, more = self.els[a.to].handle(a.message, self.now)
+            resp, more = self.els[a.to].step(ElectionRequest(a.message), self.now)
             self.run(a.to, more)
             if (a.to, sender) in self.cut:
                 resp = None
-            self.run(sender, self.els[sender].on_response(a.to, a.message, resp, self.now))
+            self.run(
+                sender,
+                self.els[sender].step(ElectionAnswer(a.to, a.message, resp), self.now).actions,
+            )
 
     def advance(self, ms):
         end = self.now + ms
         while self.now < end:
             self.now += 10
             for i, el in self.els.items():
-                self.run(i, el.tick(self.now))
+                self.run(i, el.step(Tick(), self.now).actions)
 
     def roles(self):
         return {i: (el.role, el.term) for i, el in self.els.items()}
@@ -315,8 +326,8 @@ def test_member_cut_from_the_leader_only(h, pre_vote) -> None:
     # n0 leads term 1 with n2's vote; n1 follows without having voted in term 1.
     g = _Group(h, ElectionConfig(enable_pre_vote=pre_vote), {"n0": "n0", "n1": None, "n2": "n0"})
     g.els["n0"].change_role_to_leader(1, 0)
-    g.els["n1"].handle(h.hb_req(g.els["n1"], "n0"), 0)
-    g.els["n2"].handle(h.hb_req(g.els["n2"], "n0"), 0)
+    g.els["n1"].step(ElectionRequest(h.hb_req(g.els["n1"], "n0")), 0)
+    g.els["n2"].step(ElectionRequest(h.hb_req(g.els["n2"], "n0")), 0)
     g.advance(3000)
     assert g.roles()["n0"] == (Role.LEADER, 1)
     g.cut |= {("n0", "n2"), ("n2", "n0")}
@@ -332,7 +343,7 @@ def test_member_cut_from_the_leader_only(h, pre_vote) -> None:
 
 def test_role_change_action_carries_the_leader(h) -> None:
     el = h.make(term=2)
-    _, actions = el.handle(h.hb_req(el, "n2"), 0)
+    _, actions = el.step(ElectionRequest(h.hb_req(el, "n2")), 0)
     assert actions == [RoleChange(2, Role.FOLLOWER, "n2")]
 
 
@@ -344,18 +355,20 @@ def test_a_progress_report_of_an_older_term_is_dropped(h) -> None:
     el, now = _leader(h, term=0, midlife=True, config=cfg)
     h.set_log_end(el.state, 1000, 0)
     old = el.term
-    el.on_peer_progress("n1", old, 995, now + 10)
+    el.step(PeerProgress("n1", old, 995), now + 10)
     el.change_role_to_candidate(old + 1, now + 20)
     while el.term < old + 2:
         el.state.next_term()
     el.change_role_to_leader(old + 2, now + 30)
     assert el.shared.timers.peer_match_index == {}
-    assert el.on_peer_progress("n1", old, 995, now + 31) == []  # the old dispatcher's report
+    assert (
+        el.step(PeerProgress("n1", old, 995), now + 31).actions == []
+    )  # the old dispatcher's report
     assert el.shared.timers.peer_match_index == {}
-    resp, actions = el.transfer_leadership("n1", now + 40)
+    resp, actions = el.step(TransferOrder("n1"), now + 40)
     assert resp.code is C.SUCCESS
     assert [s for s in h.sends(actions) if isinstance(s.message, LeadershipTransferRequest)] == []
-    el.on_peer_progress("n1", el.term, 995, now + 41)  # the new term's report counts
+    el.step(PeerProgress("n1", el.term, 995), now + 41)  # the new term's report counts
     assert el.shared.timers.peer_match_index == {"n1": 995}
 
 
@@ -367,18 +380,18 @@ def test_a_hand_over_that_is_given_up_ends_in_a_step_down(h) -> None:
     cfg = ElectionConfig(max_leadership_transfer_wait_index=10)
     el, now = _leader(h, term=0, config=cfg)
     h.set_log_end(el.state, 100, el.term)
-    code, actions = el.hand_over("n1", now)  # n1 lags: no take order yet
+    code, actions = el.step(HandOverOrder("n1"), now)  # n1 lags: no take order yet
     assert code is C.SUCCESS and el.role is Role.LEADER
-    el.tick(now + cfg.leadership_transfer_wait_timeout_ms + 1)
+    el.step(Tick(), now + cfg.leadership_transfer_wait_timeout_ms + 1)
     assert el.role is Role.CANDIDATE and not el.transferring
     plain, now = _leader(h, term=0, config=cfg)
     h.set_log_end(plain.state, 100, plain.term)
-    plain.transfer_leadership("n1", now)
-    plain.tick(now + cfg.leadership_transfer_wait_timeout_ms + 1)
+    plain.step(TransferOrder("n1"), now)
+    plain.step(Tick(), now + cfg.leadership_transfer_wait_timeout_ms + 1)
     assert plain.role is Role.LEADER and not plain.transferring
 
 
 def test_a_hand_over_that_cannot_start_steps_down_at_once(h) -> None:
     el, now = _leader(h, term=0)
-    code, _ = el.hand_over("nobody", now)
+    code, _ = el.step(HandOverOrder("nobody"), now)
     assert code is C.UNKNOWN_MEMBER and el.role is Role.CANDIDATE

@@ -14,6 +14,13 @@ import pytest
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.core.reads import ReadIndexLogic
 from rayledger.election import ElectionConfig, Elector, LeadershipTransferRequest, Role, Send
+from rayledger.election.messages import (
+    ElectionAnswer,
+    ElectionRequest,
+    PeerProgress,
+    Tick,
+    TransferOrder,
+)
 
 RPC_MS = 3000  # a request or answer on a cut link is lost: the caller learns None after this
 
@@ -44,7 +51,9 @@ class Bus:
         while self.q and self.q[0][0] <= now:
             _, _, kind, frm, to, msg, resp = heapq.heappop(self.q)
             if kind == "resp":  # ``to`` asked ``frm``
-                self.emit(to, self.members[to].on_response(frm, msg, resp, now), now)
+                self.emit(
+                    to, self.members[to].step(ElectionAnswer(frm, msg, resp), now).actions, now
+                )
                 continue
             if self.hold_take_orders and isinstance(msg, LeadershipTransferRequest):
                 self.held.append((frm, to, msg))
@@ -53,7 +62,7 @@ class Bus:
             if (frm, to) in self.cut:
                 heapq.heappush(self.q, (now + RPC_MS, next(self.seq), "resp", to, frm, msg, None))
                 continue
-            resp, actions = self.members[to].handle(msg, now)
+            resp, actions = self.members[to].step(ElectionRequest(msg), now)
             self.emit(to, actions, now)
             delay = RPC_MS if (to, frm) in self.cut else 1
             answer = None if (to, frm) in self.cut else resp
@@ -65,7 +74,7 @@ def _group(h, preferred: tuple[str, ...] = ()):
     members = {m: h.make(m, midlife=True, config=cfg) for m in ("n0", "n1", "n2")}
     h.become_leader(members["n0"], 0)
     for m in ("n1", "n2"):
-        members[m].handle(h.hb_req(members[m], "n0"), 0)
+        members[m].step(ElectionRequest(h.hb_req(members[m], "n0")), 0)
     return members
 
 
@@ -95,13 +104,17 @@ def test_no_lease_after_a_take_order_in_the_term(h, variant) -> None:
     for now in range(10, 8000, 10):
         if now == 200:
             bus.cut.add(("n1", "n0"))
-            leader.on_peer_progress("n1", term, leader.state.ledger_end_index, now)
+            leader.step(PeerProgress("n1", term, leader.state.ledger_end_index), now)
             if variant == "preferred":  # n1 is live (it answered heartbeats): the check hands over
                 bus.emit(
-                    "n0", leader.tick(now + leader.config.check_preferred_leader_interval_ms), now
+                    "n0",
+                    leader.step(
+                        Tick(), now + leader.config.check_preferred_leader_interval_ms
+                    ).actions,
+                    now,
                 )
             else:
-                _, actions = leader.transfer_leadership("n1", now)
+                _, actions = leader.step(TransferOrder("n1"), now)
                 bus.emit("n0", actions, now)
             assert leader.transferring and not lease(now)
         if variant == "renewed_in_transfer" and now == 250:
@@ -111,7 +124,7 @@ def test_no_lease_after_a_take_order_in_the_term(h, variant) -> None:
             bus.release(now)
         bus.deliver(now)
         for m, el in members.items():
-            bus.emit(m, el.tick(now), now)
+            bus.emit(m, el.step(Tick(), now).actions, now)
         bus.deliver(now)
         others = [m for m, el in members.items() if m != "n0" and el.role is Role.LEADER]
         if others and new_leader_at is None:

@@ -36,6 +36,13 @@ from rayledger.election import (
     Send,
     TransferOutcome,
 )
+from rayledger.election.messages import (
+    ElectionAnswer,
+    ElectionRequest,
+    PeerProgress,
+    Tick,
+    TransferOrder,
+)
 
 from .driver import SimDriver
 from .network import (
@@ -281,7 +288,7 @@ class ElectionSim(SimDriver):
         if not leaders:
             return None
         leader = max(leaders, key=lambda mid: self.elector(mid).term)
-        resp, actions = self.elector(leader).transfer_leadership(transferee, self.clock.now_ms)
+        resp, actions = self.elector(leader).step(TransferOrder(transferee), self.clock.now_ms)
         self.net.note(f"{leader} asked to transfer to {transferee}: {resp.code.name}")
         self._apply(leader, actions)
         return resp
@@ -295,14 +302,16 @@ class ElectionSim(SimDriver):
         if el is None:
             return
         if isinstance(payload, RpcRequest):
-            resp, actions = el.handle(payload.body, now)
+            resp, actions = el.step(ElectionRequest(payload.body), now)
             self.rpc.reply(dst, src, payload.call_id, resp)
             self._apply(dst, actions)
         elif isinstance(payload, RpcResponse):
             pending = self.rpc.complete(dst, payload.call_id)
             if pending is not None:
                 callee, request = pending
-                self._apply(dst, el.on_response(callee, request, payload.body, now))
+                self._apply(
+                    dst, el.step(ElectionAnswer(callee, request, payload.body), now).actions
+                )
         elif isinstance(payload, SyncLog):
             st = el.state
             if (
@@ -315,7 +324,9 @@ class ElectionSim(SimDriver):
                 self.net.send(dst, src, SyncAck(payload.term, payload.end_index))
         elif isinstance(payload, SyncAck):
             if el.role is Role.LEADER and el.term == payload.term:
-                self._apply(dst, el.on_peer_progress(src, payload.term, payload.end_index, now))
+                self._apply(
+                    dst, el.step(PeerProgress(src, payload.term, payload.end_index), now).actions
+                )
         else:
             self.fail(f"unknown payload {payload!r}")
 
@@ -366,7 +377,7 @@ class ElectionSim(SimDriver):
         for caller, callee, request in self.rpc.expired(now):
             el = self.members[caller].elector
             if el is not None:
-                self._apply(caller, el.on_response(callee, request, None, now))
+                self._apply(caller, el.step(ElectionAnswer(callee, request, None), now).actions)
         if now >= self._next_tick_ms:
             # Every member runs its maintainState step; the order rotates.
             self._next_tick_ms = now + self.tick_ms
@@ -375,7 +386,7 @@ class ElectionSim(SimDriver):
             for mid in ids[k:] + ids[:k]:
                 el = self.members[mid].elector
                 if el is not None:
-                    self._apply(mid, el.tick(now))
+                    self._apply(mid, el.step(Tick(), now).actions)
         self._append_and_sync(now)
         if self.injector is not None:
             self.injector.step(now)
