@@ -123,6 +123,14 @@ class HelperStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckerSetUp:
+    """The leader's checker answered its set-up for ``term``: the rounds of the term still
+    waiting were lost with a dead checker and are registered again (``MemberOut.register``)."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
 class GraphFallback:
     """Rounds of an abandoned compiled graph: those still waiting travel as plain calls."""
 
@@ -204,7 +212,7 @@ class SpawnDone:
 
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
-    | ClientAppend | WriteRound | RoundsResolved | ProcessAnswered | HelperStarted
+    | ClientAppend | WriteRound | RoundsResolved | ProcessAnswered | HelperStarted | CheckerSetUp
     | GraphFallback | StepDown
     | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline | ChangeMembers | ClusterView
     | SpawnDone
@@ -232,6 +240,7 @@ class MemberOut:
     answers: list[tuple[Any, Any]] = field(default_factory=list)  # (push token, response)
     flush_first: bool = False  # the answers go out only once the store is flushed
     run: list[Run] = field(default_factory=list)
+    register: list[rp.Register] = field(default_factory=list)  # rounds for a set-up checker
     written: Written | None = None  # the round written by this step
     finished: list[Finished] = field(default_factory=list)  # rounds that ended
     # append calls answered outside a round (a retry answered from the log, or
@@ -264,6 +273,9 @@ class OutPorts(Protocol):
     def notes(self, notes: list[Any]) -> None: ...
     def sends(self, sends: list[Send]) -> None: ...
     def run(self, runs: list[Run]) -> Any: ...
+    def register(self, rounds: list[rp.Register]) -> None:
+        """Each round to the checker at once, as a round's ``Register`` action."""
+
     def write_due(self) -> None: ...
     def installed(self, sealed: list[Any]) -> None: ...
     def spawns(self, spawns: list[Spawn]) -> None: ...
@@ -278,7 +290,8 @@ class OutPorts(Protocol):
 def carry_out(out: MemberOut, ports: OutPorts) -> Any:
     """Carry out ``out`` in the one order every transport keeps -- the Ray member, the
     simulation and the script tests: the append calls' results first, then the answers to
-    pushes, notes, election messages, the processes' actions, a round due, snapshots
+    pushes, notes, election messages, the processes' actions, rounds for a checker set up
+    again, a round due, snapshots
     installed, members to spawn, reads, graphs left, and the wake-ups.  Returns what
     ``ports.run`` returned (the Ray member's next action of the process it follows)."""
     if out.finished or out.settled or out.written is not None:
@@ -290,6 +303,8 @@ def carry_out(out: MemberOut, ports: OutPorts) -> Any:
     if out.sends:
         ports.sends(out.sends)
     nxt = ports.run(out.run) if out.run else None
+    if out.register:
+        ports.register(out.register)
     if out.write_due:
         ports.write_due()
     if out.installed:
@@ -402,6 +417,8 @@ class MemberCore:
                 resp, actions = lg.elector.step(TransferOrder(ev.target), now_ms)
                 out.reply = (resp, lg.elector.transferring)
                 self._elector(actions, now_ms, out)
+            case CheckerSetUp():
+                out.register = self.round_path.reregister(ev.term)
             case HelperStarted():
                 proc = self.supervisor.helper_started(ev.kind, ev.peer, ev.pid, ev.restarted)
                 if proc is not None and self.role_queue.restore(proc):

@@ -757,6 +757,10 @@ class _RayPorts:
         self.m.ctx.loop.call_soon_threadsafe(self.m._start_runs, runs, None)
         return None
 
+    def register(self, rounds: list) -> None:
+        for r in rounds:
+            self.m.appends.perform(r)
+
     def write_due(self) -> None:
         if self.on_main:
             self.m.ctx.loop.call_soon(self.m.appends.write_round)

@@ -17,6 +17,7 @@ import signal
 
 import psutil
 import ray
+from rayledger.actors.core import member as mc
 from rayledger.actors.core import supervision as sv
 from rayledger.actors.member.appends import AppendPart
 from rayledger.actors.member.context import MemberContext, Part
@@ -187,10 +188,7 @@ class LeadershipPart(Part):
             await asyncio.wait_for(
                 self.ctx.checker.become_leader.remote(term, a.start, a.info), timeout
             )
-            with self._lock:
-                again = self.core.round_path.reregister(term)  # what a dead checker held
-            for r in again:
-                self.ctx.checker.add_round.remote(r.term, r.first, r.last, r.rid, r.leader_mark)
+            self.ctx.carry(self.ctx.step(mc.CheckerSetUp(term)))  # what a dead checker held
         dispatchers = [d for p, d in self.ctx.dispatchers.items() if only in (None, "checker", p)]
         f = self.ctx.faults
         await asyncio.wait_for(

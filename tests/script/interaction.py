@@ -586,8 +586,7 @@ class Env:
             if a.only in (None, "checker"):
                 # what it fails is ignored, as by both shells: the step-down before failed it
                 node.checker_driver.deliver(ck.BecomeLeader(a.term, a.start, a.info))
-                for reg in node.round_path.reregister(a.term):  # what a dead checker held
-                    self._perform(node, reg)
+                self._carry(node, node.core.step(mc.CheckerSetUp(a.term), self.now))
             for p, d in node.drivers.items():
                 if a.only in (None, "checker", p):
                     d.deliver(dl.Activate(a.info))
@@ -746,6 +745,10 @@ class _ScriptPorts:
 
     def __init__(self, env: Env, node: Node, pid: int | None) -> None:
         self.env, self.node, self.pid = env, node, pid
+
+    def register(self, rounds: list) -> None:
+        for r in rounds:  # what a dead checker held
+            self.env._perform(self.node, r)
 
     def rounds(self, out: mc.MemberOut) -> None:
         env, node = self.env, self.node

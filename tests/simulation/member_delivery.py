@@ -97,12 +97,16 @@ class MemberDelivery:
             return sv.Failed("the helper's process died")
         return None
 
+    def _register(self, node: Node, a: rp.Register) -> None:
+        """A round to the node's checker (a hop: the call is on its way)."""
+        self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
+                  a.leader_mark, a.config)  # fmt: skip
+
     def _perform(self, node: Node, a):  # noqa: C901 -- one branch per action, nothing else
         """Carry out an action of the core's processes: calls to the helpers with their
         time-outs, the disk, the compiled path."""
         if isinstance(a, rp.Register):
-            self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
-                      a.leader_mark, a.config)  # fmt: skip
+            self._register(node, a)
             return None
         if isinstance(a, rp.Submit):
             return self._fp_submit(node, a.a, list(a.spans))
@@ -143,8 +147,7 @@ class MemberDelivery:
                 (r,) = yield Timed(a.timeout_ms, call)
                 if self._failed(r):
                     return self._failed(r)
-                for reg in node.round_path.reregister(a.term):  # what a dead checker held
-                    yield from self._perform(node, reg)
+                self._step(node, mc.CheckerSetUp(a.term))  # what a dead checker held
             peers = [p for p in node.dispatchers if a.only in (None, "checker", p)]
             # a dispatcher added by a configuration answers once its process booted
             if (yield from self._booted(node, [("dispatcher", p) for p in peers], a.timeout_ms)):
@@ -381,6 +384,10 @@ class _SimPorts:
             self.sim._spawn(self.node, self.sim._flush_then_answer(self.node, answers))
         else:
             self.sim._answer(self.node, answers)
+
+    def register(self, rounds: list) -> None:
+        for r in rounds:
+            self.sim._register(self.node, r)
 
     def notes(self, notes: list) -> None:
         for a in notes:
