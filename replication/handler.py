@@ -2,10 +2,10 @@
 
 DLedger's follower thread keeps APPEND pushes by index and writes them strictly
 at ``ledgerEndIndex + 1``; COMPARE, TRUNCATE and COMMIT wait in their own queue
-and go first.  Here the shell calls :meth:`EntryHandler.handle_push` for every
-push, passing an opaque ``token`` (its future), and gets back the answers that
-are ready -- possibly for pushes queued earlier; :meth:`EntryHandler.tick` runs
-the periodic abnormal-push check.
+and go first.  Here the member's core steps :meth:`EntryHandler.step` with every
+:class:`~.messages.Push` (its opaque ``token`` names the call) and gets back the answers
+that are ready -- possibly for pushes queued earlier; a ``Tick`` runs the periodic
+abnormal-push check.
 
 Term checks follow DLedger's handlePush: an older term is EXPIRED_TERM, a newer
 one TERM_NOT_READY (the elector learns terms from heartbeats and votes, not from
@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from rayledger.election.configuration import Configuration
 from rayledger.election.logevent import log_event
+from rayledger.election.messages import Tick
 from rayledger.storage.codec import EntryBatch
 from rayledger.storage.errors import LedgerError, ResponseCode
 
 from .config import ReplicationConfig
 from .install import InstallReceiver
-from .messages import PushEntryRequest, PushEntryResponse, PushType
+from .messages import Push, PushEntryRequest, PushEntryResponse, PushType
 
 if TYPE_CHECKING:
     from rayledger.election import MemberState
@@ -178,8 +179,18 @@ class EntryHandler:
             **hint,
         )
 
-    # -- entry points -------------------------------------------------------------------
-    def handle_push(self, req: PushEntryRequest, token: Any, now_ms: int) -> list[Answer]:
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: Push | Tick, now_ms: int) -> list[Answer]:
+        """Deliver a push or the member's clock at ``now_ms``; returns every answer ready
+        now, as ``(token, response)``."""
+        match ev:
+            case Push():
+                return self._handle_push(ev.req, ev.token, now_ms)
+            case Tick():
+                return self._tick(now_ms)
+        raise TypeError(f"not a handler event: {ev!r}")
+
+    def _handle_push(self, req: PushEntryRequest, token: Any, now_ms: int) -> list[Answer]:
         """Take one push; returns every answer ready now (an out-of-order APPEND waits)."""
         self._now_ms = now_ms
         if (
@@ -223,7 +234,7 @@ class EntryHandler:
             out.append((token, self._resp(req, ResponseCode.UNEXPECTED_ARGUMENT)))
         return out
 
-    def tick(self, now_ms: int) -> list[Answer]:
+    def _tick(self, now_ms: int) -> list[Answer]:
         """Periodic work: the abnormal-push check (DLedger checkAbnormalFuture)."""
         self._now_ms = now_ms
         out: list[Answer] = []

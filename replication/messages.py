@@ -213,3 +213,13 @@ class GraphEnd:
     """The leader left graph ``gen``: what went into it may be lost."""
 
     gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A push from a leader's dispatcher, for the follower's :class:`~.handler.EntryHandler`
+    (and its member's core); ``token`` names the call its answer goes to."""
+
+    req: PushEntryRequest
+    token: Any
+    graph: bool = False  # it came through the leader's compiled graph

@@ -55,24 +55,15 @@ from rayledger.election.messages import (
     Tick,
     TransferOrder,
 )
-from rayledger.replication import PushEntryRequest
 from rayledger.replication.admission import not_leader
 from rayledger.replication.checker import Resolution
+from rayledger.replication.messages import Push
 from rayledger.storage import LedgerError, ResponseCode
 
 log = logging.getLogger("rayledger.actors")
 
 
 # ====================================================================== events in
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """A push from a leader's dispatcher; ``token`` names the call its answer goes to."""
-
-    req: PushEntryRequest
-    token: Any
-    graph: bool = False  # it came through the leader's compiled graph
 
 
 @dataclass(frozen=True, slots=True)

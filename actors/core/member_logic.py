@@ -49,7 +49,7 @@ from rayledger.replication import (
 )
 from rayledger.replication.admission import not_leader
 from rayledger.replication.install import InstallReceiver
-from rayledger.replication.messages import Announcement, Inline, LeaderInfo
+from rayledger.replication.messages import Announcement, Inline, LeaderInfo, Push
 from rayledger.replication.sessions import SessionTable, recover_sessions
 from rayledger.storage import (
     Appended,
@@ -261,7 +261,7 @@ class MemberLogic:
     # -- election ------------------------------------------------------------------------
     def tick(self, now_ms: int) -> tuple[list, list]:
         """(election actions, push answers) due now."""
-        return self.elector.step(Tick(), now_ms).actions, self.handler.tick(now_ms)
+        return self.elector.step(Tick(), now_ms).actions, self.handler.step(Tick(), now_ms)
 
     def next_tick_ms(self, now_ms: int, granularity_ms: int) -> int:
         """When :meth:`tick` must run next (the elector's next deadline; queued
@@ -288,7 +288,7 @@ class MemberLogic:
     # -- follower ------------------------------------------------------------------------
     def on_push(self, req: PushEntryRequest, token: Any, now_ms: int) -> list:
         """A push from a leader's dispatcher; returns the answers ready now."""
-        return self.handler.handle_push(req, token, now_ms)
+        return self.handler.step(Push(req, token), now_ms)
 
     def must_flush(self, answers: Sequence) -> bool:
         """Whether ``answers`` (to pushes, or the handler's queued ones a tick releases)

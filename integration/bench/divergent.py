@@ -21,6 +21,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
+from rayledger.replication.messages import Push
 from rayledger.storage import LogStore, MemoryStore, StoreConfig
 
 GROUP = "diverge"
@@ -93,7 +94,7 @@ def converge(
             elif req.type is PushType.TRUNCATE:
                 truncates += 1
                 matched_at = req.first_index - 1 if req.reset else req.first_index
-            for tok, resp in handler.handle_push(req, req, now):
+            for tok, resp in handler.step(Push(req, req), now):
                 dispatcher.on_response(tok, resp, now)
                 if tok.type is PushType.COMPARE and dispatcher.state is DispatcherState.APPEND:
                     matched_at = tok.first_index

@@ -21,6 +21,7 @@ from rayledger.replication import (
     ReplicationConfig,
     check_append,
 )
+from rayledger.replication.messages import Push
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig
 
 GROUP = "bench"
@@ -57,7 +58,7 @@ class _Bench:
             handler = self.handlers[peer]
             for req in d.next_requests(self.now, self.leader):
                 self.pushes += 1
-                for tok, resp in handler.handle_push(req, req, self.now):
+                for tok, resp in handler.step(Push(req, req), self.now):
                     d.on_response(tok, resp, self.now)
             self.checker.update_water_mark(self.term, peer, d.water_mark)
         self.checker.update_water_mark(self.term, IDS[0], self.leader.ledger_end_index)

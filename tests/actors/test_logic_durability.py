@@ -9,6 +9,7 @@ import pytest
 from rayledger.actors.core.member_logic import MemberLogic, StartLeading
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
+from rayledger.replication.messages import Push
 from rayledger.storage import (
     LedgerError,
     OutcomeUnknownError,
@@ -96,7 +97,7 @@ def test_with_sync_flush_a_follower_acknowledges_only_what_is_on_disk(tmp_path):
             count=3,
             batch=batch,
         )
-        ((_, resp),) = handler.handle_push(req, "token", 0)
+        ((_, resp),) = handler.step(Push(req, "token"), 0)
         assert resp.code == ResponseCode.SUCCESS
         assert store.flushed_index >= 2  # on disk before the answer left
     finally:

@@ -18,7 +18,7 @@ from rayledger.replication import (
     ReplicationConfig,
 )
 from rayledger.replication.dispatcher import LeaderView
-from rayledger.replication.messages import LeaderInfo
+from rayledger.replication.messages import LeaderInfo, Push
 from rayledger.storage import ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, store_with
@@ -32,8 +32,8 @@ def compare_answer(follower_terms: list[int], index: int, entry_term: int = 9):
     h = EntryHandler(
         GROUP, FOLLOWER, follower_state(), store_with(follower_terms), ReplicationConfig()
     )
-    ((_, r),) = h.handle_push(
-        push(PushType.COMPARE, first_index=index, entry_term=entry_term, entry_pos=0), "t", 0
+    ((_, r),) = h.step(
+        Push(push(PushType.COMPARE, first_index=index, entry_term=entry_term, entry_pos=0), "t"), 0
     )
     return r
 
@@ -60,7 +60,7 @@ def test_hint_from_a_log_that_begins_inside_a_term() -> None:
     store.reset(10, store.write_pos)
     store.append_as_leader([b"a", b"b", b"c"], 5)
     h = EntryHandler(GROUP, FOLLOWER, follower_state(), store, ReplicationConfig())
-    ((_, r),) = h.handle_push(push(PushType.COMPARE, first_index=12, entry_term=9), "t", 0)
+    ((_, r),) = h.step(Push(push(PushType.COMPARE, first_index=12, entry_term=9), "t"), 0)
     assert (r.conflict_term, r.conflict_index) == (5, 10)
 
 
@@ -70,7 +70,7 @@ def test_no_hint_from_an_empty_log_or_on_a_match() -> None:
     store = store_with([1, 1, 2])
     h = EntryHandler(GROUP, FOLLOWER, follower_state(), store, ReplicationConfig())
     req = push(PushType.COMPARE, first_index=2, entry_term=2, entry_pos=store.get_pos(2))
-    ((_, r),) = h.handle_push(req, "t", 0)
+    ((_, r),) = h.step(Push(req, "t"), 0)
     assert r.code == S and (r.conflict_term, r.conflict_index) == (-1, -1)
 
 

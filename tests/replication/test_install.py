@@ -19,6 +19,7 @@ from rayledger.replication import (
     SnapshotChunk,
 )
 from rayledger.replication.install import InstallReceiver
+from rayledger.replication.messages import Push
 from rayledger.storage import MemoryStore, ResponseCode
 from rayledger.storage.snapshots import SnapshotMeta, SnapshotStore
 
@@ -261,7 +262,7 @@ def only(answers):
 def test_a_handler_without_installs_answers_unsupported(leader) -> None:
     src, meta = leader
     h, store = handler()
-    tok, r = only(h.handle_push(chunks(src, meta, 20)[0], "t", 0))
+    tok, r = only(h.step(Push(chunks(src, meta, 20)[0], "t"), 0))
     assert tok == "t" and r.code == ResponseCode.UNSUPPORTED and r.index == 0
     assert (r.begin_index, r.end_index) == (0, 5) and store.ledger_end_index == 5
 
@@ -269,7 +270,7 @@ def test_a_handler_without_installs_answers_unsupported(leader) -> None:
 def test_a_handler_takes_install_chunks_and_leaves_its_log_alone(tmp_path, leader) -> None:
     src, meta = leader
     h, store = handler(tmp_path)
-    got = [only(h.handle_push(r, i, 0)) for i, r in enumerate(chunks(src, meta, 20))]
+    got = [only(h.step(Push(r, i), 0)) for i, r in enumerate(chunks(src, meta, 20))]
     assert [(t, r.code, r.index) for t, r in got] == [(0, S, 20), (1, S, 40), (2, S, TOTAL)]
     assert all((r.begin_index, r.end_index, r.term) == (0, 5, 2) for _, r in got)
     (sealed,) = h.installs.take_sealed()
@@ -284,7 +285,7 @@ def test_a_handler_takes_install_chunks_and_leaves_its_log_alone(tmp_path, leade
 def test_install_pushes_are_fenced_by_term(tmp_path, leader, term, code) -> None:
     src, meta = leader
     h, _ = handler(tmp_path)
-    tok, r = only(h.handle_push(chunks(src, meta, 20, term=term)[0], "t", 0))
+    tok, r = only(h.step(Push(chunks(src, meta, 20, term=term)[0], "t"), 0))
     assert tok == "t" and r.code == code and r.term == 2
     assert h.installs.sink.calls == [] and h.installs.received == 0
 
@@ -292,7 +293,7 @@ def test_install_pushes_are_fenced_by_term(tmp_path, leader, term, code) -> None
 def test_an_install_from_another_leader_is_refused(tmp_path, leader) -> None:
     src, meta = leader
     h, _ = handler(tmp_path)
-    _, r = only(h.handle_push(replace(chunks(src, meta, 20)[0], leader_id="x"), "t", 0))
+    _, r = only(h.step(Push(replace(chunks(src, meta, 20)[0], leader_id="x"), "t"), 0))
     assert r.code == ResponseCode.INCONSISTENT_LEADER and h.installs.sink.calls == []
 
 
@@ -300,8 +301,8 @@ def test_an_install_clears_queued_appends(tmp_path, leader) -> None:
     src, meta = leader
     lead = store_with([1] * 10)
     h, _ = handler(tmp_path)
-    assert h.handle_push(append_req(lead, 8, 1), "queued", 0) == []
-    answers = h.handle_push(chunks(src, meta, 20)[0], "inst", 0)
+    assert h.step(Push(append_req(lead, 8, 1), "queued"), 0) == []
+    answers = h.step(Push(chunks(src, meta, 20)[0], "inst"), 0)
     assert [(t, r.code, r.index) for t, r in answers] == [
         ("queued", ResponseCode.UNKNOWN, 8),
         ("inst", S, 20),
@@ -314,7 +315,7 @@ def test_a_damaged_install_is_answered_corrupt(tmp_path, leader) -> None:
     h, _ = handler(tmp_path)
     cs = chunks(src, meta, 20)
     last = replace(cs[2], batch=b"X" * len(cs[2].batch))
-    codes = [only(h.handle_push(r, "t", 0))[1] for r in (cs[0], cs[1], last)]
+    codes = [only(h.step(Push(r, "t"), 0))[1] for r in (cs[0], cs[1], last)]
     assert [(r.code, r.index) for r in codes] == [(S, 20), (S, 40), (CORRUPT, 0)]
 
 
@@ -323,15 +324,15 @@ def test_a_commit_naming_an_entry_below_our_begin_is_accepted(tmp_path) -> None:
     names a compacted (so committed) entry below it proves the match up to it."""
     h, store = handler(tmp_path)
     reset = push(PushType.TRUNCATE, first_index=10, entry_term=2, entry_pos=4096, reset=True)
-    _, r = only(h.handle_push(reset, "t", 0))
+    _, r = only(h.step(Push(reset, "t"), 0))
     assert r.code == S and (store.ledger_begin_index, store.ledger_end_index) == (10, 9)
     assert h.matched_index == 9
     below = push(PushType.COMMIT, commit_index=9, first_index=7, entry_term=1, entry_pos=70)
-    _, r = only(h.handle_push(below, "t", 0))
+    _, r = only(h.step(Push(below, "t"), 0))
     assert r.code == S and r.index == 9 and store.committed_index == 9
     assert h.matched_index == 9
     unheld = push(PushType.COMMIT, commit_index=11, first_index=11, entry_term=2, entry_pos=0)
-    _, r = only(h.handle_push(unheld, "t", 0))
+    _, r = only(h.step(Push(unheld, "t"), 0))
     assert r.code == BAD and r.index == 11 and store.committed_index == 9
 
 
@@ -339,7 +340,7 @@ def test_a_commit_below_begin_raises_the_matched_index(tmp_path) -> None:
     h, store = handler(tmp_path, terms=())
     store.reset(10, 4096)
     below = push(PushType.COMMIT, commit_index=9, first_index=9, entry_term=1, entry_pos=90)
-    _, r = only(h.handle_push(below, "t", 0))
+    _, r = only(h.step(Push(below, "t"), 0))
     assert r.code == S and h.matched_index == 9 and store.committed_index == 9
 
 
@@ -599,7 +600,7 @@ def test_a_follower_below_the_leaders_begin_is_installed_end_to_end(tmp_path, le
             if req.type is PushType.INSTALL:  # the transport reads the chunk's bytes
                 c = req.snapshot
                 wire = replace(req, batch=src.read(meta, c.offset, c.length))
-            for tok, r in h.handle_push(wire, req, step):
+            for tok, r in h.step(Push(wire, req), step):
                 d.on_response(tok, r, step)
     assert d.state is DispatcherState.APPEND and d.water_mark == 11
     assert sent[:6] == [PushType.COMPARE] + [PushType.INSTALL] * 4 + [PushType.TRUNCATE]

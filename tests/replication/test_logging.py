@@ -9,6 +9,7 @@ import re
 import pytest
 from rayledger.integration.bench.divergent import converge
 from rayledger.replication import EntryHandler, PushType, QuorumAckChecker, ReplicationConfig
+from rayledger.replication.messages import Push
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, store_with
 
@@ -28,14 +29,14 @@ def test_commit_naming_an_entry_we_lack_says_whose_term_is_whose(
     h = EntryHandler(GROUP, FOLLOWER, follower_state(term=3), store, ReplicationConfig())
     req = push(PushType.COMMIT, term=3, first_index=4, entry_term=0, entry_pos=0, commit_index=4)
     with caplog.at_level(logging.WARNING, "rayledger.replication"):
-        h.handle_push(req, "t", 0)
+        h.step(Push(req, "t"), 0)
     (line,) = records(caplog)
     assert line.startswith(f"[{FOLLOWER}] commit.unheld term=3 idx=4 req_term=3 leader={LEADER}")
     assert "entry_term=0 held_term=2 span=0..4" in line
     caplog.clear()
     req = push(PushType.COMMIT, term=3, first_index=9, entry_term=3, entry_pos=0, commit_index=9)
     with caplog.at_level(logging.WARNING, "rayledger.replication"):
-        h.handle_push(req, "t", 0)
+        h.step(Push(req, "t"), 0)
     (line,) = records(caplog)
     assert "idx=9" in line and "held_term=-1" in line  # beyond our end: nothing held
 

@@ -5,7 +5,9 @@ an entry the follower knows to be committed."""
 from __future__ import annotations
 
 import pytest
+from rayledger.election.messages import Tick
 from rayledger.replication import EntryHandler, PushType, ReplicationConfig
+from rayledger.replication.messages import Push
 from rayledger.replication.push import EntryDispatcher
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig
 
@@ -58,10 +60,10 @@ def test_a_truncate_at_the_snapshot_point_drops_an_old_leaders_uncommitted_entri
     accepted, the log is left empty at its begin, and the new leader's entries follow."""
     leader, follower = _logs(committed_above=False)
     h = _handler(follower)
-    (_, r), = h.handle_push(_truncate_at_9(leader), "t", 0)  # fmt: skip
+    (_, r), = h.step(Push(_truncate_at_9(leader), "t"), 0)  # fmt: skip
     assert r.code == S and (r.begin_index, r.end_index) == (10, 9)
     assert follower.is_empty and follower.ledger_begin_index == 10 and h.matched_index == 9
-    (_, r), = h.handle_push(append_req(leader, 10, 4, term=3, commit=9), "a", 0)  # fmt: skip
+    (_, r), = h.step(Push(append_req(leader, 10, 4, term=3, commit=9), "a"), 0)  # fmt: skip
     assert r.code == S and follower.ledger_end_index == 13 and follower.get_term(10) == 3
 
 
@@ -71,7 +73,7 @@ def test_a_truncate_at_the_snapshot_point_never_drops_committed_entries() -> Non
     leader, follower = _logs(committed_above=True)
     before = follower.read_batch(10, 1 << 30, 3).data
     h = _handler(follower)
-    (_, r), = h.handle_push(_truncate_at_9(leader), "t", 0)  # fmt: skip
+    (_, r), = h.step(Push(_truncate_at_9(leader), "t"), 0)  # fmt: skip
     assert r.code == BAD
     assert (follower.ledger_begin_index, follower.ledger_end_index) == (10, 12)
     assert follower.read_batch(10, 1 << 30, 3).data == before
@@ -85,10 +87,10 @@ def _run(leader: MemoryStore, follower: MemoryStore, ms: int = 30_000) -> list[s
     seen = []
     for now in range(10, ms, 10):
         for req in d.next_requests(now, leader):
-            for _tok, resp in h.handle_push(req, None, now):
+            for _tok, resp in h.step(Push(req, None), now):
                 d.on_response(req, resp, now)
                 seen.append(f"{req.type.value}@{req.first_index} -> {resp.code.name}")
-        h.tick(now)
+        h.step(Tick(), now)
     return seen
 
 

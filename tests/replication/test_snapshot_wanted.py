@@ -15,6 +15,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
+from rayledger.replication.messages import Push
 from rayledger.storage import MemoryStore, ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, resp, store_with
@@ -29,13 +30,13 @@ def test_every_answer_says_what_the_machine_wants_at_our_begin() -> None:
     store = store_with([1, 1, 1])
     h = EntryHandler(GROUP, FOLLOWER, follower_state(), store, ReplicationConfig())
     cmp = push(PushType.COMPARE, first_index=2, entry_term=1, entry_pos=store.get_pos(2))
-    (_, r), = h.handle_push(cmp, "c", 0)  # fmt: skip
+    (_, r), = h.step(Push(cmp, "c"), 0)  # fmt: skip
     assert r.code == S and r.snapshot_wanted == -1  # no machine told us anything
     asked = []
     h.snapshot_wanted = lambda begin: asked.append(begin) or 7
-    (_, r), = h.handle_push(cmp, "c", 0)  # fmt: skip
+    (_, r), = h.step(Push(cmp, "c"), 0)  # fmt: skip
     assert r.snapshot_wanted == 7 and asked == [0]
-    (_, r), = h.handle_push(replace(cmp, term=1), "old", 0)  # fmt: skip
+    (_, r), = h.step(Push(replace(cmp, term=1), "old"), 0)  # fmt: skip
     assert r.code == ResponseCode.EXPIRED_TERM and r.snapshot_wanted == 7  # refusals too
 
 
