@@ -53,6 +53,61 @@ class Resolved:
     term: int
 
 
+@dataclass(frozen=True, slots=True)
+class LeadTerm:
+    """Start leading ``term`` (its first entry at ``term_start_index``, the leader's log
+    ending at ``leader_end_index``); answers the waiting appends of older terms, failed."""
+
+    term: int
+    term_start_index: int
+    leader_end_index: int
+    committed_index: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class EndTerm:
+    """Leadership of ``term`` ended; answers every waiting append, failed."""
+
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class MarkStored:
+    """``peer`` stores the leader's log of ``term`` up to ``index``."""
+
+    term: int
+    peer: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitQuorum:
+    """Entries ``first_index..last_index`` of ``term`` wait for the quorum (``token`` names
+    them); answers False when written in a term this checker does not lead."""
+
+    term: int
+    first_index: int
+    last_index: int
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CountVoters:
+    """The majority is of ``voters`` from now on (``learners`` keep a water mark)."""
+
+    voters: tuple
+    learners: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckQuorum:
+    """Commit what a quorum stores; answers (the new committed index or None, the appends
+    resolved now in index order)."""
+
+
+QuorumEvent = LeadTerm | EndTerm | MarkStored | AwaitQuorum | CountVoters | CheckQuorum
+
+
 class QuorumAckChecker:
     """Leader side: computes the committed index and resolves waiting appends."""
 
@@ -90,8 +145,28 @@ class QuorumAckChecker:
             ids = {"member": self.self_id, "term": self.term, "index": index}
             log_event(log, level, event, **ids, **fields, committed=self.committed_index)
 
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: QuorumEvent, now_ms: int) -> Any:
+        """Deliver one event at ``now_ms``; returns its direct answer (see each event)."""
+        match ev:
+            case MarkStored():
+                return self._update_water_mark(ev.term, ev.peer, ev.index)
+            case CheckQuorum():
+                return self._check(now_ms)
+            case AwaitQuorum():
+                return self._add_pending(ev.term, ev.first_index, ev.last_index, ev.token, now_ms)
+            case LeadTerm():
+                return self._become_leader(
+                    ev.term, ev.term_start_index, ev.leader_end_index, ev.committed_index
+                )
+            case EndTerm():
+                return self._step_down(ev.term)
+            case CountVoters():
+                return self._set_configuration(list(ev.voters), list(ev.learners))
+        raise TypeError(f"not a quorum event: {ev!r}")
+
     # -- leadership ---------------------------------------------------------------------
-    def become_leader(
+    def _become_leader(
         self, term: int, term_start_index: int, leader_end_index: int, committed_index: int = -1
     ) -> list[Resolved]:
         """Start leading ``term``; older terms' appends fail and their water marks go."""
@@ -105,7 +180,7 @@ class QuorumAckChecker:
         self._event(INFO, "checker.lead", term_start_index, end=leader_end_index)
         return failed
 
-    def step_down(self, term: int) -> list[Resolved]:
+    def _step_down(self, term: int) -> list[Resolved]:
         """Leadership ended: every waiting append fails (TERM_CHANGED when the term moved on),
         and so does every stale one not yet answered."""
         code = ResponseCode.TERM_CHANGED if term != self.term else ResponseCode.NOT_LEADER
@@ -125,7 +200,7 @@ class QuorumAckChecker:
         return out
 
     # -- progress --------------------------------------------------------------------------
-    def update_water_mark(self, term: int, peer: str, index: int) -> None:
+    def _update_water_mark(self, term: int, peer: str, index: int) -> None:
         """``peer`` stores the leader's log up to ``index`` (stale terms are ignored)."""
         if term != self.term:
             return
@@ -135,7 +210,7 @@ class QuorumAckChecker:
         if index > marks[peer]:
             marks[peer] = index
 
-    def add_pending(
+    def _add_pending(
         self, term: int, first_index: int, last_index: int, token: Any, now_ms: int
     ) -> bool:
         """An append of entries ``first_index..last_index`` waits for the quorum (True), or
@@ -163,7 +238,7 @@ class QuorumAckChecker:
             return 0
         return self._pending[0][3] if self._pending else None
 
-    def set_configuration(self, voters: list[str], learners: list[str] = ()) -> None:
+    def _set_configuration(self, voters: list[str], learners: list[str] = ()) -> None:
         """The leader acts on a new configuration (appended, committed or not): the
         majority is of ``voters`` from now on; members added get a water mark of -1 (until
         their dispatcher reports), members gone lose theirs."""
@@ -185,7 +260,7 @@ class QuorumAckChecker:
         values = sorted(marks.get(v, -1) for v in self.voters)
         return values[(len(values) - 1) // 2]
 
-    def check(self, now_ms: int) -> tuple[int | None, list[Resolved]]:
+    def _check(self, now_ms: int) -> tuple[int | None, list[Resolved]]:
         """(the new committed index or None, appends resolved now in index order)."""
         resolved: list[Resolved] = self._stale
         self._stale = []
@@ -340,19 +415,19 @@ class CheckerLogic:
         match ev:
             case AddRound():
                 if ev.config is not None and ev.term == self.term:
-                    self._count(*ev.config)
+                    self._count(*ev.config, now_ms)
                 return self._add_round(ev.term, ev.first, ev.last, ev.token, now_ms,
                                        ev.leader_mark)  # fmt: skip
             case Report():
-                return self._report(ev.term, ev.peer, ev.water_mark)
+                return self._report(ev.term, ev.peer, ev.water_mark, now_ms)
             case GraphReport():
                 return self._graph_report(ev.ack, now_ms)
             case BecomeLeader():
-                return self._become_leader(ev.term, ev.term_start_index, ev.info)
+                return self._become_leader(ev.term, ev.term_start_index, ev.info, now_ms)
             case Configure():
-                return self._configure(ev.term, ev.info)
+                return self._configure(ev.term, ev.info, now_ms)
             case LeadershipEnded():
-                return self._step_down(ev.term)
+                return self._step_down(ev.term, now_ms)
             case GraphBegin():
                 return self._graph_begin(ev.term, ev.gen)
             case GraphEnd():
@@ -360,7 +435,9 @@ class CheckerLogic:
         raise TypeError(f"not a checker event: {ev!r}")
 
     # -- its cases ---------------------------------------------------------------------------
-    def _become_leader(self, term: int, term_start_index: int, info: Any) -> list[Outcome]:
+    def _become_leader(
+        self, term: int, term_start_index: int, info: Any, now_ms: int
+    ) -> list[Outcome]:
         """Serve ``term`` (``info``: the leader's LeaderInfo); what waited for an older term
         fails."""
         self.term = term
@@ -368,36 +445,38 @@ class CheckerLogic:
         self._committed_sent = -1
         self._told.clear()
         self.config_index = -1
-        failed = self.core.become_leader(term, term_start_index, info.water_mark, info.committed)
-        self._configure(term, info)
+        failed = self.core.step(
+            LeadTerm(term, term_start_index, info.water_mark, info.committed), now_ms
+        )
+        self._configure(term, info, now_ms)
         return _outcomes(failed)
 
-    def _configure(self, term: int, info: Any) -> bool:
+    def _configure(self, term: int, info: Any, now_ms: int) -> bool:
         """The leader's latest configuration (from its LeaderInfo); False when this checker
         does not serve ``term``."""
         configs = getattr(info, "configs", ())
         if term != self.term or not configs:
             return False
-        self._count(*configs[-1])
+        self._count(*configs[-1], now_ms)
         return True
 
-    def _count(self, index: int, config: Any) -> None:
+    def _count(self, index: int, config: Any, now_ms: int) -> None:
         """Count the voters of the configuration entry at ``index`` -- unless it counts a
         later one already: a Configure delayed behind a round that carried a newer
         configuration must not take the checker back."""
         if index < self.config_index:
             return
         self.config_index = index
-        self.core.set_configuration(list(config.voters), list(config.learners))
+        self.core.step(CountVoters(tuple(config.voters), tuple(config.learners)), now_ms)
 
-    def _step_down(self, term: int) -> list[Outcome]:
+    def _step_down(self, term: int, now_ms: int) -> list[Outcome]:
         """Leadership of ``term`` ended: everything waiting is answered to the caller."""
         self.graph_gen = None
         if term < self.term:
             return []
         self.term = -1
         self._registered.clear()
-        return _outcomes(self.core.step_down(term))
+        return _outcomes(self.core.step(EndTerm(term), now_ms))
 
     def _add_round(
         self, term: int, first: int, last: int, token: Any, now_ms: int, leader_mark: int
@@ -406,18 +485,18 @@ class CheckerLogic:
         ``leader_mark`` is the leader's :meth:`MemberLogic.water_mark` when it registered
         the round (with sync_flush it may stand below the round: not flushed yet).  A round
         of another term is answered by the next :meth:`ready`."""
-        self.core.update_water_mark(term, self.self_id, leader_mark)
+        self.core.step(MarkStored(term, self.self_id, leader_mark), now_ms)
         if token in self._registered:
             return
-        if self.core.add_pending(term, first, last, token, now_ms):
+        if self.core.step(AwaitQuorum(term, first, last, token), now_ms):
             self._registered.add(token)
 
-    def _report(self, term: int, peer: str, water_mark: int) -> bool:
+    def _report(self, term: int, peer: str, water_mark: int, now_ms: int) -> bool:
         """A follower stores the leader's log of ``term`` up to ``water_mark``; False when
         this checker does not serve ``term`` (the reporter gets no committed index)."""
         if term != self.term:
             return False
-        self.core.update_water_mark(term, peer, water_mark)
+        self.core.step(MarkStored(term, peer, water_mark), now_ms)
         return True
 
     def told(self, peer: str) -> int:
@@ -452,14 +531,14 @@ class CheckerLogic:
         for first, last, token in rounds:  # a graph runs only without sync_flush:
             self._add_round(term, first, last, token, now_ms, last)  # written counts
         if wm >= 0:
-            self.core.update_water_mark(term, peer, wm)
+            self.core.step(MarkStored(term, peer, wm), now_ms)
         committed, outcomes = self._check(now_ms)
         return term, committed, outcomes
 
     # -- the way out -----------------------------------------------------------------------
     def _check(self, now_ms: int) -> tuple[int | None, list[Outcome]]:
         """Commit what a quorum stores; the index is new only once per rise."""
-        committed, resolved = self.core.check(now_ms)
+        committed, resolved = self.core.step(CheckQuorum(), now_ms)
         for r in resolved:
             self._registered.discard(r.token)
         if committed is not None and committed > self._committed_sent:

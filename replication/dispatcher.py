@@ -39,7 +39,7 @@ from .messages import (
     PushEntryResponse,
     PushType,
 )
-from .push import EntryDispatcher
+from .push import EntryDispatcher, FollowerAnswer, FreshState, NextPushes, Rewind
 
 PROGRESS_MS = 250
 """How often at most a dispatcher tells its member's elector how far the follower matches
@@ -370,20 +370,20 @@ class DispatcherLogic:
             case GraphAck():
                 return self._graph_ack(ev.answered, now_ms)
             case Activate():
-                return self._activate(ev.info)
+                return self._activate(ev.info, now_ms)
             case Deactivate():
-                return self._deactivate(ev.term)
+                return self._deactivate(ev.term, now_ms)
             case GraphBegin():
                 return self._graph_begin(ev.term, ev.gen)
             case GraphEnd():
-                return self._graph_end(ev.gen)
+                return self._graph_end(ev.gen, now_ms)
         raise TypeError(f"not a dispatcher event: {ev!r}")
 
     # -- its cases: from the member and the checker ----------------------------------------
-    def _activate(self, info: LeaderInfo) -> None:
+    def _activate(self, info: LeaderInfo, now_ms: int) -> None:
         self.term = info.term
         self.view.reset(info)
-        self.core.check_and_fresh_state(info.term, self.self_id, True)
+        self.core.step(FreshState(info.term, self.self_id, True), now_ms)
         self.reported = -1
         # set up again in the same term (its checker restarted): the fresh checker learns
         # this follower's mark now, not when it next rises (an idle, caught-up follower's
@@ -391,7 +391,7 @@ class DispatcherLogic:
         self._report_due = self.core.water_mark >= 0
         self._progress_wm = -1
 
-    def _deactivate(self, term: int) -> None:
+    def _deactivate(self, term: int, now_ms: int) -> None:
         """Stop pushing; ``term`` is the term that ended (a later one may start)."""
         self.graph_gen = None
         self._graph_sent.clear()
@@ -400,7 +400,7 @@ class DispatcherLogic:
         self._progress_at = None
         self._report_due = False
         if term >= self.term:
-            self.core.check_and_fresh_state(term, None, False)
+            self.core.step(FreshState(term, None, False), now_ms)
             self.view.batches.clear()
             self.view.cached_bytes = 0
 
@@ -444,7 +444,7 @@ class DispatcherLogic:
     def _fold(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
         if req.term != self.term:
             return None
-        self.core.on_response(req, resp, now_ms)
+        self.core.step(FollowerAnswer(req, resp), now_ms)
         wm = self.core.water_mark
         if wm > self.reported and self.core.active:
             self.reported = wm
@@ -526,7 +526,7 @@ class DispatcherLogic:
         self._graph_sent.clear()
         return True
 
-    def _graph_end(self, gen: int) -> bool:
+    def _graph_end(self, gen: int, now_ms: int) -> bool:
         """The leader left graph ``gen``: its pushes in flight are lost, push again, and
         report again (water marks that went into the graph may never have reached the
         checker).  False when ``gen`` is not the graph served."""
@@ -534,7 +534,7 @@ class DispatcherLogic:
             return False
         self.graph_gen = None
         self._graph_sent.clear()
-        self.core.rewind()
+        self.core.step(Rewind(), now_ms)
         self._report_due = True
         return True
 
@@ -549,7 +549,7 @@ class DispatcherLogic:
             return carry, [], False
         self._on_announcement(a)
         wire = []
-        for req in self.core.next_requests(now_ms, self.view):
+        for req in self.core.step(NextPushes(self.view), now_ms):
             batch = req.batch
             inline = batch is None or isinstance(batch.payload, Inline)
             if inline and req.type in (PushType.APPEND, PushType.COMMIT):
@@ -579,7 +579,7 @@ class DispatcherLogic:
         self._outbox = []
         if not self.core.active:
             return out
-        out.pushes += self.core.next_requests(now_ms, self.view)
+        out.pushes += self.core.step(NextPushes(self.view), now_ms)
         wake = self.core.next_wakeup_ms(now_ms)
         need = self.core.need
         if need is not None and not self.fetching:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from enum import Enum
 from logging import DEBUG, INFO, WARNING
 from typing import Any
@@ -88,6 +89,41 @@ def _snapshot_of(log_: LeaderLog) -> Any:
 
 def _span(resp: PushEntryResponse) -> str:
     return f"{resp.begin_index}..{resp.end_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class FreshState:
+    """The member is (``is_leader``) the leader ``leader_id`` of ``term``: a new term or
+    leader starts over with a COMPARE (DLedger checkAndFreshState)."""
+
+    term: int
+    leader_id: str | None
+    is_leader: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NextPushes:
+    """What to send now over the leader's ``log``; answers the pushes (pipelined pushes,
+    a resend, a COMPARE/TRUNCATE/INSTALL or a COMMIT)."""
+
+    log: LeaderLog
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerAnswer:
+    """The follower's answer to ``req`` (``resp`` None: the call failed or timed out)."""
+
+    req: PushEntryRequest
+    resp: PushEntryResponse | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """Push again from the follower's water mark: the pushes in flight were lost with
+    their transport."""
+
+
+PushEvent = FreshState | NextPushes | FollowerAnswer | Rewind
 
 
 class EntryDispatcher:
@@ -176,8 +212,22 @@ class EntryDispatcher:
             ids = {"member": self.self_id, "term": self.term, "index": index, "peer": self.peer_id}
             log_event(log, level, event, **ids, **fields)
 
+    # -- the way in ----------------------------------------------------------------------
+    def step(self, ev: PushEvent, now_ms: int) -> Any:
+        """Deliver one event at ``now_ms``; returns its direct answer (see each event)."""
+        match ev:
+            case NextPushes():
+                return self._next_requests(now_ms, ev.log)
+            case FollowerAnswer():
+                return self._on_response(ev.req, ev.resp, now_ms)
+            case FreshState():
+                return self._check_and_fresh_state(ev.term, ev.leader_id, ev.is_leader)
+            case Rewind():
+                return self._rewind()
+        raise TypeError(f"not a push event: {ev!r}")
+
     # -- state ------------------------------------------------------------------------------
-    def check_and_fresh_state(self, term: int, leader_id: str | None, is_leader: bool) -> None:
+    def _check_and_fresh_state(self, term: int, leader_id: str | None, is_leader: bool) -> None:
         """DLedger checkAndFreshState: a new term or leader starts over with a COMPARE."""
         if not is_leader or leader_id != self.self_id:
             self.active = False
@@ -220,7 +270,7 @@ class EntryDispatcher:
         self._state = target
 
     # -- what to send -------------------------------------------------------------------
-    def next_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
+    def _next_requests(self, now_ms: int, log_: LeaderLog) -> list[PushEntryRequest]:
         """Everything to send now: pipelined pushes, a resend, a COMPARE/TRUNCATE or a COMMIT."""
         self.need = None
         if not self.active:
@@ -550,14 +600,14 @@ class EntryDispatcher:
             due = self._last_push_ms + cfg.commit_push_interval_ms
         return max(now_ms + 1, due)
 
-    def rewind(self) -> None:
+    def _rewind(self) -> None:
         """Push again from the follower's water mark (pushes in flight were lost with their
         transport): the follower answers a push it already holds from its log."""
         if self.active and self._state is DispatcherState.APPEND:
             self._change_state(DispatcherState.APPEND, self._water_mark)
 
     # -- answers --------------------------------------------------------------------------
-    def on_response(
+    def _on_response(
         self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int
     ) -> None:
         """Feed the follower's answer to ``req`` (``None``: the call failed or timed out)."""

@@ -22,6 +22,7 @@ from rayledger.replication import (
     ReplicationConfig,
 )
 from rayledger.replication.messages import Push
+from rayledger.replication.push import FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import LogStore, MemoryStore, StoreConfig
 
 GROUP = "diverge"
@@ -67,7 +68,7 @@ def converge(
     state = MemberState(GROUP, FOLLOWER, [LEADER, FOLLOWER], MemoryTermStore(term=term))
     state.change_to_follower(term, LEADER)
     dispatcher = EntryDispatcher(GROUP, LEADER, FOLLOWER, cfg)
-    dispatcher.check_and_fresh_state(term, LEADER, True)
+    dispatcher.step(FreshState(term, LEADER, True), 0)
     handler = EntryHandler(GROUP, FOLLOWER, state, follower, cfg)
     trips = compares = truncates = 0
     matched_at = -1
@@ -79,7 +80,7 @@ def converge(
     ):
         if trips >= max_round_trips:
             raise RuntimeError(f"no convergence after {trips} round trips: {dispatcher!r}")
-        reqs = dispatcher.next_requests(now, leader)
+        reqs = dispatcher.step(NextPushes(leader), now)
         if not reqs:
             idle += 1
             if idle > 1000:
@@ -95,7 +96,7 @@ def converge(
                 truncates += 1
                 matched_at = req.first_index - 1 if req.reset else req.first_index
             for tok, resp in handler.step(Push(req, req), now):
-                dispatcher.on_response(tok, resp, now)
+                dispatcher.step(FollowerAnswer(tok, resp), now)
                 if tok.type is PushType.COMPARE and dispatcher.state is DispatcherState.APPEND:
                     matched_at = tok.first_index
     seconds = time.perf_counter() - t0

@@ -21,7 +21,9 @@ from rayledger.replication import (
     ReplicationConfig,
     check_append,
 )
+from rayledger.replication.checker import AwaitQuorum, CheckQuorum, LeadTerm, MarkStored
 from rayledger.replication.messages import Push
+from rayledger.replication.push import FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig
 
 GROUP = "bench"
@@ -56,13 +58,13 @@ class _Bench:
         """One round: every dispatcher pushes, every follower answers, the checker commits."""
         for peer, d in self.dispatchers.items():
             handler = self.handlers[peer]
-            for req in d.next_requests(self.now, self.leader):
+            for req in d.step(NextPushes(self.leader), self.now):
                 self.pushes += 1
                 for tok, resp in handler.step(Push(req, req), self.now):
-                    d.on_response(tok, resp, self.now)
-            self.checker.update_water_mark(self.term, peer, d.water_mark)
-        self.checker.update_water_mark(self.term, IDS[0], self.leader.ledger_end_index)
-        committed, resolved = self.checker.check(self.now)
+                    d.step(FollowerAnswer(tok, resp), self.now)
+            self.checker.step(MarkStored(self.term, peer, d.water_mark), 0)
+        self.checker.step(MarkStored(self.term, IDS[0], self.leader.ledger_end_index), 0)
+        committed, resolved = self.checker.step(CheckQuorum(), self.now)
         if committed is not None:
             self.leader.update_committed_index(committed)
         for r in resolved:
@@ -73,9 +75,9 @@ class _Bench:
     def elect(self) -> None:
         """The leader's empty entry, COMPARE/TRUNCATE with the empty followers."""
         first = self.leader.append_as_leader([b""], self.term).first_index
-        self.checker.become_leader(self.term, first, self.leader.ledger_end_index)
+        self.checker.step(LeadTerm(self.term, first, self.leader.ledger_end_index), 0)
         for d in self.dispatchers.values():
-            d.check_and_fresh_state(self.term, IDS[0], True)
+            d.step(FreshState(self.term, IDS[0], True), 0)
         for _ in range(4):
             self.pump()
 
@@ -90,7 +92,7 @@ class _Bench:
                 self.leader_state, GROUP, IDS[0], chunk, self.checker.pending_count, self.cfg
             )
             a = self.leader.append_as_leader(chunk, self.term)
-            self.checker.add_pending(self.term, a.first_index, a.last_index, None, self.now)
+            self.checker.step(AwaitQuorum(self.term, a.first_index, a.last_index, None), self.now)
             written += n
             pending += 1
             if pending >= in_flight:

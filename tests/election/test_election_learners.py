@@ -17,6 +17,7 @@ from rayledger.election import (
 )
 from rayledger.election.configuration import ConfigLog, Configuration
 from rayledger.election.messages import ElectionRequest, Tick
+from rayledger.replication.checker import CountVoters, LeadTerm, MarkStored
 from rayledger.storage.errors import ResponseCode
 
 CONFIG = Configuration.of(["n0", "n1", "n2"], ["n3", "n4"])
@@ -87,18 +88,18 @@ def test_the_checker_commits_what_a_majority_of_the_voters_stores() -> None:
     from rayledger.replication import QuorumAckChecker, ReplicationConfig
 
     c = QuorumAckChecker("g", "n0", ["n0", "n1", "n2"], ReplicationConfig())
-    c.set_configuration(["n0", "n1", "n2"], ["n3", "n4"])
-    c.become_leader(1, 0, 10)
+    c.step(CountVoters(["n0", "n1", "n2"], ["n3", "n4"]), 0)
+    c.step(LeadTerm(1, 0, 10), 0)
     for learner in ("n3", "n4"):
-        c.update_water_mark(1, learner, 10)
+        c.step(MarkStored(1, learner, 10), 0)
     assert c.quorum_index() == -1  # the leader alone among the voters
-    c.update_water_mark(1, "n1", 7)
+    c.step(MarkStored(1, "n1", 7), 0)
     assert c.quorum_index() == 7
-    c.set_configuration(["n0", "n1", "n2", "n3"], ["n4"])  # n3 promoted: 3 of 4 needed
+    c.step(CountVoters(["n0", "n1", "n2", "n3"], ["n4"]), 0)  # n3 promoted: 3 of 4 needed
     assert c.quorum_index() == 7
-    c.update_water_mark(1, "n2", 4)
+    c.step(MarkStored(1, "n2", 4), 0)
     assert c.quorum_index() == 7  # n0 10, n3 10, n1 7
-    c.set_configuration(["n0", "n3"])  # n1, n2 gone (two steps, shown at once here)
+    c.step(CountVoters(["n0", "n3"]), 0)  # n1, n2 gone (two steps, shown at once here)
     assert c.quorum_index() == 10 and "n1" not in c.water_marks()
 
 

@@ -19,6 +19,7 @@ from rayledger.replication import (
 )
 from rayledger.replication.dispatcher import LeaderView
 from rayledger.replication.messages import LeaderInfo, Push
+from rayledger.replication.push import FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, store_with
@@ -78,11 +79,11 @@ def next_compare_after(leader_terms: list[int], follower_terms: list[int]) -> in
     """The index of the second COMPARE once the follower's hinted answer to the first is in."""
     log = store_with(leader_terms)
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
-    d.check_and_fresh_state(2, LEADER, True)
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, compare_answer(follower_terms, req.first_index, req.entry_term), 0)
+    d.step(FreshState(2, LEADER, True), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, compare_answer(follower_terms, req.first_index, req.entry_term)), 0)
     assert d.state is DispatcherState.COMPARE
-    (req,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.type is PushType.COMPARE
     return req.first_index
 
@@ -112,12 +113,12 @@ def test_hint_below_the_leader_begin_resets_the_follower() -> None:
     log.reset(10, log.write_pos)  # the leader's log begins at 10
     log.append_as_leader([b"a", b"b", b"c"], 5)
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
-    d.check_and_fresh_state(5, LEADER, True)
-    (req,) = d.next_requests(0, log)
+    d.step(FreshState(5, LEADER, True), 0)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.first_index == 12
     follower = compare_answer([1] * 5 + [3] * 10, 12)  # term 3 from 5: nothing at 10.. matches
-    d.on_response(req, follower, 0)
-    (tr,) = d.next_requests(0, log)
+    d.step(FollowerAnswer(req, follower), 0)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
 
 
@@ -129,11 +130,11 @@ def test_hint_reads_wait_for_a_leader_view_to_fetch_them() -> None:
     view = LeaderView(1 << 20)
     view.reset(LeaderInfo(3, 0, end, 3, store.get_pos(end), -1, end))
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
-    d.check_and_fresh_state(3, LEADER, True)
-    (req,) = d.next_requests(0, view)
-    d.on_response(req, compare_answer([1, 1] + [2] * 40, req.first_index, 3), 0)
+    d.step(FreshState(3, LEADER, True), 0)
+    (req,) = d.step(NextPushes(view), 0)
+    d.step(FollowerAnswer(req, compare_answer([1, 1] + [2] * 40, req.first_index, 3)), 0)
     fetches = 0
-    while not (reqs := d.next_requests(0, view)):
+    while not (reqs := d.step(NextPushes(view), 0)):
         assert d.need is not None and d.need.kind == "meta"
         view.meta[d.need.index] = (store.get_term(d.need.index), store.get_pos(d.need.index))
         fetches += 1

@@ -11,7 +11,7 @@ from rayledger.replication import (
     PushType,
     ReplicationConfig,
 )
-from rayledger.replication.push import COMMIT_LINGER_MS
+from rayledger.replication.push import COMMIT_LINGER_MS, FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import MemoryStore, ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, resp, store_with
@@ -22,42 +22,47 @@ BAD = ResponseCode.INCONSISTENT_STATE
 
 def dispatcher(**cfg) -> EntryDispatcher:
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig(**cfg))
-    d.check_and_fresh_state(2, LEADER, True)
+    d.step(FreshState(2, LEADER, True), 0)
     return d
 
 
 def to_append(d: EntryDispatcher, log, index: int, now: int = 0) -> None:
     """Drive a COMPARE that finds the follower's log ending, matching, at ``index``."""
-    (req,) = d.next_requests(now, log)
-    d.on_response(req, resp(S if req.first_index == index else BAD, req.first_index, 0, index), now)
+    (req,) = d.step(NextPushes(log), now)
+    d.step(
+        FollowerAnswer(
+            req, resp(S if req.first_index == index else BAD, req.first_index, 0, index)
+        ),
+        now,
+    )
     if d.state is DispatcherState.COMPARE:
-        (req,) = d.next_requests(now, log)
+        (req,) = d.step(NextPushes(log), now)
         assert req.first_index == index
-        d.on_response(req, resp(S, index, 0, index), now)
+        d.step(FollowerAnswer(req, resp(S, index, 0, index)), now)
     assert d.state is DispatcherState.APPEND
 
 
 def to_empty_follower(d: EntryDispatcher, log) -> None:
     """Drive COMPARE/TRUNCATE against an empty follower: APPEND from index 0."""
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(BAD, req.first_index, 0, -1), 0)
-    (tr,) = d.next_requests(0, log)
-    d.on_response(tr, resp(S, 0, 0, -1), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(BAD, req.first_index, 0, -1)), 0)
+    (tr,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(tr, resp(S, 0, 0, -1)), 0)
     assert d.state is DispatcherState.APPEND and d.write_index == 0
 
 
 def test_inactive_until_leader() -> None:
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
     log = store_with([1, 1])
-    assert d.next_requests(0, log) == []
-    d.check_and_fresh_state(2, "someone", False)
-    assert d.next_requests(0, log) == [] and not d.active
+    assert d.step(NextPushes(log), 0) == []
+    d.step(FreshState(2, "someone", False), 0)
+    assert d.step(NextPushes(log), 0) == [] and not d.active
 
 
 def test_starts_with_compare_at_leader_end() -> None:
     d = dispatcher()
     log = store_with([1, 1, 2])
-    (req,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.type is PushType.COMPARE and req.first_index == 2
     assert (req.entry_term, req.entry_pos) == (2, log.get_pos(2))
     assert (req.term, req.leader_id, req.remote_id, req.group) == (2, LEADER, FOLLOWER, GROUP)
@@ -66,15 +71,15 @@ def test_starts_with_compare_at_leader_end() -> None:
 
 def test_empty_leader_log_waits() -> None:
     d = dispatcher()
-    assert d.next_requests(0, store_with([])) == []
+    assert d.step(NextPushes(store_with([])), 0) == []
 
 
 def test_one_compare_in_flight_resent_after_timeout() -> None:
     d = dispatcher(compare_timeout_ms=3000)
     log = store_with([1, 1])
-    (req,) = d.next_requests(0, log)
-    assert d.next_requests(2999, log) == []
-    (again,) = d.next_requests(3000, log)
+    (req,) = d.step(NextPushes(log), 0)
+    assert d.step(NextPushes(log), 2999) == []
+    (again,) = d.step(NextPushes(log), 3000)
     assert again.type is PushType.COMPARE and again.first_index == req.first_index
 
 
@@ -83,8 +88,8 @@ def compared(follower_end: int) -> tuple[EntryDispatcher, MemoryStore]:
     answered with success and its log end ``follower_end``."""
     d = dispatcher()
     log = store_with([1, 1, 2])
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(S, 2, 0, follower_end), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(S, 2, 0, follower_end)), 0)
     return d, log
 
 
@@ -97,39 +102,39 @@ def test_compare_equal_end_goes_to_append() -> None:
 def test_compare_success_with_longer_follower_truncates_there() -> None:
     d, log = compared(7)
     assert d.state is DispatcherState.TRUNCATE
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.first_index == 2 and not tr.reset
     assert (tr.entry_term, tr.entry_pos) == (2, log.get_pos(2))
-    d.on_response(tr, resp(S, 2, 0, 2), 0)
+    d.step(FollowerAnswer(tr, resp(S, 2, 0, 2)), 0)
     assert d.state is DispatcherState.APPEND and d.water_mark == 2 and d.write_index == 3
 
 
 def test_compare_above_follower_end_jumps_to_it() -> None:
     d = dispatcher()
     log = store_with([1] * 10)
-    (req,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.first_index == 9
-    d.on_response(req, resp(BAD, 9, 0, 4), 0)
+    d.step(FollowerAnswer(req, resp(BAD, 9, 0, 4)), 0)
     assert d.state is DispatcherState.COMPARE and d.compare_index == 4
-    (req,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.first_index == 4
-    d.on_response(req, resp(S, 4, 0, 4), 0)
+    d.step(FollowerAnswer(req, resp(S, 4, 0, 4)), 0)
     assert d.state is DispatcherState.APPEND and d.write_index == 5
 
 
 def test_compare_inside_follower_range_steps_back() -> None:
     d = dispatcher()
     log = store_with([1, 1, 1, 2, 2])
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(BAD, 4, 0, 6), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(BAD, 4, 0, 6)), 0)
     assert d.compare_index == 3
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(BAD, 3, 0, 6), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(BAD, 3, 0, 6)), 0)
     assert d.compare_index == 2
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(S, 2, 0, 6), 0)  # match at 2; follower holds more: cut there
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(S, 2, 0, 6)), 0)  # match at 2; follower holds more: cut there
     assert d.state is DispatcherState.TRUNCATE
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.first_index == 2 and not tr.reset
 
 
@@ -138,34 +143,36 @@ def test_follower_below_leader_begin_is_reset() -> None:
     log = store_with([1] * 6)
     log.reset(10, log.write_pos)  # the leader's log now begins at 10 (old entries cleaned)
     log.append_as_leader([b"a", b"b"], 2)
-    (req,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.first_index == 11
-    d.on_response(req, resp(BAD, 11, 0, 5), 0)  # follower ends at 5 < our begin 10
+    d.step(FollowerAnswer(req, resp(BAD, 11, 0, 5)), 0)  # follower ends at 5 < our begin 10
     assert d.state is DispatcherState.TRUNCATE
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.reset and tr.first_index == 10 and tr.entry_pos == log.get_pos(10)
-    d.on_response(tr, resp(S, 10, 10, 9), 0)
+    d.step(FollowerAnswer(tr, resp(S, 10, 10, 9)), 0)
     assert d.state is DispatcherState.APPEND and d.water_mark == 9 and d.write_index == 10
 
 
 def test_empty_follower_is_reset_to_leader_begin() -> None:
     d = dispatcher()
     log = store_with([1, 1])
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(BAD, 1, 0, -1), 0)
-    (tr,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(BAD, 1, 0, -1)), 0)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 0
-    d.on_response(tr, resp(S, 0, 0, -1), 0)
+    d.step(FollowerAnswer(tr, resp(S, 0, 0, -1)), 0)
     assert d.state is DispatcherState.APPEND and d.write_index == 0 and d.water_mark == -1
 
 
 def test_compare_below_follower_begin_resets() -> None:
     d = dispatcher()
     log = store_with([1] * 5)
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(BAD, 4, 8, 20), 0)  # follower's log starts at 8, above what we compare
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(
+        FollowerAnswer(req, resp(BAD, 4, 8, 20)), 0
+    )  # follower's log starts at 8, above what we compare
     assert d.state is DispatcherState.TRUNCATE
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.reset and tr.first_index == 0
 
 
@@ -173,26 +180,26 @@ def test_stepping_below_leader_begin_resets() -> None:
     d = dispatcher()
     log = store_with([1] * 4)
     for index in (3, 2, 1):
-        (req,) = d.next_requests(0, log)
+        (req,) = d.step(NextPushes(log), 0)
         assert req.first_index == index
-        d.on_response(req, resp(BAD, index, 0, 6), 0)
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(BAD, 0, 0, 6), 0)
+        d.step(FollowerAnswer(req, resp(BAD, index, 0, 6)), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(BAD, 0, 0, 6)), 0)
     assert d.state is DispatcherState.TRUNCATE
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.reset and tr.first_index == 0
 
 
 def test_failed_truncate_goes_back_to_compare_after_backoff() -> None:
     d = dispatcher(error_backoff_ms=500)
     log = store_with([1, 1])
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(S, 1, 0, 3), 0)
-    (tr,) = d.next_requests(0, log)
-    d.on_response(tr, resp(BAD, 1, 0, 3), 10)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(S, 1, 0, 3)), 0)
+    (tr,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(tr, resp(BAD, 1, 0, 3)), 10)
     assert d.state is DispatcherState.COMPARE
-    assert d.next_requests(509, log) == []
-    (req,) = d.next_requests(510, log)
+    assert d.step(NextPushes(log), 509) == []
+    (req,) = d.step(NextPushes(log), 510)
     assert req.type is PushType.COMPARE
 
 
@@ -200,33 +207,33 @@ def test_failed_truncate_goes_back_to_compare_after_backoff() -> None:
 def test_unexpected_compare_answer_backs_off(code) -> None:
     d = dispatcher(error_backoff_ms=500)
     log = store_with([1, 1])
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, None if code is None else resp(code, 1, 0, 1), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, None if code is None else resp(code, 1, 0, 1)), 0)
     assert d.state is DispatcherState.COMPARE
-    assert d.next_requests(100, log) == []
-    assert len(d.next_requests(500, log)) == 1
+    assert d.step(NextPushes(log), 100) == []
+    assert len(d.step(NextPushes(log), 500)) == 1
 
 
 def test_new_term_starts_over_with_compare() -> None:
     d = dispatcher()
     log = store_with([1, 1, 2])
     to_append(d, log, 2)
-    d.check_and_fresh_state(2, LEADER, True)  # same term: nothing changes
+    d.step(FreshState(2, LEADER, True), 0)  # same term: nothing changes
     assert d.state is DispatcherState.APPEND
-    d.check_and_fresh_state(3, LEADER, True)
+    d.step(FreshState(3, LEADER, True), 0)
     assert d.state is DispatcherState.COMPARE and d.water_mark == -1 and d.term == 3
-    d.check_and_fresh_state(3, "other", False)
+    d.step(FreshState(3, "other", False), 0)
     assert not d.active
-    d.check_and_fresh_state(3, LEADER, True)  # leading again after a pause: compare again
+    d.step(FreshState(3, LEADER, True), 0)  # leading again after a pause: compare again
     assert d.state is DispatcherState.COMPARE
 
 
 def test_answers_from_another_term_are_ignored() -> None:
     d = dispatcher()
     log = store_with([1, 1, 2])
-    (req,) = d.next_requests(0, log)
-    d.check_and_fresh_state(3, LEADER, True)
-    d.on_response(req, resp(S, 2, 0, 2), 0)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FreshState(3, LEADER, True), 0)
+    d.step(FollowerAnswer(req, resp(S, 2, 0, 2)), 0)
     assert d.state is DispatcherState.COMPARE and d.water_mark == -1
 
 
@@ -234,17 +241,17 @@ def test_append_batches_by_bytes_and_pipelines() -> None:
     log = store_with([1] * 10, size=52)  # 100-byte entries
     d = dispatcher(max_batch_push_bytes=300, max_pending_pushes=2)
     to_empty_follower(d, log)
-    reqs = d.next_requests(1, log)
+    reqs = d.step(NextPushes(log), 1)
     assert [(r.type, r.first_index, r.count) for r in reqs] == [
         (PushType.APPEND, 0, 3),
         (PushType.APPEND, 3, 3),
     ]
     assert reqs[0].batch_bytes == 300 and reqs[0].batch.last_index == 2
     assert d.pending_pushes == 2 and d.write_index == 6
-    assert d.next_requests(2, log) == []  # window full
-    d.on_response(reqs[0], resp(S, 2, 0, 2), 3)
+    assert d.step(NextPushes(log), 2) == []  # window full
+    d.step(FollowerAnswer(reqs[0], resp(S, 2, 0, 2)), 3)
     assert d.water_mark == 2
-    (nxt,) = d.next_requests(4, log)
+    (nxt,) = d.step(NextPushes(log), 4)
     assert (nxt.first_index, nxt.count) == (6, 3)
 
 
@@ -253,7 +260,7 @@ def test_commit_index_rides_on_pushes() -> None:
     log.update_committed_index(1)
     d = dispatcher()
     to_append(d, log, 1)
-    (req,) = d.next_requests(0, log)
+    (req,) = d.step(NextPushes(log), 0)
     assert req.type is PushType.APPEND and req.commit_index == 1
 
 
@@ -261,11 +268,13 @@ def test_success_out_of_order_and_prune_below_water_mark() -> None:
     log = store_with([1] * 6, size=52)
     d = dispatcher(max_batch_push_bytes=100, leak_check_interval_ms=1000)
     to_empty_follower(d, log)
-    reqs = d.next_requests(0, log)
+    reqs = d.step(NextPushes(log), 0)
     assert len(reqs) == 6
-    d.on_response(reqs[3], resp(S, 3, 0, 3), 1)  # the follower holds 0..3: earlier acks were lost
+    d.step(
+        FollowerAnswer(reqs[3], resp(S, 3, 0, 3)), 1
+    )  # the follower holds 0..3: earlier acks were lost
     assert d.water_mark == 3 and d.pending_pushes == 5
-    d.next_requests(1000, log)  # the leak check prunes pushes below the water mark
+    d.step(NextPushes(log), 1000)  # the leak check prunes pushes below the water mark
     assert d.pending_pushes == 2
 
 
@@ -273,15 +282,15 @@ def test_resend_oldest_after_push_timeout() -> None:
     log = store_with([1] * 3)
     d = dispatcher(max_push_timeout_ms=1000, max_batch_push_bytes=1)
     to_append(d, log, 0)
-    reqs = d.next_requests(0, log)
+    reqs = d.step(NextPushes(log), 0)
     assert [r.first_index for r in reqs] == [1, 2]
-    assert [r.type for r in d.next_requests(1000, log)] == [PushType.COMMIT]  # not yet timed out
-    (again,) = d.next_requests(1001, log)
+    assert [r.type for r in d.step(NextPushes(log), 1000)] == [PushType.COMMIT]  # not yet timed out
+    (again,) = d.step(NextPushes(log), 1001)
     assert again.type is PushType.APPEND and (again.first_index, again.count) == (1, 1)
     assert d.resends == 1
-    assert d.next_requests(1002, log) == []  # its clock restarted
-    d.on_response(again, resp(S, 1, 0, 1), 1003)
-    (third,) = d.next_requests(1004, log)  # now 2 is the oldest and long overdue
+    assert d.step(NextPushes(log), 1002) == []  # its clock restarted
+    d.step(FollowerAnswer(again, resp(S, 1, 0, 1)), 1003)
+    (third,) = d.step(NextPushes(log), 1004)  # now 2 is the oldest and long overdue
     assert third.first_index == 2
 
 
@@ -289,10 +298,10 @@ def test_inconsistent_append_answer_goes_back_to_compare() -> None:
     log = store_with([1] * 3)
     d = dispatcher()
     to_append(d, log, 0)
-    reqs = d.next_requests(0, log)
-    d.on_response(reqs[0], resp(BAD, 2, 0, 0), 1)
+    reqs = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(reqs[0], resp(BAD, 2, 0, 0)), 1)
     assert d.state is DispatcherState.COMPARE and d.pending_pushes == 0 and d.compare_index == -1
-    (req,) = d.next_requests(1, log)
+    (req,) = d.step(NextPushes(log), 1)
     assert req.type is PushType.COMPARE and req.first_index == 2
 
 
@@ -300,9 +309,11 @@ def test_stale_inconsistent_for_forgotten_push_is_ignored() -> None:
     log = store_with([1] * 3)
     d = dispatcher()
     to_append(d, log, 0)
-    (old,) = d.next_requests(0, log)
-    d.on_response(old, resp(S, 2, 0, 2), 1)
-    d.on_response(old, resp(BAD, 2, 0, 2), 2)  # a duplicate answer for a push no longer pending
+    (old,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(old, resp(S, 2, 0, 2)), 1)
+    d.step(
+        FollowerAnswer(old, resp(BAD, 2, 0, 2)), 2
+    )  # a duplicate answer for a push no longer pending
     assert d.state is DispatcherState.APPEND
 
 
@@ -313,8 +324,8 @@ def test_other_append_answers_wait_for_resend(code) -> None:
     log = store_with([1] * 2)
     d = dispatcher()
     to_append(d, log, 0)
-    (req,) = d.next_requests(0, log)
-    d.on_response(req, resp(code, 1, 0, 0), 1)
+    (req,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(req, resp(code, 1, 0, 0)), 1)
     assert d.state is DispatcherState.APPEND and d.pending_pushes == 1 and d.water_mark == 0
 
 
@@ -323,13 +334,13 @@ def test_failed_call_pushes_again_from_the_water_mark_after_a_pause() -> None:
     d = dispatcher(error_backoff_ms=100)
     to_append(d, log, 0)
     log.append_as_leader([b"x"], 1)
-    first = d.next_requests(0, log)
+    first = d.step(NextPushes(log), 0)
     assert [r.first_index for r in first] == [1]
-    d.on_response(first[0], None, 5)  # the follower is down: no answer at all
+    d.step(FollowerAnswer(first[0], None), 5)  # the follower is down: no answer at all
     assert d.pending_pushes == 0 and d.write_index == 1 and d.water_mark == 0
-    assert d.next_requests(50, log) == []  # pausing, not spinning on a dead follower
+    assert d.step(NextPushes(log), 50) == []  # pausing, not spinning on a dead follower
     assert d.next_wakeup_ms(50) == 105
-    (again,) = d.next_requests(105, log)
+    (again,) = d.step(NextPushes(log), 105)
     assert again.first_index == 1 and again.type is PushType.APPEND
 
 
@@ -337,17 +348,17 @@ def test_commit_when_idle() -> None:
     log = store_with([1] * 2)
     d = dispatcher(commit_push_interval_ms=1000)
     to_append(d, log, 1)
-    assert d.next_requests(0, log) == []
+    assert d.step(NextPushes(log), 0) == []
     log.update_committed_index(1)
     # the committed index moved: a push would carry it; with none, a COMMIT tells the
     # follower COMMIT_LINGER_MS later
-    assert d.next_requests(5, log) == []
+    assert d.step(NextPushes(log), 5) == []
     assert d.next_wakeup_ms(5) == 5 + COMMIT_LINGER_MS
-    (c,) = d.next_requests(5 + COMMIT_LINGER_MS, log)
+    (c,) = d.step(NextPushes(log), 5 + COMMIT_LINGER_MS)
     assert c.type is PushType.COMMIT and c.commit_index == 1
     assert (c.first_index, c.entry_term, c.entry_pos) == (1, 1, log.get_pos(1))
-    assert d.next_requests(6 + COMMIT_LINGER_MS, log) == []
-    (c2,) = d.next_requests(1030, log)  # and at least every commit_push_interval_ms
+    assert d.step(NextPushes(log), 6 + COMMIT_LINGER_MS) == []
+    (c2,) = d.step(NextPushes(log), 1030)  # and at least every commit_push_interval_ms
     assert c2.type is PushType.COMMIT
 
 
@@ -357,12 +368,12 @@ def test_a_push_carries_a_risen_committed_index_instead_of_a_commit() -> None:
     d = dispatcher(commit_push_interval_ms=1000)
     to_append(d, log, 1)
     log.update_committed_index(1)
-    assert d.next_requests(5, log) == []
+    assert d.step(NextPushes(log), 5) == []
     log.append_as_leader([b"x"], 1)
-    (p,) = d.next_requests(10, log)
+    (p,) = d.step(NextPushes(log), 10)
     assert p.type is PushType.APPEND and p.commit_index == 1
-    d.on_response(p, resp(ResponseCode.SUCCESS, 2), 12)
-    assert d.next_requests(5 + COMMIT_LINGER_MS, log) == []  # nothing new to tell
+    d.step(FollowerAnswer(p, resp(ResponseCode.SUCCESS, 2)), 12)
+    assert d.step(NextPushes(log), 5 + COMMIT_LINGER_MS) == []  # nothing new to tell
 
 
 def test_commit_waits_for_a_water_mark_to_name() -> None:
@@ -370,12 +381,12 @@ def test_commit_waits_for_a_water_mark_to_name() -> None:
     log.update_committed_index(0)
     d = dispatcher(commit_push_interval_ms=1000)
     to_empty_follower(d, log)
-    (a,) = d.next_requests(0, log)
-    d.on_response(a, resp(ResponseCode.TERM_NOT_READY, 0, 0, -1), 1)  # water mark still -1
-    commits = [r for r in d.next_requests(1500, log) if r.type is PushType.COMMIT]
+    (a,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(a, resp(ResponseCode.TERM_NOT_READY, 0, 0, -1)), 1)  # water mark still -1
+    commits = [r for r in d.step(NextPushes(log), 1500) if r.type is PushType.COMMIT]
     assert not commits  # the unanswered push is resent first
-    d.on_response(a, resp(S, 0, 0, 0), 1600)
-    (c,) = d.next_requests(3000, log)
+    d.step(FollowerAnswer(a, resp(S, 0, 0, 0)), 1600)
+    (c,) = d.step(NextPushes(log), 3000)
     assert c.type is PushType.COMMIT and c.first_index == 0
 
 
@@ -384,9 +395,9 @@ def test_inconsistent_commit_answer_goes_back_to_compare() -> None:
     log.update_committed_index(1)
     d = dispatcher()
     to_append(d, log, 1)
-    (c,) = d.next_requests(0, log) + d.next_requests(COMMIT_LINGER_MS, log)
+    (c,) = d.step(NextPushes(log), 0) + d.step(NextPushes(log), COMMIT_LINGER_MS)
     assert c.type is PushType.COMMIT
-    d.on_response(c, resp(BAD, 1, 0, -1), COMMIT_LINGER_MS + 1)
+    d.step(FollowerAnswer(c, resp(BAD, 1, 0, -1)), COMMIT_LINGER_MS + 1)
     assert d.state is DispatcherState.COMPARE
 
 
@@ -428,10 +439,10 @@ def test_dispatcher_never_reads_batch_data() -> None:
     log = RemoteLog(store_with([1] * 5))
     d = dispatcher(max_batch_push_bytes=40)
     to_append(d, log, 0)
-    reqs = d.next_requests(0, log)
+    reqs = d.step(NextPushes(log), 0)
     assert [r.first_index for r in reqs] == [1, 2, 3, 4]
     assert all(isinstance(r.batch, StandIn) and r.batch_bytes == 58 for r in reqs)
-    (again,) = d.next_requests(5000, log)
+    (again,) = d.step(NextPushes(log), 5000)
     assert again.first_index == 1
 
 
@@ -445,11 +456,11 @@ def test_quota_throttles_a_lagging_follower() -> None:
         max_push_timeout_ms=60_000,  # no answers come: no resends meanwhile
     )
     to_empty_follower(d, log)
-    first = d.next_requests(0, log)
+    first = d.step(NextPushes(log), 0)
     assert sum(r.batch_bytes for r in first) == 1000  # one batch's worth of tokens at most
-    assert d.next_requests(300, log) == []
+    assert d.step(NextPushes(log), 300) == []
     assert d.next_wakeup_ms(300) == 334  # when the bucket holds a batch again
-    sent = [(t, r.batch_bytes) for t in range(1, 3000) for r in d.next_requests(t, log)]
+    sent = [(t, r.batch_bytes) for t in range(1, 3000) for r in d.step(NextPushes(log), t)]
     # the quota spread evenly: one 1000-byte push every third of a second, never a burst
     times = [t for t, _ in sent]
     assert times[0] == 334 and all(
@@ -464,17 +475,17 @@ def test_learner_is_paced_whatever_its_lag() -> None:
                    peer_push_quota=1000, learner_push_quota=2000)  # fmt: skip
     to_empty_follower(d, log)
     log.is_learner = lambda peer: True  # 4 KB behind, under the throttle point: paced anyway
-    first = d.next_requests(0, log)
+    first = d.step(NextPushes(log), 0)
     assert sum(r.batch_bytes for r in first) == 1000
-    assert d.next_requests(400, log) == []
-    assert sum(r.batch_bytes for r in d.next_requests(501, log)) == 1000  # at 2000 B/s
+    assert d.step(NextPushes(log), 400) == []
+    assert sum(r.batch_bytes for r in d.step(NextPushes(log), 501)) == 1000  # at 2000 B/s
 
 
 def test_quota_does_not_slow_a_follower_that_keeps_up() -> None:
     log = store_with([1] * 40, size=52)
     d = dispatcher(max_batch_push_bytes=1000, peer_push_throttle_point=5000, peer_push_quota=1000)
     to_empty_follower(d, log)
-    reqs = d.next_requests(0, log)  # 4 KB behind, under the throttle point: no limit
+    reqs = d.step(NextPushes(log), 0)  # 4 KB behind, under the throttle point: no limit
     assert sum(r.count for r in reqs) == 40
 
 
@@ -486,6 +497,6 @@ def test_a_bucket_left_short_with_nothing_to_send_sets_no_wake_up() -> None:
     d = dispatcher(max_batch_push_bytes=1000, learner_push_quota=2000, max_push_timeout_ms=60_000)
     to_empty_follower(d, log)
     log.is_learner = lambda peer: True
-    assert sum(r.count for r in d.next_requests(0, log)) == 10  # the bucket is now empty
-    assert d.next_requests(600, log) == []  # nothing more to send
+    assert sum(r.count for r in d.step(NextPushes(log), 0)) == 10  # the bucket is now empty
+    assert d.step(NextPushes(log), 600) == []  # nothing more to send
     assert d.next_wakeup_ms(600) == 1000  # the idle COMMIT push, not the bucket's refill

@@ -20,6 +20,7 @@ from rayledger.replication import (
 )
 from rayledger.replication.install import InstallReceiver
 from rayledger.replication.messages import Push
+from rayledger.replication.push import FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import MemoryStore, ResponseCode
 from rayledger.storage.snapshots import SnapshotMeta, SnapshotStore
 
@@ -390,15 +391,15 @@ def compacted_log(snap=SNAP) -> SnapLog:
 def dispatcher(**cfg) -> EntryDispatcher:
     cfg.setdefault("install_chunk_bytes", 10)
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig(**cfg))
-    d.check_and_fresh_state(2, LEADER, True)
+    d.step(FreshState(2, LEADER, True), 0)
     return d
 
 
 def below_begin(d: EntryDispatcher, log, now: int = 0) -> None:
     """The first COMPARE answered by a follower whose log ends at 5, below our begin 10."""
-    (req,) = d.next_requests(now, log)
+    (req,) = d.step(NextPushes(log), now)
     assert req.type is PushType.COMPARE and req.first_index == 11
-    d.on_response(req, resp(BAD, 11, 0, 5), now)
+    d.step(FollowerAnswer(req, resp(BAD, 11, 0, 5)), now)
     assert d.state is DispatcherState.TRUNCATE
 
 
@@ -409,62 +410,62 @@ def held(index: int, code=S):
 def test_a_follower_below_our_begin_gets_the_snapshot_then_the_reset() -> None:
     d, log = dispatcher(), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
+    (c,) = d.step(NextPushes(log), 0)
     assert d.state is DispatcherState.INSTALL
     assert c.type is PushType.INSTALL and c.snapshot == SnapshotChunk(9, 1, SNAP.files, 0, 10)
     assert (c.first_index, c.entry_term, c.term, c.batch) == (9, 1, 2, None)
     assert (log.peeks, log.takes) == (1, 1)
-    assert d.next_requests(1, log) == []  # one chunk in flight
+    assert d.step(NextPushes(log), 1) == []  # one chunk in flight
     sent = [(c.snapshot.offset, c.snapshot.length)]
     for answer in (10, 20):
-        d.on_response(c, held(answer), 1)
-        (c,) = d.next_requests(1, log)
+        d.step(FollowerAnswer(c, held(answer)), 1)
+        (c,) = d.step(NextPushes(log), 1)
         sent.append((c.snapshot.offset, c.snapshot.length))
     assert sent == [(0, 10), (10, 10), (20, 5)] and c.snapshot.last
     assert d.state is DispatcherState.INSTALL and d.installs == 0
-    d.on_response(c, held(25), 2)
+    d.step(FollowerAnswer(c, held(25)), 2)
     assert d.state is DispatcherState.TRUNCATE and d.installs == 1
-    (tr,) = d.next_requests(2, log)
+    (tr,) = d.step(NextPushes(log), 2)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
     assert (tr.entry_term, tr.entry_pos) == (2, log.get_pos(10))
     assert (log.peeks, log.takes) == (1, 1)  # the snapshot was read once
-    d.on_response(tr, resp(S, 10, 10, 9), 3)
+    d.step(FollowerAnswer(tr, resp(S, 10, 10, 9)), 3)
     assert d.state is DispatcherState.APPEND and d.write_index == 10 and d.water_mark == 9
 
 
 def test_the_install_resumes_at_the_offset_the_follower_holds() -> None:
     d, log = dispatcher(), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
-    d.on_response(c, held(10), 0)
-    (c,) = d.next_requests(0, log)
+    (c,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c, held(10)), 0)
+    (c,) = d.step(NextPushes(log), 0)
     assert c.snapshot.offset == 10
-    d.on_response(c, held(4), 0)  # the follower holds less than we thought
-    (c,) = d.next_requests(0, log)
+    d.step(FollowerAnswer(c, held(4)), 0)  # the follower holds less than we thought
+    (c,) = d.step(NextPushes(log), 0)
     assert (c.snapshot.offset, c.snapshot.length) == (4, 10)
-    d.on_response(c, held(17), 0)
-    (c,) = d.next_requests(0, log)
+    d.step(FollowerAnswer(c, held(17)), 0)
+    (c,) = d.step(NextPushes(log), 0)
     assert (c.snapshot.offset, c.snapshot.length) == (17, 8)
-    d.on_response(c, held(25), 0)
-    (tr,) = d.next_requests(0, log)
+    d.step(FollowerAnswer(c, held(25)), 0)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
 
 
 def test_a_chunk_size_larger_than_the_snapshot_sends_one_chunk() -> None:
     d, log = dispatcher(install_chunk_bytes=1 << 20), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
+    (c,) = d.step(NextPushes(log), 0)
     assert (c.snapshot.offset, c.snapshot.length, c.snapshot.total) == (0, 25, 25)
 
 
 def test_a_zero_byte_snapshot_is_one_empty_chunk() -> None:
     d, log = dispatcher(), compacted_log(Snap(9, 1, (("a", 0, "h"), ("b", 0, "h"))))
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
+    (c,) = d.step(NextPushes(log), 0)
     assert (c.snapshot.offset, c.snapshot.length, c.snapshot.total) == (0, 0, 0)
-    d.on_response(c, held(0), 0)
+    d.step(FollowerAnswer(c, held(0)), 0)
     assert d.installs == 1
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
 
 
@@ -472,7 +473,7 @@ def test_a_zero_byte_snapshot_is_one_empty_chunk() -> None:
 def test_no_snapshot_that_bridges_the_gap_means_the_plain_reset(snap) -> None:
     d, log = dispatcher(), compacted_log(snap)
     below_begin(d, log)
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
     assert d.state is DispatcherState.TRUNCATE and d.installs == 0
     assert (log.peeks, log.takes) == (1, 1)  # taken to forget it
@@ -481,17 +482,17 @@ def test_no_snapshot_that_bridges_the_gap_means_the_plain_reset(snap) -> None:
 def test_a_log_offering_no_snapshots_means_the_plain_reset() -> None:
     d, log = dispatcher(), compacted_log().store  # a bare MemoryStore
     below_begin(d, log)
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
 
 
 def test_a_follower_with_no_snapshots_gets_the_plain_reset() -> None:
     d, log = dispatcher(error_backoff_ms=500), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
-    d.on_response(c, held(0, ResponseCode.UNSUPPORTED), 10)
+    (c,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c, held(0, ResponseCode.UNSUPPORTED)), 10)
     assert d.state is DispatcherState.TRUNCATE and d.installs == 0
-    (tr,) = d.next_requests(10, log)  # at once: no backoff
+    (tr,) = d.step(NextPushes(log), 10)  # at once: no backoff
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
     assert (log.peeks, log.takes) == (1, 1)
 
@@ -500,54 +501,54 @@ def test_a_follower_with_no_snapshots_gets_the_plain_reset() -> None:
 def test_a_lost_or_failed_chunk_fetches_the_snapshot_again(answer) -> None:
     d, log = dispatcher(error_backoff_ms=500), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
-    d.on_response(c, held(10), 0)
-    (c,) = d.next_requests(0, log)
+    (c,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c, held(10)), 0)
+    (c,) = d.step(NextPushes(log), 0)
     assert c.snapshot.offset == 10
-    d.on_response(c, answer, 100)
+    d.step(FollowerAnswer(c, answer), 100)
     assert d.state is DispatcherState.TRUNCATE
-    assert d.next_requests(599, log) == []  # the backoff
-    (again,) = d.next_requests(600, log)
+    assert d.step(NextPushes(log), 599) == []  # the backoff
+    (again,) = d.step(NextPushes(log), 600)
     assert again.type is PushType.INSTALL and d.state is DispatcherState.INSTALL
     assert (again.snapshot.offset, again.snapshot.length) == (0, 10)
     assert (log.peeks, log.takes) == (2, 2)
-    d.on_response(again, held(10), 600)  # a lost chunk: the follower still holds 10
-    (c,) = d.next_requests(600, log)
+    d.step(FollowerAnswer(again, held(10)), 600)  # a lost chunk: the follower still holds 10
+    (c,) = d.step(NextPushes(log), 600)
     assert c.snapshot.offset == 10
 
 
 def test_a_newer_snapshot_fetched_again_is_the_one_sent() -> None:
     d, log = dispatcher(error_backoff_ms=0), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
-    d.on_response(c, None, 0)
+    (c,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c, None), 0)
     log.snap = Snap(11, 2, (("a", 30, "h"),))
-    (c,) = d.next_requests(0, log)
+    (c,) = d.step(NextPushes(log), 0)
     assert (c.first_index, c.entry_term, c.snapshot.index, c.snapshot.total) == (11, 2, 11, 30)
 
 
 def test_an_unanswered_chunk_is_sent_again_after_the_timeout() -> None:
     d, log = dispatcher(compare_timeout_ms=3000), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
-    d.on_response(c, held(10), 0)
-    (c,) = d.next_requests(0, log)
-    assert d.next_requests(2999, log) == []
-    (again,) = d.next_requests(3000, log)
+    (c,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c, held(10)), 0)
+    (c,) = d.step(NextPushes(log), 0)
+    assert d.step(NextPushes(log), 2999) == []
+    (again,) = d.step(NextPushes(log), 3000)
     assert again.snapshot == c.snapshot and again.type is PushType.INSTALL
 
 
 def test_an_answer_to_a_chunk_no_longer_in_flight_is_ignored() -> None:
     d, log = dispatcher(), compacted_log()
     below_begin(d, log)
-    (c0,) = d.next_requests(0, log)
-    d.on_response(c0, held(10), 0)
-    (c1,) = d.next_requests(0, log)
-    d.on_response(c0, held(25), 0)  # a late copy of the answer to the first chunk
+    (c0,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c0, held(10)), 0)
+    (c1,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c0, held(25)), 0)  # a late copy of the answer to the first chunk
     assert d.state is DispatcherState.INSTALL and d.installs == 0
-    assert d.next_requests(1, log) == []  # c1 still in flight
-    d.on_response(c1, held(20), 1)
-    (c2,) = d.next_requests(1, log)
+    assert d.step(NextPushes(log), 1) == []  # c1 still in flight
+    d.step(FollowerAnswer(c1, held(20)), 1)
+    (c2,) = d.step(NextPushes(log), 1)
     assert c2.snapshot.offset == 20
 
 
@@ -555,14 +556,14 @@ def test_an_installed_follower_is_not_sent_the_snapshot_twice_in_a_term() -> Non
     d, log = dispatcher(error_backoff_ms=0), compacted_log()
     below_begin(d, log)
     for _ in range(3):
-        (c,) = d.next_requests(0, log)
-        d.on_response(c, held(c.snapshot.offset + c.snapshot.length), 0)
+        (c,) = d.step(NextPushes(log), 0)
+        d.step(FollowerAnswer(c, held(c.snapshot.offset + c.snapshot.length)), 0)
     assert d.installs == 1 and d.state is DispatcherState.TRUNCATE
-    (tr,) = d.next_requests(0, log)
-    d.on_response(tr, resp(BAD, 10, 0, 5), 0)  # the reset failed
+    (tr,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(tr, resp(BAD, 10, 0, 5)), 0)  # the reset failed
     assert d.state is DispatcherState.COMPARE
     below_begin(d, log)
-    (tr,) = d.next_requests(0, log)
+    (tr,) = d.step(NextPushes(log), 0)
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10  # no 2nd install
     assert (log.peeks, log.takes) == (1, 1) and d.installs == 1
 
@@ -570,12 +571,12 @@ def test_an_installed_follower_is_not_sent_the_snapshot_twice_in_a_term() -> Non
 def test_a_new_term_forgets_the_install() -> None:
     d, log = dispatcher(), compacted_log()
     below_begin(d, log)
-    (c,) = d.next_requests(0, log)
-    d.on_response(c, held(10), 0)
-    d.check_and_fresh_state(3, LEADER, True)
+    (c,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(c, held(10)), 0)
+    d.step(FreshState(3, LEADER, True), 0)
     assert d.state is DispatcherState.COMPARE
-    d.on_response(c, held(20), 0)  # an answer of the old term
-    (req,) = d.next_requests(0, log)
+    d.step(FollowerAnswer(c, held(20)), 0)  # an answer of the old term
+    (req,) = d.step(NextPushes(log), 0)
     assert req.type is PushType.COMPARE and req.term == 3
 
 
@@ -594,14 +595,14 @@ def test_a_follower_below_the_leaders_begin_is_installed_end_to_end(tmp_path, le
     for step in range(40):
         if d.state is DispatcherState.APPEND and d.water_mark == 11:
             break
-        for req in d.next_requests(step, log):
+        for req in d.step(NextPushes(log), step):
             sent.append(req.type)
             wire = req
             if req.type is PushType.INSTALL:  # the transport reads the chunk's bytes
                 c = req.snapshot
                 wire = replace(req, batch=src.read(meta, c.offset, c.length))
             for tok, r in h.step(Push(wire, req), step):
-                d.on_response(tok, r, step)
+                d.step(FollowerAnswer(tok, r), step)
     assert d.state is DispatcherState.APPEND and d.water_mark == 11
     assert sent[:6] == [PushType.COMPARE] + [PushType.INSTALL] * 4 + [PushType.TRUNCATE]
     assert sent.count(PushType.INSTALL) == 4  # 55 bytes in chunks of 16

@@ -9,6 +9,7 @@ import re
 import pytest
 from rayledger.integration.bench.divergent import converge
 from rayledger.replication import EntryHandler, PushType, QuorumAckChecker, ReplicationConfig
+from rayledger.replication.checker import AwaitQuorum, CheckQuorum, EndTerm, LeadTerm, MarkStored
 from rayledger.replication.messages import Push
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, store_with
@@ -49,11 +50,11 @@ def test_every_protocol_log_is_one_structured_line(caplog: pytest.LogCaptureFixt
     checker = QuorumAckChecker(GROUP, LEADER, [LEADER, FOLLOWER, "x"], ReplicationConfig())
     with caplog.at_level(logging.DEBUG, "rayledger.replication"):
         converge(leader, follower, 4)
-        checker.become_leader(4, 55, 54)
-        checker.add_pending(4, 55, 56, "tok", 0)
-        checker.update_water_mark(4, FOLLOWER, 60)
-        checker.check(10**9)
-        checker.step_down(5)
+        checker.step(LeadTerm(4, 55, 54), 0)
+        checker.step(AwaitQuorum(4, 55, 56, "tok"), 0)
+        checker.step(MarkStored(4, FOLLOWER, 60), 0)
+        checker.step(CheckQuorum(), 10**9)
+        checker.step(EndTerm(5), 0)
     lines = records(caplog)
     events = {line.split()[1] for line in lines}
     assert {"compare", "truncate", "send", "append", "push.state"} <= events

@@ -8,7 +8,7 @@ import pytest
 from rayledger.election.messages import Tick
 from rayledger.replication import EntryHandler, PushType, ReplicationConfig
 from rayledger.replication.messages import Push
-from rayledger.replication.push import EntryDispatcher
+from rayledger.replication.push import EntryDispatcher, FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import MemoryStore, ResponseCode, StoreConfig
 
 from .helpers import FOLLOWER, GROUP, LEADER, append_req, follower_state, push
@@ -83,12 +83,12 @@ def _run(leader: MemoryStore, follower: MemoryStore, ms: int = 30_000) -> list[s
     """The new leader's dispatcher and the follower's handler, exchanging directly."""
     h = _handler(follower)
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
-    d.check_and_fresh_state(3, LEADER, True)
+    d.step(FreshState(3, LEADER, True), 0)
     seen = []
     for now in range(10, ms, 10):
-        for req in d.next_requests(now, leader):
+        for req in d.step(NextPushes(leader), now):
             for _tok, resp in h.step(Push(req, None), now):
-                d.on_response(req, resp, now)
+                d.step(FollowerAnswer(req, resp), now)
                 seen.append(f"{req.type.value}@{req.first_index} -> {resp.code.name}")
         h.step(Tick(), now)
     return seen

@@ -16,6 +16,7 @@ from rayledger.replication import (
     ReplicationConfig,
 )
 from rayledger.replication.messages import Push
+from rayledger.replication.push import FollowerAnswer, FreshState, NextPushes
 from rayledger.storage import MemoryStore, ResponseCode
 
 from .helpers import FOLLOWER, GROUP, LEADER, follower_state, push, resp, store_with
@@ -85,10 +86,10 @@ def in_append(snap=SNAP, **cfg) -> tuple[EntryDispatcher, SnapLog]:
     """A dispatcher pushing to a follower whose log (10..11) matches ours."""
     cfg.setdefault("install_chunk_bytes", 10)
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig(**cfg))
-    d.check_and_fresh_state(2, LEADER, True)
+    d.step(FreshState(2, LEADER, True), 0)
     log = leader_log(snap)
-    (cmp,) = d.next_requests(0, log)
-    d.on_response(cmp, resp(S, 11, 10, 11), 0)
+    (cmp,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(cmp, resp(S, 11, 10, 11)), 0)
     assert d.state is DispatcherState.APPEND and d.water_mark == 11
     return d, log
 
@@ -99,20 +100,20 @@ def wants(index: int, code=S, held: int = 11):
 
 def commit_answered(d: EntryDispatcher, log, now: int, wanted: int) -> list:
     """The next COMMIT, answered with ``wanted``; returns what goes out next."""
-    (c,) = d.next_requests(now, log)
+    (c,) = d.step(NextPushes(log), now)
     assert c.type is PushType.COMMIT
-    d.on_response(c, wants(wanted), now)
-    return d.next_requests(now, log)
+    d.step(FollowerAnswer(c, wants(wanted)), now)
+    return d.step(NextPushes(log), now)
 
 
 def send_all(d: EntryDispatcher, log, first, now: int) -> None:
     c = first
     while True:
         held = c.snapshot.offset + c.snapshot.length
-        d.on_response(c, wants(9, held=held), now)
+        d.step(FollowerAnswer(c, wants(9, held=held)), now)
         if held >= c.snapshot.total:
             return
-        (c,) = d.next_requests(now, log)
+        (c,) = d.step(NextPushes(log), now)
 
 
 def test_a_machine_that_asks_gets_our_snapshot_and_the_log_is_left_alone() -> None:
@@ -120,17 +121,17 @@ def test_a_machine_that_asks_gets_our_snapshot_and_the_log_is_left_alone() -> No
     (c,) = commit_answered(d, log, 1000, wanted=9)
     assert d.state is DispatcherState.INSTALL
     assert c.type is PushType.INSTALL and c.snapshot.index == 9 and c.snapshot.offset == 0
-    assert d.next_requests(1000, log) == []  # one chunk in flight
+    assert d.step(NextPushes(log), 1000) == []  # one chunk in flight
     send_all(d, log, c, 1000)
     assert d.installs == 1 and d.state is DispatcherState.APPEND
     assert d.water_mark == 11 and d.write_index == 12  # pushes go on where they were
-    (c,) = d.next_requests(2000, log)
+    (c,) = d.step(NextPushes(log), 2000)
     assert c.type is PushType.COMMIT  # no TRUNCATE: the log stays
-    d.on_response(c, wants(9), 2000)  # an answer computed before the machine took it
-    (c,) = d.next_requests(3000, log)
+    d.step(FollowerAnswer(c, wants(9)), 2000)  # an answer computed before the machine took it
+    (c,) = d.step(NextPushes(log), 3000)
     assert c.type is PushType.COMMIT and d.installs == 1  # not sent twice
-    d.on_response(c, wants(-1), 3000)  # the machine has it
-    (c,) = d.next_requests(5000, log)
+    d.step(FollowerAnswer(c, wants(-1)), 3000)  # the machine has it
+    (c,) = d.step(NextPushes(log), 5000)
     assert c.type is PushType.COMMIT and d.installs == 1
 
 
@@ -139,12 +140,12 @@ def test_a_machine_that_asks_again_later_gets_it_again() -> None:
     d, log = in_append(compare_timeout_ms=3000)
     (c,) = commit_answered(d, log, 1000, wanted=9)
     send_all(d, log, c, 1000)
-    (c,) = d.next_requests(2000, log)
-    d.on_response(c, wants(-1), 2000)
-    (c,) = d.next_requests(3000, log)
-    d.on_response(c, wants(9), 3000)
-    assert d.next_requests(3999, log) == []
-    (c,) = d.next_requests(4000, log)
+    (c,) = d.step(NextPushes(log), 2000)
+    d.step(FollowerAnswer(c, wants(-1)), 2000)
+    (c,) = d.step(NextPushes(log), 3000)
+    d.step(FollowerAnswer(c, wants(9)), 3000)
+    assert d.step(NextPushes(log), 3999) == []
+    (c,) = d.step(NextPushes(log), 4000)
     assert c.type is PushType.INSTALL and c.snapshot.index == 9
 
 
@@ -161,24 +162,24 @@ def _too_old() -> tuple[EntryDispatcher, SnapLog]:
 def test_a_snapshot_older_than_wanted_is_looked_for_again_once_more_is_committed() -> None:
     d, log = _too_old()
     log.store.append_as_leader([b"c" * 10], 2)
-    (a,) = d.next_requests(1500, log)  # appends flow meanwhile
+    (a,) = d.step(NextPushes(log), 1500)  # appends flow meanwhile
     assert a.type is PushType.APPEND and a.first_index == 12
-    d.on_response(a, wants(9, held=12), 1500)
-    assert d.next_requests(2000, log) == []  # a COMMIT interval on, nothing new committed
+    d.step(FollowerAnswer(a, wants(9, held=12)), 1500)
+    assert d.step(NextPushes(log), 2000) == []  # a COMMIT interval on, nothing new committed
     assert log.takes == 1  # so no look
     log.store.update_committed_index(12)  # a newer snapshot may come only with this
-    (c,) = d.next_requests(2001, log)
+    (c,) = d.step(NextPushes(log), 2001)
     assert c.type is PushType.INSTALL and c.snapshot.index == 12
 
 
 def test_in_an_idle_group_it_is_looked_for_again_after_ten_commit_intervals() -> None:
     d, log = _too_old()
     for now in range(2000, 11_000, 1000):
-        (c,) = d.next_requests(now, log)
+        (c,) = d.step(NextPushes(log), now)
         assert c.type is PushType.COMMIT, now
-        d.on_response(c, wants(9), now)
+        d.step(FollowerAnswer(c, wants(9)), now)
     assert log.takes == 1
-    (c,) = d.next_requests(11_000, log)
+    (c,) = d.step(NextPushes(log), 11_000)
     assert c.type is PushType.INSTALL and c.snapshot.index == 12
 
 
@@ -186,32 +187,32 @@ def test_in_an_idle_group_it_is_looked_for_again_after_ten_commit_intervals() ->
 def test_a_failed_chunk_goes_back_to_append_and_the_install_is_tried_again(answer) -> None:
     d, log = in_append(error_backoff_ms=500)
     (c,) = commit_answered(d, log, 1000, wanted=9)
-    d.on_response(c, answer, 1000)
+    d.step(FollowerAnswer(c, answer), 1000)
     assert d.state is DispatcherState.APPEND and d.installs == 0
-    assert d.next_requests(1499, log) == []  # the backoff
-    (again,) = d.next_requests(1500, log)  # the follower still asks
+    assert d.step(NextPushes(log), 1499) == []  # the backoff
+    (again,) = d.step(NextPushes(log), 1500)  # the follower still asks
     assert again.type is PushType.INSTALL and again.snapshot.offset == 0
 
 
 def test_no_install_while_the_logs_are_being_matched() -> None:
     d = EntryDispatcher(GROUP, LEADER, FOLLOWER, ReplicationConfig())
-    d.check_and_fresh_state(2, LEADER, True)
+    d.step(FreshState(2, LEADER, True), 0)
     log = leader_log()
-    (cmp,) = d.next_requests(0, log)
-    d.on_response(cmp, replace(resp(ResponseCode.INCONSISTENT_STATE, 11, 10, 10),
-                               snapshot_wanted=9), 0)  # fmt: skip
-    (cmp,) = d.next_requests(0, log)
+    (cmp,) = d.step(NextPushes(log), 0)
+    d.step(FollowerAnswer(cmp, replace(resp(ResponseCode.INCONSISTENT_STATE, 11, 10, 10),
+                               snapshot_wanted=9)), 0)  # fmt: skip
+    (cmp,) = d.step(NextPushes(log), 0)
     assert cmp.type is PushType.COMPARE and cmp.first_index == 10
-    d.on_response(cmp, replace(resp(S, 10, 10, 10), snapshot_wanted=9), 0)
+    d.step(FollowerAnswer(cmp, replace(resp(S, 10, 10, 10), snapshot_wanted=9)), 0)
     assert d.state is DispatcherState.APPEND
-    (c,) = d.next_requests(0, log)  # matched: now the snapshot, then entry 11
+    (c,) = d.step(NextPushes(log), 0)  # matched: now the snapshot, then entry 11
     assert c.type is PushType.INSTALL
 
 
 def test_a_new_term_forgets_what_the_machine_asked() -> None:
     d, log = in_append()
-    (c,) = d.next_requests(1000, log)
-    d.on_response(c, wants(9), 1000)
-    d.check_and_fresh_state(3, LEADER, True)
-    (cmp,) = d.next_requests(1000, log)
+    (c,) = d.step(NextPushes(log), 1000)
+    d.step(FollowerAnswer(c, wants(9)), 1000)
+    d.step(FreshState(3, LEADER, True), 0)
+    (cmp,) = d.step(NextPushes(log), 1000)
     assert cmp.type is PushType.COMPARE and cmp.term == 3
