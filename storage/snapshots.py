@@ -50,6 +50,17 @@ def write_sessions(directory: str | os.PathLike, table: dict) -> None:
         json.dump(table, f)
 
 
+def with_sessions(writer: Callable[[str], None], table: dict) -> Callable[[str], None]:
+    """The writer of a machine's snapshot that also writes the client sessions as of the
+    cut (``table``): an idempotent client's retry after an install is still recognised."""
+
+    def write(path: str) -> None:
+        writer(path)
+        write_sessions(path, table)
+
+    return write
+
+
 def read_sessions(directory: str | os.PathLike) -> dict:
     """A sealed snapshot's session table (verify its checksum first: a damaged table may
     still parse)."""

@@ -32,7 +32,7 @@ from rayledger.actors.member.context import MemberContext
 from rayledger.actors.naming import now_ms
 from rayledger.election import Role
 from rayledger.storage import Entry
-from rayledger.storage.snapshots import write_sessions
+from rayledger.storage.snapshots import with_sessions
 
 log = logging.getLogger("rayledger.actors")
 
@@ -154,11 +154,7 @@ class MachineRunner:
             writer = await cut
             if writer is None:
                 raise RuntimeError("the machine's snapshot() returned no writer")
-
-            def write(path: str) -> None:
-                writer(path)
-                write_sessions(path, sessions)
-
+            write = with_sessions(writer, sessions)
             await loop.run_in_executor(None, snaps.seal, index, term, write)
             with m.lock:
                 gone, m.store.keep_from = self.core.step(

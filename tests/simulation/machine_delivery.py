@@ -58,7 +58,7 @@ from rayledger.integration.rocketmq.message import (
 )
 from rayledger.storage import LedgerError
 from rayledger.storage.codec import HEADER_SIZE
-from rayledger.storage.snapshots import SESSIONS_FILE, write_sessions
+from rayledger.storage.snapshots import SESSIONS_FILE, with_sessions
 
 from .network import SimulationFailure
 from .node_state import Node, SimMember
@@ -401,12 +401,7 @@ class MachineDelivery:
         writer = a.machine.snapshot()
         term = store.get_term(index)
         sessions = node.logic.sessions.at(index)  # MachineRunner._snapshot: the cut's table
-
-        def write(path: str) -> None:
-            writer(path)
-            write_sessions(path, sessions)
-
-        snaps.seal(index, term, write)
+        snaps.seal(index, term, with_sessions(writer, sessions))
         gone, store.keep_from = a.core.step(
             mcore.SnapshotSealed(index, snaps.list(), a.saved), self.clock.now_ms
         )
