@@ -366,7 +366,7 @@ class MemberCore:
             case Push():
                 if ev.graph:
                     self._graph = (ev.req.term, ev.req.leader_id)
-                self._answers(lg.on_push(ev.req, ev.token, now_ms), out)
+                self._answers(lg.on_push(ev, now_ms), out)
                 out.commits_moved = True
             case ClientAppend():
                 self.book.admit(ev.bodies, ev.group, ev.target, ev.token, ev.ident,

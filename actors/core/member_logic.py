@@ -43,7 +43,6 @@ from rayledger.election.configuration import (
 from rayledger.election.messages import ElectionAnswer, ElectionRequest, PeerProgress, Tick
 from rayledger.replication import (
     EntryHandler,
-    PushEntryRequest,
     ReplicationConfig,
     check_append,
 )
@@ -286,9 +285,10 @@ class MemberLogic:
         return sends, any(isinstance(a, RoleChange) for a in actions)
 
     # -- follower ------------------------------------------------------------------------
-    def on_push(self, req: PushEntryRequest, token: Any, now_ms: int) -> list:
-        """A push from a leader's dispatcher; returns the answers ready now."""
-        return self.handler.step(Push(req, token), now_ms)
+    def on_push(self, push: Push, now_ms: int) -> list:
+        """A push from a leader's dispatcher (the member's own event, handed on as it is);
+        returns the answers ready now."""
+        return self.handler.step(push, now_ms)
 
     def must_flush(self, answers: Sequence) -> bool:
         """Whether ``answers`` (to pushes, or the handler's queued ones a tick releases)

@@ -15,7 +15,7 @@ from interaction import GROUP, Env
 from rayledger.election import Role
 from rayledger.election.messages import HeartbeatRequest, VoteRequest, VoteResult
 from rayledger.replication.checker import BecomeLeader, Report
-from rayledger.replication.messages import PushEntryRequest, PushType
+from rayledger.replication.messages import Push, PushEntryRequest, PushType
 from rayledger.storage import ResponseCode
 
 
@@ -81,7 +81,7 @@ def test_5_1_a_request_with_a_stale_term_is_rejected():
     assert heartbeat(env, "n1", "n0", 0).code == ResponseCode.EXPIRED_TERM
     push = PushEntryRequest(group=GROUP, leader_id="n0", remote_id="n1", term=0,
                             type=PushType.COMMIT, commit_index=0)  # fmt: skip
-    (answer,) = env.nodes["n1"].logic.on_push(push, None, env.now)
+    (answer,) = env.nodes["n1"].logic.on_push(Push(push, None), env.now)
     assert answer[1].code == ResponseCode.EXPIRED_TERM
 
 
@@ -161,7 +161,7 @@ def test_5_3_a_follower_refuses_entries_whose_predecessor_it_does_not_hold():
     env.run("stabilize")
     before = env.disks["n2"][0].ledger_end_index
     assert before < push.first_index - 1, "n2 already holds entry 1: nothing tested"
-    answers = env.nodes["n2"].logic.on_push(push, None, env.now)
+    answers = env.nodes["n2"].logic.on_push(Push(push, None), env.now)
     # queued (no answer yet) or refused, never written after a gap nor acknowledged
     assert env.disks["n2"][0].ledger_end_index == before
     assert all(resp.code != ResponseCode.SUCCESS for _, resp in answers), answers
@@ -229,5 +229,5 @@ def test_5_5_a_push_delivered_twice_changes_nothing():
     pushes = [m for m in env.flight if isinstance(m.payload, PushEntryRequest) and m.dst == "n1"]
     env.run("run 300")
     log = log_of(env, "n1")
-    env.nodes["n1"].logic.on_push(pushes[0].payload, None, env.now)
+    env.nodes["n1"].logic.on_push(Push(pushes[0].payload, None), env.now)
     assert log_of(env, "n1") == log

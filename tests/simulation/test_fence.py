@@ -36,7 +36,7 @@ from rayledger.replication import checker as ck
 from rayledger.replication import dispatcher as dl
 from rayledger.replication.checker import CheckerLogic
 from rayledger.replication.dispatcher import CachedBatch, DispatcherLogic
-from rayledger.replication.messages import Inline
+from rayledger.replication.messages import Inline, Push
 from rayledger.replication.push import COMMIT_LINGER_MS
 from rayledger.storage import MemoryStore, StoreConfig
 
@@ -228,7 +228,7 @@ class FiveMembers:
         if not self.up(mid, peer):
             self._answer(mid, peer, d, req, None)
             return
-        answers = self.logic[peer].on_push(wire, req, self.now)
+        answers = self.logic[peer].on_push(Push(wire, req), self.now)
         if (mid, peer) in self.lost_answers or not self.up(peer, mid):
             self.in_flight.append((mid, peer, req))
             return
