@@ -186,9 +186,9 @@ class SnapshotShelf:
 
 class Applier:
     """A machine and its runner core (:class:`~rayledger.actors.core.machine.MachineCore`): the
-    calls into the machine, each checked and recorded by the core.  ``run`` and ``ask_*`` only call
-    the machine (the machine's thread); the shell tells the core what came of them on its own
-    thread.  ``apply`` and ``role_changed`` do both, for a caller with one thread."""
+    calls into the machine, each checked and recorded by the core.  ``run`` and ``saved_now`` only
+    call the machine (the machine's thread); the shell tells the core what came of them on its own
+    thread."""
 
     def __init__(
         self,
@@ -218,14 +218,6 @@ class Applier:
         log_end = ctx.log.ledger_end_index if ctx.log is not None else None
         self.core = MachineCore(ctx.member, start, max_batch, policy, log_end)
 
-    @property
-    def applied(self) -> int:
-        return self.core.applied
-
-    def due(self, committed: int) -> tuple[int, int] | None:
-        """The next ``[start, stop)`` to apply, at most ``max_batch`` entries, or None."""
-        return self.core.due(committed)
-
     def run(self, entries: list[Entry]) -> None:
         """Apply entries that continue exactly where the machine stands (the machine's
         thread; the core learns of it through a ``BatchApplied`` event)."""
@@ -242,14 +234,3 @@ class Applier:
         ``open`` returned and ``saved_index()``."""
         self.saved = max(self.saved, int(self.machine.saved_index()))
         return self.saved
-
-    def apply(self, entries: list[Entry]) -> None:
-        """``run``, then record where the machine stands."""
-        if entries:
-            self.run(entries)
-            self.core.step(mcore.BatchApplied(entries[-1].index), now_ms())
-
-    def role_changed(self, role: Role, term: int) -> None:
-        """Tell the machine once per distinct (role, term)."""
-        if self.core.step(mcore.RoleNews(role, term), now_ms()):
-            self.machine.on_role_change(role, term)

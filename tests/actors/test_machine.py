@@ -9,9 +9,9 @@ import time
 import pytest
 import ray
 from groupcheck import TEST_CONFIG
+from machinecheck import apply
 from rayledger.actors import LedgerConfig
 from rayledger.actors.machine import Applier, MachineContext, StateMachine, load_machine
-from rayledger.election import Role
 from rayledger.integration.kv import KvMachine, delete_command, set_command
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
@@ -43,24 +43,15 @@ def ctx(tmp_path=None) -> MachineContext:
 def test_applier_feeds_committed_entries_in_order_from_where_the_machine_stands():
     m = Recorder(start=4)
     a = Applier(m, ctx(), max_batch=3)
-    assert a.due(4) is None
-    assert a.due(10) == (5, 8)  # at most max_batch
-    a.apply(entries(5, 8))
-    assert a.due(10) == (8, 11)
+    assert a.core.due(4) is None
+    assert a.core.due(10) == (5, 8)  # at most max_batch
+    apply(a, entries(5, 8))
+    assert a.core.due(10) == (8, 11)
     with pytest.raises(LedgerError) as e:
-        a.apply(entries(9, 10))  # a gap: never skip
+        apply(a, entries(9, 10))  # a gap: never skip
     assert e.value.code == ResponseCode.INCONSISTENT_STATE
-    a.apply(entries(8, 11))
-    assert m.seen == list(range(5, 11)) and a.due(10) is None
-
-
-def test_role_changes_are_told_once_each():
-    m = Recorder()
-    a = Applier(m, ctx())
-    a.role_changed(Role.FOLLOWER, 1)
-    a.role_changed(Role.FOLLOWER, 1)
-    a.role_changed(Role.LEADER, 2)
-    assert m.roles == [(Role.FOLLOWER, 1), (Role.LEADER, 2)]
+    apply(a, entries(8, 11))
+    assert m.seen == list(range(5, 11)) and a.core.due(10) is None
 
 
 @pytest.mark.parametrize("path", ["nope", "no.such.module:X", "json:nothing", 3])

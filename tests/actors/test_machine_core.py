@@ -155,9 +155,9 @@ def test_the_applier_runs_the_machine_and_the_core_records_it():
     a = Applier(m, MachineContext("g", "n0", None, {}), max_batch=4)
     b = a.core.step(mcore.NextJob(9), 0)
     a.run(entries(b.start, b.stop))  # the machine's thread
-    assert m.seen == [0, 1, 2, 3] and a.applied == -1  # the core hears it on its own thread
+    assert m.seen == [0, 1, 2, 3] and a.core.applied == -1  # the core hears it on its own thread
     a.core.step(mcore.BatchApplied(b.stop - 1), 0)
-    assert a.applied == 3 and a.due(9) == (4, 8)
+    assert a.core.applied == 3 and a.core.due(9) == (4, 8)
 
 
 def _new_leader_actions(machine_answer, sup=None) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from machinecheck import apply
 from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig
 from rayledger.actors.machine import Applier, MachineContext, StateMachine
@@ -39,7 +40,7 @@ def test_snapshots_are_due_every_n_entries_and_the_newest_k_stay(tmp_path) -> No
     taken = []
     for first in range(0, 50, 5):
         batch = _entries(first, 5)
-        a.apply(batch)
+        apply(a, batch)
         index = a.core.step(mcore.SnapshotDue(batch), 0)
         if index is not None:
             _take(a, index)
@@ -59,17 +60,17 @@ def test_a_restarted_machine_starts_from_its_newest_valid_snapshot(tmp_path):
     """The KV machine keeps no file of its own: a restart loads the newest snapshot that
     verifies -- here the newest is damaged, so the older one -- and the log replays after."""
     a = Applier(KvMachine(), _ctx(tmp_path), snapshots=SnapshotConfig(every_entries=10))
-    a.apply(_entries(0, 10))
+    apply(a, _entries(0, 10))
     _take(a, 9)
-    a.apply(_entries(10, 10))
+    apply(a, _entries(10, 10))
     _take(a, 19)
-    assert Applier(KvMachine(), _ctx(tmp_path)).applied == 19  # the newest, when whole
+    assert Applier(KvMachine(), _ctx(tmp_path)).core.applied == 19  # the newest, when whole
     newest = sorted((Path(tmp_path) / "snapshots").iterdir())[-1]
     raw = bytearray((newest / "kv.arrow").read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     (newest / "kv.arrow").write_bytes(bytes(raw))  # the newest snapshot is damaged
     b = Applier(KvMachine(), _ctx(tmp_path), snapshots=SnapshotConfig(every_entries=10))
-    assert b.applied == 9  # the older, whole snapshot; the log replays from 10
+    assert b.core.applied == 9  # the older, whole snapshot; the log replays from 10
     assert b.machine.query({"get": "k0"}) == [0, 0]
     assert b.machine.query({"get": "k15"}) is None
     shutil.rmtree(newest)
@@ -81,7 +82,7 @@ def test_the_byte_trigger_counts_the_applied_bodies(tmp_path) -> None:
     due = []
     for first in range(6):
         batch = _entries(first, 1)
-        a.apply(batch)
+        apply(a, batch)
         due.append(a.core.step(mcore.SnapshotDue(batch), 0))
         if due[-1] is not None:
             _take(a, due[-1])
@@ -101,10 +102,10 @@ class _SavingMachine(StateMachine):
 
 def test_a_machine_without_snapshots_keeps_the_log_from_what_it_saved(tmp_path) -> None:
     a = Applier(_SavingMachine(), _ctx(tmp_path))
-    a.apply(_entries(0, 5))
+    apply(a, _entries(0, 5))
     assert a.snapshots is None and a.shelf is None
     b = Applier(_SavingMachine(), _ctx(tmp_path))  # reopened: it saved up to 4 itself
-    assert b.applied == 4 and b.core.keep_from(b.saved) == 5
+    assert b.core.applied == 4 and b.core.keep_from(b.saved) == 5
 
 
 def test_the_kv_snapshot_is_sorted_and_holds_values_of_every_kind(tmp_path) -> None:
@@ -132,7 +133,7 @@ def test_the_machine_never_sees_configuration_entries(tmp_path) -> None:
     batch = _entries(0, 3)
     cfg = Entry(index=3, term=1, pos=300, body=Configuration.of(["a"]).encode(),
                 channel=CONFIG_CHANNEL)  # fmt: skip
-    a.apply([*batch, cfg, *_entries(4, 2)])
-    assert seen == [0, 1, 2, 4, 5] and a.applied == 5
-    a.apply([Entry(index=6, term=1, pos=600, body=b"{}", channel=CONFIG_CHANNEL)])
-    assert seen == [0, 1, 2, 4, 5] and a.applied == 6
+    apply(a, [*batch, cfg, *_entries(4, 2)])
+    assert seen == [0, 1, 2, 4, 5] and a.core.applied == 5
+    apply(a, [Entry(index=6, term=1, pos=600, body=b"{}", channel=CONFIG_CHANNEL)])
+    assert seen == [0, 1, 2, 4, 5] and a.core.applied == 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from machinecheck import apply
 from rayledger.actors.core import machine as mcore
 from rayledger.actors.machine import Applier, MachineContext
 from rayledger.election import Role
@@ -46,8 +47,8 @@ class Member:
 
     def commit(self) -> None:
         self.store.update_committed_index(self.store.ledger_end_index)
-        while (due := self.applier.due(self.store.committed_index)) is not None:
-            self.applier.apply(self.store.get_range(*due))
+        while (due := self.applier.core.due(self.store.committed_index)) is not None:
+            apply(self.applier, self.store.get_range(*due))
 
     def close(self) -> None:
         self.machine.close()
@@ -146,7 +147,7 @@ def test_restart_cuts_units_past_the_checkpoint_and_replays(tmp_path):
     a.close()
     b = Member(tmp_path / "n0")
     try:
-        assert b.applier.applied == 2 and b.machine.query(("max_offset", "T", 0)) == 2
+        assert b.applier.core.applied == 2 and b.machine.query(("max_offset", "T", 0)) == 2
         b.commit()  # replays the entries after the checkpoint
         assert b.machine.query(("max_offset", "T", 0)) == 3
         assert b.machine.query(("consumer_offset", "g1", "T", 0)) == 2
@@ -233,7 +234,7 @@ def test_a_restart_replays_what_was_dispatched_after_the_last_checkpoint(tmp_pat
     a.close()  # as after a crash: the later batches were dispatched, not checkpointed
     b = Member(tmp_path / "n0")
     try:
-        assert b.applier.applied < b.store.committed_index  # it must replay
+        assert b.applier.core.applied < b.store.committed_index  # it must replay
         b.commit()
         r = b.machine.query(("pull", "T", 0, 0, 100))
         assert [decode(x).body for x in records(r)] == [b"%d" % k for k in range(5)]
@@ -382,7 +383,7 @@ def test_a_member_that_loads_the_leaders_table_continues_every_queue(tmp_path):
             assert (r["status"], r["next_offset"]) == ("OFFSET_TOO_SMALL", 1)
             b.close()
             b = Member(tmp_path / "b")
-            assert b.applier.applied == at
+            assert b.applier.core.applied == at
         b.lead()
         got = [decode(b.store.get(i).body).queue_offset for i in b.put(msg(q=1), msg("U"))]
         assert got == [1, 1]  # T/1 and U/0 had no message since the snapshot

@@ -139,7 +139,7 @@ class MachineDelivery:
             self._m_after_apply(node, entries)
 
         machine.apply = apply  # type: ignore[method-assign]
-        opened = node.applier.applied
+        opened = node.applier.core.applied
         if opened > node.applier.saved:
             m.rebases.append((opened, opened))  # a snapshot's state, as a leader's would be
             self.stats["machine_from_snapshot"] += 1
