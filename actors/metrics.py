@@ -104,7 +104,6 @@ class MemberMetrics:
         self._role: str | None = None
         self._term = -1
         self._leader: str | None = None
-        self._peer_tags: dict[str, dict[str, str]] = {}
         self._read_tags: dict[str, dict[str, str]] = {}
         if store is not None and hasattr(store, "_flush_once"):
             self._time_flushes(store)

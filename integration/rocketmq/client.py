@@ -282,6 +282,8 @@ class CommitLog:
         return self.client.query(("by_key", topic, key, max_msgs))
 
     def get_message(self, phys_offset: int) -> Message | None:
+        """The committed message at ``phys_offset`` (RocketMQ's viewMessage by the offset a
+        put's receipt or a message carries), or None when there is none there."""
         return self.client.query(("get_message", phys_offset))
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
