@@ -88,7 +88,8 @@ class LeaderView:
         self.ledger_end_index = -1
         self.committed_index = -1
         self.snapshot: Any = _UNKNOWN  # the leader's newest snapshot, fetched per install
-        self.configs: tuple = ()  # the leader's configurations (LeaderInfo.configs)
+        self._configs: tuple = ()  # the leader's configurations (LeaderInfo.configs)
+        self._learners: frozenset[str] = frozenset()  # in the latest of them
 
     def reset(self, info: LeaderInfo) -> None:
         self.batches.clear()
@@ -110,9 +111,19 @@ class LeaderView:
         if info.configs:
             self.configs = info.configs
 
+    @property
+    def configs(self) -> tuple:
+        return self._configs
+
+    @configs.setter
+    def configs(self, configs: tuple) -> None:
+        """Set when the configurations change, so each push asks a set, not the log."""
+        self._configs = configs
+        self._learners = frozenset(configs[-1][1].learners) if configs else frozenset()
+
     def is_learner(self, peer: str) -> bool:
         """Whether ``peer`` is a learner in the leader's latest configuration."""
-        return bool(self.configs) and self.configs[-1][1].is_learner(peer)
+        return peer in self._learners
 
     def config_at(self, index: int) -> bytes | None:
         """The leader's configuration in effect at ``index`` (a reset sends it along)."""
