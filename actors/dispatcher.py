@@ -30,7 +30,6 @@ from rayledger.actors.wire import out_of_band
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.dispatcher import (
     Activate,
-    CachedBatch,
     Committed,
     Deactivate,
     DispatcherLogic,
@@ -41,6 +40,7 @@ from rayledger.replication.dispatcher import (
     PushAnswered,
     Reported,
     RoundAnnounced,
+    read_committed,
 )
 from rayledger.replication.messages import Announcement, GraphBegin, GraphEnd, Inline, LeaderInfo
 from rayledger.storage import LedgerError, ResponseCode
@@ -172,8 +172,8 @@ class EntryDispatcherActor:
 
     # -- the calls ---------------------------------------------------------------------------
     def _committed_from_files(self, f: Fetch):
-        """Committed entries ``f`` allows read from the leader's files (this actor runs on
-        its node), or None: a memory store, or files that do not hold them (compacted)."""
+        """``read_committed`` from the leader's files (this actor runs on its node), or None:
+        a memory store, or files that do not hold them."""
         if self._reader is None:
             data_dir = self.config.store.data_dir
             if data_dir is None:
@@ -182,22 +182,15 @@ class EntryDispatcherActor:
                 self._reader = StoreReader(data_dir)
             except LedgerError:
                 return None
-        count = min(f.max_count, f.committed - f.index + 1)
-        try:
-            self._reader.refresh()
-            if f.index < self._reader.begin_index():  # compacted: the member says so, fenced
-                return None
-            batch = self._reader.read_batch(f.index, f.max_bytes, count)
-        except LedgerError as exc:
-            log.debug("[%s->%s] term=%d committed read at %d failed: %s", self.self_id,
-                      self.peer_id, f.term, f.index, exc)  # fmt: skip
+        batch = read_committed(self._reader, f)
+        if batch is None:
             return None
         self._file_reads += 1
-        return CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)), None
+        return batch, None
 
     async def _fetch(self, f: Fetch) -> None:
         try:
-            if f.kind == "batch" and f.committed >= f.index:
+            if f.from_files:
                 loop = asyncio.get_running_loop()
                 answer = await loop.run_in_executor(None, self._committed_from_files, f)
                 if answer is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from rayledger.election.configuration import config_at
 from rayledger.storage import LedgerError, ResponseCode
@@ -210,6 +210,36 @@ class Fetch:
     max_bytes: int
     max_count: int
     committed: int = -1
+
+    @property
+    def from_files(self) -> bool:
+        """Whether the leader's files may answer, unfenced: a batch of committed entries."""
+        return self.kind == "batch" and self.committed >= self.index
+
+
+class CommittedFiles(Protocol):
+    """A read-only view of the leader's log files (:class:`~rayledger.storage.StoreReader`)."""
+
+    def refresh(self) -> None: ...
+
+    def begin_index(self) -> int: ...
+
+    def read_batch(self, start: int, max_bytes: int, max_count: int) -> Any: ...
+
+
+def read_committed(files: CommittedFiles, f: Fetch) -> CachedBatch | None:
+    """The committed entries ``f`` allows, read from the leader's files, or None: they are
+    not there (compacted away, or not yet on disk), and the member's fenced answer -- which
+    also tells the dispatcher the leader's new begin -- is asked instead."""
+    count = min(f.max_count, f.committed - f.index + 1)
+    try:
+        files.refresh()
+        if f.index < files.begin_index():
+            return None
+        batch = files.read_batch(f.index, f.max_bytes, count)
+    except LedgerError:
+        return None
+    return CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data))
 
 
 # ====================================================================== events in

@@ -72,8 +72,19 @@ class _Files:
         except FileNotFoundError:
             names = []
         self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
-        for start in [st for st in self._fds if st not in self.starts]:
-            os.close(self._fds.pop(start))  # deleted (compacted): never pin its disk space
+        for start in list(self._fds):
+            if start not in self.starts or not self._same_file(start):
+                # deleted (compacted): never pin its disk space; or deleted and made again
+                # under its name (the log reset since): never read the old one's bytes
+                os.close(self._fds.pop(start))
+
+    def _same_file(self, start: int) -> bool:
+        try:
+            now = os.stat(self.directory / f"{start:020d}")
+        except FileNotFoundError:
+            return False
+        opened = os.fstat(self._fds[start])
+        return (now.st_ino, now.st_dev) == (opened.st_ino, opened.st_dev)
 
     def _fd(self, start: int) -> int:
         fd = self._fds.get(start)

@@ -222,3 +222,23 @@ def test_configuration_entries_are_left_out_on_request(tmp_path):
         assert full.num_rows == n and only.equals(t)
     finally:
         store.close()
+
+
+def test_a_segment_made_again_under_its_name_is_read_anew(tmp_path):
+    """A member that led, was reset by a later leader and leads again keeps its dispatchers'
+    readers: a segment file deleted and made again under the same name (the reset log
+    starts at the same position) is opened again, never read through the old file."""
+    cfg = StoreConfig(data_dir=str(tmp_path / "n0"), data_segment_size=4096)
+    store = FileStore(cfg)
+    try:
+        store.append_as_leader([b"old-%d" % i for i in range(20)], 1)
+        with StoreReader(store.dir) as r:
+            assert r.read_batch(0, 1 << 20, 20).entries()[0].body == b"old-0"
+            store.reset(0, 0)  # nothing committed: the whole log goes
+            store.append_as_leader([b"new-%d" % i for i in range(20)], 3)
+            store.flush()
+            r.refresh()
+            got = r.read_batch(0, 1 << 20, 20).entries()
+            assert [(e.term, e.body) for e in got[:2]] == [(3, b"new-0"), (3, b"new-1")]
+    finally:
+        store.close()

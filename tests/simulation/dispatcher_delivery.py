@@ -28,9 +28,11 @@ from rayledger.replication.dispatcher import (
     PushAnswered,
     Reported,
     RoundAnnounced,
+    read_committed,
 )
 from rayledger.replication.messages import GraphBegin, GraphEnd, Inline
 from rayledger.storage import LedgerError, ResponseCode
+from rayledger.storage.reader import StoreReader
 
 from .node_state import NeedWatch, Node
 from .node_transport import DIED, SimLoop, park
@@ -45,11 +47,12 @@ def dkey(peer: str) -> str:
 
 
 class _SimDispatcherPorts:
-    __slots__ = ("sim", "node", "peer", "gen")
+    __slots__ = ("sim", "node", "peer", "gen", "files")
 
     def __init__(self, sim, node: Node, peer: str):
         self.sim, self.node, self.peer = sim, node, peer
         self.gen = node.helper_gen.get(dkey(peer), 0)  # the process this driver runs in
+        self.files: StoreReader | None = None  # the leader's files, opened at the first read
 
     def push(self, req: PushEntryRequest) -> None:
         batch = req.batch
@@ -71,7 +74,7 @@ class _SimDispatcherPorts:
         self.sim.rpc.call(self.node.id, self.peer, req, self.sim._late_copy_ms(req))
 
     def fetch(self, f: Fetch) -> None:
-        self.sim._spawn(self.node, self.sim._d_fetch(self.node, self.peer, f, self.gen))
+        self.sim._spawn(self.node, self.sim._d_fetch(self.node, self.peer, f, self.gen, self))
 
     def report(self, term: int, wm: int) -> None:
         self.sim._spawn(self.node, self.sim._d_report(self.node, self.peer, term, wm, self.gen))
@@ -86,6 +89,8 @@ class _SimDispatcherPorts:
 
 class DispatcherDelivery:
     """Calls to a node's dispatchers (a mixin of :class:`~.group_sim.GroupSim`)."""
+
+    file_reads = False  # dispatchers read committed batches from the leader's files first
 
     def _dispatcher_driver(self, node: Node, peer: str, logic: DispatcherLogic):
         driver = DispatcherDriver(logic, _SimDispatcherPorts(self, node, peer))
@@ -140,14 +145,29 @@ class DispatcherDelivery:
         if not self._d_hung(node, peer) and not self._d_removed(node, peer):
             node.dispatcher_drivers[peer].deliver(Committed(term, index))
 
-    def _d_fetch(self, node: Node, peer: str, f: Fetch, gen: int = 0):
+    def _d_fetch(self, node: Node, peer: str, f: Fetch, gen: int = 0, ports=None):
         """A batch the cache lacks, or an entry's (term, pos): the member's fenced answer
-        (lost when the dispatcher hangs or was killed meanwhile)."""
+        (lost when the dispatcher hangs or was killed meanwhile).  With ``file_reads``, a
+        batch of committed entries is read from the leader's files first, as on Ray."""
         lg = node.logic
         driver = node.dispatcher_drivers.get(peer)
         if driver is None:
             return
         self.stats[f"fetch_{f.kind}"] += 1
+        data_dir = self.members[node.id].data_dir
+        if self.file_reads and f.from_files and ports is not None and data_dir is not None:
+            if ports.files is None:
+                ports.files = StoreReader(data_dir)
+            files = ports.files
+            (batch,) = yield [lambda: _call(read_committed, files, f)]
+            if self._d_gone(node, peer, gen):
+                self.stats["dispatcher_answers_lost"] += 1
+                return
+            if isinstance(batch, CachedBatch):
+                self.stats["fetch_from_files"] += 1
+                driver.deliver(Fetched(f, (batch, None)))
+                return
+            self.stats["fetch_files_missed"] += 1  # not there: the member's fenced answer
         if f.kind == "batch":
             args = (f.term, f.index, f.max_bytes, f.max_count)
             (answer,) = yield [lambda: _call(lg.read_for_push, *args)]

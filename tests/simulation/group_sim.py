@@ -268,6 +268,7 @@ class GroupSim(
         late_start_reports: tuple[int, int] | None = None,
         helper_delays: bool = False,
         slow_hops: bool = False,
+        file_reads: bool = False,
         lost_members: bool = False,
         kv_getters: int = 0,
         client_deadline_ms: int | None = None,
@@ -318,6 +319,9 @@ class GroupSim(
         sessions kept with them.  ``snapshot_cuts``: now and then a leader snapshotting at its
         committed index is cut off from its voters right then, and compacts its log there
         (:data:`~.sim_config.SNAPSHOT_CUTS_SHARE`).
+        ``file_reads``: a dispatcher reads a batch of committed entries from its leader's
+        files before asking the member, as on Ray (off by default so that the seeds of the
+        other tests run as they did).
         ``test_file``: what the reproduce line names."""
         self.seed = seed
         self.n = n
@@ -325,6 +329,7 @@ class GroupSim(
         self.test_name = test_name  # for the reproduce hint in failures
         self.test_file = test_file
         self.helper_delays = helper_delays
+        self.file_reads = file_reads
         self.client_deadline_ms = client_deadline_ms
         self.stamp_skew_ms = stamp_skew_ms
         self._skews: dict[str, int] = {}

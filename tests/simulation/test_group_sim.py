@@ -289,7 +289,7 @@ def test_machines_snapshot_and_restart_from_the_newest_whole_one() -> None:
     assert sim.stats["snapshot_damaged"] >= 1 and sim.stats["machine_from_snapshot"] >= 1
 
 
-def _run_installs(seed: int, name: str, machine: str = "kv") -> GroupSim:
+def _run_installs(seed: int, name: str, machine: str = "kv", **extra) -> GroupSim:
     """The install mix: KV machines on file stores (every other seed sync_flush with
     every crash a power loss), four busy writers, a fault every 3 s on average for 15 s.
     Members snapshot every 20-80 entries and half the snapshots compact the log, so a member
@@ -299,7 +299,7 @@ def _run_installs(seed: int, name: str, machine: str = "kv") -> GroupSim:
     sim = GroupSim(3 + 2 * (seed % 3 == 2), seed, store_kind="file",
                    replication=sim_config_for(seed), machine=machine, test_name=name, clients=4,
                    client_interval_ms=(1, 15), faults=FaultConfig(mean_interval_ms=3000),
-                   **kw)  # fmt: skip
+                   **kw, **extra)  # fmt: skip
     try:
         sim.run(chaos_ms=15_000, converge_within_ms=30_000)
     finally:
@@ -344,6 +344,26 @@ def test_machine_mq_compacted_and_installed(seed: int) -> None:
     queue offsets stay the stamped ones, also when it leads; pulls below what a log holds
     answer OFFSET_TOO_SMALL."""
     _run_installs(seed, "test_machine_mq_compacted_and_installed", machine="mq")
+
+
+@pytest.mark.parametrize("seed", sim_seeds(8, offset=74_000))
+def test_dispatchers_read_committed_batches_from_the_leaders_files(seed: int) -> None:
+    """As on Ray, a dispatcher reads a batch of committed entries straight from its leader's
+    files, unfenced, and asks the member only when the files do not hold them (compacted
+    away, or not yet written out): under the install mix -- compactions, resets, power
+    losses, restarts and leader changes -- every member still ends with the same log and a
+    machine equal to its replay."""
+    _run_installs(
+        seed, "test_dispatchers_read_committed_batches_from_the_leaders_files", file_reads=True
+    )
+
+
+def test_a_dispatcher_falls_back_to_its_member_when_the_files_lack_a_batch() -> None:
+    """Seed 74012 reads hundreds of batches from the leader's files and once finds a batch
+    they do not hold, which the member's fenced read then answers (among 18 compactions)."""
+    name = "test_a_dispatcher_falls_back_to_its_member_when_the_files_lack_a_batch"
+    st = _run_installs(74012, name, file_reads=True).stats
+    assert st["fetch_from_files"] >= 100 and st["fetch_files_missed"] >= 1, st
 
 
 def test_commit_log_loads_the_leaders_table_twice() -> None:
