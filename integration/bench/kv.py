@@ -105,7 +105,8 @@ def _threads_puts(kv: KVClient, threads: int, seconds: float) -> tuple[int, int]
                 refused[k] += 1  # counted, not hidden: a run with many is not a figure
             i += 1
 
-    return round(sum(done) / in_threads(work, threads)), sum(refused)
+    elapsed = in_threads(work, threads)  # before the counts: they fill while it runs
+    return round(sum(done) / elapsed), sum(refused)
 
 
 def _versus_ledger(kv: KVClient, root: str, config: LedgerConfig, n: int, seconds: float) -> dict:
