@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -512,22 +513,33 @@ class MemberLogic:
             self.store.update_committed_index(min(index, self.store.ledger_end_index))
 
     # -- fenced answers to the helpers ----------------------------------------------------
-    def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
-        """Entries from ``start`` for a dispatcher of ``term``; None unless this member
-        leads ``term`` (a helper of another term gets nothing it can act on)."""
-        gate = self.push_gate(term, start)
-        if gate is None or not gate[0]:
-            return None if gate is None else (None, gate[1])
-        return self.store.read_batch(start, max_bytes, max_count), gate[1]
-
-    def push_gate(self, term: int, start: int):
-        """Whether a dispatcher of ``term`` may read entries from ``start``: None (fenced:
-        this member does not lead ``term``), or ``(readable, leader info)`` -- not readable
-        when compacted away (the dispatcher learns our begin).  The read itself may run
-        outside the member's lock: a leader's log only grows in its term."""
-        if not self.leads(term):
-            return None
-        return start >= self.store.ledger_begin_index, self.leader_info()
+    def read_for_push(
+        self,
+        term: int,
+        start: int,
+        max_bytes: int,
+        max_count: int,
+        lock: AbstractContextManager | None = None,
+    ):
+        """Entries from ``start`` for a dispatcher of ``term`` with the leader info:
+        ``(batch, info)``; ``(None, info)`` when they were compacted away (the dispatcher
+        learns our begin); None unless this member leads ``term`` (a helper of another term
+        gets nothing it can act on).  Only the fence and the info need ``lock`` (the
+        member's, when other threads step it): the read runs outside it, as a leader's log
+        only grows in its term -- a compaction meanwhile fails the read, answered as one
+        found compacted."""
+        lock = lock if lock is not None else nullcontext()
+        with lock:
+            if not self.leads(term):
+                return None
+            info = self.leader_info()
+            if start < self.store.ledger_begin_index:
+                return None, info
+        try:
+            return self.store.read_batch(start, max_bytes, max_count), info
+        except LedgerError:
+            with lock:
+                return None, self.leader_info()
 
     def snapshot_for_push(self, term: int, at_least: int = -1):
         """``(newest valid snapshot or None, leader info)`` for a dispatcher of ``term``

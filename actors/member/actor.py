@@ -618,20 +618,12 @@ class MemberActor:
     async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
         """For a dispatcher of ``term`` that missed a batch (or a learner catching up):
         entries from ``start``, read off the loop so appends are not held up meanwhile."""
-        with self._lock:
-            gate = self.logic.push_gate(term, start)
-        if gate is None:
-            return None
-        readable, info = gate
-        if not readable:  # compacted away: the dispatcher learns our begin
-            return None, info
-        try:
-            batch = await self._loop.run_in_executor(
-                None, self.store.read_batch, start, max_bytes, max_count
-            )
-        except LedgerError:  # compacted meanwhile: the dispatcher asks again
-            with self._lock:
-                return None, self.logic.leader_info()
+        answer = await self._loop.run_in_executor(
+            None, self.logic.read_for_push, term, start, max_bytes, max_count, self._lock
+        )
+        if answer is None or answer[0] is None:
+            return answer
+        batch, info = answer
         return CachedBatch(
             batch.first_index, batch.count, to_wire(Inline(batch)), len(batch.data)
         ), info
