@@ -35,9 +35,9 @@ from rayledger.replication.dispatcher import (
     DispatcherLogic,
     Fetch,
     Fetched,
+    FollowerAnswer,
     GraphAck,
     GraphPush,
-    PushAnswered,
     Reported,
     RoundAnnounced,
     read_committed,
@@ -255,7 +255,7 @@ class EntryDispatcherActor:
             )
             if isinstance(exc, ValueError):
                 self._follower = None
-        self.driver.deliver(PushAnswered(req, resp))
+        self.driver.deliver(FollowerAnswer(req, resp))
         self._metrics.answered(t0, resp, self.logic)
 
     async def _report(self, term: int, wm: int) -> None:

@@ -36,7 +36,6 @@ from .messages import (
     LeaderInfo,
     Payload,
     PushEntryRequest,
-    PushEntryResponse,
     PushType,
 )
 from .push import EntryDispatcher, FollowerAnswer, FreshState, NextPushes, Rewind
@@ -276,14 +275,6 @@ class Committed:
 
 
 @dataclass(frozen=True, slots=True)
-class PushAnswered:
-    """A push's answer (``resp`` None: lost or timed out -- a timeout is an answer too)."""
-
-    req: PushEntryRequest
-    resp: PushEntryResponse | None
-
-
-@dataclass(frozen=True, slots=True)
 class Fetched:
     """The member's fenced answer to a :class:`Fetch` (``answer`` None: it no longer leads
     ``fetch.term``; ``failed``: it did not answer at all)."""
@@ -321,7 +312,7 @@ class GraphAck:
 
 
 DispatcherEvent = (
-    Activate | Deactivate | RoundAnnounced | Committed | PushAnswered | Fetched | Reported
+    Activate | Deactivate | RoundAnnounced | Committed | FollowerAnswer | Fetched | Reported
     | GraphBegin | GraphEnd | GraphPush | GraphAck
 )  # fmt: skip
 
@@ -387,8 +378,8 @@ class DispatcherLogic:
     def step(self, ev: DispatcherEvent, now_ms: int) -> Any:  # noqa: C901 -- one case each
         """Deliver one event; returns the call's direct answer (see each event)."""
         match ev:
-            case PushAnswered():
-                return self._on_response(ev.req, ev.resp, now_ms)
+            case FollowerAnswer():
+                return self._on_response(ev, now_ms)
             case RoundAnnounced():
                 return self._on_announcement(ev.a)
             case Committed():
@@ -472,20 +463,20 @@ class DispatcherLogic:
         return False
 
     # -- answers ---------------------------------------------------------------------------
-    def _on_response(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
-        """Fold in a push's answer (None: lost or timed out); returns the new water mark
-        (a report to the checker is then due), or None."""
-        wm = self._fold(req, resp, now_ms)
+    def _on_response(self, ev: FollowerAnswer, now_ms: int):
+        """Fold in a push's answer (None: lost or timed out -- a timeout is an answer too);
+        returns the new water mark (a report to the checker is then due), or None."""
+        wm = self._fold(ev, now_ms)
         if wm is not None:
             self._report_due = True
             if self.view.is_learner(self.peer_id):  # not reported: the elector hears it here
                 self._note_progress(self.term, wm, now_ms)
         return wm
 
-    def _fold(self, req: PushEntryRequest, resp: PushEntryResponse | None, now_ms: int):
-        if req.term != self.term:
+    def _fold(self, ev: FollowerAnswer, now_ms: int):
+        if ev.req.term != self.term:
             return None
-        self.core.step(FollowerAnswer(req, resp), now_ms)
+        self.core.step(ev, now_ms)
         wm = self.core.water_mark
         if wm > self.reported and self.core.active:
             self.reported = wm
@@ -608,7 +599,7 @@ class DispatcherLogic:
         for key, resp in answers:
             req = self._graph_sent.pop(key, None)
             if req is not None:
-                self._fold(req, resp, now_ms)  # the graph carries the water mark on
+                self._fold(FollowerAnswer(req, resp), now_ms)  # the graph carries the water mark on
         wm = self.core.water_mark if self.term == term else -1
         if wm >= 0:
             self._note_progress(term, wm, now_ms)

@@ -174,7 +174,7 @@ class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
 class DispatcherPorts(Protocol):
     """Where a dispatcher's calls go; each answer comes back through the driver."""
 
-    def push(self, req: PushEntryRequest) -> None: ...  # -> PushAnswered
+    def push(self, req: PushEntryRequest) -> None: ...  # -> FollowerAnswer
 
     def fetch(self, f: Fetch) -> None: ...  # -> Fetched
 

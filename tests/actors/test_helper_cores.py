@@ -21,7 +21,7 @@ from rayledger.replication.dispatcher import (
     REPORT_RETRY_MS,
     Activate,
     DispatcherLogic,
-    PushAnswered,
+    FollowerAnswer,
     Reported,
     RoundAnnounced,
 )
@@ -41,7 +41,7 @@ def _caught_up(d: DispatcherLogic, now: int):
     assert reqs, "the dispatcher pushes on activation"
     resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
                              index=reqs[0].first_index, end_index=4)  # fmt: skip
-    d.step(PushAnswered(reqs[0], resp), now)
+    d.step(FollowerAnswer(reqs[0], resp), now)
     return ready
 
 
@@ -96,7 +96,7 @@ def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
         (push,) = [p for p in r.pushes if p.first_index == index]
         resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
                                  index=index, end_index=index)  # fmt: skip
-        d.step(PushAnswered(push, resp), now)
+        d.step(FollowerAnswer(push, resp), now)
         return r
 
     round_at(5, 3)  # the mark rises: its report is held back for LEARNER_REPORT_MS

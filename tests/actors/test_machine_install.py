@@ -22,8 +22,8 @@ from rayledger.replication.dispatcher import (
     DispatcherLogic,
     Fetch,
     Fetched,
+    FollowerAnswer,
     LeaderView,
-    PushAnswered,
 )
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import Entry, LedgerError, ResponseCode
@@ -297,7 +297,7 @@ def _snapshot_fetch(d: DispatcherLogic):
     assert cmp.type is PushType.COMPARE and cmp.first_index == 14
     answer = PushEntryResponse("g", "n1", 2, ResponseCode.INCONSISTENT_STATE, index=14,
                                begin_index=0, end_index=5)  # fmt: skip
-    d.step(PushAnswered(cmp, answer), 0)
+    d.step(FollowerAnswer(cmp, answer), 0)
     assert d.core.state is DispatcherState.TRUNCATE
     r = d.ready(1)
     assert r.pushes == [] and d.need is not None and d.need.kind == "snapshot"

@@ -10,7 +10,7 @@ from rayledger.actors.core import machine as mcore
 from rayledger.actors.core.machine import Install, MachineCore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import DispatcherState, PushEntryResponse, PushType, ReplicationConfig
-from rayledger.replication.dispatcher import Activate, DispatcherLogic, Fetched, PushAnswered
+from rayledger.replication.dispatcher import Activate, DispatcherLogic, Fetched, FollowerAnswer
 from rayledger.replication.messages import LeaderInfo
 from rayledger.storage import ResponseCode
 
@@ -78,11 +78,11 @@ def test_the_logic_fetches_the_newest_snapshot_for_a_machine_that_asks() -> None
     (cmp,) = d.ready(0).pushes
     ok = PushEntryResponse("g", "n1", 2, ResponseCode.SUCCESS, index=14, begin_index=10,
                            end_index=14)  # fmt: skip
-    d.step(PushAnswered(cmp, ok), 0)
+    d.step(FollowerAnswer(cmp, ok), 0)
     assert d.core.state is DispatcherState.APPEND
     (commit,) = d.ready(1000).pushes
     assert commit.type is PushType.COMMIT
-    d.step(PushAnswered(commit, replace(ok, snapshot_wanted=9)), 1000)
+    d.step(FollowerAnswer(commit, replace(ok, snapshot_wanted=9)), 1000)
     r = d.ready(1000)
     assert r.pushes == [] and r.fetch is not None and r.fetch.kind == "snapshot"
     assert r.fetch.index == 9  # the index the machine needs: the leader snapshots that far

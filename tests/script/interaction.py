@@ -522,7 +522,7 @@ class Env:
         if isinstance(req, PushEntryRequest):
             d = node.drivers.get(peer)
             if d is not None:
-                d.deliver(dl.PushAnswered(req, resp))
+                d.deliver(dl.FollowerAnswer(req, resp))
         else:
             self._step(node, mc.ElectionAnswer(peer, req, resp))
 

@@ -23,9 +23,9 @@ from rayledger.replication.dispatcher import (
     DispatcherLogic,
     Fetch,
     Fetched,
+    FollowerAnswer,
     GraphAck,
     GraphPush,
-    PushAnswered,
     Reported,
     RoundAnnounced,
     read_committed,
@@ -266,7 +266,7 @@ class DispatcherDelivery:
         if self._d_gone(node, peer, gen):  # answered to nobody
             self.stats["dispatcher_answers_lost"] += 1
             return
-        node.dispatcher_drivers[peer].deliver(PushAnswered(req, resp))
+        node.dispatcher_drivers[peer].deliver(FollowerAnswer(req, resp))
 
     def _d_cg_begin(self, node: Node, peer: str, term: int, gen: int):
         if self._d_removed(node, peer):

@@ -236,7 +236,7 @@ class FiveMembers:
             self._answer(mid, peer, d, tok, resp)
 
     def _answer(self, mid: str, peer: str, d: DispatcherLogic, req, resp) -> None:
-        d.step(dl.PushAnswered(req, resp), self.now)  # a new water mark is reported by push()
+        d.step(dl.FollowerAnswer(req, resp), self.now)  # a new water mark is reported by push()
 
     def check(self, mid: str) -> None:
         """The checker commits; the member and the dispatchers of its term learn it."""
