@@ -196,17 +196,8 @@ class EntryDispatcherActor:
                 if answer is not None:
                     self.driver.deliver(Fetched(f, answer))
                     return
-            if f.kind == "batch":
-                answer = await self.member.read_for_push.remote(
-                    f.term, f.index, f.max_bytes, f.max_count
-                )
-                self.driver.deliver(Fetched(f, answer))
-            elif f.kind == "snapshot":
-                answer = await self.member.snapshot_for_push.remote(f.term, f.index)
-                self.driver.deliver(Fetched(f, answer))
-            else:
-                answer = await self.member.entry_meta.remote(f.term, f.index)
-                self.driver.deliver(Fetched(f, answer))
+            answer = await self.member.fetch.remote(f)
+            self.driver.deliver(Fetched(f, answer))
         except (ray.exceptions.RayError, LedgerError) as exc:
             log.debug(
                 "[%s->%s] term=%d fetch %s@%d failed: %s",

@@ -15,10 +15,11 @@ as a failure.
 
 :class:`CheckerLogic` is the checker actor's core around it: which rounds wait and which
 are stale, which succeed, time out or lose their term, and when the dispatchers hear of a
-new committed index.  Like etcd-io/raft's ``RawNode``: one way in, :meth:`CheckerLogic.step`
-(an event and the time; it returns the call's direct answer, as ``Step`` returns its
-error), and one way out, :meth:`CheckerLogic.ready` -- one :class:`CheckerReady` of what to
-tell the leader, what to tell the dispatchers and when to run again.  The checker persists
+new committed index.  Like etcd-io/raft's ``RawNode``, with one way in and out,
+:meth:`CheckerLogic.step` (an event and the time; it returns the event's answer): a call's
+direct answer, as ``Step`` returns its error, and for :class:`TurnEnd` one
+:class:`CheckerReady` of what to tell the leader, what to tell the dispatchers and when to
+run again.  The checker persists
 nothing, so a Ready is taken as it is handed out; there is no separate ``Advance``.  The
 driver that runs it on a loop is :class:`~rayledger.actors.core.pump.CheckerDriver`; the
 Ray actor is :mod:`rayledger.actors.checker`.
@@ -37,7 +38,7 @@ from rayledger.election.logevent import log_event
 from rayledger.storage.errors import ResponseCode
 
 from .config import ReplicationConfig
-from .messages import GraphBegin, GraphEnd
+from .messages import GraphBegin, GraphEnd, TurnEnd
 
 log = logging.getLogger("rayledger.replication")
 
@@ -343,6 +344,14 @@ class Report:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportAnswer:
+    """What a report of ``peer`` is answered with, asked after its check: the committed
+    index (that dispatcher then needs no commit notice of it)."""
+
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
 class GraphReport:
     """A follower's water mark and the rounds of its execution, from the graph: ``(gen,
     term, peer, water mark, rounds)``; answers ``(term, committed, outcomes)`` (None: not
@@ -365,6 +374,8 @@ CheckerEvent = (
     | LeadershipEnded
     | AddRound
     | Report
+    | ReportAnswer
+    | TurnEnd
     | GraphBegin
     | GraphEnd
     | GraphReport
@@ -405,7 +416,7 @@ class CheckerLogic:
         self._committed_sent = -1
         self._notice: tuple[int, int] | None = None
         self._notice_at = 0
-        self._told: dict[str, int] = {}  # the committed index each peer's report was answered
+        self._told_at: dict[str, int] = {}  # the committed index each peer's report was answered
         self.graph_gen: int | None = None
         self.config_index = -1  # the configuration entry whose voters it counts
 
@@ -420,6 +431,10 @@ class CheckerLogic:
                                        ev.leader_mark)  # fmt: skip
             case Report():
                 return self._report(ev.term, ev.peer, ev.water_mark, now_ms)
+            case ReportAnswer():
+                return self._told(ev.peer)
+            case TurnEnd():
+                return self._ready(now_ms)
             case GraphReport():
                 return self._graph_report(ev.ack, now_ms)
             case BecomeLeader():
@@ -443,7 +458,7 @@ class CheckerLogic:
         self.term = term
         self._registered.clear()
         self._committed_sent = -1
-        self._told.clear()
+        self._told_at.clear()
         self.config_index = -1
         failed = self.core.step(
             LeadTerm(term, term_start_index, info.water_mark, info.committed), now_ms
@@ -484,7 +499,7 @@ class CheckerLogic:
         """A round of ``term`` waits for its quorum (registering one twice is harmless);
         ``leader_mark`` is the leader's :meth:`MemberLogic.water_mark` when it registered
         the round (with sync_flush it may stand below the round: not flushed yet).  A round
-        of another term is answered by the next :meth:`ready`."""
+        of another term is answered by the next Ready."""
         self.core.step(MarkStored(term, self.self_id, leader_mark), now_ms)
         if token in self._registered:
             return
@@ -499,17 +514,17 @@ class CheckerLogic:
         self.core.step(MarkStored(term, peer, water_mark), now_ms)
         return True
 
-    def told(self, peer: str) -> int:
+    def _told(self, peer: str) -> int:
         """The committed index a report of ``peer`` is answered with (after its check): its
         dispatcher needs no notice of it."""
         committed = self.core.committed_index
-        if committed > self._told.get(peer, -1):
-            self._told[peer] = committed
+        if committed > self._told_at.get(peer, -1):
+            self._told_at[peer] = committed
         return committed
 
     def _untold(self, committed: int) -> bool:
         """Whether a dispatcher was not told ``committed`` in a report's answer."""
-        told = self._told
+        told = self._told_at
         return any(told.get(p, -1) < committed for p in self.core.peers if p != self.self_id)
 
     def _graph_begin(self, term: int, gen: int) -> bool:
@@ -549,7 +564,7 @@ class CheckerLogic:
             committed = None
         return committed, _outcomes(resolved)
 
-    def ready(self, now_ms: int) -> CheckerReady:
+    def _ready(self, now_ms: int) -> CheckerReady:
         resolution = None
         wake = None
         if self.term >= 0:
@@ -570,9 +585,6 @@ class CheckerLogic:
     @property
     def committed_index(self) -> int:
         return self.core.committed_index
-
-    def next_deadline_ms(self) -> int | None:
-        return self.core.next_deadline_ms()
 
 
 def _outcomes(resolved: list[Resolved]) -> list[Outcome]:

@@ -37,6 +37,7 @@ from .messages import (
     Payload,
     PushEntryRequest,
     PushType,
+    TurnEnd,
 )
 from .push import EntryDispatcher, FollowerAnswer, FreshState, NextPushes, Rewind
 
@@ -313,7 +314,7 @@ class GraphAck:
 
 DispatcherEvent = (
     Activate | Deactivate | RoundAnnounced | Committed | FollowerAnswer | Fetched | Reported
-    | GraphBegin | GraphEnd | GraphPush | GraphAck
+    | GraphBegin | GraphEnd | GraphPush | GraphAck | TurnEnd
 )  # fmt: skip
 
 
@@ -409,6 +410,8 @@ class DispatcherLogic:
                 return self._graph_begin(ev.term, ev.gen)
             case GraphEnd():
                 return self._graph_end(ev.gen, now_ms)
+            case TurnEnd():
+                return self._ready(now_ms)
         raise TypeError(f"not a dispatcher event: {ev!r}")
 
     # -- its cases: from the member and the checker ----------------------------------------
@@ -485,7 +488,7 @@ class DispatcherLogic:
         return None
 
     def _took_batch(self, term: int, answer) -> None:
-        """A fenced :meth:`MemberLogic.read_for_push` answer (None: the member stopped
+        """A fenced :meth:`MemberLogic.answer_fetch` answer (None: the member stopped
         leading ``term``), or committed entries read from the leader's files (no info)."""
         self.fetching = False
         if answer is None or term != self.term:
@@ -506,7 +509,7 @@ class DispatcherLogic:
             self.view.meta[index] = meta
 
     def _took_snapshot(self, term: int, answer) -> None:
-        """A fenced :meth:`MemberLogic.snapshot_for_push` answer: ``(snapshot or None,
+        """A fenced :meth:`MemberLogic.answer_fetch` answer: ``(snapshot or None,
         info)``, or None when the member stopped leading ``term``."""
         self.fetching = False
         if answer is None or term != self.term:
@@ -606,7 +609,7 @@ class DispatcherLogic:
         return gen, term, self.peer_id, wm, rounds
 
     # -- the way out -----------------------------------------------------------------------
-    def ready(self, now_ms: int) -> DispatcherReady:
+    def _ready(self, now_ms: int) -> DispatcherReady:
         out = DispatcherReady(self._outbox)
         self._outbox = []
         if not self.core.active:

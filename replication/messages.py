@@ -200,6 +200,16 @@ class Announcement:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """The transport's loop turn ended: a helper's core answers with what it has to do
+    since the last one, its Ready.  Asked for with ``step`` like every event, once per
+    loop turn however many events came in it, so a burst of calls makes one Ready."""
+
+
+TURN_END = TurnEnd()
+
+
+@dataclass(frozen=True, slots=True)
 class GraphBegin:
     """What the leader's compiled path tells each helper core: graph ``gen`` of ``term``
     starts; answers whether the helper serves that term."""

@@ -5,7 +5,8 @@
 off after a failure, when a built graph may go live (the term and generation still hold), which
 rounds go through it (size cap; rounds waiting for a slot merge, within the cap), how many
 executions are in flight, when an execution waited too long (the watchdog), and what a fallback
-hands back to plain calls and to whom.  Its way out is :meth:`FastPathLogic.ready`: a
+hands back to plain calls and to whom.  Its one way in and out is :meth:`FastPathLogic.step`:
+an event's answer, and for :class:`~rayledger.replication.messages.TurnEnd` its Ready, a
 :class:`FastPathReady`.
 
 :class:`FastPathDriver` runs it on the fast path's own loop; the member's thread reaches it
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 from rayledger.actors.core.pump import Driver
 from rayledger.replication.checker import Resolution
+from rayledger.replication.messages import TURN_END, TurnEnd
 
 MAX_INFLIGHT = 8  # graph executions in flight (Ray's channels hold a bounded number)
 PARK_MS = 2000  # a graph that carried no round this long is torn down (parked)
@@ -152,7 +154,17 @@ class GraphFailed:
 
 
 FastPathEvent = (
-    Start | Stop | Leave | Admits | Enqueue | SetEnabled | Built | Began | Collected | GraphFailed
+    Start
+    | Stop
+    | Leave
+    | Admits
+    | Enqueue
+    | SetEnabled
+    | Built
+    | Began
+    | Collected
+    | GraphFailed
+    | TurnEnd
 )
 
 
@@ -212,8 +224,11 @@ class FastPathLogic:
 
     # -- the way in ----------------------------------------------------------------------
     def step(self, ev: FastPathEvent, now_ms: int) -> Any:  # noqa: C901 -- one case each
-        """Deliver one event; returns the call's direct answer (``Admits``), else None."""
+        """Deliver one event; returns the call's direct answer (``Admits``), the Ready
+        (``TurnEnd``), else None."""
         match ev:
+            case TurnEnd():
+                return self._ready(now_ms)
             case Admits():
                 return self._admits(ev.announcement, now_ms)
             case Enqueue():
@@ -395,7 +410,7 @@ class FastPathLogic:
         self._backoff = min(self._backoff * 2, self.retry_ms[1])
 
     # -- the way out ---------------------------------------------------------------------------
-    def ready(self, now_ms: int) -> FastPathReady:
+    def _ready(self, now_ms: int) -> FastPathReady:
         if self.inflight and now_ms - self.inflight[0].started >= self.stall_ms:
             self._fallback(f"an execution waited more than {self.stall_ms} ms", now_ms)
         elif (self.active and not self.inflight and not self.queue
@@ -480,7 +495,7 @@ class FastPathDriver(Driver[FastPathLogic, FastPathPorts]):
 
     def _run(self, now_ms: int) -> int | None:
         with self.lock:
-            r = self.logic.ready(now_ms)
+            r = self.logic.step(TURN_END, now_ms)
         ports = self.ports
         for graph in r.teardown:
             ports.teardown(graph)

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
-from rayledger.actors.core.member_logic import MemberLogic
+from rayledger.actors.core.member_logic import EntriesRead, MemberLogic
 from rayledger.actors.core.read_path import Confirm, ReadPath, WaitCommitted
 from rayledger.actors.core.reads import Consistency, ReadIndexLogic
 from rayledger.actors.core.rounds import MAX_ROUNDS, Finished, RoundBook, Written
@@ -57,6 +57,7 @@ from rayledger.election.messages import (
 )
 from rayledger.replication.admission import not_leader
 from rayledger.replication.checker import Resolution
+from rayledger.replication.dispatcher import Fetch
 from rayledger.replication.messages import Push
 from rayledger.storage import LedgerError, ResponseCode
 
@@ -201,12 +202,41 @@ class SpawnDone:
     code: ResponseCode | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FetchAsked:
+    """A dispatcher of ``fetch.term`` asks for what its cache lacks: entries, the newest
+    snapshot or an entry's (term, pos), fenced by its term.  The reply is the answer
+    (:meth:`~.member_logic.MemberLogic.answer_fetch`); for entries an
+    :class:`~.member_logic.EntriesRead` to read outside the member's lock
+    (:func:`answer_fetch`).  ``read_failed``: that read failed, the log was compacted
+    meanwhile."""
+
+    fetch: Fetch
+    read_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkAsked:
+    """A dispatcher of ``term`` asks where a chunk of snapshot ``index`` (of ``snap_term``)
+    is; the reply is the snapshot, read outside the lock, or the coded error
+    (:meth:`~.member_logic.MemberLogic.snapshot_chunk`)."""
+
+    term: int
+    index: int
+    snap_term: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberClosed:
+    """The member closes: its processes end where they are."""
+
+
 MemberEvent = (
     Tick | ElectionRequest | ElectionAnswer | PeerProgress | TransferOrder | Push
     | ClientAppend | WriteRound | RoundsResolved | ProcessAnswered | HelperStarted | CheckerSetUp
     | GraphFallback | StepDown
     | ReadIndex | ReadRoundAnswer | ExpireReads | Deadline | ChangeMembers | ClusterView
-    | SpawnDone
+    | SpawnDone | FetchAsked | ChunkAsked | MemberClosed
 )  # fmt: skip
 
 
@@ -362,6 +392,18 @@ class MemberCore:
     def step(self, ev: MemberEvent, now_ms: int) -> MemberOut:  # noqa: C901 -- one case each
         out = MemberOut()
         lg = self.logic
+        match ev:  # the helpers' fenced questions and the close change nothing else
+            case FetchAsked():
+                out.reply = lg.answer_fetch(ev.fetch, ev.read_failed)
+                return out
+            case ChunkAsked():
+                out.reply = lg.snapshot_chunk(ev.term, ev.index, ev.snap_term)
+                return out
+            case MemberClosed():
+                self._procs.clear()
+                self._out.clear()
+                self._readers.clear()
+                return out
         match ev:
             case Push():
                 if ev.graph:
@@ -737,11 +779,19 @@ class MemberCore:
         if proc is not None:
             self._start(proc, now_ms, out)
 
-    def close(self) -> None:
-        """The member closes: its processes end where they are."""
-        self._procs.clear()
-        self._out.clear()
-        self._readers.clear()
+
+def answer_fetch(step: Callable[[MemberEvent], MemberOut], store: Any, f: Fetch) -> Any:
+    """The member's whole answer to fetch ``f`` of one of its dispatchers, for every
+    transport: the core's fenced answer (``step``, under the member's lock), and for
+    entries the read outside it -- ``(batch, info)``, or ``(None, info)`` when they were
+    compacted away meanwhile (the dispatcher learns our begin)."""
+    answer = step(FetchAsked(f)).reply
+    if not isinstance(answer, EntriesRead):
+        return answer
+    try:
+        return store.read_batch(answer.start, answer.max_bytes, answer.max_count), answer.info
+    except LedgerError:
+        return step(FetchAsked(f, read_failed=True)).reply
 
 
 def _each(actions: list) -> Generator[Any, Any, None]:

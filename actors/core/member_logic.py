@@ -9,7 +9,7 @@ so the seeded safety checks of the simulation run the code that ships.  The disp
 checker's decisions are theirs (:mod:`.dispatcher`, :mod:`.checker`).
 
 Helpers obey their member's term: every answer the member gives its
-dispatchers (:meth:`MemberLogic.read_for_push`, :meth:`MemberLogic.entry_meta`)
+dispatchers (:meth:`MemberLogic.answer_fetch`, :meth:`MemberLogic.snapshot_chunk`)
 is fenced by the term they serve, and a dispatcher only learns a committed
 index from its own term's leader or checker.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -48,6 +47,7 @@ from rayledger.replication import (
     check_append,
 )
 from rayledger.replication.admission import not_leader
+from rayledger.replication.dispatcher import Fetch
 from rayledger.replication.install import InstallReceiver
 from rayledger.replication.messages import Announcement, Inline, LeaderInfo, Push
 from rayledger.replication.sessions import SessionTable, recover_sessions
@@ -120,6 +120,18 @@ class SnapshotSource(Protocol):
     def newest(self) -> Any: ...
 
     def find(self, index: int, term: int) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EntriesRead:
+    """The member's answer to a dispatcher's fetch of entries, once fenced: read them from
+    ``start`` (at most ``max_bytes`` and ``max_count``) outside the member's lock -- a
+    leader's log only grows in its term -- and answer them with ``info``."""
+
+    start: int
+    max_bytes: int
+    max_count: int
+    info: LeaderInfo
 
 
 class MemberLogic:
@@ -513,35 +525,26 @@ class MemberLogic:
             self.store.update_committed_index(min(index, self.store.ledger_end_index))
 
     # -- fenced answers to the helpers ----------------------------------------------------
-    def read_for_push(
-        self,
-        term: int,
-        start: int,
-        max_bytes: int,
-        max_count: int,
-        lock: AbstractContextManager | None = None,
-    ):
-        """Entries from ``start`` for a dispatcher of ``term`` with the leader info:
-        ``(batch, info)``; ``(None, info)`` when they were compacted away (the dispatcher
-        learns our begin); None unless this member leads ``term`` (a helper of another term
-        gets nothing it can act on).  Only the fence and the info need ``lock`` (the
-        member's, when other threads step it): the read runs outside it, as a leader's log
-        only grows in its term -- a compaction meanwhile fails the read, answered as one
-        found compacted."""
-        lock = lock if lock is not None else nullcontext()
-        with lock:
-            if not self.leads(term):
-                return None
-            info = self.leader_info()
-            if start < self.store.ledger_begin_index:
-                return None, info
-        try:
-            return self.store.read_batch(start, max_bytes, max_count), info
-        except LedgerError:
-            with lock:
-                return None, self.leader_info()
+    def answer_fetch(self, f: Fetch, read_failed: bool = False) -> Any:
+        """The fenced answer to a dispatcher's :class:`~rayledger.replication.dispatcher.Fetch`
+        (None unless this member leads ``f.term``: a helper of another term gets nothing it
+        can act on).  Entries are answered with an :class:`EntriesRead`, read
+        outside the member's lock; ``read_failed``: that read failed as a compaction
+        meanwhile removed them, answered as found compacted, ``(None, info)``."""
+        if read_failed:
+            return None, self.leader_info()
+        if f.kind == "snapshot":
+            return self._snapshot_for_push(f.term, f.index)
+        if f.kind == "meta":
+            return self._entry_meta(f.term, f.index)
+        if not self.leads(f.term):
+            return None
+        info = self.leader_info()
+        if f.index < self.store.ledger_begin_index:
+            return None, info
+        return EntriesRead(f.index, f.max_bytes, f.max_count, info)
 
-    def snapshot_for_push(self, term: int, at_least: int = -1):
+    def _snapshot_for_push(self, term: int, at_least: int = -1):
         """``(newest valid snapshot or None, leader info)`` for a dispatcher of ``term``
         about to reset a follower below our begin, or whose follower's machine needs a
         snapshot at or past ``at_least``; None when fenced.  When ours stop short of
@@ -554,7 +557,7 @@ class MemberLogic:
             self.snapshot_asked(at_least, -1 if snap is None else snap.index)
         return snap, self.leader_info()
 
-    def snapshot_chunk(self, term: int, index: int, snap_term: int, offset: int, n: int):
+    def snapshot_chunk(self, term: int, index: int, snap_term: int):
         """Where a chunk of snapshot ``index`` is for a dispatcher of ``term`` (the bytes
         are read outside the member's lock by :meth:`SnapshotSource.read`): the snapshot,
         or a coded error -- fenced (TERM_CHANGED), or it is gone (CORRUPT_SNAPSHOT)."""
@@ -566,7 +569,7 @@ class MemberLogic:
             raise LedgerError.of(ResponseCode.UNSUPPORTED, f"{self.self_id} takes no snapshots")
         return self.snapshots.find(index, snap_term)
 
-    def entry_meta(self, term: int, index: int):
+    def _entry_meta(self, term: int, index: int):
         """((term, pos) of entry ``index``, leader info) for a dispatcher of ``term``; None
         when fenced; (None, info) when the entry was compacted away."""
         if not self.leads(term):

@@ -1,5 +1,6 @@
-"""How a helper's core runs on a loop: the :class:`Pump` that turns its ``ready`` into
-actions, and the drivers of the checker's and the dispatchers' cores.
+"""How a helper's core runs on a loop: the :class:`Pump` that steps it with
+:class:`~rayledger.replication.messages.TurnEnd` once per loop turn and carries its Ready
+out, and the drivers of the checker's and the dispatchers' cores.
 
 Sans-I/O: a :class:`Loop` is whatever delivers -- asyncio on a Ray actor
 (:class:`~rayledger.actors.aioloop.AsyncioLoop`), the simulation's node-local queue in
@@ -24,6 +25,7 @@ from rayledger.replication.checker import (
     Configure,
     GraphReport,
     Report,
+    ReportAnswer,
     Resolution,
 )
 from rayledger.replication.dispatcher import (
@@ -36,7 +38,7 @@ from rayledger.replication.dispatcher import (
     GraphPush,
     RoundAnnounced,
 )
-from rayledger.replication.messages import GraphBegin, GraphEnd, PushEntryRequest
+from rayledger.replication.messages import TURN_END, GraphBegin, GraphEnd, PushEntryRequest
 
 
 class Handle(Protocol):
@@ -153,7 +155,8 @@ class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
                 if not reply:
                     return None  # not this checker's term: no committed index
                 self.pump.run()
-                return self.logic.told(ev.peer)  # after the report's check
+                with self.lock:  # after the report's check
+                    return self.logic.step(ReportAnswer(ev.peer), self._now())
             case GraphReport():
                 # on the graph's thread: the answer goes back through the graph, the loop
                 # re-arms its timer
@@ -163,7 +166,7 @@ class CheckerDriver(Driver[CheckerLogic, CheckerPorts]):
 
     def _run(self, now_ms: int) -> int | None:
         with self.lock:
-            r = self.logic.ready(now_ms)
+            r = self.logic.step(TURN_END, now_ms)
         if r.resolution is not None:
             self.ports.resolved(r.resolution)
         if r.notice is not None:
@@ -222,7 +225,7 @@ class DispatcherDriver(Driver[DispatcherLogic, DispatcherPorts]):
 
     def _run(self, now_ms: int) -> int | None:
         with self.lock:
-            r = self.logic.ready(now_ms)
+            r = self.logic.step(TURN_END, now_ms)
         ports = self.ports
         for req in r.pushes:
             ports.push(req)

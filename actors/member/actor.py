@@ -36,8 +36,11 @@ from rayledger.actors.core import round_path as rp
 from rayledger.actors.core import supervision as sv
 from rayledger.actors.core.member import (
     ChangeMembers,
+    ChunkAsked,
     ClusterView,
+    FetchAsked,
     HelperStarted,
+    MemberClosed,
     MemberCore,
     MemberOut,
     PeerProgress,
@@ -45,6 +48,7 @@ from rayledger.actors.core.member import (
     Push,
     Run,
     SpawnDone,
+    answer_fetch,
     carry_out,
 )
 from rayledger.actors.core.member_logic import MemberLogic
@@ -76,7 +80,7 @@ from rayledger.election import TransferOutcome
 from rayledger.election.configuration import Configuration
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.checker import Resolution
-from rayledger.replication.dispatcher import CachedBatch
+from rayledger.replication.dispatcher import CachedBatch, Fetch
 from rayledger.replication.messages import Inline
 from rayledger.storage import LedgerError, ResponseCode, open_store
 
@@ -615,12 +619,13 @@ class MemberActor:
     async def on_peer_progress(self, peer: str, term: int, match_index: int) -> None:
         self._carry(self.ctx.step(PeerProgress(peer, term, match_index)))
 
-    async def read_for_push(self, term: int, start: int, max_bytes: int, max_count: int):
-        """For a dispatcher of ``term`` that missed a batch (or a learner catching up):
-        entries from ``start``, read off the loop so appends are not held up meanwhile."""
-        answer = await self._loop.run_in_executor(
-            None, self.logic.read_for_push, term, start, max_bytes, max_count, self._lock
-        )
+    async def fetch(self, f: Fetch):
+        """For a dispatcher of ``f.term`` that lacks a batch (or a learner catching up),
+        an entry's (term, pos) or our newest snapshot: the core's fenced answer, entries
+        read off the loop so appends are not held up meanwhile."""
+        if f.kind != "batch":
+            return self.ctx.step(FetchAsked(f)).reply
+        answer = await self._loop.run_in_executor(None, answer_fetch, self.ctx.step, self.store, f)
         if answer is None or answer[0] is None:
             return answer
         batch, info = answer
@@ -628,24 +633,13 @@ class MemberActor:
             batch.first_index, batch.count, to_wire(Inline(batch)), len(batch.data)
         ), info
 
-    async def snapshot_for_push(self, term: int, at_least: int = -1):
-        """For a dispatcher of ``term`` about to reset a follower, or whose follower's
-        machine needs a snapshot at or past ``at_least``: our newest snapshot."""
-        with self._lock:
-            return self.logic.snapshot_for_push(term, at_least)
-
     async def read_snapshot(self, term: int, index: int, snap_term: int, offset: int, n: int):
-        """A chunk of snapshot ``index`` for a dispatcher of ``term`` (fenced under the
-        lock, read off the loop); it reaches the follower through the object store."""
-        with self._lock:
-            meta = self.logic.snapshot_chunk(term, index, snap_term, offset, n)
+        """A chunk of snapshot ``index`` for a dispatcher of ``term`` (fenced by the core,
+        read off the loop); it reaches the follower through the object store."""
+        meta = self.ctx.step(ChunkAsked(term, index, snap_term)).reply
         return await self._loop.run_in_executor(
             None, self.logic.snapshots.store.read, meta, offset, n
         )
-
-    async def entry_meta(self, term: int, index: int):
-        with self._lock:
-            return self.logic.entry_meta(term, index)
 
     @ray.method(concurrency_group="election")
     async def leading_term(self) -> int:
@@ -678,8 +672,7 @@ class MemberActor:
     async def close(self) -> None:
         self.ctx.closed = True
         self.election.stop()
-        with self._lock:
-            self.ctx.core.close()
+        self.ctx.step(MemberClosed())
         if self.ctx.machine is not None:
             self.ctx.machine.close()
         with self._lock:

@@ -14,6 +14,7 @@ from rayledger.replication.checker import (
     CheckerLogic,
     LeadershipEnded,
     Report,
+    ReportAnswer,
 )
 from rayledger.replication.dispatcher import (
     LEARNER_REPORT_MS,
@@ -25,7 +26,7 @@ from rayledger.replication.dispatcher import (
     Reported,
     RoundAnnounced,
 )
-from rayledger.replication.messages import Announcement, Inline, LeaderInfo
+from rayledger.replication.messages import TURN_END, Announcement, Inline, LeaderInfo
 from rayledger.storage import EntryBatch, ResponseCode
 
 CFG = ReplicationConfig()
@@ -36,7 +37,7 @@ INFO = LeaderInfo(term=2, begin=0, end=4, end_term=2, end_pos=400, committed=3, 
 def _caught_up(d: DispatcherLogic, now: int):
     """Answer the dispatcher's first push with a follower that holds everything; returns
     the Ready that pushed it."""
-    ready = d.ready(now)
+    ready = d.step(TURN_END, now)
     reqs = ready.pushes
     assert reqs, "the dispatcher pushes on activation"
     resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
@@ -51,11 +52,11 @@ def test_a_failed_report_is_sent_again_after_its_backoff() -> None:
     d = DispatcherLogic("g", "n0", "n1", CFG)
     d.step(Activate(INFO), 0)
     _caught_up(d, 0)
-    r = d.ready(1)
+    r = d.step(TURN_END, 1)
     assert r.report is not None and d.reporting
     d.step(Reported(*r.report, failed=True), 2)
-    assert d.ready(3).report is None  # backing off, with a wake-up for the retry
-    again = d.ready(2 + REPORT_RETRY_MS)
+    assert d.step(TURN_END, 3).report is None  # backing off, with a wake-up for the retry
+    again = d.step(TURN_END, 2 + REPORT_RETRY_MS)
     assert again.report == r.report
 
 
@@ -66,11 +67,11 @@ def test_a_dispatcher_set_up_again_reports_its_mark_to_the_restarted_checker() -
     d = DispatcherLogic("g", "n0", "n1", CFG)
     d.step(Activate(INFO), 0)
     _caught_up(d, 0)
-    r = d.ready(1)
+    r = d.step(TURN_END, 1)
     d.step(Reported(*r.report, committed=3), 2)
-    assert d.ready(3).report is None  # nothing new to report
+    assert d.step(TURN_END, 3).report is None  # nothing new to report
     d.step(Activate(INFO), 0)  # the supervisor's restore after the checker restarted
-    assert d.ready(4).report == (2, 4)
+    assert d.step(TURN_END, 4).report == (2, 4)
 
 
 def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
@@ -83,7 +84,7 @@ def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
     d = DispatcherLogic("g", "n0", "n1", CFG)
     d.step(Activate(dataclasses.replace(INFO, configs=((-1, learner),))), 0)
     assert _caught_up(d, 0).background is True  # a learner's pushes: in the background
-    first = d.ready(1)
+    first = d.step(TURN_END, 1)
     assert first.report == (2, 4)
     d.step(Reported(2, 4, committed=3), 2)
 
@@ -92,7 +93,7 @@ def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
         batch = EntryBatch(index, 1, b"x" * 40)  # the bytes are never looked at here
         a = Announcement(2, index, 1, Inline(batch), 40, (index * 100,) * 2, 3, configs)
         d.step(RoundAnnounced(a), now)
-        r = d.ready(now)
+        r = d.step(TURN_END, now)
         (push,) = [p for p in r.pushes if p.first_index == index]
         resp = PushEntryResponse(group="g", remote_id="n1", term=2, code=ResponseCode.SUCCESS,
                                  index=index, end_index=index)  # fmt: skip
@@ -100,7 +101,7 @@ def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
         return r
 
     round_at(5, 3)  # the mark rises: its report is held back for LEARNER_REPORT_MS
-    held = d.ready(5)
+    held = d.step(TURN_END, 5)
     assert held.report is None and held.wake_at_ms <= 1 + LEARNER_REPORT_MS
     promotion = round_at(6, 6, configs=((-1, learner), (6, promoted)))
     assert promotion.background is False  # a voter's pushes: in the foreground again
@@ -110,20 +111,20 @@ def test_a_learner_reports_seldom_and_at_once_when_promoted() -> None:
 def test_a_fresh_dispatcher_reports_nothing_before_its_follower_answers() -> None:
     d = DispatcherLogic("g", "n0", "n1", CFG)
     d.step(Activate(INFO), 0)
-    assert d.ready(0).report is None
+    assert d.step(TURN_END, 0).report is None
 
 
 def test_the_last_progress_report_gets_through_the_throttle() -> None:
     d = DispatcherLogic("g", "n0", "n1", CFG)
     d.step(Activate(INFO), 0)
     d.step(Reported(2, 3), 0)
-    assert d.ready(0).progress == (2, 3)
+    assert d.step(TURN_END, 0).progress == (2, 3)
     d.step(Reported(2, 4), 10)  # within PROGRESS_MS: held back, not dropped
-    held = d.ready(10)
+    held = d.step(TURN_END, 10)
     assert held.progress is None and held.wake_at_ms == PROGRESS_MS
-    assert d.ready(PROGRESS_MS).progress == (2, 4)
+    assert d.step(TURN_END, PROGRESS_MS).progress == (2, 4)
     d.step(Reported(1, 9), 200)  # another term's mark is dropped
-    assert d.ready(300).progress is None
+    assert d.step(TURN_END, 300).progress is None
 
 
 def test_a_round_of_an_ended_term_is_answered_not_counted() -> None:
@@ -131,7 +132,7 @@ def test_a_round_of_an_ended_term_is_answered_not_counted() -> None:
     c.step(BecomeLeader(2, 4, INFO), 0)
     c.step(AddRound(1, 5, 5, "old", 5), 0)  # written in term 1: TERM_CHANGED at the next ready
     c.step(AddRound(2, 5, 5, "new", 5), 0)
-    res = c.ready(0).resolution
+    res = c.step(TURN_END, 0).resolution
     assert res is not None and res.outcomes == [("old", ResponseCode.TERM_CHANGED)]
     assert "old" not in c._registered and "new" in c._registered
     c.step(LeadershipEnded(2), 0)
@@ -144,11 +145,11 @@ def test_the_commit_notice_waits_for_the_index_to_stand_still() -> None:
     c.step(BecomeLeader(2, 4, INFO), 0)
     c.step(AddRound(2, 5, 5, "r", 5), 0)
     c.step(Report(2, "n1", 5), 0)
-    first = c.ready(0)
+    first = c.step(TURN_END, 0)
     assert first.resolution.committed == 5 and first.notice is None
     assert first.wake_at_ms == COMMIT_NOTICE_MS
-    assert c.ready(COMMIT_NOTICE_MS).notice == (2, 5)
-    assert c.ready(COMMIT_NOTICE_MS + 1).notice is None  # once
+    assert c.step(TURN_END, COMMIT_NOTICE_MS).notice == (2, 5)
+    assert c.step(TURN_END, COMMIT_NOTICE_MS + 1).notice is None  # once
 
 
 def test_no_commit_notice_when_every_report_was_answered_with_the_index() -> None:
@@ -159,12 +160,12 @@ def test_no_commit_notice_when_every_report_was_answered_with_the_index() -> Non
     c.step(BecomeLeader(2, 4, INFO), 0)
     c.step(AddRound(2, 5, 5, "r", 5), 0)
     c.step(Report(2, "n1", 5), 0)
-    assert c.ready(0).resolution.committed == 5
-    assert c.told("n1") == 5
+    assert c.step(TURN_END, 0).resolution.committed == 5
+    assert c.step(ReportAnswer("n1"), 0) == 5
     c.step(Report(2, "n2", 5), 1)
-    assert c.told("n2") == 5
-    assert c.ready(COMMIT_NOTICE_MS).notice is None
+    assert c.step(ReportAnswer("n2"), 0) == 5
+    assert c.step(TURN_END, COMMIT_NOTICE_MS).notice is None
     c.step(AddRound(2, 6, 6, "s", 6), 10)
     c.step(Report(2, "n1", 6), 10)
-    assert c.ready(10).resolution.committed == 6 and c.told("n1") == 6
-    assert c.ready(10 + COMMIT_NOTICE_MS).notice == (2, 6)  # n2 was not told
+    assert c.step(TURN_END, 10).resolution.committed == 6 and c.step(ReportAnswer("n1"), 0) == 6
+    assert c.step(TURN_END, 10 + COMMIT_NOTICE_MS).notice == (2, 6)  # n2 was not told

@@ -9,7 +9,7 @@ import pytest
 from rayledger.actors.core.member_logic import MemberLogic, StartLeading
 from rayledger.election import ElectionConfig, MemoryTermStore
 from rayledger.replication import ReplicationConfig
-from rayledger.replication.messages import Push
+from rayledger.replication.messages import TURN_END, Push
 from rayledger.storage import (
     LedgerError,
     OutcomeUnknownError,
@@ -131,13 +131,13 @@ def test_with_sync_flush_a_restarted_checker_counts_only_the_leaders_flushed_cop
             BecomeLeader(3, start.term_start_index, m.leader_info()), 0
         )  # the restarted checker
         chk.step(Report(3, "n1", rnd.last_index), 0)  # one follower flushed and acknowledged
-        assert chk.ready(1).committed_index < rnd.first_index
+        assert chk.step(TURN_END, 1).committed_index < rnd.first_index
         chk.step(AddRound(3, rnd.first_index, rnd.last_index, "r", m.water_mark()), 1)  # re-sent
-        ready = chk.ready(2)
+        ready = chk.step(TURN_END, 2)
         assert ready.resolution is None and ready.committed_index < rnd.first_index
         store.flush()  # the leader's own flush ends: its registration counts it now
         chk.step(AddRound(3, rnd.first_index, rnd.last_index, "r", m.water_mark()), 3)
-        res = chk.ready(4).resolution
+        res = chk.step(TURN_END, 4).resolution
         assert res is not None and res.committed == rnd.last_index
         assert res.outcomes == [("r", ResponseCode.SUCCESS)]
     finally:

@@ -25,7 +25,7 @@ from rayledger.replication.dispatcher import (
     FollowerAnswer,
     LeaderView,
 )
-from rayledger.replication.messages import LeaderInfo
+from rayledger.replication.messages import TURN_END, LeaderInfo
 from rayledger.storage import Entry, LedgerError, ResponseCode
 
 
@@ -293,13 +293,13 @@ def logic() -> DispatcherLogic:
 def _snapshot_fetch(d: DispatcherLogic):
     """Answer the first COMPARE with a follower whose log ends at 5 (below our begin 10):
     the next Ready fetches the leader's snapshot."""
-    (cmp,) = d.ready(0).pushes
+    (cmp,) = d.step(TURN_END, 0).pushes
     assert cmp.type is PushType.COMPARE and cmp.first_index == 14
     answer = PushEntryResponse("g", "n1", 2, ResponseCode.INCONSISTENT_STATE, index=14,
                                begin_index=0, end_index=5)  # fmt: skip
     d.step(FollowerAnswer(cmp, answer), 0)
     assert d.core.state is DispatcherState.TRUNCATE
-    r = d.ready(1)
+    r = d.step(TURN_END, 1)
     assert r.pushes == [] and d.need is not None and d.need.kind == "snapshot"
     assert r.fetch is not None and (r.fetch.term, r.fetch.kind) == (2, "snapshot")
     assert d.fetching
@@ -309,11 +309,11 @@ def _snapshot_fetch(d: DispatcherLogic):
 def test_the_snapshot_is_fetched_then_sent_in_chunks() -> None:
     d = logic()
     fetch = _snapshot_fetch(d)
-    assert d.ready(2).fetch is None  # one fetch in flight
+    assert d.step(TURN_END, 2).fetch is None  # one fetch in flight
     snap = Snap(12, 2, (("a", 3, "h"),))
     d.step(Fetched(fetch, (snap, INFO)), 3)
     assert not d.fetching and d.view.peek_snapshot() is snap
-    (c,) = d.ready(4).pushes
+    (c,) = d.step(TURN_END, 4).pushes
     assert c.type is PushType.INSTALL and c.snapshot.index == 12
     assert (c.snapshot.offset, c.snapshot.length, c.snapshot.total) == (0, 2, 3)
     with pytest.raises(NotCached):  # taken: the next install fetches afresh
@@ -325,7 +325,7 @@ def test_a_fetched_none_snapshot_means_the_plain_reset() -> None:
     fetch = _snapshot_fetch(d)
     d.step(Fetched(fetch, (None, INFO)), 3)
     d.view.meta[10] = (2, 1000)  # the entry the reset names (else another fetch)
-    (tr,) = d.ready(4).pushes
+    (tr,) = d.step(TURN_END, 4).pushes
     assert tr.type is PushType.TRUNCATE and tr.reset and tr.first_index == 10
     assert (tr.entry_term, tr.entry_pos) == (2, 1000)
 
@@ -341,7 +341,7 @@ def test_a_snapshot_answer_of_another_term_or_none_is_dropped() -> None:
     d.step(Fetched(fetch, None), 3)  # the member no longer leads term 2
     with pytest.raises(NotCached):
         d.view.peek_snapshot()
-    again = d.ready(4).fetch
+    again = d.step(TURN_END, 4).fetch
     assert again is not None and again.kind == "snapshot"
 
 
@@ -349,8 +349,8 @@ def test_a_failed_snapshot_fetch_is_tried_again_later() -> None:
     d = logic()
     fetch = _snapshot_fetch(d)
     d.step(Fetched(fetch, failed=True), 10)
-    assert d.ready(11).fetch is None
-    again = d.ready(60).fetch
+    assert d.step(TURN_END, 11).fetch is None
+    again = d.step(TURN_END, 60).fetch
     assert again is not None and again.kind == "snapshot"
 
 

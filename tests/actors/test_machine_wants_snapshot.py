@@ -11,7 +11,7 @@ from rayledger.actors.core.machine import Install, MachineCore
 from rayledger.actors.core.snapshot_policy import SnapshotConfig, SnapshotPolicy
 from rayledger.replication import DispatcherState, PushEntryResponse, PushType, ReplicationConfig
 from rayledger.replication.dispatcher import Activate, DispatcherLogic, Fetched, FollowerAnswer
-from rayledger.replication.messages import LeaderInfo
+from rayledger.replication.messages import TURN_END, LeaderInfo
 from rayledger.storage import ResponseCode
 
 
@@ -75,19 +75,19 @@ INFO = LeaderInfo(term=2, begin=10, end=14, end_term=2, end_pos=1400, committed=
 def test_the_logic_fetches_the_newest_snapshot_for_a_machine_that_asks() -> None:
     d = DispatcherLogic("g", "n0", "n1", ReplicationConfig(install_chunk_bytes=2))
     d.step(Activate(INFO), 0)
-    (cmp,) = d.ready(0).pushes
+    (cmp,) = d.step(TURN_END, 0).pushes
     ok = PushEntryResponse("g", "n1", 2, ResponseCode.SUCCESS, index=14, begin_index=10,
                            end_index=14)  # fmt: skip
     d.step(FollowerAnswer(cmp, ok), 0)
     assert d.core.state is DispatcherState.APPEND
-    (commit,) = d.ready(1000).pushes
+    (commit,) = d.step(TURN_END, 1000).pushes
     assert commit.type is PushType.COMMIT
     d.step(FollowerAnswer(commit, replace(ok, snapshot_wanted=9)), 1000)
-    r = d.ready(1000)
+    r = d.step(TURN_END, 1000)
     assert r.pushes == [] and r.fetch is not None and r.fetch.kind == "snapshot"
     assert r.fetch.index == 9  # the index the machine needs: the leader snapshots that far
     d.step(Fetched(r.fetch, (Snap(12, 2, (("a", 3, "h"),)), INFO)), 1001)
-    (c,) = d.ready(1001).pushes
+    (c,) = d.step(TURN_END, 1001).pushes
     assert c.type is PushType.INSTALL and c.snapshot.index == 12
     assert d.core.state is DispatcherState.INSTALL
 

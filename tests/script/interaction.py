@@ -58,6 +58,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from rayledger.actors.core import member as mc
@@ -611,12 +612,9 @@ class Env:
     # -- the member: its helpers' calls ----------------------------------------------------
     def _fetch(self, node: Node, peer: str, f: Fetch) -> None:
         """A dispatcher asks its member (fenced by term) for what its cache lacks."""
-        lg, d = node.logic, node.drivers[peer]
+        d = node.drivers[peer]
         try:
-            if f.kind == "batch":
-                answer = lg.read_for_push(f.term, f.index, f.max_bytes, f.max_count)
-            else:
-                answer = lg.entry_meta(f.term, f.index)
+            answer = mc.answer_fetch(partial(self._step, node), node.logic.store, f)
         except LedgerError:
             self._soon(node, d.deliver, dl.Fetched(f, failed=True))
             return

@@ -15,7 +15,7 @@ from interaction import GROUP, Env
 from rayledger.election import Role
 from rayledger.election.messages import HeartbeatRequest, VoteRequest, VoteResult
 from rayledger.replication.checker import BecomeLeader, Report
-from rayledger.replication.messages import Push, PushEntryRequest, PushType
+from rayledger.replication.messages import TURN_END, Push, PushEntryRequest, PushType
 from rayledger.storage import ResponseCode
 
 
@@ -219,7 +219,7 @@ def test_5_4_2_entries_of_an_older_term_commit_only_with_one_of_the_current_term
     # a leader of term 2 whose water marks show a majority on an older entry only
     checker.step(BecomeLeader(2, 3, env.nodes["n0"].logic.leader_info()), env.now)
     checker.step(Report(2, "n1", 1), env.now)
-    committed = checker.ready(env.now).committed_index
+    committed = checker.step(TURN_END, env.now).committed_index
     assert committed < 1 or store.get_term(committed) == 2
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
+from rayledger.actors.core import member as mc
 from rayledger.actors.core.fastpath import GraphRound
 from rayledger.actors.core.pump import DispatcherDriver
 from rayledger.replication import PushEntryRequest, PushType
@@ -168,13 +170,8 @@ class DispatcherDelivery:
                 driver.deliver(Fetched(f, (batch, None)))
                 return
             self.stats["fetch_files_missed"] += 1  # not there: the member's fenced answer
-        if f.kind == "batch":
-            args = (f.term, f.index, f.max_bytes, f.max_count)
-            (answer,) = yield [lambda: _call(lg.read_for_push, *args)]
-        elif f.kind == "snapshot":
-            (answer,) = yield [lambda: _call(lg.snapshot_for_push, f.term, f.index)]
-        else:
-            (answer,) = yield [lambda: _call(lg.entry_meta, f.term, f.index)]
+        step = partial(self._step, node)
+        (answer,) = yield [lambda: _call(mc.answer_fetch, step, lg.store, f)]
         if self._d_gone(node, peer, gen):
             self.stats["dispatcher_answers_lost"] += 1
             return
@@ -195,7 +192,7 @@ class DispatcherDelivery:
         is gone -- a newer one replaced it)."""
         c = req.snapshot
         lg = node.logic
-        meta = _call(lg.snapshot_chunk, req.term, c.index, c.term, c.offset, c.length)
+        meta = _call(lambda: self._step(node, mc.ChunkAsked(req.term, c.index, c.term)).reply)
         if isinstance(meta, LedgerError):
             self.stats[f"install_read_{meta.code.name.lower()}"] += 1
             return None

@@ -1,5 +1,5 @@
 """A dispatcher of an ended term gets nothing from its member: the fence of
-``MemberLogic.read_for_push`` / ``MemberLogic.entry_meta``, driven step by step.
+``MemberLogic.answer_fetch``, driven step by step.
 
 Five members m, f, n, x, y run the shipped logic classes (MemberLogic,
 DispatcherLogic, CheckerLogic) over MemoryStores; the test is their transport,
@@ -29,14 +29,14 @@ import random
 from dataclasses import replace
 
 import pytest
-from rayledger.actors.core.member_logic import MemberLogic, StartLeading, StopLeading
+from rayledger.actors.core.member_logic import EntriesRead, MemberLogic, StartLeading, StopLeading
 from rayledger.election import MemoryTermStore, Role
 from rayledger.replication import PushEntryRequest
 from rayledger.replication import checker as ck
 from rayledger.replication import dispatcher as dl
 from rayledger.replication.checker import CheckerLogic
 from rayledger.replication.dispatcher import CachedBatch, DispatcherLogic
-from rayledger.replication.messages import Inline, Push
+from rayledger.replication.messages import TURN_END, Inline, Push
 from rayledger.replication.push import COMMIT_LINGER_MS
 from rayledger.storage import MemoryStore, StoreConfig
 
@@ -185,20 +185,15 @@ class FiveMembers:
         d = self.disp[mid][peer]
         need = d.need
         lg = self.logic[mid]
-        if need.kind == "batch":
-            answer = lg.read_for_push(
-                d.term, need.index, CONFIG.max_batch_push_bytes, CONFIG.max_batch_push_count
-            )
-            if answer is not None:
-                batch, info = answer
-                answer = (
-                    CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
-                    info,
-                )
-        else:
-            answer = lg.entry_meta(d.term, need.index)
         f = dl.Fetch(d.term, need.kind, need.index, CONFIG.max_batch_push_bytes,
                      need.count or CONFIG.max_batch_push_count)  # fmt: skip
+        answer = lg.answer_fetch(f)
+        if isinstance(answer, EntriesRead):
+            batch = lg.store.read_batch(answer.start, answer.max_bytes, answer.max_count)
+            answer = (
+                CachedBatch(batch.first_index, batch.count, Inline(batch), len(batch.data)),
+                answer.info,
+            )
         d.step(dl.Fetched(f, answer), self.now)
         return need, answer
 
@@ -207,7 +202,7 @@ class FiveMembers:
         link if it is up (answers may be lost), needs are fetched from ``mid``."""
         d = self.disp[mid][peer]
         for _ in range(rounds):
-            r = d.ready(self.now)
+            r = d.step(TURN_END, self.now)
             if r.report is not None:  # the checker's answer, as EntryDispatcherActor._report
                 term, wm = r.report
                 served = self.chk[mid].step(ck.Report(term, peer, wm), self.now)
@@ -241,7 +236,7 @@ class FiveMembers:
     def check(self, mid: str) -> None:
         """The checker commits; the member and the dispatchers of its term learn it."""
         chk = self.chk[mid]
-        res = chk.ready(self.now).resolution
+        res = chk.step(TURN_END, self.now).resolution
         if res is not None and res.committed is not None:
             self.logic[mid].on_committed(res.term, res.committed)
             for d in self.disp[mid].values():
@@ -325,7 +320,7 @@ def stale_dispatcher_needs_entries() -> FiveMembers:
     g.time_out_calls()  # f's answers never came: push again from the water mark
     g.lost_answers.discard(("m", "f"))
     g.now += CONFIG.max_push_timeout_ms + CONFIG.error_backoff_ms + 1
-    r = d.ready(g.now)
+    r = d.step(TURN_END, g.now)
     assert r.pushes == [] and r.fetch is not None and (r.fetch.kind, r.fetch.index) == ("batch", 2)
     assert f.state.current_term == T and f.state.leader_id == "m"  # f still follows m
     return g
@@ -337,9 +332,10 @@ def test_stale_dispatcher_is_fenced() -> None:
     d = g.disp["m"]["f"]
     T = g.T
     # the fence: a helper of term T gets nothing from a member that no longer leads it
-    assert m.read_for_push(T, 2, CONFIG.max_batch_push_bytes, CONFIG.max_batch_push_count) is None
-    assert m.entry_meta(T, 2) is None
-    assert m.entry_meta(T, 1) is None
+    cap = (CONFIG.max_batch_push_bytes, CONFIG.max_batch_push_count)
+    assert m.answer_fetch(dl.Fetch(T, "batch", 2, *cap)) is None
+    assert m.answer_fetch(dl.Fetch(T, "meta", 2, *cap)) is None
+    assert m.answer_fetch(dl.Fetch(T, "meta", 1, *cap)) is None
     for _ in range(5):
         need, answer = g.fetch("m", "f")
         assert answer is None, need
