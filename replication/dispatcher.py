@@ -6,10 +6,10 @@ of the leader's log, plus everything a dispatcher decides around it -- what to f
 from its member (and when to try again), the single water-mark report in flight to the
 checker (it follows the current term), the throttled progress reports to the member's
 elector (the last one always gets through), and its part of a compiled graph (the keys
-of its pushes, a rewind when the graph is left).  Its one way in is
-:meth:`DispatcherLogic.step` (an event and the time; it returns the call's direct
-answer), its one way out :meth:`DispatcherLogic.ready`: one :class:`DispatcherReady`,
-taken as it is handed out (a dispatcher persists nothing, so there is no ``Advance``).
+of its pushes, a rewind when the graph is left).  Its one way in and out is
+:meth:`DispatcherLogic.step` (an event and the time; it returns the call's direct answer,
+and for :class:`~rayledger.replication.messages.TurnEnd` one :class:`DispatcherReady`,
+taken as it is handed out: a dispatcher persists nothing, so there is no ``Advance``).
 
 :class:`~rayledger.actors.core.pump.DispatcherDriver` carries a loop's events in and the Ready
 out; the Ray actor (:mod:`rayledger.actors.dispatcher`) and the simulation differ only in the

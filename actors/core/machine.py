@@ -4,8 +4,8 @@ The runner around a member's state machine (machine.py) only delivers events to 
 what it answers; the Ray member (:mod:`rayledger.actors.member.machine`) with a one-thread pool and
 futures, the seeded simulation with simulated time.  Its one way in is
 :meth:`MachineCore.step` (an event and the time; it returns the event's direct answer), as
-for the checker's and the dispatchers' cores; what only reads its state (``due``,
-``snapshot_wanted``, ``keep_from``, ``next_deadline_ms``) is asked by method.  The core decides:
+for the checker's and the dispatchers' cores; what only reads its state (``snapshot_wanted``,
+``keep_from``, ``due``) is asked by method.  The core decides:
 
 * **what to apply next**: from where the machine stands, at most ``max_batch`` committed
   entries, one batch at a time (:class:`NextJob`), and that each batch
@@ -453,9 +453,9 @@ class MachineCore:
                       self.member, self.applied + 1, why)  # fmt: skip
         self.applying = None
         waiting, self._waiting = self._waiting, []
-        return [(token, self.broken()) for _, _, token in waiting]
+        return [(token, self._broken()) for _, _, token in waiting]
 
-    def broken(self) -> LedgerError:
+    def _broken(self) -> LedgerError:
         return LedgerError.of(
             ResponseCode.INTERNAL_ERROR,
             f"the state machine of {self.member} failed: {self.failed}",
@@ -514,7 +514,7 @@ class MachineCore:
         ``index``, :class:`ExpireQueries` at ``now_ms + timeout_ms``).  Raises INTERNAL_ERROR once
         the machine failed."""
         if self.failed is not None:
-            raise self.broken()
+            raise self._broken()
         if self.ahead_of_log:  # a batch applied means the log holds what it had applied
             index = max(index, self.applied + 1)
         if self.applied >= index:
@@ -530,22 +530,19 @@ class MachineCore:
             self._waiting = [w for w in self._waiting if w[0] > self.applied]
         return done
 
-    def next_deadline_ms(self) -> int | None:
-        return min((d for _, d, _ in self._waiting), default=None)
-
     def _expire(self, now_ms: int) -> list[tuple[Any, LedgerError]]:
         """Queries whose deadline passed fail TIMEOUT; returns ``(token, error)``."""
         late = [(i, t) for i, d, t in self._waiting if d <= now_ms]
         if not late:
             return []
         self._waiting = [w for w in self._waiting if w[1] > now_ms]
-        return [(t, self.too_late(i)) for i, t in late]
+        return [(t, self._too_late(i)) for i, t in late]
 
     def _discard(self, token: Any) -> None:
         """A waiting query gave up on its own (its caller went away)."""
         self._waiting = [w for w in self._waiting if w[2] is not token]
 
-    def too_late(self, index: int) -> LedgerError:
+    def _too_late(self, index: int) -> LedgerError:
         return LedgerError.of(
             ResponseCode.TIMEOUT,
             f"{self.member} has applied up to {self.applied}, not yet {index}",

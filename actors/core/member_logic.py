@@ -192,11 +192,19 @@ class MemberLogic:
         # member lacks (the leader lacked them too when it cut it): the one asked for next
         self.sessions_not_below = -1
 
-    def take_snapshots(self, source: SnapshotSource) -> None:
+    def take_snapshots(
+        self,
+        source: SnapshotSource,
+        wanted: Callable[[int], int] | None = None,
+        asked: Callable[[int, int], None] | None = None,
+    ) -> None:
         """The member's machine takes snapshots: offer them, and take them from leaders.
         Each carries the client sessions at its index: a log compacted up to
-        one is rebuilt from it, and so is a log reset to one installed from a leader."""
+        one is rebuilt from it, and so is a log reset to one installed from a leader.
+        ``wanted`` says which snapshot the machine needs to start again (push answers carry
+        it); ``asked`` asks the machine for a snapshot a follower needs."""
         self.snapshots = source
+        self.machine_wanted, self.snapshot_asked = wanted, asked
         self.handler.installs = InstallReceiver(self.self_id, source.store)
         self.handler.on_reset = self._sessions_from_snapshot
         self.handler.snapshot_wanted = self.snapshot_wanted

@@ -98,7 +98,7 @@ P = TypeVar("P")
 class Driver(Generic[L, P]):
     """What every helper driver holds: its core (``logic``), where its messages go
     (``ports``), the lock a compiled graph's thread takes too (``lock``), and the :class:`Pump` that
-    runs :meth:`_run` -- the core's ``ready`` carried out -- on the loop it is attached to."""
+    runs :meth:`_run` -- the core's Ready carried out -- on the loop it is attached to."""
 
     def __init__(self, logic: L, ports: P, lock: AbstractContextManager | None = None):
         self.logic = logic

@@ -480,8 +480,23 @@ class MemberActor:
 
     @ray.method(concurrency_group="election")
     async def info(self) -> dict:
+        """What this member is and runs: its settings, process, election state, and its
+        transport's counters (``transport``: the compiled path, graph loops, rounds)."""
+        f = self.appends.fast
         with self._lock:
             election = self.logic.elector.snapshot()
+            leading, waiting = self.logic.leading_term, len(self.ctx.core.book.rounds)
+        transport = {
+            "leading_term": leading,
+            "fast_path_active": bool(f and f.active),
+            "fast_path_compiles": f.compiles if f else 0,
+            "fast_path_fallbacks": f.fallbacks if f else 0,
+            "fast_path_parks": f.parks if f else 0,
+            # as a follower: the graph loops it runs, and how often it left one by itself
+            "graph_loops": len(self.__dict__.get("_cg_loops", ())),
+            "graphs_left": self._graphs_left,
+            "rounds_waiting": waiting,
+        }
         return {
             "group": self.group,
             "self_id": self.self_id,
@@ -491,6 +506,7 @@ class MemberActor:
             "node_id": ray.get_runtime_context().get_node_id(),
             "started": self._started,
             "election": election,
+            "transport": transport,
         }
 
     async def set_fast_path(self, enabled: bool) -> None:
@@ -502,24 +518,6 @@ class MemberActor:
                 "LedgerConfig(fast_path=True) to switch the compiled path",
             )
         self.appends.switch_fast(bool(enabled))
-
-    @ray.method(concurrency_group="election")
-    async def stats(self) -> dict:
-        """Counters of this member's transport (for benchmarks and operators)."""
-        f = self.appends.fast
-        with self._lock:
-            leading, waiting = self.logic.leading_term, len(self.ctx.core.book.rounds)
-        return {
-            "leading_term": leading,
-            "fast_path_active": bool(f and f.active),
-            "fast_path_compiles": f.compiles if f else 0,
-            "fast_path_fallbacks": f.fallbacks if f else 0,
-            "fast_path_parks": f.parks if f else 0,
-            # as a follower: the graph loops it runs, and how often it left one by itself
-            "graph_loops": len(self.__dict__.get("_cg_loops", ())),
-            "graphs_left": self._graphs_left,
-            "rounds_waiting": waiting,
-        }
 
     @ray.method(concurrency_group="election")
     async def helper_pids(self) -> dict[str, int | None]:

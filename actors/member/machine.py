@@ -48,10 +48,10 @@ class MachineRunner:
         self.core = self.applier.core
         ctx.store.keep_from = self.core.keep_from(self.applier.saved)
         if self.applier.shelf is not None:
-            ctx.logic.take_snapshots(self.applier.shelf)
             # push answers carry what the core says the machine needs from the leader
-            ctx.logic.machine_wanted = self.core.snapshot_wanted
-            ctx.logic.snapshot_asked = self.snapshot_asked
+            ctx.logic.take_snapshots(
+                self.applier.shelf, self.core.snapshot_wanted, self.snapshot_asked
+            )
         if type(machine).pre_append is not StateMachine.pre_append:
             ctx.store.add_append_hook(machine.pre_append)  # only then: hooks copy bodies
         self.ctx = ctx

@@ -21,7 +21,7 @@ FAST = dataclasses.replace(TEST_CONFIG, fast_path=True)
 
 
 def stats(g, member: str) -> dict:
-    return ray.get(g.handle(member).stats.remote(), timeout=30)
+    return ray.get(g.handle(member).info.remote(), timeout=30)["transport"]
 
 
 def wait_active(g, timeout_s: float = 60.0, compiles_at_least: int = 1) -> str:

@@ -257,7 +257,7 @@ def test_leadership_back_to_a_member_whose_checker_is_stopped_does_not_halt_the_
             assert left > 0, (
                 f"no append was taken within {bound_s:.1f} s after leadership came back "
                 f"({came_back}, its checker stopped): last error {_first_and_last(last)}; "
-                f"{old}'s stats {ray.get(g.handle(old).stats.remote(), timeout=10)}; "
+                f"{old}'s stats {ray.get(g.handle(old).info.remote(), timeout=10)['transport']}; "
                 f"status {g.status(5)}"
             )
             try:

@@ -125,10 +125,11 @@ class MachineDelivery:
         except Exception as exc:
             self.fail(f"{m.id}'s machine failed to open: {exc!r}")
         if node.applier.shelf is not None:  # MachineRunner: offered to, taken from leaders
-            node.logic.take_snapshots(node.applier.shelf)
-            node.logic.machine_wanted = node.applier.core.snapshot_wanted
-            node.logic.snapshot_asked = lambda index, have, node=node: self._m_asked(
-                node, index, have)  # fmt: skip
+            node.logic.take_snapshots(
+                node.applier.shelf,
+                node.applier.core.snapshot_wanted,
+                lambda index, have, node=node: self._m_asked(node, index, have),
+            )
         store = m.store
         store.keep_from = node.applier.core.keep_from(node.applier.saved)
         inner = machine.apply
