@@ -52,10 +52,10 @@ from rayledger.actors.core.client_session import (
     RETRY_BEFORE_STORE,
     Action,
     Answered,
-    ClientSessions,
     GaveUp,
     Outcome,
     Sending,
+    SessionLanes,
     SessionOut,
     outcome_of,
 )
@@ -91,8 +91,9 @@ class _Pending:
     alone: bool = False  # send it in a call of its own (its batch was refused as bad input)
     last_error: Exception | None = None
     # an idempotent client's (client id, first sequence) of the call carrying it last, as
-    # its session core (``LedgerClient._sessions``) numbered it
+    # its session core (``LedgerClient._sessions``) numbered it, and that call's lane
     ident: tuple[int, int] | None = None
+    lane: int | None = None
 
 
 def _random_id() -> int:
@@ -168,11 +169,12 @@ class LedgerClient:
         self._closed = False
         self._backoff_until = 0.0
         # exactly-once appends: which identity each append carries, decided by the sans-I/O
-        # core (used under ``_cv``); the send lock keeps numbering and handing to Ray in one
-        # order (a leader takes a session's sequences only in order)
+        # core (used under ``_cv``), one session per call in flight (its lanes: Ray may start
+        # a member's calls in any order, and a leader takes a session's sequences only in
+        # order); the send lock keeps numbering and handing to Ray in one order
         self.idempotent = idempotent
         self._send_lock = threading.Lock()
-        self._sessions = ClientSessions(_random_id) if idempotent else None
+        self._sessions = SessionLanes(_random_id, max_in_flight) if idempotent else None
         self.retried = 0  # entries sent again after an unknown outcome
 
     @property
@@ -188,10 +190,20 @@ class LedgerClient:
     def _session_step(self, event) -> SessionOut:
         """One event into the session core (called with ``_cv`` held); logs a session left."""
         out = self._sessions.step(event)
+        self._log_left(out)
+        return out
+
+    def _answered(self, batch: list[_Pending], outcome: Outcome) -> SessionOut:
+        """A numbered call ended (called with ``_cv`` held): its outcome into the session
+        core, and its lane takes the next call."""
+        out = self._session_step(Answered(tuple(batch), outcome))
+        self._sessions.release(batch[0].lane)
+        return out
+
+    def _log_left(self, out: SessionOut) -> None:
         if out.left_behind is not None:
             log.info("client of %s: session %d left behind (%s); appends stored nowhere go on "
                      "in session %d", self.group, out.left_behind, out.why.value, out.started)  # fmt: skip
-        return out
 
     def _number(self, batch: list[_Pending]) -> SessionOut | None:
         """The identity of a call carrying ``batch`` (called with the send lock and ``_cv``
@@ -199,10 +211,20 @@ class LedgerClient:
         (and goes alone); the others take the current session's next sequences."""
         if not self.idempotent or self._sessions is None:
             return None
-        out = self._session_step(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
+        lane, out = self._sessions.send(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
+        self._log_left(out)
         for p, ident in zip(batch, out.idents, strict=True):
-            p.ident = ident
+            p.ident, p.lane = ident, lane
         return out
+
+    def _sendable(self) -> bool:
+        """Whether the queue's head may go now (called with ``_cv`` held): a call slot is
+        free and so is the head's session lane."""
+        return (
+            bool(self._queue)
+            and self._in_flight < self.max_in_flight
+            and (self._sessions is None or self._sessions.sendable(self._queue[0]))
+        )
 
     def _pinned(self, p: _Pending) -> bool:
         """``p`` goes in a call of its own under its identity (called with ``_cv`` held)."""
@@ -461,9 +483,14 @@ class LedgerClient:
             return []
         if q[0].alone or self._pinned(q[0]):  # a retry keeps its identity: alone
             return [q.popleft()]
+        lanes = self._sessions
+        lane = None if lanes is None else lanes.lane_of(q[0])
         out, n, size = [], 0, 0
         while q and not q[0].alone and not self._pinned(q[0]):
             p = q[0]
+            if lanes is not None and lanes.lane_of(p) not in (None, lane):
+                break  # numbered in another lane: a call of its own
+
             k = len(p.bodies)
             if out and (n + k > self.max_batch_entries or size > self.max_batch_bytes):
                 break
@@ -479,7 +506,7 @@ class LedgerClient:
                     if self._closed:
                         self._sender = None
                         return
-                    if self._queue and self._in_flight < self.max_in_flight:
+                    if self._sendable():
                         break
                     if not self._queue and self._in_flight == 0:
                         self._cv.wait(1.0)
@@ -515,6 +542,14 @@ class LedgerClient:
         with self._send_lock:  # numbered and handed to Ray in one order
             with self._cv:  # an append whose caller gave up meanwhile is not sent
                 batch = [p for p in batch if not p.future.done()]
+                lane_busy = (
+                    bool(batch)
+                    and self._sessions is not None
+                    and not self._sessions.sendable(batch[0])
+                )
+                if lane_busy:  # a direct send took its lane meanwhile: it waits its turn
+                    self._requeue(batch, None)
+                    return
                 for p in batch:
                     p.sent = True  # from here on its outcome may be unknown
                 if not batch:
@@ -539,19 +574,22 @@ class LedgerClient:
             self._handles.pop(target, None)
             if ident is not None:
                 with self._cv:
-                    self._session_step(Answered(tuple(batch), Outcome.REFUSED))
+                    self._answered(batch, Outcome.REFUSED)
             self._requeue(batch, failed, 0.01)
             return
         ref.future().add_done_callback(lambda f: self._done(batch, target, f))
 
-    def _requeue(self, batch: list[_Pending], why: Exception, backoff_s: float = 0.0) -> None:
+    def _requeue(
+        self, batch: list[_Pending], why: Exception | None, backoff_s: float = 0.0
+    ) -> None:
         """Put appends that were certainly not stored back at the head of the queue."""
         with self._cv:
             self._in_flight -= 1
             if backoff_s:
                 self._backoff_until = time.monotonic() + backoff_s
             for p in reversed(batch):
-                p.last_error = why
+                if why is not None:
+                    p.last_error = why
                 p.sent = False
                 self._queue.appendleft(p)
             if self.idempotent:  # the retries in sequence order: a later one first is a gap
@@ -573,7 +611,7 @@ class LedgerClient:
         with self._cv:
             self._in_flight -= 1
             if self.idempotent and batch[0].ident is not None and self._sessions is not None:
-                self._session_step(Answered(tuple(batch), Outcome.STORED))
+                self._answered(batch, Outcome.STORED)
             self._cv.notify_all()
         if isinstance(out, Spread):  # a retry answered from the log: entry by entry
             idx = np.frombuffer(out.indexes, dtype=np.int64).tolist()
@@ -633,7 +671,7 @@ class LedgerClient:
         else:
             outcome = outcome_of(exc.code)
         with self._cv:
-            action = self._session_step(Answered(tuple(batch), outcome)).action
+            action = self._answered(batch, outcome).action
         if action is Action.RETRY:
             if outcome is Outcome.UNKNOWN:  # it may be in a log: the same identity again
                 if self._leader == target:

@@ -29,6 +29,13 @@ The rules, decided here once (the client on Ray and the simulation's clients act
   append that may be stored is reported unknown at once (no retry of that identity can be
   answered otherwise), one that cannot be takes a new session.
 
+A leader takes a session's calls in the order they reach it, and Ray starts an asyncio
+actor's calls in no fixed order, even those of one caller: two calls of one session in
+flight at once may reach the leader's admission swapped, and the later one is refused as a
+gap.  So a client that keeps several calls in flight keeps one session per call in flight,
+its lanes (:class:`SessionLanes`): a lane carries one call at a time, and an append stays in
+the lane that numbered it until it ends.
+
 Sans-I/O: :meth:`ClientSessions.step` takes an event (a call about to be sent, a call's
 outcome, an append given up) and returns a :class:`SessionOut`; no clock, no threads, no
 Ray.  New client ids come from the ``new_id`` the shell hands in.
@@ -285,6 +292,94 @@ class ClientSessions:
         return SessionOut(left_behind=old, started=self.client_id, why=why)
 
 
+class SessionLanes:
+    """An idempotent client's sessions, one per call it keeps in flight (its lanes): the
+    lane a call goes in, and which lanes are busy.  Lane 0 is the client's first session;
+    more start as calls overlap, up to ``lanes``.  Events about appends go to the lane that
+    numbered them."""
+
+    def __init__(self, new_id: Callable[[], int], lanes: int):
+        if lanes < 1:
+            raise ValueError(f"a client needs at least one lane, got {lanes}")
+        self._new_id = new_id
+        self.max_lanes = lanes
+        self.lanes: list[ClientSessions] = [ClientSessions(new_id)]
+        self._busy: list[bool] = [False]
+        self._lane_of: dict[Hashable, int] = {}  # an append -> the lane that knows it
+
+    @property
+    def client_id(self) -> int:
+        """The first lane's current session (a client with one call at a time has only it)."""
+        return self.lanes[0].client_id
+
+    @property
+    def sessions_started(self) -> int:
+        """One, plus one per session a lane left behind."""
+        return 1 + sum(s.sessions_started - 1 for s in self.lanes)
+
+    def lane_of(self, key: Hashable) -> int | None:
+        return self._lane_of.get(key)
+
+    def pinned(self, key: Hashable) -> bool:
+        lane = self._lane_of.get(key)
+        return lane is not None and self.lanes[lane].pinned(key)
+
+    def maybe_stored(self, key: Hashable) -> bool:
+        lane = self._lane_of.get(key)
+        return lane is not None and self.lanes[lane].maybe_stored(key)
+
+    def sendable(self, key: Hashable) -> bool:
+        """Whether a call carrying ``key`` may go now: its lane (if it has one) is free, or
+        any lane is free or may start."""
+        lane = self._lane_of.get(key)
+        if lane is not None:
+            return not self._busy[lane]
+        return not all(self._busy) or len(self.lanes) < self.max_lanes
+
+    def send(self, ev: Sending) -> tuple[int, SessionOut]:
+        """Number a call (every key in one lane or none yet: the shell batches so) in the
+        lane of its first key, else in the first free one; that lane is busy until
+        :meth:`release`.  Raises ValueError when no lane may take it now."""
+        lanes = {self._lane_of[k] for k in ev.keys if k in self._lane_of}
+        if len(lanes) > 1:
+            raise ValueError("a call carries appends of one lane")
+        if lanes:
+            (lane,) = lanes
+        elif False in self._busy:
+            lane = self._busy.index(False)
+        elif len(self.lanes) < self.max_lanes:
+            self.lanes.append(ClientSessions(self._new_id))
+            self._busy.append(False)
+            lane = len(self.lanes) - 1
+        else:
+            raise ValueError("every lane carries a call")
+        if self._busy[lane]:
+            raise ValueError(f"lane {lane} carries a call")
+        out = self.lanes[lane].step(ev)
+        self._busy[lane] = True
+        for k in ev.keys:
+            self._lane_of[k] = lane
+        return lane, out
+
+    def release(self, lane: int) -> None:
+        """The call in ``lane`` ended (its answer was stepped, or it never left)."""
+        self._busy[lane] = False
+
+    def step(self, event: Answered | GaveUp) -> SessionOut:
+        """An event about appends, in the lane that numbered them (none knows them: nothing
+        to decide)."""
+        keys = event.keys if isinstance(event, Answered) else (event.key,)
+        lane = next((self._lane_of[k] for k in keys if k in self._lane_of), None)
+        if lane is None:
+            return SessionOut(action=Action.DONE) if isinstance(event, Answered) else SessionOut()
+        sessions = self.lanes[lane]
+        out = sessions.step(event)
+        for k in keys:  # forgotten by the lane once they ended
+            if sessions.ident(k) is None:
+                self._lane_of.pop(k, None)
+        return out
+
+
 __all__ = [
     "GAP_CODES",
     "RETRY_BEFORE_STORE",
@@ -294,6 +389,7 @@ __all__ = [
     "GaveUp",
     "Ident",
     "Outcome",
+    "SessionLanes",
     "SessionOut",
     "Sending",
     "Why",
