@@ -247,7 +247,7 @@ def chain_crcs(prev, body_crcs) -> np.ndarray:
     return ~out
 
 
-_UNIFORM_MIN = 8  # batches this long with equal small bodies get their headers from numpy
+_UNIFORM_MIN = 16  # batches this long with equal small bodies get their headers from numpy
 _UNIFORM_MAX_BODY = 2048  # above this the copies cost more than the per-entry packs
 
 

@@ -3,6 +3,8 @@
 - ``codec.chain_crcs`` (numpy slicing-by-4) equals ``chain_crc`` (zlib);
 - ``encode_entries`` gives the same bytes whether the batch goes through the
   numpy encoder (equal small bodies) or the per-entry loop;
+- a short follower batch is checked entry by entry (numpy's per-call cost outweighs
+  its loops there), a long one vectorised;
 - ``LogStore._verify_fast`` accepts good follower batches on its own (uniform
   and mixed sizes, inside a segment and across rolls), and for every damaged
   batch the store answers exactly what the reference check answers (same code,
@@ -16,6 +18,7 @@ import random
 import numpy as np
 import pytest
 from rayledger.storage import EntryBatch, LedgerError, MemoryStore, codec
+from rayledger.storage import store as store_module
 from rayledger.storage.codec import HEADER_SIZE, chain_crc, chain_crcs, encode_entries
 from rayledger.storage.store import LogStore
 
@@ -38,6 +41,7 @@ def test_uniform_encoding_matches_the_loop(monkeypatch, body_len, n):
     bodies = [r.randbytes(body_len) for _ in range(n)]
     positions = [12_345 + k * (HEADER_SIZE + body_len) for k in range(n)]
     for prev, channel, term in ((0, 0, 0), (-123_456_789, 7, 2**40), (0x7FFF_FFFF, 2**30 - 1, 3)):
+        monkeypatch.setattr(codec, "_UNIFORM_MIN", 1)
         fast = encode_entries(bodies, 2**33, term, positions, prev, channel)
         monkeypatch.setattr(codec, "_UNIFORM_MIN", 10**9)
         slow = encode_entries(bodies, 2**33, term, positions, prev, channel)
@@ -51,10 +55,16 @@ def test_encoding_refuses_mismatched_positions():
         encode_entries([b"a"] * 10, 0, 1, [0] * 9, 0)
 
 
+def _vectorised(monkeypatch):
+    """Every follower batch through the vectorised check, however short."""
+    monkeypatch.setattr(store_module, "_VECTOR_MIN", 0)
+
+
 def _no_fallback(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a good batch fell back to the slow check")
 
+    _vectorised(monkeypatch)
     monkeypatch.setattr(LogStore, "_verify_slow", refuse)
 
 
@@ -128,6 +138,8 @@ def test_damaged_batches_get_the_reference_answer(monkeypatch, sizes):
     leader.append_as_leader(mk(), 2)
     leader.append_as_leader(mk(), 3)
 
+    _vectorised(monkeypatch)
+
     def pair():
         a, b = MemoryStore(small_config()), MemoryStore(small_config())
         for s in (a, b):
@@ -158,3 +170,16 @@ def test_damaged_batches_get_the_reference_answer(monkeypatch, sizes):
     for batch in cases:
         a, b = pair()
         assert _outcome(a, batch) == _outcome(b, batch)
+
+
+def test_short_follower_batches_are_checked_entry_by_entry(monkeypatch):
+    leader, follower = MemoryStore(small_config()), MemoryStore(small_config())
+    leader.append_as_leader([b"x" * 20] * 100, 1)
+    seen = []
+    fast, slow = LogStore._verify_fast, LogStore._verify_slow
+    monkeypatch.setattr(LogStore, "_verify_fast", lambda *a: seen.append("fast") or fast(*a))
+    monkeypatch.setattr(LogStore, "_verify_slow", lambda *a: seen.append("slow") or slow(*a))
+    follower.append_as_follower(leader.read_batch(0, max_count=store_module._VECTOR_MIN - 1))
+    assert seen == ["slow"]
+    follower.append_as_follower(leader.read_batch(follower.ledger_end_index + 1, max_count=40))
+    assert seen == ["slow", "fast"]
