@@ -91,9 +91,8 @@ class _Pending:
     alone: bool = False  # send it in a call of its own (its batch was refused as bad input)
     last_error: Exception | None = None
     # an idempotent client's (client id, first sequence) of the call carrying it last, as
-    # its session core (``LedgerClient._sessions``) numbered it, and that call's lane
+    # its session core (``LedgerClient._sessions``) numbered it
     ident: tuple[int, int] | None = None
-    lane: int | None = None
 
 
 def _random_id() -> int:
@@ -195,10 +194,8 @@ class LedgerClient:
 
     def _answered(self, batch: list[_Pending], outcome: Outcome) -> SessionOut:
         """A numbered call ended (called with ``_cv`` held): its outcome into the session
-        core, and its lane takes the next call."""
-        out = self._session_step(Answered(tuple(batch), outcome))
-        self._sessions.release(batch[0].lane)
-        return out
+        core, which frees its lane for the next call."""
+        return self._session_step(Answered(tuple(batch), outcome))
 
     def _log_left(self, out: SessionOut) -> None:
         if out.left_behind is not None:
@@ -211,10 +208,9 @@ class LedgerClient:
         (and goes alone); the others take the current session's next sequences."""
         if not self.idempotent or self._sessions is None:
             return None
-        lane, out = self._sessions.send(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
-        self._log_left(out)
+        out = self._session_step(Sending(tuple(batch), tuple(len(p.bodies) for p in batch)))
         for p, ident in zip(batch, out.idents, strict=True):
-            p.ident, p.lane = ident, lane
+            p.ident = ident
         return out
 
     def _sendable(self) -> bool:

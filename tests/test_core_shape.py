@@ -14,6 +14,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+from rayledger.actors.core.client_session import ClientSessions, SessionLanes
 from rayledger.actors.core.fastpath import FastPathLogic
 from rayledger.actors.core.machine import MachineCore
 from rayledger.actors.core.member import MemberCore
@@ -32,6 +33,13 @@ ACTOR_CORES: dict[type, set[str]] = {
     CheckerLogic: set(),
     DispatcherLogic: set(),
     FastPathLogic: set(),
+}
+
+# the client's session cores: the same one way in, without a clock (no session decision
+# depends on time), and the questions its shell asks before a call
+CLIENT_CORES: dict[type, set[str]] = {
+    ClientSessions: {"pinned", "maybe_stored", "ident"},
+    SessionLanes: {"pinned", "maybe_stored", "lane_of", "sendable"},
 }
 
 # the protocol parts inside them, stepped by their core with the same shape
@@ -72,6 +80,12 @@ def _public_methods(cls: type) -> set[str]:
 @pytest.mark.parametrize("cls", list(ACTOR_CORES), ids=lambda c: c.__name__)
 def test_an_actor_core_changes_only_through_step(cls: type) -> None:
     assert _public_methods(cls) == {"step"} | ACTOR_CORES[cls]
+
+
+@pytest.mark.parametrize("cls", list(CLIENT_CORES), ids=lambda c: c.__name__)
+def test_a_client_core_changes_only_through_step(cls: type) -> None:
+    assert _public_methods(cls) == {"step"} | CLIENT_CORES[cls]
+    assert list(inspect.signature(cls.step).parameters) == ["self", "event"]
 
 
 @pytest.mark.parametrize("cls", [*ACTOR_CORES, *PARTS], ids=lambda c: c.__name__)

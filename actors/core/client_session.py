@@ -143,6 +143,7 @@ class SessionOut:
     left_behind: int | None = None  # a session left behind ...
     started: int | None = None  # ... for this new one
     why: Why | None = None
+    lane: int | None = None  # SessionLanes, Sending: the lane (session) the call goes in
 
 
 @dataclass(slots=True)
@@ -296,7 +297,8 @@ class SessionLanes:
     """An idempotent client's sessions, one per call it keeps in flight (its lanes): the
     lane a call goes in, and which lanes are busy.  Lane 0 is the client's first session;
     more start as calls overlap, up to ``lanes``.  Events about appends go to the lane that
-    numbered them."""
+    numbered them; a call's lane is busy from its :class:`Sending` to its
+    :class:`Answered` (the shell steps exactly one for every call it numbered)."""
 
     def __init__(self, new_id: Callable[[], int], lanes: int):
         if lanes < 1:
@@ -304,9 +306,10 @@ class SessionLanes:
         self._new_id = new_id
         self.max_lanes = lanes
         self.lanes: list[ClientSessions] = [ClientSessions(new_id)]
-        self._busy: list[bool] = [False]
+        self._calls: dict[tuple[Hashable, ...], int] = {}  # a call out -> its lane
         self._lane_of: dict[Hashable, int] = {}  # an append -> the lane that knows it
 
+    # -- questions the shell asks ----------------------------------------------------------
     @property
     def client_id(self) -> int:
         """The first lane's current session (a client with one call at a time has only it)."""
@@ -331,53 +334,59 @@ class SessionLanes:
     def sendable(self, key: Hashable) -> bool:
         """Whether a call carrying ``key`` may go now: its lane (if it has one) is free, or
         any lane is free or may start."""
+        busy = set(self._calls.values())
         lane = self._lane_of.get(key)
         if lane is not None:
-            return not self._busy[lane]
-        return not all(self._busy) or len(self.lanes) < self.max_lanes
+            return lane not in busy
+        return len(busy) < self.max_lanes
 
-    def send(self, ev: Sending) -> tuple[int, SessionOut]:
-        """Number a call (every key in one lane or none yet: the shell batches so) in the
-        lane of its first key, else in the first free one; that lane is busy until
-        :meth:`release`.  Raises ValueError when no lane may take it now."""
-        lanes = {self._lane_of[k] for k in ev.keys if k in self._lane_of}
-        if len(lanes) > 1:
-            raise ValueError("a call carries appends of one lane")
-        if lanes:
-            (lane,) = lanes
-        elif False in self._busy:
-            lane = self._busy.index(False)
-        elif len(self.lanes) < self.max_lanes:
-            self.lanes.append(ClientSessions(self._new_id))
-            self._busy.append(False)
-            lane = len(self.lanes) - 1
+    # -- events ----------------------------------------------------------------------------
+    def step(self, event: Sending | Answered | GaveUp) -> SessionOut:
+        """A call about to be sent (numbered in the lane of its first key, else the first
+        free one; ``SessionOut.lane``), a call's outcome (its lane is free again) or an
+        append given up, in the lane that numbered it.  Raises ValueError for a call no
+        lane may take now, or whose appends are in different lanes."""
+        if isinstance(event, Sending):
+            return self._sending(event)
+        if isinstance(event, Answered):
+            lane = self._calls.pop(event.keys, None)
+            keys = event.keys
+        elif isinstance(event, GaveUp):
+            lane, keys = self._lane_of.get(event.key), (event.key,)
         else:
-            raise ValueError("every lane carries a call")
-        if self._busy[lane]:
-            raise ValueError(f"lane {lane} carries a call")
-        out = self.lanes[lane].step(ev)
-        self._busy[lane] = True
-        for k in ev.keys:
-            self._lane_of[k] = lane
-        return lane, out
-
-    def release(self, lane: int) -> None:
-        """The call in ``lane`` ended (its answer was stepped, or it never left)."""
-        self._busy[lane] = False
-
-    def step(self, event: Answered | GaveUp) -> SessionOut:
-        """An event about appends, in the lane that numbered them (none knows them: nothing
-        to decide)."""
-        keys = event.keys if isinstance(event, Answered) else (event.key,)
-        lane = next((self._lane_of[k] for k in keys if k in self._lane_of), None)
-        if lane is None:
+            raise TypeError(f"not a client session event: {event!r}")
+        if lane is None:  # no lane knows them: nothing to decide
             return SessionOut(action=Action.DONE) if isinstance(event, Answered) else SessionOut()
         sessions = self.lanes[lane]
         out = sessions.step(event)
         for k in keys:  # forgotten by the lane once they ended
-            if sessions.ident(k) is None:
-                self._lane_of.pop(k, None)
+            if sessions.ident(k) is None and self._lane_of.get(k) == lane:
+                del self._lane_of[k]
         return out
+
+    def _sending(self, ev: Sending) -> SessionOut:
+        lanes = {self._lane_of[k] for k in ev.keys if k in self._lane_of}
+        if len(lanes) > 1:
+            raise ValueError("a call carries appends of one lane")
+        busy = set(self._calls.values())
+        if lanes:
+            (lane,) = lanes
+        else:
+            free = [i for i in range(len(self.lanes)) if i not in busy]
+            if free:
+                lane = free[0]
+            elif len(self.lanes) < self.max_lanes:
+                self.lanes.append(ClientSessions(self._new_id))
+                lane = len(self.lanes) - 1
+            else:
+                raise ValueError("every lane carries a call")
+        if lane in busy:
+            raise ValueError(f"lane {lane} carries a call")
+        out = self.lanes[lane].step(ev)
+        self._calls[ev.keys] = lane
+        for k in ev.keys:
+            self._lane_of[k] = lane
+        return replace(out, lane=lane)
 
 
 __all__ = [

@@ -293,25 +293,24 @@ def _wait(cond, timeout_s: float = 5.0) -> None:
 def test_lanes_carry_one_call_each_and_keep_an_append_in_its_lane():
     ids = iter(range(500, 600))
     lanes = SessionLanes(lambda: next(ids), 2)
-    lane_a, out_a = lanes.send(Sending(("a",), (1,)))
-    lane_b, out_b = lanes.send(Sending(("b", "c"), (1, 2)))
-    assert (lane_a, lane_b) == (0, 1) and out_a.ident[0] != out_b.ident[0]
+    out_a = lanes.step(Sending(("a",), (1,)))
+    out_b = lanes.step(Sending(("b", "c"), (1, 2)))
+    assert (out_a.lane, out_b.lane) == (0, 1) and out_a.ident[0] != out_b.ident[0]
     assert out_b.idents == ((out_b.ident[0], 0), (out_b.ident[0], 1))
     assert not lanes.sendable("d")  # both lanes carry a call
     with pytest.raises(ValueError):
-        lanes.send(Sending(("d",), (1,)))
-    lanes.step(Answered(("a",), Outcome.REFUSED))  # "a" keeps its identity in lane 0
-    lanes.release(lane_a)
+        lanes.step(Sending(("d",), (1,)))
+    lanes.step(Answered(("a",), Outcome.REFUSED))  # lane 0 is free; "a" keeps its identity
     assert lanes.pinned("a") and lanes.lane_of("a") == 0 and not lanes.sendable("b")
     with pytest.raises(ValueError):  # one call carries appends of one lane
-        lanes.send(Sending(("a", "b"), (1, 1)))
-    lane, out = lanes.send(Sending(("a",), (1,)))
-    assert lane == 0 and out.ident == out_a.ident  # the same identity, in its lane
-    lanes.step(Answered(("a",), Outcome.STORED))
-    lanes.release(lane)
-    assert lanes.lane_of("a") is None and lanes.sendable("d")  # ended: forgotten
-    assert lanes.step(GaveUp("zz")) == lanes.lanes[0].step(GaveUp("zz"))  # known nowhere
-    assert lanes.client_id == out_a.ident[0] and lanes.sessions_started == 1
+        lanes.step(Sending(("a", "b"), (1, 1)))
+    again = lanes.step(Sending(("a",), (1,)))
+    assert again.lane == 0 and again.ident == out_a.ident  # the same identity, in its lane
+    lanes.step(GaveUp("a"))  # given up while out: forgotten, and its call still frees lane 0
+    assert lanes.lane_of("a") is None and not lanes.sendable("d")
+    assert lanes.step(Answered(("a",), Outcome.UNKNOWN)).action is Action.DONE
+    assert lanes.sendable("d") and lanes.step(Sending(("d",), (1,))).lane == 0
+    assert lanes.sessions_started == 2  # lane 0 left the session "a" ended unanswered in
     with pytest.raises(ValueError):
         SessionLanes(lambda: next(ids), 0)
 
