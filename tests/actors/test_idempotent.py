@@ -118,7 +118,7 @@ def test_a_refused_append_starts_a_new_session_for_what_follows(make_group):
     assert c.client_id != old and c.get(r.index).body == b"two"
 
 
-def test_concurrent_callers_share_one_session_in_order(make_group):
+def test_concurrent_callers_of_one_client_commit_every_append_once(make_group):
     g = make_group(members=3)
     g.wait_for_leader()
     c = g.client(idempotent=True)
