@@ -29,6 +29,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from rayledger.actors.core import member as mc
 from rayledger.actors.core.member_logic import EntriesRead, MemberLogic, StartLeading, StopLeading
 from rayledger.election import MemoryTermStore, Role
 from rayledger.replication import PushEntryRequest
@@ -38,7 +39,7 @@ from rayledger.replication.checker import CheckerLogic
 from rayledger.replication.dispatcher import CachedBatch, DispatcherLogic
 from rayledger.replication.messages import TURN_END, Inline, Push
 from rayledger.replication.push import COMMIT_LINGER_MS
-from rayledger.storage import MemoryStore, StoreConfig
+from rayledger.storage import LedgerError, MemoryStore, ResponseCode, StoreConfig
 
 from .group_sim import SIM_ELECTION, SIM_REPLICATION, SIM_STORE
 
@@ -376,3 +377,25 @@ def test_unfenced_answer_would_commit_the_old_entries(monkeypatch) -> None:
     assert _terms(f.store, 2, f.store.committed_index) != _terms(
         g.store("n"), 2, f.store.committed_index
     )
+
+
+def test_entries_compacted_while_read_are_answered_as_compacted() -> None:
+    """The fence passed and the entries are read outside the member's lock: a compaction
+    meanwhile fails that read, and the dispatcher is answered as if it had found them
+    compacted (``(None, info)``: it learns the leader's begin), never with an error."""
+    g = stale_dispatcher_needs_entries()
+    n = g.logic["n"]
+    f = dl.Fetch(g.T + 1, "batch", 2, CONFIG.max_batch_push_bytes, CONFIG.max_batch_push_count)
+    assert isinstance(n.answer_fetch(f), EntriesRead)  # n leads T + 1: read outside the lock
+
+    def step(ev):
+        return mc.MemberOut(reply=n.answer_fetch(ev.fetch, ev.read_failed))
+
+    batch, info = mc.answer_fetch(step, n.store, f)
+    assert batch.first_index == 2 and info == n.leader_info()
+
+    class Compacted:
+        def read_batch(self, *_a):
+            raise LedgerError.of(ResponseCode.INDEX_OUT_OF_BOUNDS, "compacted meanwhile")
+
+    assert mc.answer_fetch(step, Compacted(), f) == (None, n.leader_info())
