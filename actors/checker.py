@@ -9,18 +9,21 @@ entries of the current term commit directly), which rounds succeed, time out
 :class:`~rayledger.replication.checker.CheckerDriver` carries its answers out: to the leader as one
 :meth:`MemberActor.on_resolved` call per loop turn, to the dispatchers as ``on_committed``.  This
 actor only makes those Ray calls.
+
+A threaded actor (:mod:`.threadloop` says why): one Ray thread takes the calls in the order
+they were sent and delivers them under the driver's lock; the driver's loop runs on a thread
+of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 
 import ray
-from rayledger.actors.aioloop import AsyncioLoop
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.core.pump import CheckerDriver
+from rayledger.actors.threadloop import ThreadLoop
 from rayledger.replication.checker import (
     AddRound,
     BecomeLeader,
@@ -52,7 +55,7 @@ class _CheckerRayPorts:
             d.on_committed.remote(term, committed)
 
 
-@ray.remote(num_cpus=0, max_concurrency=1000)
+@ray.remote(num_cpus=0, max_concurrency=1)
 class QuorumAckCheckerActor:
     def __init__(self, group: str, self_id: str, peers: list[str], config: LedgerConfig, member):
         self.group, self.self_id = group, self_id
@@ -60,61 +63,55 @@ class QuorumAckCheckerActor:
         self.driver = CheckerDriver(
             CheckerLogic(group, self_id, list(peers), config.replication),
             self.ports,
-            lock=threading.Lock(),  # a compiled graph's thread delivers too
+            lock=threading.Lock(),  # the loop's and a compiled graph's threads deliver too
+            guard=threading.RLock(),
         )
+        self.driver.attach(ThreadLoop(f"rayledger-checker-{group}"))
         self.logic = self.driver.logic
         restarted = ray.get_runtime_context().was_current_actor_reconstructed  # set me up again
         member.helper_started.remote("checker", None, os.getpid(), restarted)
 
-    def _attach(self) -> None:
-        if self.driver.pump.loop is None:
-            self.driver.attach(AsyncioLoop(asyncio.get_running_loop()))
-
-    async def pid(self) -> int:
+    def pid(self) -> int:
         return os.getpid()
 
-    async def set_dispatchers(self, dispatchers: list) -> None:
+    def set_dispatchers(self, dispatchers: list) -> None:
         """The member's dispatchers: told when the committed index moves, for their COMMITs."""
         self.ports.dispatchers = list(dispatchers)
 
-    async def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list:
-        self._attach()
+    def become_leader(self, term: int, term_start_index: int, info: LeaderInfo) -> list:
         return self.driver.deliver(BecomeLeader(term, term_start_index, info))
 
-    async def configure(self, term: int, info: LeaderInfo) -> bool:
+    def configure(self, term: int, info: LeaderInfo) -> bool:
         """The leader of ``term`` acts on a new configuration."""
-        self._attach()
         return self.driver.deliver(Configure(term, info))
 
-    async def step_down(self, term: int) -> list:
+    def step_down(self, term: int) -> list:
         """Leadership ended: the rounds still waiting are answered to the caller."""
         return self.driver.deliver(LeadershipEnded(term))
 
     @ray.method(enable_task_events=False)
-    async def add_round(
+    def add_round(
         self, term: int, first: int, last: int, token, leader_mark: int, config=None
     ) -> None:
         """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
         counts its own copy (see :meth:`MemberLogic.water_mark`); ``config``: the
         ``(index, Configuration)`` the round holds, counted from now on."""
-        self._attach()
         self.driver.deliver(AddRound(term, first, last, token, leader_mark, config))
 
     @ray.method(enable_task_events=False)
-    async def report(self, term: int, peer: str, water_mark: int) -> int | None:
+    def report(self, term: int, peer: str, water_mark: int) -> int | None:
         """A follower stores the leader's log up to ``water_mark``; returns the committed
         index of ``term`` (None when this checker does not serve that term)."""
-        self._attach()
         return self.driver.deliver(Report(term, peer, water_mark))
 
     # -- the compiled path (see fastpath.py); cg_report runs on the graph's thread -----------
-    async def cg_begin(self, term: int, gen: int) -> None:
+    def cg_begin(self, term: int, gen: int) -> None:
         if not self.driver.deliver(GraphBegin(term, gen)):
             raise LedgerError.of(
                 ResponseCode.TERM_CHANGED, f"checker serves term {self.logic.term}"
             )
 
-    async def cg_end(self, gen: int) -> None:
+    def cg_end(self, gen: int) -> None:
         self.driver.deliver(GraphEnd(gen))
 
     def cg_report(self, ack):

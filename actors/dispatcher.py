@@ -11,7 +11,7 @@ compiled graph's entry points.
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -19,13 +19,13 @@ import time
 from dataclasses import replace
 
 import ray
-from rayledger.actors.aioloop import AsyncioLoop
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.core.pump import DispatcherDriver
-from rayledger.actors.faults import LinkDown, LinkFaults
+from rayledger.actors.faults import LinkFaults
 from rayledger.actors.metrics import PeerMetrics
 from rayledger.actors.naming import NAMESPACE, actor_name
 from rayledger.actors.priority import set_background
+from rayledger.actors.threadloop import ThreadLoop
 from rayledger.actors.wire import out_of_band
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.dispatcher import (
@@ -56,13 +56,13 @@ class _DispatcherRayPorts:
         self.a = actor
 
     def push(self, req: PushEntryRequest) -> None:
-        asyncio.ensure_future(self.a._send(req))
+        self.a._send(req)
 
     def fetch(self, f: Fetch) -> None:
-        asyncio.ensure_future(self.a._fetch(f))
+        self.a._fetch(f)
 
     def report(self, term: int, wm: int) -> None:
-        asyncio.ensure_future(self.a._report(term, wm))
+        self.a._report(term, wm)
 
     def progress(self, term: int, wm: int) -> None:
         self.a.member.on_peer_progress.remote(self.a.peer_id, term, wm)
@@ -71,7 +71,7 @@ class _DispatcherRayPorts:
         set_background(background)
 
 
-@ray.remote(num_cpus=0, max_concurrency=1000)
+@ray.remote(num_cpus=0, max_concurrency=1)
 class EntryDispatcherActor:
     def __init__(
         self, group: str, self_id: str, peer_id: str, config: LedgerConfig, member, checker
@@ -83,8 +83,11 @@ class EntryDispatcherActor:
                 group, self_id, peer_id, config.replication, config.dispatcher_cache_bytes
             ),
             _DispatcherRayPorts(self),
-            lock=threading.Lock(),  # a compiled graph's thread delivers too
+            lock=threading.Lock(),  # the loop's and a compiled graph's threads deliver too
+            guard=threading.RLock(),
         )
+        self.loop = ThreadLoop(f"rayledger-dispatcher-{group}-{peer_id}")
+        self.driver.attach(self.loop)
         self.logic = self.driver.logic
         self.member = member
         restarted = ray.get_runtime_context().was_current_actor_reconstructed  # set me up again
@@ -93,18 +96,15 @@ class EntryDispatcherActor:
         self.faults = LinkFaults()
         self._follower = None
         self._reader: StoreReader | None = None  # the leader's files, for committed entries
+        self._files: concurrent.futures.ThreadPoolExecutor | None = None  # reads them
         self._file_reads = 0
         self._metrics = PeerMetrics(group, self_id, peer_id)
 
-    def _attach(self) -> None:
-        if self.driver.pump.loop is None:
-            self.driver.attach(AsyncioLoop(asyncio.get_running_loop()))
-
-    async def pid(self) -> int:
+    def pid(self) -> int:
         return os.getpid()
 
     @ray.method(enable_task_events=False)
-    async def progress(self) -> dict:
+    def progress(self) -> dict:
         """Where replication to this follower stands (like etcd's Progress), for operators
         and failure messages."""
         with self.driver.lock:
@@ -126,35 +126,32 @@ class EntryDispatcherActor:
             }
 
     # -- from the member and the checker -------------------------------------------------
-    async def activate(self, info: LeaderInfo) -> None:
-        self._attach()
+    def activate(self, info: LeaderInfo) -> None:
         self.driver.deliver(Activate(info))
 
-    async def deactivate(self, term: int) -> None:
+    def deactivate(self, term: int) -> None:
         self.driver.deliver(Deactivate(term))
 
     @ray.method(enable_task_events=False)
-    async def on_announcement(self, a: Announcement) -> None:
+    def on_announcement(self, a: Announcement) -> None:
         """The leader stored a round: push it now when it is next in line."""
-        self._attach()
         self.driver.deliver(RoundAnnounced(a))
 
     @ray.method(enable_task_events=False)
-    async def on_committed(self, term: int, index: int) -> None:
-        self._attach()
+    def on_committed(self, term: int, index: int) -> None:
         self.driver.deliver(Committed(term, index))
 
-    async def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
+    def set_faults(self, cut: list[str], drop: dict, delay_ms: dict) -> None:
         self.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
 
     # -- the compiled path (see fastpath.py); cg_* run on the graph's thread -----------------
-    async def cg_begin(self, term: int, gen: int) -> None:
+    def cg_begin(self, term: int, gen: int) -> None:
         if not self.driver.deliver(GraphBegin(term, gen)):
             raise LedgerError.of(
                 ResponseCode.TERM_CHANGED, f"dispatcher serves term {self.logic.term}"
             )
 
-    async def cg_end(self, gen: int) -> None:
+    def cg_end(self, gen: int) -> None:
         """The leader left graph ``gen``: its pushes in flight are lost, push again."""
         self.driver.deliver(GraphEnd(gen))
 
@@ -188,33 +185,63 @@ class EntryDispatcherActor:
         self._file_reads += 1
         return batch, None
 
-    async def _fetch(self, f: Fetch) -> None:
-        try:
-            if f.from_files:
-                loop = asyncio.get_running_loop()
-                answer = await loop.run_in_executor(None, self._committed_from_files, f)
-                if answer is not None:
-                    self.driver.deliver(Fetched(f, answer))
-                    return
-            answer = await self.member.fetch.remote(f)
-            self.driver.deliver(Fetched(f, answer))
-        except (ray.exceptions.RayError, LedgerError) as exc:
-            log.debug(
-                "[%s->%s] term=%d fetch %s@%d failed: %s",
-                self.self_id,
-                self.peer_id,
-                f.term,
-                f.kind,
-                f.index,
-                exc,
-            )
-            self.driver.deliver(Fetched(f, failed=True))
+    def _fetch(self, f: Fetch) -> None:
+        """Ask the leader's files (off this loop, they may be slow) or else the member."""
+        if f.from_files:
+            if self._files is None:
+                self._files = concurrent.futures.ThreadPoolExecutor(1, "rayledger-files")
+            self._files.submit(self._fetch_from_files, f)
+        else:
+            self._fetch_from_member(f)
 
-    async def _send(self, req: PushEntryRequest) -> None:
-        resp, t0 = None, time.perf_counter()
+    def _fetch_from_files(self, f: Fetch) -> None:
         try:
-            if self.faults.active:
-                await self.faults.before_send(self.peer_id)
+            answer = self._committed_from_files(f)
+        except LedgerError as exc:
+            self.loop.call_soon(self._fetch_failed, f, exc)
+            return
+        if answer is None:
+            self.loop.call_soon(self._fetch_from_member, f)
+        else:
+            self.loop.call_soon(self.driver.deliver, Fetched(f, answer))
+
+    def _fetch_from_member(self, f: Fetch) -> None:
+        def done(answer, exc: BaseException | None) -> None:
+            if exc is not None:
+                self._fetch_failed(f, exc)
+            else:
+                self.driver.deliver(Fetched(f, answer))
+
+        self.loop.on_done(self.member.fetch.remote(f), done)
+
+    def _fetch_failed(self, f: Fetch, exc: BaseException) -> None:
+        log.debug(
+            "[%s->%s] term=%d fetch %s@%d failed: %s",
+            self.self_id,
+            self.peer_id,
+            f.term,
+            f.kind,
+            f.index,
+            exc,
+        )
+        self.driver.deliver(Fetched(f, failed=True))
+
+    def _send(self, req: PushEntryRequest) -> None:
+        """Push ``req`` to the follower; its answer (None: lost, refused or late) goes to the
+        driver on the loop."""
+        t0 = time.perf_counter()
+        if self.faults.active:
+            dropped, wait_ms = self.faults.verdict(self.peer_id)
+            if dropped:
+                self.loop.call_later_ms(int(wait_ms), self._lost, req, t0, "link down")
+                return
+            if wait_ms:
+                self.loop.call_later_ms(int(wait_ms), self._send_now, req, t0)
+                return
+        self._send_now(req, t0)
+
+    def _send_now(self, req: PushEntryRequest, t0: float) -> None:
+        try:
             if self._follower is None:
                 self._follower = ray.get_actor(
                     actor_name(self.group, self.peer_id), namespace=NAMESPACE
@@ -233,27 +260,54 @@ class EntryDispatcherActor:
                 ref = self._follower.push.remote(replace(req, batch=inline), None)
             else:  # the follower's argument: Ray resolves it there, once
                 ref = self._follower.push.remote(replace(req, batch=None), batch.payload.ref)
-            resp = await asyncio.wait_for(ref, self.config.rpc_timeout_ms / 1000)
-        except (LinkDown, asyncio.TimeoutError, ray.exceptions.RayError, ValueError) as exc:
-            log.debug(
-                "[%s->%s] push %s@%d term=%d failed: %s",
-                self.self_id,
-                self.peer_id,
-                req.type.value,
-                req.first_index,
-                req.term,
-                exc,
-            )
+        except (ray.exceptions.RayError, ValueError) as exc:
             if isinstance(exc, ValueError):
                 self._follower = None
+            self.loop.call_soon(self._lost, req, t0, exc)
+            return
+        pending = [True]  # until the answer or the timeout, whichever comes first
+
+        def answered(resp, exc: BaseException | None) -> None:
+            if pending[0]:
+                pending[0] = False
+                timer.cancel()
+                if exc is not None:
+                    self._lost(req, t0, exc)
+                else:
+                    self._answered(req, t0, resp)
+
+        def timed_out() -> None:
+            if pending[0]:
+                pending[0] = False
+                self._lost(req, t0, "no answer in time")
+
+        timer = self.loop.call_later_ms(self.config.rpc_timeout_ms, timed_out)
+        self.loop.on_done(ref, answered)
+
+    def _lost(self, req: PushEntryRequest, t0: float, why: object) -> None:
+        log.debug(
+            "[%s->%s] push %s@%d term=%d failed: %s",
+            self.self_id,
+            self.peer_id,
+            req.type.value,
+            req.first_index,
+            req.term,
+            why,
+        )
+        self._answered(req, t0, None)
+
+    def _answered(self, req: PushEntryRequest, t0: float, resp) -> None:
         self.driver.deliver(FollowerAnswer(req, resp))
         self._metrics.answered(t0, resp, self.logic)
 
-    async def _report(self, term: int, wm: int) -> None:
-        try:
-            committed = await self.checker.report.remote(term, self.peer_id, wm)
-        except ray.exceptions.RayError as exc:
-            log.debug("[%s->%s] term=%d report failed: %s", self.self_id, self.peer_id, term, exc)
-            self.driver.deliver(Reported(term, wm, failed=True))
-            return
-        self.driver.deliver(Reported(term, wm, committed))
+    def _report(self, term: int, wm: int) -> None:
+        def done(committed, exc: BaseException | None) -> None:
+            if exc is not None:
+                log.debug(
+                    "[%s->%s] term=%d report failed: %s", self.self_id, self.peer_id, term, exc
+                )
+                self.driver.deliver(Reported(term, wm, failed=True))
+            else:
+                self.driver.deliver(Reported(term, wm, committed))
+
+        self.loop.on_done(self.checker.report.remote(term, self.peer_id, wm), done)

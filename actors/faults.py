@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from rayledger.actors.ray_compat import check_ray_version, kv_del, kv_get, kv_put
 
+#: How long a dropped message takes to fail.
+DROP_WAIT_MS = 20.0
+
 
 class LinkDown(Exception):
     """A call was dropped by injected faults (the sender sees a lost message)."""
@@ -29,14 +32,20 @@ class LinkFaults:
     def active(self) -> bool:
         return bool(self.cut or self.drop or self.delay_ms)
 
+    def verdict(self, peer: str) -> tuple[bool, float]:
+        """Whether a message to ``peer`` is dropped, and how long it waits first (ms): a
+        dropped one fails after a short wait, so loops do not spin."""
+        if peer in self.cut or random.random() < self.drop.get(peer, 0.0):
+            return True, DROP_WAIT_MS
+        return False, self.delay_ms.get(peer, 0.0)
+
     async def before_send(self, peer: str) -> None:
         """Raise LinkDown for a dropped message; sleep for an added delay."""
-        if peer in self.cut or random.random() < self.drop.get(peer, 0.0):
-            await asyncio.sleep(0.02)
+        dropped, wait_ms = self.verdict(peer)
+        if wait_ms:
+            await asyncio.sleep(wait_ms / 1000)
+        if dropped:
             raise LinkDown(peer)
-        delay = self.delay_ms.get(peer)
-        if delay:
-            await asyncio.sleep(delay / 1000)
 
 
 # Faults follow a member across restarts until heal(): the group records them in Ray's

@@ -60,15 +60,25 @@ class Loop(Protocol):
 
 class Pump:
     """Run ``step(now_ms)`` once per loop turn however many events asked for it
-    (:meth:`kick`), and again at the wake time it returns (one timer, re-armed each run)."""
+    (:meth:`kick`), and again at the wake time it returns (one timer, re-armed each run).
 
-    __slots__ = ("loop", "step", "scheduled", "timer")
+    A threaded actor runs it from Ray's threads as well as from its loop's: its ``guard``
+    (a re-entrant lock there) keeps one run at a time, so a Ready's calls leave in the order
+    the core made them."""
 
-    def __init__(self, loop: Loop | None, step: Callable[[int], int | None]):
+    __slots__ = ("loop", "step", "scheduled", "timer", "guard")
+
+    def __init__(
+        self,
+        loop: Loop | None,
+        step: Callable[[int], int | None],
+        guard: AbstractContextManager | None = None,
+    ):
         self.loop = loop
         self.step = step
         self.scheduled = False
         self.timer: Handle | None = None
+        self.guard = guard if guard is not None else nullcontext()
 
     def kick(self) -> None:
         if not self.scheduled and self.loop is not None:
@@ -76,19 +86,21 @@ class Pump:
             self.loop.call_soon(self.run)
 
     def run(self) -> None:
-        self.scheduled = False
-        self.cancel()
-        if self.loop is None:
-            return
-        now = self.loop.now_ms()
-        wake = self.step(now)
-        if wake is not None:
-            self.timer = self.loop.call_later_ms(max(1, wake - now), self.run)
+        with self.guard:
+            self.scheduled = False
+            self.cancel()
+            if self.loop is None:
+                return
+            now = self.loop.now_ms()
+            wake = self.step(now)
+            if wake is not None:
+                self.timer = self.loop.call_later_ms(max(1, wake - now), self.run)
 
     def cancel(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        with self.guard:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
 
 
 L = TypeVar("L")
@@ -100,13 +112,19 @@ class Driver(Generic[L, P]):
     (``ports``), the lock a compiled graph's thread takes too (``lock``), and the :class:`Pump` that
     runs :meth:`_run` -- the core's Ready carried out -- on the loop it is attached to."""
 
-    def __init__(self, logic: L, ports: P, lock: AbstractContextManager | None = None):
+    def __init__(
+        self,
+        logic: L,
+        ports: P,
+        lock: AbstractContextManager | None = None,
+        guard: AbstractContextManager | None = None,
+    ):
         self.logic = logic
         self.ports = ports
         # a shell whose events also come from another thread (a compiled graph's) passes a
         # threading.Lock; one thread needs none
         self.lock = lock if lock is not None else nullcontext()
-        self.pump = Pump(None, self._run)
+        self.pump = Pump(None, self._run, guard)  # guard: see Pump
 
     def attach(self, loop: Loop) -> None:
         self.pump.loop = loop
