@@ -33,25 +33,33 @@ TINY = FloorSizes(singles=20, threads=3, seconds=0.5, clients=2, rounds=2, batch
 
 @pytest.mark.ray
 @pytest.mark.parametrize(
-    "threaded",
-    [False, pytest.param(True, marks=pytest.mark.chaos)],  # CI's budget: one mode
-    ids=["asyncio", "threaded"],
+    "actors",
+    [
+        "mixed",
+        pytest.param("asyncio", marks=pytest.mark.chaos),  # CI's budget: one model
+        pytest.param("threaded", marks=pytest.mark.chaos),
+    ],
 )
-def test_tiny_floor_gives_positive_figures(ray_session, threaded):
-    r = run_floor(FloorSizes(**{**TINY.__dict__, "threaded": threaded}))
+def test_tiny_floor_gives_positive_figures(ray_session, actors):
+    r = run_floor(FloorSizes(**{**TINY.__dict__, "actors": actors}))
     for key in FIGURES:
         assert r[key] > 0, (key, r)
     assert r["floor_concurrent_errors"] == 0 and r["floor_batch_errors"] == 0, r
-    assert r["floor_actors"] == ("threaded" if threaded else "asyncio")
+    assert r["floor_actors"] == actors
 
 
-@pytest.mark.parametrize("threaded", [False, True])
-def test_floor_actors_never_import_rayledger(threaded):
+def test_an_unknown_actor_model_is_refused():
+    with pytest.raises(ValueError, match="one of mixed, asyncio, threaded"):
+        _actor_classes("fibers")
+
+
+@pytest.mark.parametrize("actors", ["mixed", "asyncio", "threaded"])
+def test_floor_actors_never_import_rayledger(actors):
     """Ray ships the chain's classes by value: a process that loads them has no rayledger
     module (so the floor measures Ray, not our imports or code)."""
     from ray import cloudpickle
 
-    blobs = [cloudpickle.dumps(c.__ray_metadata__.modified_class) for c in _actor_classes(threaded)]
+    blobs = [cloudpickle.dumps(c.__ray_metadata__.modified_class) for c in _actor_classes(actors)]
     code = (
         "import pickle, sys\n"
         "for b in pickle.loads(sys.stdin.buffer.read()): pickle.loads(b)\n"
@@ -116,9 +124,9 @@ def test_floor_flags_reach_the_group_bench():
     from rayledger.integration.cli.main import parse_args
 
     opts = group_options(parse_args(["bench", "group"]))
-    assert opts["floor"] is True and opts["floor_threaded"] is False
-    opts = group_options(parse_args(["bench", "peer", "--no-floor", "--floor-threaded"]))
-    assert opts["floor"] is False and opts["floor_threaded"] is True
+    assert opts["floor"] is True and opts["floor_actors"] == "mixed"
+    opts = group_options(parse_args(["bench", "peer", "--no-floor", "--floor-actors", "asyncio"]))
+    assert opts["floor"] is False and opts["floor_actors"] == "asyncio"
 
 
 def test_a_closed_client_refuses():
@@ -141,7 +149,7 @@ def test_bench_group_reports_the_floor_and_the_ratios(ray_session, monkeypatch):
     assert "floor_error" not in r, r
     for key in (*FIGURES, *RATIOS, "floor_single_p50_over_rtt", "ray_rtt_p50_ms"):
         assert isinstance(r[key], int | float) and r[key] > 0, (key, r)
-    assert r["floor_actors"] == "asyncio"
+    assert r["floor_actors"] == "mixed"
 
 
 def test_bench_peer_sets_the_floor_beside_the_peers(monkeypatch):
@@ -162,8 +170,8 @@ def test_bench_peer_sets_the_floor_beside_the_peers(monkeypatch):
     monkeypatch.setattr(peer, "run_pysyncobj", lambda **kw: dict(side))
     monkeypatch.setattr(etcd_peer, "run_etcd", lambda **kw: {"skipped": "no etcd"})
     monkeypatch.setattr(bench_group, "run", group_run)
-    r = peer.run(quick=True, floor_threaded=True)
-    assert asked["floor"] is True and asked["floor_threaded"] is True
+    r = peer.run(quick=True, floor_actors="threaded")
+    assert asked["floor"] is True and asked["floor_actors"] == "threaded"
     assert r["floor"]["single_p50_ms"] == 1.0 and r["floor"]["cpu_ms_per_append"] == 0.5
     assert r["ratio_floor"]["single_p50_ms"] == 0.5  # floor/rayledger for latencies
     assert r["ratio_floor"]["batch_entries_per_s"] == 2.0  # rayledger/floor for throughputs

@@ -2,7 +2,8 @@
 :class:`~rayledger.replication.messages.TurnEnd` once per loop turn and carries its Ready
 out, and the drivers of the checker's and the dispatchers' cores.
 
-Sans-I/O: a :class:`Loop` is whatever delivers -- asyncio on a Ray actor
+Sans-I/O: a :class:`Loop` is whatever delivers -- a threaded helper actor's own loop thread
+(:class:`~rayledger.actors.threadloop.ThreadLoop`), the fast path's asyncio loop
 (:class:`~rayledger.actors.aioloop.AsyncioLoop`), the simulation's node-local queue in
 ``tests/simulation``.  A driver (:class:`CheckerDriver`, :class:`DispatcherDriver`, the fast
 path's) only talks to a Loop and to its ports, so the Ray actors and the simulation run the
@@ -121,8 +122,8 @@ class Driver(Generic[L, P]):
     ):
         self.logic = logic
         self.ports = ports
-        # a shell whose events also come from another thread (a compiled graph's) passes a
-        # threading.Lock; one thread needs none
+        # a shell whose events come from more than one thread (Ray's, its loop's, a compiled
+        # graph's) passes a threading.Lock; one thread needs none
         self.lock = lock if lock is not None else nullcontext()
         self.pump = Pump(None, self._run, guard)  # guard: see Pump
 

@@ -20,11 +20,14 @@ appends arriving meanwhile join the next round.  The client coalesces as ``Ledge
 does: threads enqueue, one call carries everything queued, at most 4 calls in flight, and an
 append goes out from its caller's thread when nothing is queued.
 
-Concurrency models: asyncio actors by default (as rayledger's are; the leader starts a round
-at the end of its loop turn, so calls that land together share it); ``threaded=True`` gives
-threaded (sync) actors instead: the leader's calls block a thread each and a lock owns its
-state, each dispatcher and follower runs one call at a time (which keeps a follower's rounds
-in order), the checker's state is under a lock.
+Concurrency models (``actors``), per actor as rayledger runs them by default (``mixed``):
+the leader and the followers asyncio actors (the leader starts a round at the end of its loop
+turn, so calls that land together share it), the dispatchers and the checker threaded (sync)
+actors, each running one call at a time (a dispatcher waits for its follower's answer and
+the checker's, the checker's state is under a lock).  ``asyncio`` makes every actor an
+asyncio one, ``threaded`` every actor a threaded one: the leader's calls block a thread each
+and a lock owns its state, a follower runs one call at a time (which keeps its rounds in
+order).
 
 The actor classes are built inside a function, so Ray ships them by value and the actors'
 processes never import rayledger (:meth:`FloorChain.processes` shows what they loaded).
@@ -64,9 +67,22 @@ class FloorError(Exception):
     """An append of the floor failed or got no answer in time."""
 
 
-def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any, Any]:
-    """The leader, dispatcher, follower and checker classes (local classes: Ray pickles them
-    by value, so nothing here may call a module-level function of this file)."""
+#: The floor's concurrency models: which of (leader, dispatcher, follower, checker) run as
+#: threaded actors; the others are asyncio actors.
+ACTOR_MODELS = {
+    "mixed": (False, True, False, True),
+    "asyncio": (False, False, False, False),
+    "threaded": (True, True, True, True),
+}
+
+
+def _actor_classes(actors: str, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any, Any]:
+    """The leader, dispatcher, follower and checker classes for the model ``actors`` (one
+    of :data:`ACTOR_MODELS`; local classes: Ray pickles them by value, so nothing here may
+    call a module-level function of this file)."""
+    if actors not in ACTOR_MODELS:
+        raise ValueError(f"floor actors {actors!r}: one of {', '.join(ACTOR_MODELS)}")
+    threaded = ACTOR_MODELS[actors]
 
     class FloorLeaderLog:
         """The leader's side of rounds: the next round gathers, one round waits."""
@@ -157,64 +173,61 @@ def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any
         """This actor's pid and the rayledger modules its process has loaded."""
         return os.getpid(), sorted(m for m in sys.modules if m.startswith("rayledger"))
 
-    if threaded:
-        # appends block a thread each until their round commits: the checker's answer has
-        # threads of its own, so no number of callers can starve it
-        @ray.remote(num_cpus=0, max_concurrency=256, concurrency_groups={"commit": 1})
-        class Leader(FloorLeaderLog):
-            def __init__(self) -> None:
-                super().__init__()
-                self.lock = threading.Lock()
+    # appends block a thread each until their round commits: the checker's answer has
+    # threads of its own, so no number of callers can starve it
+    @ray.remote(num_cpus=0, max_concurrency=256, concurrency_groups={"commit": 1})
+    class Leader(FloorLeaderLog):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lock = threading.Lock()
 
-            def append(self, bodies: list[bytes]) -> int:
-                fut: concurrent.futures.Future = concurrent.futures.Future()
-                with self.lock:  # the round goes out under the lock: rounds stay in order
-                    self.next.append((bodies, fut))
-                    self.start_round()
-                return fut.result()
+        def append(self, bodies: list[bytes]) -> int:
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            with self.lock:  # the round goes out under the lock: rounds stay in order
+                self.next.append((bodies, fut))
+                self.start_round()
+            return fut.result()
 
-            @ray.method(concurrency_group="commit")
-            def committed(self, index: int) -> None:
-                with self.lock:
-                    self.resolve(index)
+        @ray.method(concurrency_group="commit")
+        def committed(self, index: int) -> None:
+            with self.lock:
+                self.resolve(index)
 
-            process = _process
+        process = _process
 
-        @ray.remote(num_cpus=0, max_concurrency=1)
-        class Dispatcher:
-            def __init__(self, peer: int, follower, checker) -> None:
-                self.peer, self.follower, self.checker = peer, follower, checker
+    @ray.remote(num_cpus=0, max_concurrency=1)
+    class Dispatcher:
+        def __init__(self, peer: int, follower, checker) -> None:
+            self.peer, self.follower, self.checker = peer, follower, checker
 
-            def push(self, first: int, last: int, payload: bytes) -> None:
-                wm = ray.get(self.follower.append.remote(first, last, payload))
-                ray.get(self.checker.report.remote(self.peer, wm))
+        def push(self, first: int, last: int, payload: bytes) -> None:
+            wm = ray.get(self.follower.append.remote(first, last, payload))
+            ray.get(self.checker.report.remote(self.peer, wm))
 
-            process = _process
+        process = _process
 
-        @ray.remote(num_cpus=0, max_concurrency=1)
-        class Follower(FollowerLog):
-            def append(self, first: int, last: int, payload: bytes) -> int:
-                return self.store(first, last, payload)
+    @ray.remote(num_cpus=0, max_concurrency=1)
+    class Follower(FollowerLog):
+        def append(self, first: int, last: int, payload: bytes) -> int:
+            return self.store(first, last, payload)
 
-            process = _process
+        process = _process
 
-        @ray.remote(num_cpus=0, max_concurrency=4)
-        class Checker(Quorum):
-            def __init__(self, leader, followers: int, quorum: int) -> None:
-                super().__init__(leader, followers, quorum)
-                self.lock = threading.Lock()
+    @ray.remote(num_cpus=0, max_concurrency=4)
+    class Checker(Quorum):
+        def __init__(self, leader, followers: int, quorum: int) -> None:
+            super().__init__(leader, followers, quorum)
+            self.lock = threading.Lock()
 
-            def register(self, last: int) -> None:
-                with self.lock:
-                    self.add(last)
+        def register(self, last: int) -> None:
+            with self.lock:
+                self.add(last)
 
-            def report(self, peer: int, wm: int) -> None:
-                with self.lock:
-                    self.mark(peer, wm)
+        def report(self, peer: int, wm: int) -> None:
+            with self.lock:
+                self.mark(peer, wm)
 
-            process = _process
-
-        return Leader, Dispatcher, Follower, Checker
+        process = _process
 
     @ray.remote(num_cpus=0)
     class AsyncLeader(FloorLeaderLog):
@@ -271,7 +284,15 @@ def _actor_classes(threaded: bool, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any
         async def process(self) -> tuple[int, list[str]]:
             return _process(self)
 
-    return AsyncLeader, AsyncDispatcher, AsyncFollower, AsyncChecker
+    pairs = (
+        (Leader, AsyncLeader),
+        (Dispatcher, AsyncDispatcher),
+        (Follower, AsyncFollower),
+        (Checker, AsyncChecker),
+    )
+    sync_cls, async_cls = zip(*pairs, strict=True)
+    chosen = [s if t else a for s, a, t in zip(sync_cls, async_cls, threaded, strict=True)]
+    return chosen[0], chosen[1], chosen[2], chosen[3]
 
 
 @dataclass(eq=False)
@@ -409,12 +430,12 @@ class FloorClient:
 class FloorChain:
     """A running chain: its actors, and clients of its leader; :meth:`shutdown` kills them."""
 
-    def __init__(self, followers: int = 2, threaded: bool = False) -> None:
-        self.threaded = threaded
+    def __init__(self, followers: int = 2, actors: str = "mixed") -> None:
+        self.actors_model = actors
         self.actors: list = []
         self.clients: list[FloorClient] = []
         try:
-            leader_cls, dispatcher_cls, follower_cls, checker_cls = _actor_classes(threaded)
+            leader_cls, dispatcher_cls, follower_cls, checker_cls = _actor_classes(actors)
             quorum = (followers + 1) // 2 + 1
             self.leader = leader_cls.remote()
             self.actors.append(self.leader)
@@ -470,15 +491,15 @@ class FloorSizes:
     batch: int = 1000
     body: int = 128
     followers: int = 2
-    threaded: bool = False
+    actors: str = "mixed"
 
 
 def run_floor(s: FloorSizes) -> dict[str, Any]:
     """The floor's figures (``floor_*``), phase by phase as ``bench group`` takes rayledger's:
     sequential single appends, ``threads`` threads sharing one client (with the CPU of the
     chain's processes and of this one), ``clients`` clients appending batches."""
-    out: dict[str, Any] = {"floor_actors": "threaded" if s.threaded else "asyncio"}
-    with FloorChain(s.followers, s.threaded) as chain:
+    out: dict[str, Any] = {"floor_actors": s.actors}
+    with FloorChain(s.followers, s.actors) as chain:
         c = chain.client()
         payload = os.urandom(s.body)
         for _ in range(20):  # the first calls pay for connections, as the group's warm-up does

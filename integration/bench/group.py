@@ -28,7 +28,7 @@ Figures (``--json`` prints them as one object):
   on a bare Ray chain of the card's shape, right after the group is shut down, through the
   same code: ``floor_single_p50_ms``, ``floor_concurrent_entries_per_s``,
   ``floor_cpu_ms_per_append``, ``floor_batch_entries_per_s`` (and their p50/p99/errors),
-  ``floor_actors`` (``asyncio``, or ``threaded`` with ``floor_threaded``), and each group
+  ``floor_actors`` (its concurrency model, ``floor_actors``: see :mod:`.floor`), and each group
   figure over the floor's: ``single_p50_over_floor``, ``concurrent_over_floor``,
   ``cpu_over_floor``, ``batch_over_floor``, with ``floor_single_p50_over_rtt``.  Ray's cost
   on this machine drifts by up to 2x over minutes; the ratios, taken in one run, do not;
@@ -366,7 +366,7 @@ def run(
     load_seconds: float | None = None,
     appends_only: bool = False,
     floor: bool = True,
-    floor_threaded: bool = False,
+    floor_actors: str = "mixed",
 ) -> dict:
     """Every figure on a group, then (``floor``) the same loads on the bare chain of
     :mod:`.floor` right after the group is gone, and each figure's ratio to the floor's."""
@@ -404,7 +404,7 @@ def run(
         finally:
             g.shutdown(delete_data=True)
         if floor and members > 1:
-            out.update(_floor(quick, out, clients, batch, members, threads, body, floor_threaded))
+            out.update(_floor(quick, out, clients, batch, members, threads, body, floor_actors))
         if not quick and not appends_only:
             dflt = LedgerConfig(election=ElectionConfig(), store=store, **paths)
             g2 = LedgerGroup.create(f"bench-{uuid.uuid4().hex[:6]}", members, root, dflt)
@@ -425,14 +425,14 @@ def run(
 
 
 def _floor(quick: bool, out: dict, clients: int, batch: int, members: int, threads: int,
-           body: int, threaded: bool) -> dict:  # fmt: skip
+           body: int, actors: str) -> dict:  # fmt: skip
     """The floor's figures under the group's loads, and the ratios; a floor that fails is
     reported (``floor_error``), never at the cost of the group's figures."""
     from .floor import FloorSizes, over_floor, run_floor
 
     singles, rounds = _phase_sizes(quick)
     sizes = FloorSizes(singles, threads, out["load_seconds"], clients, rounds, batch, body,
-                       followers=members - 1, threaded=threaded)  # fmt: skip
+                       followers=members - 1, actors=actors)  # fmt: skip
     try:
         figures = run_floor(sizes)
     except Exception as exc:  # a benchmark's failure is a result

@@ -286,7 +286,7 @@ def run(
     fast_path: bool | None = None,
     max_rounds: int | None = None,
     floor: bool = True,
-    floor_threaded: bool = False,
+    floor_actors: str = "mixed",
 ) -> dict:
     """PySyncObj, then etcd (skipped, with a line on stderr, where its binary is absent),
     then rayledger (``bench group``) and its floor, with ratios per peer (>1: rayledger
@@ -308,7 +308,7 @@ def run(
         max_rounds=max_rounds,
         appends_only=True,
         floor=floor,
-        floor_threaded=floor_threaded,
+        floor_actors=floor_actors,
         **kw,
     )
     bare = floor_side(ours) if floor else {"skipped": "--no-floor"}

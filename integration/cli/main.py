@@ -219,9 +219,11 @@ def _add_bench(sub, common) -> None:
         help="group/peer: skip the bare Ray chain of the card's shape (the floor) and the ratios",
     )
     be.add_argument(
-        "--floor-threaded",
-        action="store_true",
-        help="group/peer: the floor's actors threaded (sync) instead of asyncio",
+        "--floor-actors",
+        choices=["mixed", "asyncio", "threaded"],
+        default="mixed",
+        help="group/peer: the floor's concurrency model; mixed (the default) as rayledger's "
+        "actors: threaded dispatchers and checker, asyncio leader and followers",
     )
     be.set_defaults(func=cmd_bench)
 
