@@ -3,7 +3,8 @@ runs callbacks in order and timers from a heap.
 
 A threaded (sync) Ray actor receives a call for about 40 % less CPU than an asyncio one, and
 a result taken through ``ObjectRef.future()`` costs about 35 % less than an ``await`` (one
-actor calling another on this machine: 300-380 us against 500-650 us at the callee).  The
+actor calling another on this machine: 300-410 us against 490-690 us at the callee; see
+docs/BENCHMARKS.md).  The
 helpers (checker, dispatchers) are such actors: Ray's threads deliver their calls straight
 to the driver, under its lock, and this loop carries the rest -- the pump's end-of-turn
 runs, its timers, and the answers of the calls the helper makes, which Ray hands to a
