@@ -292,7 +292,8 @@ COMMIT_NOTICE_MS = 5
 one of them was not told it in a report's answer (its follower is slow or down, or the
 leader's own flush made the quorum).  Under load every announcement and report answer
 carries it, and after a round each follower's report is answered with its commit, so in a
-steady group the notice is never sent."""
+steady group the notice is never sent, and its timer is dropped once every dispatcher was
+told."""
 
 Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
 
@@ -573,6 +574,8 @@ class CheckerLogic:
                 resolution = Resolution(self.term, committed, outcomes, self.config_index)
             wake = self.core.next_deadline_ms()
         notice = None
+        if self._notice is not None and not self._untold(self._notice[1]):
+            self._notice = None  # every report's answer told it: no notice, no timer
         if self._notice is not None:
             if now_ms >= self._notice_at:
                 notice, self._notice = self._notice, None

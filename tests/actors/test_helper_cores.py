@@ -164,6 +164,7 @@ def test_no_commit_notice_when_every_report_was_answered_with_the_index() -> Non
     assert c.step(ReportAnswer("n1"), 0) == 5
     c.step(Report(2, "n2", 5), 1)
     assert c.step(ReportAnswer("n2"), 0) == 5
+    assert c.step(TURN_END, 1).wake_at_ms is None  # nothing to wait for: no notice timer
     assert c.step(TURN_END, COMMIT_NOTICE_MS).notice is None
     c.step(AddRound(2, 6, 6, "s", 6), 10)
     c.step(Report(2, "n1", 6), 10)
