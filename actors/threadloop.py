@@ -4,11 +4,11 @@ runs callbacks in order and timers from a heap.
 A threaded (sync) Ray actor receives a call for about 40 % less CPU than an asyncio one, and
 a result taken through ``ObjectRef.future()`` costs about 35 % less than an ``await`` (one
 actor calling another on this machine: 300-410 us against 490-690 us at the callee; see
-docs/BENCHMARKS.md).  The
-helpers (checker, dispatchers) are such actors: Ray's threads deliver their calls straight
-to the driver, under its lock, and this loop carries the rest -- the pump's end-of-turn
-runs, its timers, and the answers of the calls the helper makes, which Ray hands to a
-callback thread that must not block (:meth:`ThreadLoop.on_done` hops them over here).
+docs/BENCHMARKS.md).  The helpers (checker, dispatchers) are such actors: Ray's threads
+deliver their calls straight to the driver, under its lock, and this loop carries the rest
+-- the pump's end-of-turn runs, its timers, and the answers of the calls the helper makes,
+which Ray hands to a callback thread that must not block (:meth:`ThreadLoop.on_done` hops
+them over here).  The thread lives as long as the actor's process.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ class ThreadLoop:
         self._timers: list = []  # (when_s, seq, timer, fn, args)
         self._seq = itertools.count()
         self._cv = threading.Condition(threading.Lock())
-        self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -76,17 +75,10 @@ class ThreadLoop:
 
         ref.future().add_done_callback(done)
 
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-
-    def _next(self) -> list | None:
-        """The callbacks due now, waiting for them; None once closed."""
+    def _next(self) -> list:
+        """The callbacks due now, waiting for them."""
         with self._cv:
             while True:
-                if self._closed:
-                    return None
                 now = time.monotonic()
                 due = []
                 while self._timers and self._timers[0][0] <= now:
@@ -102,8 +94,8 @@ class ThreadLoop:
                 self._cv.wait(wait)
 
     def _run(self) -> None:
-        while (due := self._next()) is not None:
-            for fn, args in due:
+        while True:
+            for fn, args in self._next():
                 try:
                     fn(*args)
                 except Exception:  # one callback's failure must not stop the helper

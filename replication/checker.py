@@ -579,8 +579,6 @@ class CheckerLogic:
         if self._notice is not None:
             if now_ms >= self._notice_at:
                 notice, self._notice = self._notice, None
-                if not self._untold(notice[1]):
-                    notice = None
             elif wake is None or self._notice_at < wake:
                 wake = self._notice_at
         return CheckerReady(resolution, notice, self.core.committed_index, wake)

@@ -284,15 +284,13 @@ def _actor_classes(actors: str, cap: int = BUFFER_CAP) -> tuple[Any, Any, Any, A
         async def process(self) -> tuple[int, list[str]]:
             return _process(self)
 
-    pairs = (
-        (Leader, AsyncLeader),
-        (Dispatcher, AsyncDispatcher),
-        (Follower, AsyncFollower),
-        (Checker, AsyncChecker),
+    lt, dt, ft, ct = threaded
+    return (
+        Leader if lt else AsyncLeader,
+        Dispatcher if dt else AsyncDispatcher,
+        Follower if ft else AsyncFollower,
+        Checker if ct else AsyncChecker,
     )
-    sync_cls, async_cls = zip(*pairs, strict=True)
-    chosen = [s if t else a for s, a, t in zip(sync_cls, async_cls, threaded, strict=True)]
-    return chosen[0], chosen[1], chosen[2], chosen[3]
 
 
 @dataclass(eq=False)
@@ -431,7 +429,6 @@ class FloorChain:
     """A running chain: its actors, and clients of its leader; :meth:`shutdown` kills them."""
 
     def __init__(self, followers: int = 2, actors: str = "mixed") -> None:
-        self.actors_model = actors
         self.actors: list = []
         self.clients: list[FloorClient] = []
         try:
