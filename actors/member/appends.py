@@ -1,7 +1,8 @@
 """Appends on the leader: group commit into rounds, and their answers.
 
-A part of :class:`~.actor.MemberActor` (see :mod:`.context`).  Every append that arrives in one turn
-of the event loop joins one store batch and one replication round (the member core's
+A part of :class:`~.actor.MemberActor` (see :mod:`.context`).  An append call blocks its Ray thread
+until its round ends.  The appends queued while a round waits for its quorum join one store batch
+and one replication round, written on the thread whose step made it due (the member core's
 :class:`~rayledger.actors.core.rounds.RoundBook` decides,
 :class:`~rayledger.actors.core.round_path.RoundPath` sends it on).  A round is announced to the
 member's :class:`~rayledger.actors.dispatcher.EntryDispatcherActor` s (one per peer), or through the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -99,7 +101,7 @@ class AppendPart(Part):
             self.fast.stop()
 
     # -- leader: appends ----------------------------------------------------------------------
-    async def append(
+    def append(
         self,
         bodies: list,
         group: str | None = None,
@@ -111,17 +113,18 @@ class AppendPart(Part):
         positions)`` with the positions as little-endian int64 bytes (compact to send back), or a
         :class:`~rayledger.actors.core.rounds.Spread` for an idempotent retry answered from the log.
 
-        The batch joins the round of everything appended in the same loop turn.
+        On Ray's thread, which waits here for the answer: the batch starts a round at once
+        when none waits for its quorum, else joins the next one.
         """
-        fut = self.ctx.loop.create_future()
+        fut: Future = Future()
         g = group if group is not None else self.group
-        self.ctx.carry(self.ctx.step(mc.ClientAppend(bodies, g, target, fut, ident, maybe_stored)))
-        return await fut
+        self.ctx.step_carry(mc.ClientAppend(bodies, g, target, fut, ident, maybe_stored))
+        return fut.result()
 
     def write_round(self) -> None:
-        """The loop turn ends: the queued appends become one store batch and one round."""
+        """A round is due: the queued appends become one store batch and one round."""
         fast = self.fast is not None and self.fast.logic.offered  # live or parked
-        self.ctx.carry(self.ctx.step(mc.WriteRound(fast, int(time.time() * 1000))))
+        self.ctx.step_carry(mc.WriteRound(fast, int(time.time() * 1000)))
 
     def settle(self, settled: list) -> None:
         """Append calls answered outside a round: a retry's entries found in the log, or
@@ -153,7 +156,7 @@ class AppendPart(Part):
     def on_resolved(self, r: Resolution) -> None:
         """From the checker or the compiled graph: the committed index moved and/or
         rounds ended (SUCCESS moves this member's committed index: read-your-writes)."""
-        self.ctx.carry(self.ctx.step(mc.RoundsResolved(r)))
+        self.ctx.step_carry(mc.RoundsResolved(r))
 
     def written(self, w: Written) -> None:
         """The core wrote a round (metrics), or the store refused it (every call fails)."""

@@ -68,6 +68,14 @@ class MemberContext:
         with self.lock:
             return self.core.step(ev, now_ms())
 
+    def step_carry(self, ev: MemberEvent) -> MemberOut:
+        """Step the core with ``ev`` and carry out its Out under one hold of the lock, so
+        what steps on several threads goes out in the order it was stepped (rounds)."""
+        with self.lock:
+            out = self.core.step(ev, now_ms())
+            self.carry(out)
+            return out
+
     def step_all(self, events: Iterable[MemberEvent]) -> list[MemberOut]:
         """Step the core with each of ``events`` in turn at one moment, under one hold of
         the lock (a compiled graph's pushes of one round)."""

@@ -37,6 +37,7 @@ class ElectionPart(Part):
         super().__init__(ctx)
         self._maintainer: asyncio.Task | None = None
         self._last_tick = time.monotonic()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the election loop, set at boot
         self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
         self._tick_wake: asyncio.Event | None = None
         self._sleep_until = 0
