@@ -124,7 +124,7 @@ def test_floor_flags_reach_the_group_bench():
     from rayledger.integration.cli.main import parse_args
 
     opts = group_options(parse_args(["bench", "group"]))
-    assert opts["floor"] is True and opts["floor_actors"] == "mixed"
+    assert opts["floor"] is True and opts["floor_actors"] == "threaded"
     opts = group_options(parse_args(["bench", "peer", "--no-floor", "--floor-actors", "asyncio"]))
     assert opts["floor"] is False and opts["floor_actors"] == "asyncio"
 
@@ -149,7 +149,7 @@ def test_bench_group_reports_the_floor_and_the_ratios(ray_session, monkeypatch):
     assert "floor_error" not in r, r
     for key in (*FIGURES, *RATIOS, "floor_single_p50_over_rtt", "ray_rtt_p50_ms"):
         assert isinstance(r[key], int | float) and r[key] > 0, (key, r)
-    assert r["floor_actors"] == "mixed"
+    assert r["floor_actors"] == "threaded"
 
 
 def test_bench_peer_sets_the_floor_beside_the_peers(monkeypatch):

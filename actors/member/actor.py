@@ -498,7 +498,7 @@ class MemberActor:
         self.ctx.faults = LinkFaults(set(cut), dict(drop), dict(delay_ms))
         refs = [d.set_faults.remote(cut, drop, delay_ms) for d in self.ctx.dispatchers.values()]
         # a restarting helper gets them when it is set up again
-        ray.wait(refs, num_returns=len(refs), timeout=self.config.rpc_timeout_ms / 1000)
+        ray.wait(refs, num_returns=len(refs))
 
     # -- follower ---------------------------------------------------------------------------
     @ray.method(concurrency_group="push", enable_task_events=False)

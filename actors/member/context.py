@@ -14,12 +14,14 @@ They share only this context, and step the member's sans-I/O core
 (:meth:`MemberContext.step`), its :class:`~rayledger.actors.core.member.MemberOut` carried out by
 the shell (``carry``).  Concurrency (one model per member, see docs/ARCHITECTURE.md): ``logic`` --
 the member's sans-I/O core, and the store under it -- is touched only while holding ``lock`` and
-never across an ``await``; the lock is an RLock because the store's append hooks (a state machine's
-``pre_append``) call back in.  Three kinds of threads take it: the main loop (``loop``: appends,
-pushes, role changes, helper answers), the election concurrency group's loop (ticks, votes,
-heartbeats, transfers, status) and the compiled graph's threads (``cg_push``, ``cg_report``);
-blocking work (an fsync with sync_flush, the state machine) runs in executors and hands its result
-back to the main loop.
+never across an ``await`` or a wait; the lock is an RLock because the store's append hooks (a
+state machine's ``pre_append``) call back in.  Ray's threads take it for the hot path (appends,
+pushes, the checker's resolutions and the helpers' reports: :meth:`MemberContext.step_carry` keeps
+it from the step through the carried-out Out), and so do the actor's two loops -- the main loop
+(``loop``: reads, role changes, the core's processes) and the election loop (ticks, votes,
+heartbeats, transfers) -- and the compiled graph's threads (``cg_push``, ``cg_report``); blocking
+work (an fsync with sync_flush, the state machine) runs in executors and hands its result back to
+the main loop.
 """
 
 from __future__ import annotations

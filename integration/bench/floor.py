@@ -20,14 +20,13 @@ appends arriving meanwhile join the next round.  The client coalesces as ``Ledge
 does: threads enqueue, one call carries everything queued, at most 4 calls in flight, and an
 append goes out from its caller's thread when nothing is queued.
 
-Concurrency models (``actors``), per actor as rayledger runs them by default (``mixed``):
-the leader and the followers asyncio actors (the leader starts a round at the end of its loop
-turn, so calls that land together share it), the dispatchers and the checker threaded (sync)
-actors, each running one call at a time (a dispatcher waits for its follower's answer and
-the checker's, the checker's state is under a lock).  ``asyncio`` makes every actor an
-asyncio one, ``threaded`` every actor a threaded one: the leader's calls block a thread each
-and a lock owns its state, a follower runs one call at a time (which keeps its rounds in
-order).
+Concurrency models (``actors``), per actor: ``threaded`` (the default, as rayledger runs its
+actors) makes every actor a threaded (sync) one: the leader's calls block a thread each and a
+lock owns its state, a follower runs one call at a time (which keeps its rounds in order), a
+dispatcher waits for its follower's answer and the checker's, the checker's state is under a
+lock.  ``mixed`` makes the leader and the followers asyncio actors (the leader starts a round
+at the end of its loop turn, so calls that land together share it), ``asyncio`` every
+actor.
 
 The actor classes are built inside a function, so Ray ships them by value and the actors'
 processes never import rayledger (:meth:`FloorChain.processes` shows what they loaded).
@@ -428,7 +427,7 @@ class FloorClient:
 class FloorChain:
     """A running chain: its actors, and clients of its leader; :meth:`shutdown` kills them."""
 
-    def __init__(self, followers: int = 2, actors: str = "mixed") -> None:
+    def __init__(self, followers: int = 2, actors: str = "threaded") -> None:
         self.actors: list = []
         self.clients: list[FloorClient] = []
         try:
@@ -488,7 +487,7 @@ class FloorSizes:
     batch: int = 1000
     body: int = 128
     followers: int = 2
-    actors: str = "mixed"
+    actors: str = "threaded"
 
 
 def run_floor(s: FloorSizes) -> dict[str, Any]:

@@ -366,7 +366,7 @@ def run(
     load_seconds: float | None = None,
     appends_only: bool = False,
     floor: bool = True,
-    floor_actors: str = "mixed",
+    floor_actors: str = "threaded",
 ) -> dict:
     """Every figure on a group, then (``floor``) the same loads on the bare chain of
     :mod:`.floor` right after the group is gone, and each figure's ratio to the floor's."""

@@ -286,7 +286,7 @@ def run(
     fast_path: bool | None = None,
     max_rounds: int | None = None,
     floor: bool = True,
-    floor_actors: str = "mixed",
+    floor_actors: str = "threaded",
 ) -> dict:
     """PySyncObj, then etcd (skipped, with a line on stderr, where its binary is absent),
     then rayledger (``bench group``) and its floor, with ratios per peer (>1: rayledger

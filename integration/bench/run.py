@@ -16,7 +16,7 @@ def group_options(args) -> dict:
         "fast_path": {"on": True, "off": False}.get(getattr(args, "fast_path", None) or ""),
         "max_rounds": getattr(args, "max_rounds", None),
         "floor": not getattr(args, "no_floor", False),
-        "floor_actors": getattr(args, "floor_actors", None) or "mixed",
+        "floor_actors": getattr(args, "floor_actors", None) or "threaded",
     }
 
 

@@ -221,9 +221,9 @@ def _add_bench(sub, common) -> None:
     be.add_argument(
         "--floor-actors",
         choices=["mixed", "asyncio", "threaded"],
-        default="mixed",
-        help="group/peer: the floor's concurrency model; mixed (the default) as rayledger's "
-        "actors: threaded dispatchers and checker, asyncio leader and followers",
+        default="threaded",
+        help="group/peer: the floor's concurrency model; threaded (the default) as rayledger's "
+        "actors; mixed: threaded dispatchers and checker, asyncio leader and followers",
     )
     be.set_defaults(func=cmd_bench)
 

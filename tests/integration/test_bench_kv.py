@@ -14,6 +14,7 @@ pytestmark = pytest.mark.ray
 def test_puts_from_threads_are_counted_after_they_ran(ray_session, tmp_path) -> None:
     kv = KVClient.create(f"t-benchkv-{uuid.uuid4().hex[:8]}", members=3, store_dir=str(tmp_path))
     try:
+        kv.put("warm", b"x")  # a leader that serves: the second below is all puts
         rate, refused = _threads_puts(kv, 4, 1.0)
         held = kv.client.query({"keys": True})
         done = sum(1 for k in held if k.startswith("threads/"))
