@@ -577,7 +577,8 @@ class MemberActor:
         """A chunk of snapshot ``index`` for a dispatcher of ``term`` (fenced by the core,
         read outside the lock); it reaches the follower through the object store."""
         meta = self.ctx.step(ChunkAsked(term, index, snap_term)).reply
-        return self.logic.snapshots.store.read(meta, offset, n)
+        files = self.logic.snapshots.store  # the bytes: storage, past the core's fence
+        return files.read(meta, offset, n)
 
     @ray.method(concurrency_group="election")
     def leading_term(self) -> int:
