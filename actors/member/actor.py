@@ -812,8 +812,8 @@ class _RayPorts:
         else:  # on a thread: now, under the lock its caller holds
             self.m.appends.write_round()
 
-    def installed(self, sealed: list) -> None:
-        self._main(self.m._offer, sealed)
+    def installed(self, sealed: list) -> None:  # in the step's hold of the lock
+        self.m._offer(sealed)
 
     def spawns(self, spawns: list) -> None:
         for spawn in spawns:
