@@ -59,8 +59,12 @@ def test_a_member_below_the_leaders_begin_gets_its_snapshot_and_serves_reads(mak
     leader = g.wait_for_leader()
     assert g.status()[leader].ledger_begin_index == begins[leader] > 50
 
-    want = _keys(c, leader)
-    assert len(want) == 2051
+    # the new leader's machine has every key once its term's first entry commits
+    def every_key():
+        keys = _keys(c, leader)
+        return keys if len(keys) == 2051 else None
+
+    want = wait_until(every_key, 30, "every key on the leader")
     wait_until(
         lambda: _keys(c, away) == want,
         90,

@@ -76,7 +76,13 @@ def test_a_machine_that_lost_its_installed_snapshot_gets_another(make_group):
     finally:
         g.heal()
     leader = g.wait_for_leader()
-    want = _keys(g, leader)
+
+    # the new leader's machine has every key once its term's first entry commits
+    def every_key():
+        keys = _keys(g, leader)
+        return keys if keys is not None and len(keys) == 2050 else None
+
+    want = wait_until(every_key, 30, "every key on the leader")
 
     def reset():  # the machine may load the snapshot before the log's reset arrives
         begin = g.status()[away].ledger_begin_index
