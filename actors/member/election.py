@@ -16,7 +16,7 @@ import time
 import ray
 from rayledger.actors.core import member as mc
 from rayledger.actors.faults import LinkDown
-from rayledger.actors.futures import set_result
+from rayledger.actors.futures import settle_threadsafe
 from rayledger.actors.member.context import MemberContext, Part
 from rayledger.actors.naming import now_ms
 from rayledger.election.messages import TransferOutcome
@@ -38,15 +38,14 @@ class ElectionPart(Part):
         self._maintainer: asyncio.Task | None = None
         self._last_tick = time.monotonic()
         self.loop: asyncio.AbstractEventLoop | None = None  # the election loop, set at boot
-        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the election group's
         self._tick_wake: asyncio.Event | None = None
         self._sleep_until = 0
         self._transfers: dict[tuple[int, str], asyncio.Future] = {}  # (term, target) -> outcome
 
     def ensure_maintainer(self) -> None:
-        """Start the elector's clock on the running (election) loop unless it is ticking.
+        """Start the elector's clock unless it is ticking (on the election loop, ``loop``).
 
-        ``MemberActor.run_maintainer`` starts it at boot; every election message and status call
+        The member's boot starts it; every election message and status call
         checks again, so a clock whose start call was lost (seen once in CI after a
         restart: the member stayed a candidate of an old term for good, answering the
         leader's heartbeats TERM_NOT_READY) or whose task ended restarts within one
@@ -62,7 +61,6 @@ class ElectionPart(Part):
             task.cancel()
         elif task is not None:
             log.error("[%s] the maintainer had stopped; starting it again", self.self_id)
-        self._tick_loop = asyncio.get_running_loop()
         self._tick_wake = asyncio.Event()
         self._last_tick = time.monotonic()
         self._maintainer = asyncio.ensure_future(self._maintain())
@@ -101,8 +99,8 @@ class ElectionPart(Part):
         (a leadership-transfer request, a new role); callable from any thread."""
         with self._lock:
             due = self.core.next_tick_ms(now_ms())
-        if due < self._sleep_until and self._tick_loop is not None:
-            self._tick_loop.call_soon_threadsafe(self._tick_wake.set)
+        if due < self._sleep_until and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._tick_wake.set)
 
     async def ask_peer(self, to: str, msg, timeout_s: float):
         """``msg`` to ``to``'s election handler, through this member's link faults; its
@@ -180,4 +178,4 @@ class ElectionPart(Part):
         """A transfer ended (from any loop): its caller learns how."""
         fut = self._transfers.get((outcome.term, outcome.transferee))
         if fut is not None and not fut.done():
-            fut.get_loop().call_soon_threadsafe(set_result, fut, outcome.code)
+            settle_threadsafe(fut, outcome.code)

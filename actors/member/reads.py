@@ -19,7 +19,7 @@ from rayledger.actors.core.read_path import AskLeader, WaitCommitted, not_commit
 from rayledger.actors.core.reads import Consistency
 from rayledger.actors.core.supervision import Failed
 from rayledger.actors.faults import LinkDown
-from rayledger.actors.futures import set_exception, set_result
+from rayledger.actors.futures import settle_threadsafe
 from rayledger.actors.member.context import MemberContext, Part
 from rayledger.actors.naming import now_ms
 from rayledger.storage import Entry, LedgerError, ResponseCode
@@ -108,10 +108,7 @@ class ReadPart(Part):
         """The read part of a :class:`~rayledger.actors.core.member.MemberOut`: readers answered,
         confirmation rounds sent, their expiry and the readers' deadlines as timers."""
         for fut, result in out.reads_done:
-            if isinstance(result, BaseException):
-                fut.get_loop().call_soon_threadsafe(set_exception, fut, result)
-            else:
-                fut.get_loop().call_soon_threadsafe(set_result, fut, result)
+            settle_threadsafe(fut, result)
         for peer, req in out.read_pings:
             asyncio.ensure_future(self._read_ping(peer, req))
         timers = [(at, mc.Deadline(pid)) for pid, at in out.deadlines]
@@ -176,8 +173,7 @@ class ReadPart(Part):
         with self._lock:
             done = self._commit_waiters.reached(self.store.committed_index)
         for fut in done:
-            if not fut.done():
-                fut.get_loop().call_soon_threadsafe(set_result, fut, None)
+            settle_threadsafe(fut, None)
 
     async def _read_limit(self, consistency: str) -> int:
         """The highest index a read with ``consistency`` may return from this member."""
