@@ -183,7 +183,7 @@ def test_a_member_whose_election_clock_stopped_starts_it_again(make_group):
 
     def _stop_maintainer(self) -> None:  # runs inside the member (nested: pickled by value)
         e = self.election
-        e._tick_loop.call_soon_threadsafe(e._maintainer.cancel)
+        e.loop.call_soon_threadsafe(e._maintainer.cancel)
 
     def _maintainer_ticks(self) -> bool:
         e = self.election
