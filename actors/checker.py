@@ -24,6 +24,7 @@ import ray
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.core.pump import CheckerDriver
 from rayledger.actors.threadloop import ThreadLoop
+from rayledger.actors.wire import pack_resolution
 from rayledger.replication.checker import (
     AddRound,
     BecomeLeader,
@@ -48,7 +49,7 @@ class _CheckerRayPorts:
         self.dispatchers: list = []
 
     def resolved(self, r: Resolution) -> None:
-        self.member.on_resolved.remote(r)
+        self.member.on_resolved.remote(pack_resolution(r))
 
     def notice(self, term: int, committed: int) -> None:
         for d in self.dispatchers:
@@ -90,13 +91,12 @@ class QuorumAckCheckerActor:
         return self.driver.deliver(LeadershipEnded(term))
 
     @ray.method(enable_task_events=False)
-    def add_round(
-        self, term: int, first: int, last: int, token, leader_mark: int, config=None
-    ) -> None:
-        """A round of ``term`` waits for its quorum; ``leader_mark`` is how far the leader
-        counts its own copy (see :meth:`MemberLogic.water_mark`); ``config``: the
-        ``(index, Configuration)`` the round holds, counted from now on."""
-        self.driver.deliver(AddRound(term, first, last, token, leader_mark, config))
+    def add_round(self, r: tuple) -> None:
+        """A round waits for its quorum: ``(term, first, last, token, leader_mark, config)``
+        in one argument (one to serialize); ``leader_mark`` is how far the leader counts its
+        own copy (see :meth:`MemberLogic.water_mark`), ``config`` the ``(index,
+        Configuration)`` the round holds, counted from now on."""
+        self.driver.deliver(AddRound(*r))
 
     @ray.method(enable_task_events=False)
     def report(self, term: int, peer: str, water_mark: int) -> int | None:

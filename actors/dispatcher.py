@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
 
 import ray
 from rayledger.actors.config import LedgerConfig
@@ -26,7 +25,7 @@ from rayledger.actors.metrics import PeerMetrics
 from rayledger.actors.naming import NAMESPACE, actor_name
 from rayledger.actors.priority import set_background
 from rayledger.actors.threadloop import ThreadLoop
-from rayledger.actors.wire import out_of_band
+from rayledger.actors.wire import out_of_band, pack_push, unpack_announcement, unpack_response
 from rayledger.replication import PushEntryRequest
 from rayledger.replication.dispatcher import (
     Activate,
@@ -42,7 +41,7 @@ from rayledger.replication.dispatcher import (
     RoundAnnounced,
     read_committed,
 )
-from rayledger.replication.messages import Announcement, GraphBegin, GraphEnd, Inline, LeaderInfo
+from rayledger.replication.messages import GraphBegin, GraphEnd, Inline, LeaderInfo
 from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.reader import StoreReader
 
@@ -133,9 +132,10 @@ class EntryDispatcherActor:
         self.driver.deliver(Deactivate(term))
 
     @ray.method(enable_task_events=False)
-    def on_announcement(self, a: Announcement) -> None:
-        """The leader stored a round: push it now when it is next in line."""
-        self.driver.deliver(RoundAnnounced(a))
+    def on_announcement(self, a: tuple) -> None:
+        """The leader stored a round (:func:`~rayledger.actors.wire.pack_announcement`):
+        push it now when it is next in line."""
+        self.driver.deliver(RoundAnnounced(unpack_announcement(a)))
 
     @ray.method(enable_task_events=False)
     def on_committed(self, term: int, index: int) -> None:
@@ -252,14 +252,14 @@ class EntryDispatcherActor:
                 data = self.member.read_snapshot.remote(
                     req.term, c.index, c.term, c.offset, c.length
                 )
-                ref = self._follower.push.remote(req, data)
+                ref = self._follower.push.remote(pack_push(req), data)
             elif batch is None:
-                ref = self._follower.push.remote(req, None)
+                ref = self._follower.push.remote(pack_push(req), None)
             elif isinstance(batch.payload, Inline):
                 inline = out_of_band(batch.payload.batch)
-                ref = self._follower.push.remote(replace(req, batch=inline), None)
+                ref = self._follower.push.remote(pack_push(req, inline), None)
             else:  # the follower's argument: Ray resolves it there, once
-                ref = self._follower.push.remote(replace(req, batch=None), batch.payload.ref)
+                ref = self._follower.push.remote(pack_push(req), batch.payload.ref)
         except (ray.exceptions.RayError, ValueError) as exc:
             if isinstance(exc, ValueError):
                 self._follower = None
@@ -274,7 +274,7 @@ class EntryDispatcherActor:
                 if exc is not None:
                     self._lost(req, t0, exc)
                 else:
-                    self._answered(req, t0, resp)
+                    self._answered(req, t0, unpack_response(resp))
 
         def timed_out() -> None:
             if pending[0]:

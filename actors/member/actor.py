@@ -29,7 +29,6 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any
 
 import ray
@@ -80,11 +79,10 @@ from rayledger.actors.placement import (
 from rayledger.actors.priority import set_background
 from rayledger.actors.ray_compat import install_loop_registry, reset_loops
 from rayledger.actors.types import MemberStatus
-from rayledger.actors.wire import as_received
+from rayledger.actors.wire import pack_response, unpack_push, unpack_resolution
 from rayledger.election import TransferOutcome
 from rayledger.election.configuration import Configuration
-from rayledger.replication import PushEntryRequest
-from rayledger.replication.checker import Resolution
+from rayledger.replication import PushEntryRequest, PushEntryResponse
 from rayledger.replication.dispatcher import CachedBatch, Fetch
 from rayledger.replication.messages import Inline
 from rayledger.storage import LedgerError, ResponseCode, open_store
@@ -361,9 +359,10 @@ class MemberActor:
         return self.appends.append(bodies, group, target, ident, maybe_stored)
 
     @ray.method(concurrency_group="helpers", enable_task_events=False)
-    def on_resolved(self, r: Resolution) -> None:
-        """From the checker: the committed index moved and/or rounds ended."""
-        self.appends.on_resolved(r)
+    def on_resolved(self, r: tuple) -> None:
+        """From the checker (:func:`~rayledger.actors.wire.pack_resolution`): the committed
+        index moved and/or rounds ended."""
+        self.appends.on_resolved(unpack_resolution(r))
 
     def read_index(self, consistency: str = "linearizable") -> int:
         """On the leader: an index every read that starts now may be served at."""
@@ -502,14 +501,14 @@ class MemberActor:
 
     # -- follower ---------------------------------------------------------------------------
     @ray.method(concurrency_group="push", enable_task_events=False)
-    def push(self, req: PushEntryRequest, batch=None):
-        """A push from the leader's dispatcher (a large batch arrives from the object store),
-        stored and answered on this thread; one that comes before its turn waits here for
-        the pushes before it (on the group's other threads)."""
-        got = batch if batch is not None else req.batch
-        wired = as_received(got)  # a numpy array's data back as a memoryview (wire.py)
-        if batch is not None or wired is not got:
-            req = replace(req, batch=wired)
+    def push(self, packed: tuple, batch=None):
+        """A push from the leader's dispatcher (:func:`~rayledger.actors.wire.pack_push`; a
+        large batch arrives from the object store as ``batch``), stored and answered on this
+        thread; one that comes before its turn waits here for the pushes before it (on the
+        group's other threads).  Answers :func:`~rayledger.actors.wire.pack_response`."""
+        return _packed(self._push(unpack_push(packed, batch)))
+
+    def _push(self, req: PushEntryRequest):
         fut: Future = Future()
         with self._lock:
             out = self.ctx.step(Push(req, fut))
@@ -758,6 +757,11 @@ def spawn_member(
 
 
 _MAIN, _LOOP, _THREAD = "main", "loop", "thread"  # where an Out is carried out (see _carry)
+
+
+def _packed(answer: Any) -> Any:
+    """A push's answer as it crosses Ray (see :mod:`rayledger.actors.wire`)."""
+    return pack_response(answer) if isinstance(answer, PushEntryResponse) else answer
 
 
 class _RayPorts:

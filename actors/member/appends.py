@@ -77,9 +77,9 @@ class AppendPart(Part):
         self.ctx.carry(self.ctx.step(mc.GraphFallback(items)))
 
     def _announce_plain(self, a: Announcement) -> None:
-        a = replace(a, payload=to_wire(a.payload))
+        packed = wire.pack_announcement(replace(a, payload=to_wire(a.payload)))
         for d in self.ctx.dispatchers.values():
-            d.on_announcement.remote(a)
+            d.on_announcement.remote(packed)
 
     def fast_start(self, term: int) -> None:
         self._fast_path().start(term)
@@ -139,8 +139,8 @@ class AppendPart(Part):
         """An action of a round (see :mod:`rayledger.actors.core.round_path`), carried out at
         once."""
         if isinstance(action, rp.Register):
-            self.ctx.checker.add_round.remote(action.term, action.first, action.last,
-                                           action.rid, action.leader_mark, action.config)  # fmt: skip
+            self.ctx.checker.add_round.remote((action.term, action.first, action.last,
+                                            action.rid, action.leader_mark, action.config))  # fmt: skip
             return None
         a = action.a
         try:
