@@ -12,6 +12,7 @@ _LAZY = {
     "LedgerClient": ".client",
     "LedgerGroup": ".group",
     "AppendResult": ".types",
+    "AppendResults": ".types",
     "MemberStatus": ".types",
 }
 
@@ -33,6 +34,7 @@ def __getattr__(name: str):
 __all__ = [  # noqa: F405 -- the lazy names resolve through __getattr__
     *_storage.__all__,
     "AppendResult",
+    "AppendResults",
     "LedgerClient",
     "LedgerConfig",
     "LedgerGroup",

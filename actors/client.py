@@ -43,7 +43,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -62,7 +61,7 @@ from rayledger.actors.core.client_session import (
 from rayledger.actors.core.reads import Consistency
 from rayledger.actors.core.rounds import Spread
 from rayledger.actors.naming import NAMESPACE, group_members, member_handle
-from rayledger.actors.types import AppendResult
+from rayledger.actors.types import AppendResult, AppendResults
 from rayledger.election import Role
 from rayledger.replication.sessions import NONCE_BITS, new_client_id
 from rayledger.storage import (
@@ -328,8 +327,9 @@ class LedgerClient:
 
     def append_batch(
         self, bodies: Sequence[bytes], timeout_s: float | None = None
-    ) -> list[AppendResult]:
-        """Append a batch as one unit; returns once the whole batch is committed."""
+    ) -> AppendResults:
+        """Append a batch as one unit; returns once the whole batch is committed, where each
+        entry landed (a sequence of :class:`AppendResult`, kept as columns)."""
         p = self._submit(bodies, timeout_s)
         try:
             return p.future.result(timeout=max(0.0, p.deadline - time.monotonic()) + 0.05)
@@ -349,7 +349,7 @@ class LedgerClient:
 
     async def append_batch_async(
         self, bodies: Sequence[bytes], timeout_s: float | None = None
-    ) -> list[AppendResult]:
+    ) -> AppendResults:
         p = self._submit(bodies, timeout_s)
         fut = asyncio.wrap_future(p.future)
         try:
@@ -365,7 +365,7 @@ class LedgerClient:
     def append_future(
         self, bodies: Sequence[bytes], timeout_s: float | None = None
     ) -> concurrent.futures.Future:
-        """Queue a batch and return at once; the future gives ``list[AppendResult]`` or raises.
+        """Queue a batch and return at once; the future gives :class:`AppendResults` or raises.
 
         Use it to keep many appends in flight from one thread.
         """
@@ -610,18 +610,19 @@ class LedgerClient:
                 self._answered(batch, Outcome.STORED)
             self._cv.notify_all()
         if isinstance(out, Spread):  # a retry answered from the log: entry by entry
-            idx = np.frombuffer(out.indexes, dtype=np.int64).tolist()
-            terms = np.frombuffer(out.terms, dtype=np.int64).tolist()
-            pos = np.frombuffer(out.positions, dtype=np.int64).tolist()
-            rc = repeat(None)
+            results = AppendResults(
+                np.frombuffer(out.indexes, dtype=np.int64),
+                np.frombuffer(out.terms, dtype=np.int64),
+                np.frombuffer(out.positions, dtype=np.int64),
+            )
         else:
             first, term, positions, *receipts = out
-            pos = np.frombuffer(positions, dtype=np.int64).tolist()
-            idx, terms = range(first, first + len(pos)), repeat(term)
-            rc = receipts[0] if receipts else repeat(None)
-        results = list(
-            map(AppendResult._make, zip(idx, terms, pos, rc, strict=False))
-        )  # (repeat: endless)
+            pos = np.frombuffer(positions, dtype=np.int64)
+            rc = receipts[0] if receipts else None
+            results = AppendResults(range(first, first + len(pos)), term, pos, rc)
+        if len(batch) == 1:
+            _settle(batch[0], results)
+            return
         k = 0
         for p in batch:  # one already settled (its deadline won) never stops the others
             n = len(p.bodies)
