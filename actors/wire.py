@@ -47,14 +47,14 @@ _TYPES = {t.value: t for t in PushType}
 
 
 def _pack_batch(b: Any) -> Any:
-    return None if b is None else (b.first_index, b.count, b.data)
+    return None if b is None else (b.first_index, b.count, b.data, b.crc)
 
 
 def _unpack_batch(t: Any) -> Any:
     if t is None:
         return None
-    data = t[2]
-    return EntryBatch(t[0], t[1], memoryview(data) if isinstance(data, np.ndarray) else data)
+    first, count, data, crc = t
+    return EntryBatch(first, count, memoryview(data) if isinstance(data, np.ndarray) else data, crc)
 
 
 def pack_announcement(a: Announcement) -> tuple:

@@ -10,6 +10,7 @@ Python objects per entry.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -191,12 +192,24 @@ class Announcement:
             term=self.term,
             first=self.first,
             count=self.count + b.count,
-            payload=Inline(EntryBatch(pa.first_index, pa.count + pb.count, pa.data + pb.data)),
+            payload=Inline(
+                EntryBatch(
+                    pa.first_index, pa.count + pb.count, pa.data + pb.data, _joined_crc(pa, pb)
+                )
+            ),  # fmt: skip
             nbytes=self.nbytes + b.nbytes,
             edges=(self.edges[0], b.edges[1]),
             committed=max(self.committed, b.committed),
             configs=b.configs or self.configs,
         )
+
+
+def _joined_crc(a: EntryBatch, b: EntryBatch) -> int | None:
+    """The CRC of ``a.data + b.data`` (CRC-32 continues over the second part), when both
+    are known."""
+    if a.crc is None or b.crc is None:
+        return None
+    return zlib.crc32(b.data, a.crc & 0xFFFF_FFFF)
 
 
 @dataclass(frozen=True, slots=True)

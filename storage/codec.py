@@ -183,12 +183,16 @@ class EntryBatch:
     """Consecutive entries as their exact data-file bytes (no segment padding).
 
     This is what a leader pushes to a follower: the follower verifies and writes
-    the bytes as they are, so payloads are encoded once, on the leader.
+    the bytes as they are, so payloads are encoded once, on the leader.  ``crc`` is the
+    CRC-32 of ``data`` as the leader encoded it (None when not known, e.g. read back from
+    files): a follower that finds it intact takes each entry's body CRC from its header
+    instead of computing it again (one CRC call per batch instead of one per entry).
     """
 
     first_index: int
     count: int
     data: bytes
+    crc: int | None = None
 
     @property
     def last_index(self) -> int:

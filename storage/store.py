@@ -71,13 +71,14 @@ class Appended:
     term: int
     positions: list[int]
     data: bytes = b""  # the batch as encoded on disk, ready to push to followers
+    crc: int | None = None  # of ``data`` (see EntryBatch.crc)
 
     @property
     def last_index(self) -> int:
         return self.first_index + len(self.positions) - 1
 
     def batch(self) -> EntryBatch:
-        return EntryBatch(self.first_index, len(self.positions), self.data)
+        return EntryBatch(self.first_index, len(self.positions), self.data, self.crc)
 
 
 def _err(code: ResponseCode, msg: str) -> LedgerError:
@@ -254,10 +255,12 @@ class LogStore:
             start += batch.count
 
     def _tell_watchers(self, first: int, channels) -> None:
-        for k, ch in enumerate(channels):
-            watcher = self._watchers.get(int(ch))
-            if watcher is not None:
-                watcher.appended(first + k, bytes(self.get(first + k).body))
+        """The entries on a watched channel, to their watchers (a batch's channels as a
+        numpy array: only the entries on one are visited)."""
+        watched = np.isin(channels, list(self._watchers))
+        for k in np.flatnonzero(watched).tolist():
+            watcher = self._watchers[int(channels[k])]
+            watcher.appended(first + k, bytes(self.get(first + k).body))
 
     def _out_of_bounds(self, index: int) -> LedgerError:
         if self._closed:
@@ -478,13 +481,15 @@ class LogStore:
             if self._sessions is not None:
                 self._tell_sessions(data, first, channels, sizes)
         self.after_append()
-        return Appended(first, term, positions, data)
+        return Appended(first, term, positions, data, crc32(data))
 
     def append_as_follower(self, batch: EntryBatch) -> None:
         """Store the leader's entries exactly where the leader has them (DLedger appendAsFollower).
 
         Every entry is checked (header, index, term order, body CRC, chain CRC
-        against this log, position) before anything is written.
+        against this log, position) before anything is written.  A batch carrying the
+        leader's CRC of its bytes (``batch.crc``) that still matches them has its body
+        CRCs checked by that one CRC: its headers' body CRCs are the leader's own.
         """
         if not isinstance(batch, EntryBatch):
             raise _err(
@@ -511,7 +516,11 @@ class LogStore:
             view = memoryview(data).cast("B")
             # a few entries are checked one by one (numpy's per-call cost outweighs its
             # loops there); more at once, vectorised
-            checked = None if count < _VECTOR_MIN else self._verify_fast(view, first_index, count)
+            if count < _VECTOR_MIN:
+                checked = None
+            else:  # the leader's batch CRC, when it holds, vouches for every body's
+                intact = batch.crc is not None and crc32(view) == batch.crc & 0xFFFF_FFFF
+                checked = self._verify_fast(view, first_index, count, intact)
             if checked is None:  # or something is off: the entry-by-entry check says what
                 checked = self._verify_slow(view, first_index, count)
             positions, sizes, terms, chain, term_floor, runs, channels = checked
@@ -525,16 +534,18 @@ class LogStore:
                 self._tell_sessions(view, first_index, channels, sizes)
         self.after_append()
 
-    def _verify_fast(self, view, first_index: int, count: int):
+    def _verify_fast(self, view, first_index: int, count: int, intact: bool = False):
         """The checks of :meth:`_verify_slow`, vectorised; None when any fails.
 
         One pass finds the entries (none when all have the first one's size),
         numpy reads every header at once and checks magic, sizes, indexes,
         terms, positions and the chain CRCs; only the body CRCs take a call
-        per entry.  Returns what ``_write`` needs, or None (nothing is raised
-        here: the slow check then finds and names the first bad entry).
+        per entry -- none when the batch is ``intact`` (its bytes are the leader's, CRC and
+        all: the headers' body CRCs are the leader's own).  Returns what ``_write`` needs,
+        or None (nothing is raised here: the slow check then finds and names the first bad
+        entry).
         """
-        found = self._find_entries(view, count)
+        found = self._find_entries(view, count, intact)
         if found is None:
             return None
         h, crcs, offsets, size0 = found
@@ -548,10 +559,10 @@ class LogStore:
         chain = _signed(int(h["chain"][-1]))
         return positions, sizes, terms, chain, int(terms[-1]), runs, h["channel"]
 
-    def _find_entries(self, view, count: int):
+    def _find_entries(self, view, count: int, intact: bool = False):
         """``(headers, body CRCs, offsets, size0)`` of the ``count`` entries in ``view``
         (offsets None when every entry has the first one's size, ``size0``), or None when
-        the sizes do not add up."""
+        the sizes do not add up; an ``intact`` batch's body CRCs are its headers'."""
         n = len(view)
         if n < HEADER_SIZE:
             return None
@@ -562,6 +573,8 @@ class LogStore:
         if count * size0 == n:
             h = np.ndarray((count,), HEADER_DTYPE, buffer=view, strides=(size0,))
             if bool((h["size"] == size0).all()):  # the bodies sit at fixed strides
+                if intact:
+                    return h, h["bcrc"], None, size0
                 body = size0 - HEADER_SIZE
                 stops = range(HEADER_SIZE, n + HEADER_SIZE, size0)
                 return h, [crc32(view[at : at + body]) for at in stops], None, size0
@@ -581,6 +594,8 @@ class LogStore:
         offsets = np.array(offs, dtype=np.int64)
         raw = np.frombuffer(view, dtype=np.uint8)[offsets[:, None] + np.arange(HEADER_SIZE)]
         h = raw.view(HEADER_DTYPE).reshape(count)
+        if intact:
+            return h, h["bcrc"], offsets, size0
         ends = offs[1:] + [n]
         crcs = [crc32(view[a + HEADER_SIZE : b]) for a, b in zip(offs, ends, strict=True)]
         return h, crcs, offsets, size0

@@ -17,6 +17,7 @@ import random
 
 import numpy as np
 import pytest
+from rayledger.replication.messages import Announcement, Inline
 from rayledger.storage import EntryBatch, LedgerError, MemoryStore, codec
 from rayledger.storage import store as store_module
 from rayledger.storage.codec import HEADER_SIZE, chain_crc, chain_crcs, encode_entries
@@ -122,10 +123,13 @@ def _outcome(store, batch):
     return ("ok", store.read_batch(store.ledger_begin_index).data, store._chain)
 
 
+@pytest.mark.parametrize("leader_crc", [False, True], ids=["no-crc", "leader-crc"])
 @pytest.mark.parametrize("sizes", ["uniform", "mixed"])
-def test_damaged_batches_get_the_reference_answer(monkeypatch, sizes):
+def test_damaged_batches_get_the_reference_answer(monkeypatch, sizes, leader_crc):
     """Flip bytes (headers and bodies) and rewrite whole fields; the store with the
-    fast path must answer exactly as the store that only has the reference check."""
+    fast path must answer exactly as the store that only has the reference check --
+    also when the batch carries the CRC the leader took of its intact bytes (which the
+    fast path then trusts for the bodies only if the bytes still match it)."""
     r = random.Random(sizes)
     leader = MemoryStore(small_config())
     mk = (
@@ -167,9 +171,46 @@ def test_damaged_batches_get_the_reference_answer(monkeypatch, sizes):
         EntryBatch(good.first_index, 1, good.data[: offs[1]]),
         good,
     ]
+    if leader_crc:
+        crc = codec.crc32(good.data)
+        cases = [EntryBatch(c.first_index, c.count, c.data, crc) for c in cases]
     for batch in cases:
         a, b = pair()
         assert _outcome(a, batch) == _outcome(b, batch)
+
+
+def test_a_leader_batch_with_its_crc_is_taken_without_a_crc_per_body(monkeypatch):
+    """The batch a leader appended carries the CRC of its bytes: intact, the follower
+    takes every body's CRC from its header (one CRC call for the batch) and stores the
+    same bytes and chain as when it computes each."""
+    leader = MemoryStore(small_config())
+    f1, f2 = MemoryStore(small_config()), MemoryStore(small_config())
+    _vectorised(monkeypatch)
+    calls = []
+    crc = store_module.crc32
+    for k in range(6):
+        appended = leader.append_as_leader([bytes([k]) * 40] * 50, 1)
+        batch = appended.batch()
+        assert batch.crc == codec.crc32(batch.data)
+        f2.append_as_follower(EntryBatch(batch.first_index, batch.count, batch.data))
+        calls.clear()
+        monkeypatch.setattr(store_module, "crc32", lambda *a: calls.append(1) or crc(*a))
+        f1.append_as_follower(batch)
+        monkeypatch.setattr(store_module, "crc32", crc)
+        assert len(calls) == 1
+    assert f1.read_batch(0).data == f2.read_batch(0).data == leader.read_batch(0).data
+    assert f1._chain == f2._chain == leader._chain
+
+
+def test_joined_rounds_keep_a_crc_of_their_joined_bytes():
+    leader = MemoryStore(small_config())
+    a = leader.append_as_leader([b"a" * 30] * 3, 1).batch()
+    b = leader.append_as_leader([b"b" * 30] * 4, 1).batch()
+    ann = [
+        Announcement(1, x.first_index, x.count, Inline(x), len(x.data), (0, 0), -1) for x in (a, b)
+    ]
+    joined = ann[0].followed_by(ann[1]).payload.batch
+    assert joined.crc == codec.crc32(a.data + b.data) and joined.count == 7
 
 
 def test_short_follower_batches_are_checked_entry_by_entry(monkeypatch):
