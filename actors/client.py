@@ -626,7 +626,7 @@ class LedgerClient:
         k = 0
         for p in batch:  # one already settled (its deadline won) never stops the others
             n = len(p.bodies)
-            _settle(p, results[k : k + n])
+            _settle(p, [results[k]] if n == 1 else results[k : k + n])  # one: a plain list
             k += n
 
     def _call_failed(self, batch: list[_Pending], target: str, exc: Exception) -> None:
