@@ -2,10 +2,10 @@
 leader tells its helpers (:class:`LeaderInfo` when they start, an :class:`Announcement`
 per round).
 
-Plain picklable dataclasses (DLedger's ``PushEntryRequest`` / ``PushEntryResponse``)
-so the Ray shell can send them as they are.  An APPEND carries its entries as an
-:class:`~rayledger.storage.EntryBatch` (the encoded data-file bytes), never as
-Python objects per entry.
+Plain dataclasses (DLedger's ``PushEntryRequest`` / ``PushEntryResponse``); the Ray
+shells carry the ones of every round as msgpack tuples (``actors/wire.py``).  An APPEND
+carries its entries as an :class:`~rayledger.storage.EntryBatch` (the encoded data-file
+bytes, with the leader's CRC of them), never as Python objects per entry.
 """
 
 from __future__ import annotations
