@@ -51,10 +51,15 @@ def _pack_batch(b: Any) -> Any:
 
 
 def _unpack_batch(t: Any) -> Any:
-    if t is None:
-        return None
-    first, count, data, crc = t
-    return EntryBatch(first, count, memoryview(data) if isinstance(data, np.ndarray) else data, crc)
+    return None if t is None else _received(EntryBatch(*t))
+
+
+def _received(batch: Any) -> Any:
+    """A batch as the store takes it: a numpy array's data back as a memoryview of it;
+    anything else (a snapshot chunk's bytes) as it is."""
+    if isinstance(getattr(batch, "data", None), np.ndarray):
+        return replace(batch, data=memoryview(batch.data))
+    return batch
 
 
 def pack_announcement(a: Announcement) -> tuple:
@@ -83,10 +88,7 @@ def unpack_push(t: Any, batch: Any = None) -> PushEntryRequest:
     """The push ``t``; ``batch``: its bytes when they came as a separate argument."""
     (group, leader, remote, term, kind, first, count, packed, entry_term, entry_pos,
      commit, nbytes, reset, snapshot, config) = t  # fmt: skip
-    if batch is None:
-        batch = _unpack_batch(packed)
-    elif isinstance(getattr(batch, "data", None), np.ndarray):
-        batch = replace(batch, data=memoryview(batch.data))
+    batch = _unpack_batch(packed) if batch is None else _received(batch)
     return PushEntryRequest(group, leader, remote, term, _TYPES[kind], first, count, batch,
                             entry_term, entry_pos, commit, nbytes, reset, snapshot, config)  # fmt: skip
 

@@ -10,12 +10,11 @@ bytes, with the leader's CRC of them), never as Python objects per entry.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from rayledger.storage.codec import EntryBatch
+from rayledger.storage.codec import EntryBatch, crc32
 from rayledger.storage.errors import ResponseCode
 
 
@@ -196,7 +195,7 @@ class Announcement:
                 EntryBatch(
                     pa.first_index, pa.count + pb.count, pa.data + pb.data, _joined_crc(pa, pb)
                 )
-            ),  # fmt: skip
+            ),
             nbytes=self.nbytes + b.nbytes,
             edges=(self.edges[0], b.edges[1]),
             committed=max(self.committed, b.committed),
@@ -209,7 +208,7 @@ def _joined_crc(a: EntryBatch, b: EntryBatch) -> int | None:
     are known."""
     if a.crc is None or b.crc is None:
         return None
-    return zlib.crc32(b.data, a.crc & 0xFFFF_FFFF)
+    return crc32(b.data, a.crc & 0xFFFF_FFFF)
 
 
 @dataclass(frozen=True, slots=True)
