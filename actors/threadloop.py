@@ -90,6 +90,10 @@ class ThreadLoop:
                     self._ready.clear()
                 if due:
                     return due
+                # a cancelled timer on top would wake the thread for nothing: a pump re-arms
+                # its timer on every run, so each run would cost a wake-up later
+                while self._timers and self._timers[0][2].cancelled:
+                    heapq.heappop(self._timers)
                 wait = self._timers[0][0] - now if self._timers else None
                 self._cv.wait(wait)
 

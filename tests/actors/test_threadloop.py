@@ -1,5 +1,5 @@
 """The helpers' loop: callbacks in the order asked from any thread, timers by deadline
-(a cancelled one never runs), a call's answer or error handed over on the loop's thread,
+(a cancelled one never runs, nor wakes the loop), a call's answer or error handed over on the loop's thread,
 and a failing callback that does not stop the loop."""
 
 from __future__ import annotations
@@ -46,6 +46,29 @@ def test_timers_fire_by_deadline_and_a_cancelled_one_never() -> None:
     _wait(lambda: "late" in seen)
     time.sleep(0.03)
     assert seen == ["early", "late"]
+
+
+def test_a_timer_cancelled_on_the_loop_does_not_wake_it() -> None:
+    """A pump re-arms its timer on every run (cancel, then a later one): the loop sleeps to
+    the live timer, not to the cancelled one's deadline."""
+    loop, fired = ThreadLoop("test-rearm"), threading.Event()
+    waits: list[float | None] = []
+    wait = loop._cv.wait
+
+    def counted(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        return wait(timeout)
+
+    loop._cv.wait = counted  # type: ignore[method-assign]
+
+    def rearm() -> None:
+        loop.call_later_ms(20, fired.set).cancel()
+        waits.clear()
+        loop.call_later_ms(150, fired.set)
+
+    loop.call_soon(rearm)
+    assert fired.wait(5)
+    assert waits[0] is not None and waits[0] > 0.1, waits  # then None: no timer left
 
 
 def test_a_calls_answer_and_error_come_back_on_the_loop() -> None:
