@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -17,8 +18,15 @@ from rayledger.actors.client import LedgerClient
 from rayledger.actors.config import LedgerConfig
 from rayledger.actors.faults import LinkFaults, load_faults, save_faults
 from rayledger.actors.member.actor import spawn_member
-from rayledger.actors.naming import NAMESPACE, actor_name, group_members
+from rayledger.actors.naming import (
+    NAMESPACE,
+    TOPICS_NAMESPACE,
+    actor_name,
+    group_members,
+    partition_of_group,
+)
 from rayledger.actors.placement import alive_nodes, forget_node, member_nodes
+from rayledger.actors.ray_compat import kv_get
 from rayledger.actors.types import MemberStatus
 from rayledger.election import Role
 from rayledger.election.configuration import Configuration
@@ -39,7 +47,7 @@ def _bad(msg: str) -> LedgerError:
     return LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, msg)
 
 
-def _member_ids(members: int | Sequence[str]) -> list[str]:
+def member_ids(members: int | Sequence[str]) -> list[str]:
     """``n0..n{k-1}`` for a count, else the given ids, checked."""
     if isinstance(members, bool):
         raise _bad("members must be a count or a list of member ids")
@@ -57,6 +65,17 @@ def _member_ids(members: int | Sequence[str]) -> list[str]:
     if len(set(ids)) != len(ids):
         raise _bad(f"duplicate member ids: {ids!r}")
     return ids
+
+
+def _check_not_a_partition(name: str, partition_of: str | None) -> None:
+    """UNEXPECTED_ARGUMENT when ``name`` is a partition's group of an existing topic that is
+    not the one starting it."""
+    owner = partition_of_group(name)
+    if owner is None or owner[0] == partition_of:
+        return
+    raw = kv_get(owner[0], TOPICS_NAMESPACE)
+    if raw is not None and owner[1] < json.loads(raw)["partitions"]:
+        raise _bad(f"{name!r} is partition {owner[1]} of the topic {owner[0]!r}: use the topic")
 
 
 def _stop(handle: Any) -> None:
@@ -414,12 +433,15 @@ class LedgerGroup:
         *,
         spread: bool = True,
         nodes: Sequence[str] | None = None,
+        partition_of: str | None = None,
     ) -> LedgerGroup:
         """Start a group; every argument is checked before any actor starts.  Members go
-        one per node, round robin over the live nodes (``nodes``: over these node ids)."""
+        one per node, round robin over the live nodes (``nodes``: over these node ids).
+        A name of a topic's partition (``T-p0`` of a topic ``T``) is refused unless the
+        topic starts it (``partition_of``: the topic's name)."""
         if not isinstance(name, str) or not name or "/" in name:
             raise _bad(f"group name must be a non-empty string without '/', got {name!r}")
-        ids = _member_ids(members)
+        ids = member_ids(members)
         config = config or LedgerConfig()
         if not isinstance(config, LedgerConfig):
             raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
@@ -430,6 +452,7 @@ class LedgerGroup:
             ray.init(namespace=NAMESPACE)
         if group_members(name):
             raise _bad(f"a group named {name!r} already exists in namespace {NAMESPACE!r}")
+        _check_not_a_partition(name, partition_of)
 
         # One member per node when there are several (round robin over live nodes). The
         # affinity is hard, as a member's disk is on its host: when a node is gone its

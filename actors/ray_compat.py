@@ -118,6 +118,17 @@ def kv_del(key: str, namespace: str) -> None:
     internal_kv._internal_kv_del(key, namespace=namespace)
 
 
+def kv_keys(prefix: str, namespace: str) -> list[str]:
+    """The keys stored under ``prefix``."""
+    check_ray_version()
+    from ray.experimental import internal_kv
+
+    return sorted(
+        k.decode() if isinstance(k, bytes) else k
+        for k in internal_kv._internal_kv_list(prefix, namespace=namespace)
+    )
+
+
 def kv_get(key: str, namespace: str) -> bytes | None:
     """The value stored at ``key``; raises when no Ray is connected."""
     check_ray_version()
