@@ -15,12 +15,14 @@ from collections.abc import Sequence
 from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import connect
-from . import kv, member, mq, ops, output
+from . import kv, member, mq, ops, output, topic
 from .options import (
     Parser,
     add_start_options,
     common_options,
     group_command_adder,
+    one_target,
+    or_topic,
     start_group,
 )
 from .output import say
@@ -38,11 +40,15 @@ def cmd_start(args) -> int:
 def cmd_append(args) -> int:
     from rayledger.actors import LedgerClient
 
-    connect(args.address)
     bodies = [b.encode() for b in args.bodies]
     if args.file:
         with open(args.file, "rb") as f:
             bodies.append(f.read())
+    if one_target(args):
+        return topic.append_to_topic(args, bodies)
+    if args.key is not None:
+        raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "--key goes with --topic")
+    connect(args.address)
     client = LedgerClient.connect(args.group, timeout_s=args.timeout)
     results = client.append_batch(bodies)
     for r in results:
@@ -149,6 +155,8 @@ def _add_group_commands(sub, common) -> None:
     ap = add("append", "append entries (one per argument) and wait for commit", cmd_append)
     ap.add_argument("bodies", nargs="*", help="entry bodies (UTF-8)")
     ap.add_argument("--file", help="also append this file's bytes as one entry")
+    or_topic(ap, "append to this topic instead of --group")
+    ap.add_argument("--key", default=None, help="--topic: every entry to this key's partition")
     gt = add("get", "read committed entries", cmd_get)
     gt.add_argument("index", type=int)
     gt.add_argument("--count", type=int, default=1)
@@ -240,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     mq.add_commands(sub, common)
     kv.add_commands(sub, common)
     member.add_commands(sub, common)
+    topic.add_commands(sub, common)
     return p
 
 

@@ -20,6 +20,7 @@ from rayledger.storage import LedgerError, ResponseCode
 
 from ..connect import NAMESPACE, connect
 from . import output
+from .options import one_target, or_topic
 from .output import say
 
 #: Entries per read while tailing (one call to the leader).
@@ -159,6 +160,10 @@ def _entry_line(e, as_json: bool) -> str:
 def cmd_tail(args) -> int:
     """Print committed entries from ``--from``; with ``--follow``, as they commit (every
     entry, configuration entries marked: see :func:`_entry_line`)."""
+    if one_target(args):
+        from .topic import tail_topic
+
+        return tail_topic(args, _entry_line)
     if args.start is not None and args.start < 0:
         raise LedgerError(
             ResponseCode.UNEXPECTED_ARGUMENT, f"--from must be >= 0, got {args.start}"
@@ -326,6 +331,7 @@ def add_commands(add, sub, common) -> None:
     )
     tl.add_argument("--max", type=int, default=None, help="stop after N entries")
     tl.add_argument("--poll", type=float, default=0.2, help="--follow: seconds between polls")
+    or_topic(tl, "every partition of this topic, merged (lines start with the partition)")
 
     sp = add("stop", "stop a group's members", cmd_stop)
     sp.add_argument("--delete-data", action="store_true", help="also delete its files")

@@ -32,6 +32,25 @@ def with_group(sp: argparse.ArgumentParser, timeout: float = 30.0) -> argparse.A
     return sp
 
 
+def or_topic(sp: argparse.ArgumentParser, help: str) -> None:
+    """``--group`` or ``--topic``: a command that works on either (:func:`one_target` says
+    which it got)."""
+    for action in sp._actions:
+        if "--group" in action.option_strings:
+            action.required = False
+    sp.add_argument("--topic", "-t", default=None, help=help)
+
+
+def one_target(args) -> bool:
+    """Whether a command that takes ``--group`` or ``--topic`` got the topic (exactly one of
+    them, else UNEXPECTED_ARGUMENT)."""
+    from rayledger.storage import LedgerError, ResponseCode
+
+    if (args.group is None) == (args.topic is None):
+        raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "pass one of --group and --topic")
+    return args.topic is not None
+
+
 AddCommand = Callable[..., argparse.ArgumentParser]
 
 
