@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ def ensure_writable_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".probe-{os.getpid()}"
+        # one probe per thread: groups of one topic start from threads of one process
+        probe = path / f".probe-{os.getpid()}-{threading.get_ident()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:

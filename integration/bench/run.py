@@ -66,6 +66,11 @@ def run(which: str, args) -> dict:
         from .divergent import divergent_tail
 
         return divergent_tail(entries=10_000 if quick else 100_000)
+    if which == "topic":
+        from .topic import run as run_topic
+
+        return run_topic(quick=quick, clients=getattr(args, "clients", 4),
+                         batch=getattr(args, "batch", 1000))  # fmt: skip
     if which == "spark":
         from .spark import run_spark_bench
 

@@ -187,6 +187,7 @@ def _add_bench(sub, common) -> None:
             "kv",
             "divergent",
             "membership",
+            "topic",
         ],  # fmt: skip
     )
     be.add_argument("--json", action="store_true", help="one JSON object on stdout")

@@ -97,8 +97,8 @@ class TopicClient:
         self, bodies: Sequence[bytes], keys: Key | Sequence[Key] = None
     ) -> list[TopicAppendResult]:
         """Append a batch split by partition, its parts in parallel; the results in the
-        batch's order.  ``keys``: None (spread round robin), one key for every entry, or one
-        key (or None) per entry.  The first part that fails raises (the others may have
+        batch's order.  ``keys``: None (the whole batch to the next partition in turn), one
+        key for every entry, or one key (or None: round robin) per entry.  The first part that fails raises (the others may have
         committed: a batch is atomic per partition)."""
         if isinstance(bodies, _BYTES) or not isinstance(bodies, Sequence):
             raise LedgerError.of(

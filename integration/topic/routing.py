@@ -9,6 +9,7 @@ IEEE polynomial), modulo the number of partitions.  It never depends on the proc
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import zlib
 from collections.abc import Sequence
@@ -40,7 +41,8 @@ def partition_of(key: str | bytes, partitions: int) -> int:
 
 class Router:
     """Routes appends over ``partitions``: keyed ones by :func:`partition_of`, unkeyed ones
-    round robin (thread-safe: many threads share one client)."""
+    round robin from a random partition (clients that start together do not all begin on
+    the same one), thread-safe: many threads share one client."""
 
     def __init__(self, partitions: int):
         if type(partitions) is not int or partitions < 1:
@@ -49,7 +51,7 @@ class Router:
                 f"partitions must be an int >= 1, got {partitions!r}",
             )
         self.partitions = partitions
-        self._next = itertools.count()
+        self._next = itertools.count(random.randrange(partitions))
         self._lock = threading.Lock()
 
     def one(self, key: Key) -> int:
@@ -59,18 +61,17 @@ class Router:
             return next(self._next) % self.partitions
 
     def split(self, n: int, keys: Key | Sequence[Key] = None) -> list[list[int]]:
-        """The positions of ``n`` entries of a batch, per partition.  ``keys``: None (round
-        robin from the next partition in turn), one key for the whole batch, or one key (or
-        None) per entry."""
+        """The positions of ``n`` entries of a batch, per partition.  ``keys``: None (the
+        whole batch to the next partition in turn), one key for the whole batch, or one key
+        (or None: round robin, entry by entry) per entry.
+
+        An unkeyed batch stays whole, as Kafka's sticky partitioner keeps one: split over
+        every partition, each part would pay a whole round's fixed cost (calls, wake-ups)
+        for a fraction of its entries, and on a machine whose cores are busy already the
+        parts add no parallelism to pay for it."""
         parts: list[list[int]] = [[] for _ in range(self.partitions)]
         if keys is None or isinstance(keys, str | bytes | bytearray | memoryview):
-            if keys is not None:
-                parts[partition_of(keys, self.partitions)] = list(range(n))
-                return parts
-            with self._lock:
-                start = next(self._next)
-            for k in range(n):
-                parts[(start + k) % self.partitions].append(k)
+            parts[self.one(keys)] = list(range(n))
             return parts
         if not isinstance(keys, Sequence) or len(keys) != n:
             raise LedgerError.of(

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -153,9 +154,31 @@ class LedgerTopic:
         return TopicClient(self.layout, timeout_s=timeout_s, idempotent=idempotent)
 
     # -- watching --------------------------------------------------------------------------
-    def wait_for_leaders(self, timeout_s: float = 60.0) -> list[str]:
-        """Each partition's leader, once every partition has one."""
-        return [self.group(i).wait_for_leader(timeout_s) for i in range(self.partitions)]
+    def preferred_leader(self, partition: int) -> str:
+        """The member partition ``partition``'s group hands its leadership to when it can."""
+        self.layout.group(partition)  # in range
+        members = self.layout.members
+        return members[partition % len(members)]
+
+    def wait_for_leaders(self, timeout_s: float = 60.0, preferred: bool = False) -> list[str]:
+        """Each partition's leader, once every partition has one (``preferred``: once each
+        is led by its preferred member, as after a start or a failover settles; TIMEOUT
+        when that does not happen in time)."""
+        deadline = time.monotonic() + timeout_s
+        leaders = [self.group(i).wait_for_leader(timeout_s) for i in range(self.partitions)]
+        if not preferred:
+            return leaders
+        want = [self.preferred_leader(i) for i in range(self.partitions)]
+        while True:
+            leaders = [r["leader"] for r in self.status()]
+            if leaders == want:
+                return leaders
+            if time.monotonic() > deadline:
+                raise LedgerError.of(
+                    ResponseCode.TIMEOUT,
+                    f"topic {self.name!r}: leaders {leaders}, preferred {want}",
+                )
+            time.sleep(0.2)
 
     def status(self, timeout_s: float = 2.0) -> list[dict]:
         """Per partition: its group, leader, the leader's node, term and committed index

@@ -1,6 +1,6 @@
 """A topic's routing without Ray: the key hash is the one written down (CRC-32 of the key's
-bytes, str as UTF-8, modulo the partitions), stable across processes, unkeyed appends go
-round robin, batches split by partition keep every entry once, and bad keys, counts and
+bytes, str as UTF-8, modulo the partitions), stable across processes, unkeyed appends and
+batches go round robin (a batch whole), batches split by key keep every entry once, and bad keys, counts and
 partitions get UNEXPECTED_ARGUMENT."""
 
 from __future__ import annotations
@@ -44,9 +44,13 @@ def test_a_split_keeps_every_entry_once_and_keys_together(keys, n) -> None:
 
 def test_unkeyed_appends_go_round_robin() -> None:
     r = Router(3)
-    assert [r.one(None) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
-    parts = r.split(5)
-    assert sorted(len(p) for p in parts) == [1, 2, 2]
+    first = r.one(None)
+    assert [r.one(None) for _ in range(5)] == [(first + k) % 3 for k in range(1, 6)]
+    one, two = r.split(5), r.split(5)  # an unkeyed batch stays whole, the next one goes on
+    assert sorted(map(len, one)) == [0, 0, 5] and sorted(map(len, two)) == [0, 0, 5]
+    assert [p for p, at in enumerate(two) if at] == [(first + 7) % 3]
+    mixed = r.split(4, [None, None, None, None])  # unkeyed entries of a keyed batch: spread
+    assert sorted(len(p) for p in mixed) == [1, 1, 2]
     one = Router(4).split(3, b"same")
     assert one[partition_of(b"same", 4)] == [0, 1, 2]
 

@@ -1,0 +1,110 @@
+"""`rayledger bench topic`: what spreading a log over partitions gives and costs here.
+
+The same batch load (``clients`` clients appending batches of ``batch`` for a few seconds,
+each unkeyed batch whole to the next partition in turn) on topics of 1, 2 and 4
+partitions of 3 file-backed members each (DLedger's timers: on 2 cores, 4 partitions' 24
+processes under load miss 100 ms heartbeats), each partition led by its preferred member
+before the load starts, one topic at a time, alternating ``repeats`` times so the machine's drift falls on every size alike:
+``batch_entries_per_s_N`` (the best of the repeats), ``spread_4_over_1``; and what each
+partition costs when nothing happens: ``idle_cpu_cores_per_partition`` (measured on the
+4-partition topic over ``idle_s``), ``processes_per_partition``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+
+import ray
+from rayledger.actors import LedgerConfig
+from rayledger.actors.naming import NAMESPACE
+from rayledger.integration.topic import LedgerTopic
+
+from .loads import cpu_seconds, group_pids, in_threads, pct, timed
+
+SIZES = (1, 2, 4)
+
+
+def _topic_pids(topic: LedgerTopic) -> list[int]:
+    return [pid for i in range(topic.partitions) for pid in group_pids(topic.group(i))]
+
+
+def _idle(topic: LedgerTopic, seconds: float) -> dict:
+    time.sleep(1.0)  # the last appends settle
+    pids = _topic_pids(topic)
+    before, t0 = cpu_seconds(pids), time.monotonic()
+    time.sleep(seconds)
+    used = cpu_seconds(pids) - before
+    return {
+        "idle_cpu_cores_per_partition": round(used / (time.monotonic() - t0) / topic.partitions, 3),
+        "processes_per_partition": len(pids) / topic.partitions,
+    }
+
+
+def _batches(topic: LedgerTopic, clients: int, seconds: float, batch: int, body: int) -> dict:
+    """``clients`` clients appending batches of ``batch`` for ``seconds``, each client
+    connected to every partition before the clock starts (a client's first call to a group
+    looks its members up)."""
+    payload = [os.urandom(body) for _ in range(batch)]
+    cs = [topic.client(idempotent=False) for _ in range(clients)]
+    try:
+        for c in cs:
+            for p in range(topic.partitions):
+                c.client(p).append_batch(payload[:1])
+        lat: list[float] = []
+        errors: list[Exception] = []
+        stop = time.monotonic() + seconds
+
+        def worker(k: int) -> None:
+            while time.monotonic() < stop:
+                timed(lambda: cs[k].append_batch(payload), lat, errors)
+
+        dt = in_threads(worker, clients)
+    finally:
+        for c in cs:
+            c.close()
+    return {"entries_per_s": round(len(lat) * batch / dt), "p50_ms": pct(lat, 0.5),
+            "errors": len(errors)}  # fmt: skip
+
+
+def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int | None = None,
+        idle_s: float | None = None, body: int = 128) -> dict:  # fmt: skip
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False,
+                 log_to_driver=False)  # fmt: skip
+    repeats = repeats or (1 if quick else 2)
+    seconds = 3.0 if quick else 8.0
+    idle_s = idle_s if idle_s is not None else (3.0 if quick else 10.0)
+    root = tempfile.mkdtemp(prefix="rayledger-bench-topic-")
+    out: dict = {"clients": clients, "batch_size": batch, "members": 3, "repeats": repeats,
+                 "load_avg_1m_before": round(os.getloadavg()[0], 2)}  # fmt: skip
+    best = {n: 0 for n in SIZES}
+    try:
+        for rep in range(repeats):
+            for n in SIZES:
+                name = f"bench-topic-{uuid.uuid4().hex[:6]}"
+                topic = LedgerTopic.create(name, n, 3, os.path.join(root, name), LedgerConfig())
+                try:
+                    topic.wait_for_leaders(60, preferred=True)
+                    got = _batches(topic, clients, seconds, batch, body)
+                    best[n] = max(best[n], got["entries_per_s"])
+                    out.setdefault(f"batch_errors_{n}", 0)
+                    out[f"batch_errors_{n}"] += got["errors"]
+                    out[f"batch_p50_ms_{n}"] = got["p50_ms"]
+                    if n == SIZES[-1] and rep == repeats - 1:
+                        out.update(_idle(topic, idle_s))
+                finally:
+                    topic.delete(delete_data=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if started:
+            ray.shutdown()
+    for n in SIZES:
+        out[f"batch_entries_per_s_{n}"] = best[n]
+    out["spread_4_over_1"] = round(best[4] / best[1], 3) if best[1] else None
+    out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    return out
