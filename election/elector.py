@@ -295,6 +295,7 @@ class Elector:
 
     def change_role_to_leader(self, term: int, now_ms: int) -> list[Action]:
         st = self.state
+        self.voting.head_start = False  # a leader is known
         if st.current_term != term:
             self.shared.log(WARNING, "SkipLeader", term=term, current_term=st.current_term)
             return []
@@ -357,6 +358,7 @@ class Elector:
             st.set_vote_for(leader_id)
         self.voting.round = None
         self.voting.pre_vote_granted_term = -1  # a grant is only good for the round it enabled
+        self.voting.head_start = False  # a leader is known
         self.heartbeats.round = None
         self.shared.timers.last_leader_heartbeat_ms = now_ms
         return self._handle_role_change(term, Role.FOLLOWER)

@@ -40,6 +40,16 @@ class Voting:
         # timeout after its first event, as if it had just heard from a leader (see
         # docs/SAFETY.md, lease reads).
         self.first_event_ms: int | None = None
+        # In a new group, a member that is not a preferred leader waits one vote interval
+        # more before its first campaign, so a preferred one starts the group's first
+        # election: the group does not open with a term that a hand-over to the preferred
+        # member ends at once (its leader would keep its helpers' processes for a term to
+        # come).  Once a leader is known (the elector clears it) or after a restart, none.
+        self.head_start = (
+            bool(sh.config.preferred_leader_ids)
+            and sh.state.self_id not in sh.config.preferred_leader_ids
+            and not sh.restarted
+        )
 
     def next_time_to_request_vote(self, now_ms: int) -> int:
         cfg = self.sh.config
@@ -50,7 +60,11 @@ class Voting:
             )
         else:
             lo, hi = cfg.min_vote_interval_ms, cfg.max_vote_interval_ms
-        return now_ms + lo + self.sh.rng.randrange(hi - lo)
+        wait = lo + self.sh.rng.randrange(hi - lo)
+        if self.head_start:
+            self.head_start = False
+            wait += cfg.max_vote_interval_ms
+        return now_ms + wait
 
     def _pre_vote_required(self) -> bool:
         st = self.sh.state

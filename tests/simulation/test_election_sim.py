@@ -270,6 +270,21 @@ def test_preferred_leader_ends_up_leading(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [3, 5])
+def test_a_new_group_first_elects_its_preferred_leader(n: int) -> None:
+    """The others wait one vote interval more before their first campaign: on a
+    reliable network the group's first leader is the preferred member, with no hand-over."""
+
+    def one(seed: int) -> None:
+        preferred = f"n{random.Random(seed).randrange(n)}"
+        sim = ElectionSim(n, seed, config=ElectionConfig(preferred_leader_ids=(preferred,)),
+                          label=f"first-{n}")  # fmt: skip
+        sim.wait_for("a first leader", lambda: bool(sim.leaders()), LOSSY_ELECTION_BOUND_MS)
+        assert sim.leaders() == [preferred], (sim.leaders(), sim.terms())
+
+    _each_seed(sim_seeds(30, offset=65_000 * n), one)
+
+
+@pytest.mark.parametrize("n", [3, 5])
 def test_transfer_completes_within_its_timeout(n: int) -> None:
     def one(seed: int) -> None:
         # No long delays here: the old leader must hear of the new term in time.
