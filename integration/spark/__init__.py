@@ -13,12 +13,14 @@ from .reader import (
     spark_running,
     stop_spark,
 )
+from .topics import TopicRead, topic_dataframe, topic_dataset
 
 __all__ = [
     "COLUMNS",
     "CommittedRead",
     "CommittedSnapshot",
     "SparkUnavailableError",
+    "TopicRead",
     "committed_dataframe",
     "committed_dataset",
     "committed_read",
@@ -26,4 +28,6 @@ __all__ = [
     "snapshot",
     "spark_running",
     "stop_spark",
+    "topic_dataframe",
+    "topic_dataset",
 ]
