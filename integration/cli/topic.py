@@ -100,7 +100,8 @@ def append_to_topic(args, bodies: list[bytes]) -> int:
     connect(args.address)
     client = TopicClient.connect(args.topic, timeout_s=args.timeout)
     try:
-        for r in client.append_batch(bodies, args.key):
+        keys = args.key if args.key is not None else [None] * len(bodies)  # one by one
+        for r in client.append_batch(bodies, keys):
             say(json.dumps(r._asdict()))
     finally:
         client.close()

@@ -1,11 +1,15 @@
 """A topic's layout -- its partitions' groups and how they were started -- kept in the
-cluster's key-value store (Ray's GCS, as members' nodes are), so any driver finds it."""
+cluster's key-value store (Ray's GCS, as members' nodes are), so any driver finds it.
+
+:class:`LayoutStore` is that mechanism for any layout dataclass in a KV namespace of its own
+(RocketMQ's broker clusters keep theirs with it too)."""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import asdict, dataclass
+from typing import Any, Generic, TypeVar
 
 from rayledger.actors.naming import TOPICS_NAMESPACE, partition_group
 from rayledger.actors.ray_compat import kv_del, kv_get, kv_keys, kv_put
@@ -23,6 +27,7 @@ class TopicLayout:
     store_dir: str | None
     created_ms: int = 0
     hash: str = "crc32"  # routing.partition_of
+    auto_rebalance: bool = True  # a keeper actor rebalances the leaders after failovers
 
     @property
     def groups(self) -> list[str]:
@@ -45,29 +50,59 @@ class TopicLayout:
         return cls(**json.loads(raw))
 
 
+L = TypeVar("L")
+
+
+class LayoutStore(Generic[L]):
+    """Layouts of one kind (a dataclass with a ``name``), one JSON document per name in the
+    KV namespace ``namespace``; ``kind`` names them in errors."""
+
+    def __init__(self, cls: type[L], namespace: str, kind: str):
+        self.cls, self.namespace, self.kind = cls, namespace, kind
+
+    def save(self, layout: Any) -> None:
+        kv_put(layout.name, json.dumps(asdict(layout), sort_keys=True), self.namespace)
+
+    def load(self, name: str) -> L | None:
+        raw = kv_get(name, self.namespace)
+        return None if raw is None else self.cls(**json.loads(raw))
+
+    def require(self, name: str) -> L:
+        """The layout of ``name``; UNKNOWN_GROUP when there is none."""
+        layout = self.load(name)
+        if layout is None:
+            raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no {self.kind} named {name!r}")
+        return layout
+
+    def forget(self, name: str) -> None:
+        kv_del(name, self.namespace)
+
+    def names(self) -> list[str]:
+        return kv_keys("", self.namespace)
+
+
+TOPICS: LayoutStore[TopicLayout] = LayoutStore(TopicLayout, TOPICS_NAMESPACE, "topic")
+
+
 def save(layout: TopicLayout) -> None:
-    kv_put(layout.name, layout.to_json(), TOPICS_NAMESPACE)
+    TOPICS.save(layout)
 
 
 def load(name: str) -> TopicLayout | None:
-    raw = kv_get(name, TOPICS_NAMESPACE)
-    return None if raw is None else TopicLayout.from_json(raw)
+    return TOPICS.load(name)
 
 
 def require(name: str) -> TopicLayout:
     """The layout of topic ``name``; UNKNOWN_GROUP when there is none."""
-    layout = load(name)
-    if layout is None:
-        raise LedgerError.of(ResponseCode.UNKNOWN_GROUP, f"no topic named {name!r}")
-    return layout
+    return TOPICS.require(name)
 
 
 def forget(name: str) -> None:
-    kv_del(name, TOPICS_NAMESPACE)
+    TOPICS.forget(name)
 
 
 def names() -> list[str]:
-    return kv_keys("", TOPICS_NAMESPACE)
+    return TOPICS.names()
 
 
 def now_ms() -> int:

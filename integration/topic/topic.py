@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
-import math
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, ResponseCode
 from rayledger.actors.group import LedgerGroup, member_ids
-from rayledger.actors.naming import NAMESPACE, group_members
+from rayledger.actors.naming import NAMESPACE, group_members, now_ms
 from rayledger.actors.placement import alive_nodes, member_nodes
 from rayledger.storage.metafile import ensure_writable_dir
 
 from . import layout as lay
+from .balance import Lead, Move, SettleWatch, plan_moves
 from .client import TopicClient
 from .layout import TopicLayout
 
@@ -79,9 +82,12 @@ class LedgerTopic:
         config: LedgerConfig | None = None,
         *,
         nodes: Sequence[str] | None = None,
+        auto_rebalance: bool = True,
     ) -> LedgerTopic:
         """Start a topic of ``partitions`` groups; every argument is checked before any actor
-        starts, and a topic whose groups did not all start is taken down again."""
+        starts, and a topic whose groups did not all start is taken down again.
+        ``auto_rebalance``: a keeper actor rebalances the leaders once a failover settled
+        (:mod:`.keeper`)."""
         if not isinstance(name, str) or not name or "/" in name:
             raise _bad(f"topic name must be a non-empty string without '/', got {name!r}")
         if type(partitions) is not int or partitions < 1:
@@ -97,7 +103,8 @@ class LedgerTopic:
             ray.init(namespace=NAMESPACE)
         if lay.load(name) is not None:
             raise _bad(f"a topic named {name!r} already exists")
-        layout = TopicLayout(name, partitions, ids, store_dir, lay.now_ms())
+        layout = TopicLayout(name, partitions, ids, store_dir, lay.now_ms(),
+                             auto_rebalance=bool(auto_rebalance))  # fmt: skip
         taken = [g for g in layout.groups if group_members(g)]
         if taken:
             raise _bad(f"groups {taken} already run under a partition's name of {name!r}")
@@ -130,6 +137,8 @@ class LedgerTopic:
                 g.shutdown(delete_data=True)
             lay.forget(name)
             raise
+        if auto_rebalance:
+            start_keeper(name)
         topic = cls(layout)
         topic._groups = {i: g for i, g in enumerate(started)}  # in submission order
         log.info("topic %s started: %d partitions of %s", name, partitions, ids)
@@ -203,44 +212,54 @@ class LedgerTopic:
         return rows
 
     # -- spreading the leaders ---------------------------------------------------------------
-    def rebalance(self, timeout_s: float = 30.0) -> list[dict]:
-        """Move leaders off nodes that lead more than their share (``ceil(partitions /
-        live nodes)``) to a member on the node that leads the fewest; returns the moves."""
-        rows = self.status()
-        live = set(alive_nodes())
-        count = {n: 0 for n in live}
-        for r in rows:
-            if r["node"] in count:
-                count[r["node"]] += 1
-        share = math.ceil(self.partitions / max(1, len(live)))
+    def leads(self) -> tuple[list[Lead], list[str]]:
+        """Each partition's leader, its node, preferred member and members' nodes, and the
+        live nodes: what :mod:`.balance` decides from."""
+        leads = []
+        for r in self.status():
+            group = self.layout.group(r["partition"])
+            members = member_nodes(group, self.group(r["partition"]).members)
+            leads.append(Lead(r["partition"], r["leader"], r["node"],
+                              self.preferred_leader(r["partition"]), members))  # fmt: skip
+        return leads, alive_nodes()
+
+    def rebalance(
+        self,
+        timeout_s: float = 30.0,
+        *,
+        leads: Sequence[Lead] | None = None,
+        live: Sequence[str] | None = None,
+    ) -> list[dict]:
+        """Move leaders off nodes that lead more than their share (``ceil(partitions / live
+        nodes)``), the ones a failover displaced first, each to its member on the node that
+        leads the fewest (:func:`~.balance.plan_moves`); returns the moves made.  The topic's
+        keeper calls it once a failover has settled."""
+        if leads is None or live is None:
+            leads, live = self.leads()
         moves = []
-        for r in rows:
-            if r["leader"] is None or count.get(r["node"], 0) <= share:
-                continue
-            group = self.group(r["partition"])
-            where = member_nodes(r["group"], group.members)
-            spots = sorted(
-                (count[n], m) for m, n in where.items() if n in count and m != r["leader"]
-            )
-            if not spots or spots[0][0] + 1 > count[r["node"]] - 1:
-                continue  # no member on a node that would lead fewer
-            target = spots[0][1]
+        for mv in plan_moves(leads, live):
             try:
-                group.transfer_leadership(target, timeout_s)
+                self.group(mv.partition).transfer_leadership(mv.target, timeout_s)
             except LedgerError as exc:
-                log.warning("topic %s: moving %s's leader to %s failed: %s",
-                            self.name, r["group"], target, exc)  # fmt: skip
+                log.warning("topic %s: moving partition %d's leader %s to %s failed: %s",
+                            self.name, mv.partition, mv.source, mv.target, exc)  # fmt: skip
                 continue
-            count[r["node"]] -= 1
-            count[where[target]] += 1
-            moves.append({"partition": r["partition"], "from": r["leader"], "to": target,
-                          "node": where[target]})  # fmt: skip
+            moves.append({"partition": mv.partition, "from": mv.source, "to": mv.target,
+                          "node": mv.node})  # fmt: skip
         return moves
+
+    def keeper_moves(self) -> list[dict]:
+        """The leader moves the topic's keeper made after failovers (empty without one)."""
+        h = keeper(self.name)
+        if h is None:
+            return []
+        return [dataclasses.asdict(m) for m in ray.get(h.moves.remote(), timeout=30)]
 
     # -- stopping ------------------------------------------------------------------------------
     def delete(self, delete_data: bool = False) -> None:
         """Stop every partition's group (and remove their files with ``delete_data``), then
         forget the topic."""
+        stop_keeper(self.name)
         for i, g in enumerate(self.layout.groups):
             try:
                 group = self._groups.get(i) or LedgerGroup.get(g)
@@ -251,3 +270,87 @@ class LedgerTopic:
             group.shutdown(delete_data=delete_data)
         self._groups.clear()
         lay.forget(self.name)
+
+
+# -- the keeper ----------------------------------------------------------------------
+# The topic keeper: one small actor per topic that rebalances its leaders once a failover
+# has settled, so a lost node does not leave the leaders piled on the nodes that remain.
+#
+# It only watches and asks: every ``interval_s`` it reads the partitions' leaders and the live
+# nodes, feeds them to :class:`~.balance.SettleWatch`, and once they held still for
+# ``settle_s`` it hands over the leaderships :func:`~.balance.plan_moves` names (each group's
+# own leadership transfer, as ``topic.rebalance()`` does).  Detached and restarted by Ray
+# wherever there is room, as the node it ran on may be the one lost.
+
+keeper_log = logging.getLogger("rayledger.topic.keeper")
+
+#: How often the keeper looks, and how long the leaders must hold still before it moves one.
+INTERVAL_S = 2.0
+SETTLE_S = 10.0
+
+
+def keeper_name(topic: str) -> str:
+    """The keeper's actor name (no '/': a group's members are named ``GROUP/MEMBER``)."""
+    return f"topic-keeper:{topic}"
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class TopicKeeper:
+    def __init__(self, topic: str, interval_s: float = INTERVAL_S, settle_s: float = SETTLE_S):
+        self.topic, self.interval_s = topic, interval_s
+        self.watch = SettleWatch(int(settle_s * 1000))
+        self._moves: list[Move] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True, name="topic-keeper").start()
+
+    def _loop(self) -> None:
+        topic: LedgerTopic | None = None
+        while not self._stop.wait(self.interval_s):
+            try:
+                topic = topic or LedgerTopic.get(self.topic)
+                leads, live = topic.leads()
+                if self.watch.observe(now_ms(), leads, live):
+                    moved = topic.rebalance(leads=leads, live=live)
+                    if moved:
+                        keeper_log.info("topic %s: moved leaders %s", self.topic, moved)
+                        self._moves += moved
+                        self.watch.moved()
+            except Exception as exc:  # noqa: BLE001 -- a keeper outlives a bad look
+                keeper_log.warning("topic %s: keeper look failed: %r", self.topic, exc)
+
+    def moves(self) -> list[Move]:
+        """Every leadership this keeper handed over, oldest first."""
+        return list(self._moves)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def start_keeper(topic: str, interval_s: float = INTERVAL_S, settle_s: float = SETTLE_S) -> Any:
+    """The topic's keeper, started when it does not run yet."""
+    return TopicKeeper.options(
+        name=keeper_name(topic),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+        max_task_retries=0,
+    ).remote(topic, interval_s, settle_s)
+
+
+def keeper(topic: str) -> Any | None:
+    """The topic's keeper's handle, or None when it runs none."""
+    try:
+        return ray.get_actor(keeper_name(topic), namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def stop_keeper(topic: str) -> None:
+    h = keeper(topic)
+    if h is not None:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(h, no_restart=True)

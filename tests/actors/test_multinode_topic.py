@@ -202,6 +202,15 @@ SCRIPT = textwrap.dedent(
             alive = [m for m in g.members if infos[(p, m)]["node_id"] != victim]
             check_history(g, out, reader.client(p), members=alive)
         res["history_checked"] = True
+
+        # the topic's keeper spreads the leaders over the live nodes once the failover
+        # settled (when the failed-over partitions piled onto one node)
+        def spread():
+            ns = [r["node"] for r in topic.status() if r["leader"]]
+            return len(ns) == PARTITIONS and max(ns.count(n) for n in set(ns)) <= 2
+        wait_until(spread, 90, lambda: f"leaders spread over two nodes: {topic.status()}")
+        res["leader_nodes_settled"] = [label.get(r["node"], r["node"]) for r in topic.status()]
+        res["keeper_moves"] = topic.keeper_moves()
     finally:
         for wr in writers:
             wr.stop.set()
@@ -277,3 +286,14 @@ def test_every_ack_is_committed_once_in_its_keys_order(node_loss: dict) -> None:
     assert not out["committed_off_key_partition"], why
     assert not out["order_broken"], why
     assert out["history_checked"], why
+
+
+@pytest.mark.timeout(450)
+def test_the_keeper_spreads_the_leaders_again_after_the_failover(node_loss: dict) -> None:
+    out = node_loss
+    why = json.dumps(out)
+    settled = out["leader_nodes_settled"]
+    assert out["victim"] not in settled, why
+    assert max(settled.count(n) for n in set(settled)) <= 2, why  # 4 leaders, 2 live nodes
+    # only leaders a failover displaced are moved: the ones at home stay
+    assert all(m["partition"] in out["affected"] for m in out["keeper_moves"]), why
