@@ -92,6 +92,7 @@ def cmd_transfer(args) -> int:
 def cmd_export(args) -> int:
     from ..spark.export import export_main
 
+    one_target(args)  # --group or --topic
     return export_main(args)
 
 
@@ -164,6 +165,7 @@ def _add_group_commands(sub, common) -> None:
     tr.add_argument("member")
     ex = add("export", "committed entries to Parquet through Spark", cmd_export)
     ex.add_argument("--out", required=True, help="output directory")
+    or_topic(ex, "export every partition of this topic (to OUT/partition-<p>/)")
     ex.add_argument(
         "--from", dest="start", type=int, default=None, help="first index (default: resume)"
     )

@@ -74,12 +74,15 @@ def export(
     chunk_entries: int = CHUNK_ENTRIES,
     progress: bool = True,
     timeout_s: float = 30.0,
+    partition: int | None = None,
 ) -> dict[str, Any]:
     """Export the committed entries of ``group`` from ``start`` (None: resume) to ``out``.
 
     A row per client entry, as :func:`~.reader.committed_dataframe` reads them: a group's
     configuration entries are skipped (their indexes are missing from ``index``).  The
-    result's ``entries`` counts the log indexes exported, ``from``/``to`` bound them."""
+    result's ``entries`` counts the log indexes exported, ``from``/``to`` bound them.
+    ``partition``: the group is this partition of a topic; every row says so in a first
+    ``partition`` column."""
     from .reader import committed_read, snapshot
 
     out = Path(out).expanduser().resolve()
@@ -96,6 +99,10 @@ def export(
         while a < end:
             b = min(end, a + chunk_entries)
             df, read = committed_read(spark, group, a, b, snap=snap)
+            if partition is not None:
+                from pyspark.sql import functions as F  # noqa: N812 -- Spark's own idiom
+
+                df = df.select(F.lit(partition).cast("int").alias("partition"), "*")
             if read.stop != b:
                 raise LedgerError.of(
                     ResponseCode.INTERNAL_ERROR,
@@ -119,6 +126,45 @@ def export(
         "committed_index": snap.committed_index,
         "seconds": round(seconds, 3),
         "entries_per_s": round(written / seconds) if written and seconds > 0 else 0,
+    }
+
+
+def export_topic(
+    spark: Any,
+    topic: str,
+    out: str | Path,
+    start: int | None = None,
+    chunk_entries: int = CHUNK_ENTRIES,
+    progress: bool = True,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
+    """Export every partition of ``topic`` to ``out/partition-<p>/``, each as :func:`export`
+    exports a group (its own chunks and checkpoint, so each resumes on its own) with a
+    ``partition`` column: ``spark.read.parquet(f"{out}/partition-*/part-*")`` reads them all
+    as one table."""
+    from ..topic.layout import require
+
+    layout = require(topic)
+    out = Path(out).expanduser().resolve()
+    parts = [
+        export(
+            spark,
+            group,
+            out / f"partition-{p}",
+            start,
+            chunk_entries,
+            progress,
+            timeout_s,
+            partition=p,
+        )  # fmt: skip
+        for p, group in enumerate(layout.groups)
+    ]
+    return {
+        "topic": topic,
+        "out": str(out),
+        "partitions": parts,
+        "entries": sum(r["entries"] for r in parts),
+        "seconds": round(sum(r["seconds"] for r in parts), 3),
     }
 
 
@@ -159,8 +205,11 @@ class _progress:
 
 
 def export_main(args: Any) -> int:
-    """Entry point of ``rayledger export`` (args: group, out, start, address, timeout)."""
+    """Entry point of ``rayledger export`` (args: group or topic, out, start, address,
+    timeout)."""
     from .reader import init_spark, spark_running, stop_spark
+
+    topic = getattr(args, "topic", None) is not None
 
     if args.start is not None and args.start < 0:
         raise LedgerError.of(
@@ -168,9 +217,12 @@ def export_main(args: Any) -> int:
         )
     connect(args.address)
     own_spark = not spark_running()  # a caller's session is left running
-    spark = init_spark(f"rayledger-export-{args.group}")
+    spark = init_spark(f"rayledger-export-{args.topic if topic else args.group}")
     try:
-        result = export(spark, args.group, args.out, args.start, timeout_s=args.timeout)
+        if topic:
+            result = export_topic(spark, args.topic, args.out, args.start, timeout_s=args.timeout)
+        else:
+            result = export(spark, args.group, args.out, args.start, timeout_s=args.timeout)
     finally:
         if own_spark:
             stop_spark()
