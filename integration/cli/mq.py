@@ -44,7 +44,7 @@ def _row(m) -> dict:
 def cmd_start(args) -> int:
     from rayledger.integration.rocketmq import CommitLog
 
-    return start_group(args, lambda *a: CommitLog.create(*a).group)
+    return start_group(args, lambda *a: CommitLog.create(*a, delay_levels=args.delay_levels).group)
 
 
 def cmd_produce(args) -> int:
@@ -56,6 +56,10 @@ def cmd_produce(args) -> int:
     if not bodies:
         raise LedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "give message bodies or --count N")
     log = _log(args)
+    if args.delay_level:  # someone must deliver them: the group's service, started if down
+        from rayledger.integration.rocketmq.schedule_service import ensure_service
+
+        ensure_service(log.group.name)
     failed = 0
     for start in range(0, len(bodies), args.batch):
         chunk = bodies[start : start + args.batch]
@@ -168,6 +172,11 @@ def add_commands(sub, common) -> None:
     add = group_command_adder(mq.add_subparsers(dest="mq_command", required=True), common)
     st = add("start", "start a group whose members run the RocketMQ commit log", cmd_start)
     add_start_options(st, "how many members")
+    st.add_argument(
+        "--delay-levels", default=None,
+        help="each delay level's delay, RocketMQ's messageDelayLevel (default "
+        '"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"; units ms/s/m/h/d)',
+    )  # fmt: skip
     pr = add("produce", "put messages (one per BODY, or --count N generated)", cmd_produce)
     pr.add_argument("bodies", nargs="*", help="message bodies (UTF-8)")
     pr.add_argument("--topic", "-t", required=True)
@@ -177,7 +186,11 @@ def add_commands(sub, common) -> None:
     pr.add_argument("--count", type=int, default=None, help="generate N messages")
     pr.add_argument("--size", type=int, default=128, help="--count: body bytes")
     pr.add_argument("--batch", type=int, default=32, help="messages per put (one commit wait)")
-    pr.add_argument("--delay-level", type=int, default=0, help="RocketMQ delay level (1-18)")
+    pr.add_argument(
+        "--delay-level", type=int, default=0,
+        help="RocketMQ delay level (1-18 by default): parked in SCHEDULE_TOPIC_XXXX, then "
+        "delivered to the topic's queue, once, when the level's delay has passed",
+    )  # fmt: skip
     co = add("consume", "pull committed messages of a topic", cmd_consume)
     co.add_argument("--topic", "-t", required=True)
     co.add_argument("--queue", "-q", type=int, default=None, help="one queue (default: all)")

@@ -5,6 +5,11 @@ LEADER_NOT_READY, DISK_FULL and no leader before the deadline -> SERVICE_NOT_AVA
 quorum timeout or a leader whose pending queue stayed full -> OS_PAGECACHE_BUSY; a message
 RocketMQ refuses -> MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED with nothing stored; any
 other unknown outcome -> UNKNOWN_ERROR.  Nothing whose outcome is unknown is retried.
+
+Delayed messages (``delay_level``) are parked in ``SCHEDULE_TOPIC_XXXX`` and delivered to
+their real queue, exactly once, by the group's schedule service once their level's delay
+has passed (schedule.py, schedule_service.py); the levels' delays are the group's
+``delay_levels`` (RocketMQ's messageDelayLevel).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from rayledger.storage.codec import HEADER_SIZE
 
 from .commitlog import offset_command
 from .message import (
-    MAX_DELAY_LEVEL,
     TRANSACTION_NOT_TYPE,
     Message,
     MessageError,
@@ -34,9 +38,16 @@ from .message import (
     msg_id,
     pulled_messages,
 )
+from .schedule import (
+    DEFAULT_DELAY_LEVELS,
+    DELAY_OFFSET,
+    PARKING,
+    SCHEDULE_TOPIC,
+    parse_delay_levels,
+)
+from .schedule_service import ensure_service, stop_service
 
 MACHINE = "rayledger.integration.rocketmq.commitlog:CommitLogMachine"
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 _STATUS = {
     ResponseCode.NOT_LEADER: PutMessageStatus.SERVICE_NOT_AVAILABLE,
@@ -127,34 +138,67 @@ class CommitLog:
         self.group = group
         self.client = group.client(timeout_s=timeout_s)
         self.host = _host()
+        args = getattr(getattr(group, "config", None), "state_machine_args", None) or {}
+        #: each delay level's delay in ms (level L is ``delays[L - 1]``)
+        self.delays = parse_delay_levels(args.get("delay_levels", DEFAULT_DELAY_LEVELS))
 
     @classmethod
     def create(
-        cls, name: str, members=3, store_dir=None, config: LedgerConfig | None = None
-    ) -> CommitLog:
+        cls, name: str, members=3, store_dir=None, config: LedgerConfig | None = None,
+        delay_levels: str | None = None,
+    ) -> CommitLog:  # fmt: skip
+        """Start a group running the commit log, and its schedule service.
+        ``delay_levels``: RocketMQ's messageDelayLevel ("1s 5s 10s ... 2h", the default;
+        units ms/s/m/h/d), LedgerError(UNEXPECTED_ARGUMENT) when malformed."""
         config = replace(config or LedgerConfig(), state_machine=MACHINE)
+        if delay_levels is not None:
+            parse_delay_levels(delay_levels)  # before any actor starts
+            args = {**config.state_machine_args, "delay_levels": delay_levels}
+            config = replace(config, state_machine_args=args)
         group = LedgerGroup.create(name, members, store_dir=store_dir, config=config)
         group.wait_for_leader(timeout_s=60)
+        ensure_service(name)
         return cls(group)
 
     @classmethod
     def connect(cls, name: str) -> CommitLog:
-        return cls(LedgerGroup.get(name))
+        """Attach to a running commit log (and start its schedule service unless it runs)."""
+        log = cls(LedgerGroup.get(name))
+        ensure_service(name)
+        return log
+
+    def shutdown(self, delete_data: bool = False) -> None:
+        """Stop the schedule service, then the group."""
+        stop_service(self.group.name)
+        self.group.shutdown(delete_data=delete_data)
+
+    def schedule_offsets(self) -> dict[int, tuple[int, int]]:
+        """Per delay level: (the next parked message to deliver, how many were parked),
+        i.e. RocketMQ's delayOffset.json and the schedule queue's max offset."""
+        state = self.client.query(("schedule",))
+        return {lvl: (off, hi) for lvl, (off, hi, _lo) in state["levels"].items()}
 
     # -- producing -------------------------------------------------------------------------
     def _message(self, topic, queue_id, body, tags, keys, properties, flag, delay_level):
         """The Message to store; MessageError(MESSAGE_ILLEGAL) for a topic, queue id or
         delay level RocketMQ refuses (before the delay redirects it to the schedule topic,
-        which would hide the real ones)."""
+        which would hide the real ones), and for the properties the schedule service owns."""
         check_topic(topic)
+        if topic == SCHEDULE_TOPIC:
+            raise MessageError(PutMessageStatus.MESSAGE_ILLEGAL, f"{topic} is a system topic")
         if type(queue_id) is not int or queue_id < 0:
             raise MessageError(PutMessageStatus.MESSAGE_ILLEGAL, f"bad queue id {queue_id!r}")
-        if type(delay_level) is not int or not 0 <= delay_level <= MAX_DELAY_LEVEL:
+        levels = len(self.delays)
+        if type(delay_level) is not int or not 0 <= delay_level <= levels:
             raise MessageError(
                 PutMessageStatus.MESSAGE_ILLEGAL,
-                f"delay level {delay_level!r} is not 0 (none) or 1..{MAX_DELAY_LEVEL}",
+                f"delay level {delay_level!r} is not 0 (none) or 1..{levels}",
             )
         props = dict(properties or {})
+        reserved = {DELAY_OFFSET, *PARKING} & set(props)
+        if reserved:
+            raise MessageError(PutMessageStatus.MESSAGE_ILLEGAL,
+                               f"properties {sorted(reserved)} are the schedule service's")  # fmt: skip
         if tags is not None:
             props["TAGS"] = tags
         if keys is not None:

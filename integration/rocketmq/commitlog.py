@@ -14,10 +14,17 @@
   and the key index are flushed and a checkpoint (applied index, units per queue and of the
   key index, consumer offsets) is replaced atomically; on restart units past the
   checkpoint are cut and the member replays from the checkpoint's index.
-* **Snapshots.** A snapshot is the topic-queue table, the consumer offsets and the applied
-  index.  A member whose log is reset past its queues (it was away, or joined, while the
-  group compacted) loads the leader's and continues every queue at the group's next
-  offset: it may lead at once, stamping offsets that follow the group's.
+* **Delay levels.** A delivery of a parked delayed message (schedule.py) is one entry: the
+  real record, marked with its level and schedule offset.  The leader stamps it like any
+  message when it is its level's next one, and as rolled back (no queue offset, queued by
+  no member) when the level has passed it; applying it moves the level on.  So a delivery
+  sent twice is queued once, and the level offsets (RocketMQ's delayOffset.json) are in
+  the checkpoint and the snapshots, on every member.
+* **Snapshots.** A snapshot is the topic-queue table, the consumer offsets, the delay
+  levels' offsets and the applied index.  A member whose log is reset past its queues (it
+  was away, or joined, while the group compacted) loads the leader's and continues every
+  queue at the group's next offset: it may lead at once, stamping offsets that follow the
+  group's.
 * **Reads.** Queries only see dispatched, hence committed, messages.  A pull below what the
   log still holds (the cleaner deleted it, or the member continued after a snapshot past
   it) is answered ``OFFSET_TOO_SMALL`` with the queue's lowest
@@ -51,10 +58,20 @@ from .message import (
     QUEUE_OFFSET_POS,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
     MessageError,
     decode,
     string_to_properties,
     valid_topic,
+)
+from .schedule import (
+    DEFAULT_DELAY_LEVELS,
+    DELAY_OFFSET,
+    SCHEDULE_TOPIC,
+    LevelOffsets,
+    parse_delay_levels,
+    parse_mark,
+    parse_skip,
 )
 
 logger = logging.getLogger("rayledger.integration.rocketmq")
@@ -65,6 +82,7 @@ _unpack_i, _unpack_h = struct.Struct(">i").unpack_from, struct.Struct(">h").unpa
 _OFFSET_MAGIC = b"\x00RLMQ-OFFSET\x00"
 _QUEUED = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 _SNAPSHOT_FILE = "table.json"
+_MARK = DELAY_OFFSET.encode() + b"\x01"  # a delivery's property, as stored
 
 
 def offset_command(group: str, topic: str, queue_id: int, offset: int) -> bytes:
@@ -114,17 +132,34 @@ def _route(body: bytes | bytearray) -> tuple[str, int, int] | None:
     return topic, qid, _unpack_i(body, _SYSFLAG_POS)[0]
 
 
+def _delivery(body: bytes | bytearray) -> tuple[int, int] | None:
+    """(level, schedule offset) of a record ``_route`` accepted that is a delayed message's
+    delivery (its ``DELAY_OFFSET`` property), else None.  Only a record holding the
+    property's name is parsed: the leader asks for every message it stamps."""
+    (body_len,) = _unpack_i(body, _TOPIC_AFTER_BODY)
+    at = 88 + body_len
+    props = at + 1 + body[at] + 2
+    if body.find(_MARK, props) < 0:
+        return None
+    value = string_to_properties(bytes(body[props:]).decode()).get(DELAY_OFFSET)
+    return parse_mark(value) if value is not None else None
+
+
 class CommitLogMachine(StateMachine):
     def __init__(self) -> None:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.keys = KeyIndex(None)
         self.offsets: dict[str, dict[str, int]] = {}  # group -> "topic\0qid" -> offset
+        self.levels = LevelOffsets()  # delay level -> next schedule offset to deliver
+        self.delays = parse_delay_levels(DEFAULT_DELAY_LEVELS)
         self.applied = -1
         self.root: Path | None = None
         self.log = None
         self._lock = threading.Lock()  # the table: stamped on the loop, rebuilt on the machine
         self._table: dict[tuple[str, int], int] | None = None  # next offsets, when leading
         self._taken: dict[int, tuple[str, int]] = {}  # index -> queue that advanced for it
+        self._levels: LevelOffsets | None = None  # the level offsets as stamped, when leading
+        self._level_undo: dict[int, tuple[int, int]] = {}  # index -> (level, offset before)
         self._interval_s, self._last_checkpoint = 0.2, 0.0
         self._stamped: dict[int, int] = {}  # index -> queue offset, until its receipt
         self._high = -1  # the last index stamped: a write at or below it failed before
@@ -136,6 +171,7 @@ class CommitLogMachine(StateMachine):
         # a checkpoint costs an fsync of every queue file: at most one per interval (a
         # restart replays what was dispatched since, after cutting its units)
         self._interval_s = float(ctx.args.get("checkpoint_interval_ms", 200)) / 1000
+        self.delays = parse_delay_levels(ctx.args.get("delay_levels", DEFAULT_DELAY_LEVELS))
         if ctx.data_dir is None:
             return -1
         self.root = Path(ctx.data_dir) / "mq"
@@ -144,6 +180,7 @@ class CommitLogMachine(StateMachine):
         if (self.root / "checkpoint.json").exists():
             cp = json.loads((self.root / "checkpoint.json").read_text())
         self.applied, self.offsets = cp["applied"], cp["offsets"]
+        self.levels = LevelOffsets.from_json(cp.get("levels", {}))
         self._saved = self.applied
         self.keys = KeyIndex(self.root / "keys")
         self.keys.truncate(cp.get("keys", 0))  # past the checkpoint
@@ -166,16 +203,17 @@ class CommitLogMachine(StateMachine):
         return self._saved
 
     def snapshot(self):
-        """The topic-queue table (each queue's next offset), the consumer offsets and the
-        applied index: what a member whose log is reset past its queues needs to continue
-        every queue where the group stands, and to lead (``pre_append`` stamps from the
-        table).  The queue units are not in it: they point into log entries such a member
+        """The topic-queue table (each queue's next offset), the consumer offsets, the delay
+        levels' offsets and the applied index: what a member whose log is reset past its
+        queues needs to continue every queue where the group stands, and to lead
+        (``pre_append`` stamps from the table).  The queue units are not in it: they point into log entries such a member
         no longer holds.  A checkpoint is made first, so a restart never finds a snapshot
         newer than its own queues."""
         self._checkpoint()
         table = {f"{t}\0{q}": cq.max_offset for (t, q), cq in self.queues.items()}
         offsets = {g: dict(slots) for g, slots in self.offsets.items()}
-        doc = {"applied": self.applied, "next": table, "offsets": offsets}
+        doc = {"applied": self.applied, "next": table, "offsets": offsets,
+               "levels": self.levels.snapshot()}  # fmt: skip
 
         def write(directory: str) -> None:
             with open(os.path.join(directory, _SNAPSHOT_FILE), "w") as f:
@@ -187,11 +225,12 @@ class CommitLogMachine(StateMachine):
         """Continue after a snapshot of the group's table (the member's log was reset past
         where dispatch stands): every queue starts over empty at its next offset, so pulls
         below it answer OFFSET_TOO_SMALL and the next message dispatched follows on; the
-        key index starts over; consumer offsets are the snapshot's."""
+        key index starts over; consumer offsets and delay levels are the snapshot's."""
         try:
             with open(os.path.join(path, _SNAPSHOT_FILE)) as f:
                 doc = json.load(f)
             applied, table, offsets = int(doc["applied"]), doc["next"], doc["offsets"]
+            levels = LevelOffsets.from_json(doc.get("levels", {}))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LedgerError.of(
                 ResponseCode.CORRUPT_SNAPSHOT, f"commit-log snapshot {path}: {exc!r}"
@@ -215,7 +254,7 @@ class CommitLogMachine(StateMachine):
             key = (topic, int(qid))
             where = self.root / "cq" / topic / qid if self.root else None
             self.queues[key] = ConsumeQueue(where, int(nxt))
-        self.offsets, self.applied = offsets, applied
+        self.offsets, self.applied, self.levels = offsets, applied, levels
         self._checkpoint()
 
     def close(self) -> None:
@@ -235,6 +274,7 @@ class CommitLogMachine(StateMachine):
         if role is not Role.LEADER:
             with self._lock:
                 self._table, self._taken, self._stamped, self._high = None, {}, {}, -1
+                self._levels, self._level_undo = None, {}
 
     def ready_to_lead(self) -> bool:
         """Master only once the ledger end is committed and dispatched: then the consume
@@ -245,6 +285,7 @@ class CommitLogMachine(StateMachine):
         with self._lock:
             self._table = {k: q.max_offset for k, q in self.queues.items()}
             self._taken, self._stamped, self._high = {}, {}, -1
+            self._levels, self._level_undo = LevelOffsets(self.levels.offsets), {}
         return True
 
     def pre_append(self, index: int, pos: int, body: bytearray) -> None:
@@ -252,17 +293,29 @@ class CommitLogMachine(StateMachine):
         if route is None:
             if _is_record(body):
                 logger.warning("entry %d is a malformed record: not stamped, not queued", index)
+            elif (skip := parse_skip(body)) is not None:
+                self._stamp_skip(index, *skip)
             return
         topic, qid, sys_flag = route
         key = (topic, qid)
+        delivery = _delivery(body) if sys_flag & 0xC in _QUEUED else None
         with self._lock:
-            table = self._table
-            if table is None:  # not a ready leader: the member refuses appends anyway
+            table, levels = self._table, self._levels
+            if table is None or levels is None:  # not a ready leader: appends are refused
                 return
             if index <= self._high:  # a failed write's entries come again
                 self._give_back(index)
             self._high = index
             offset = 0
+            if delivery is not None:
+                level, before = delivery[0], levels.get(delivery[0])
+                if levels.deliver(*delivery):
+                    self._level_undo[index] = (level, before)
+                else:  # its level is past it: delivered already, void it on every member
+                    logger.info("entry %d: delivery %s:%d again, voided", index, *delivery)
+                    sys_flag = (sys_flag & ~0xC) | TRANSACTION_ROLLBACK_TYPE
+                    struct.pack_into(">i", body, _SYSFLAG_POS, sys_flag)
+                    offset = -1
             if sys_flag & 0xC in _QUEUED:
                 offset = table.get(key, 0)
                 table[key] = offset + 1
@@ -272,11 +325,28 @@ class CommitLogMachine(StateMachine):
         struct.pack_into(">q", body, PHYS_OFFSET_POS, pos + HEADER_SIZE)
         struct.pack_into(">q", body, _STORE_TS_POS, int(time.time() * 1000))
 
+    def _stamp_skip(self, index: int, level: int, start: int, stop: int) -> None:
+        """The leader foresees a skip command as every member will apply it."""
+        with self._lock:
+            levels = self._levels
+            if levels is None:
+                return
+            if index <= self._high:
+                self._give_back(index)
+            self._high = index
+            before = levels.get(level)
+            if levels.skip(level, start, stop):
+                self._level_undo[index] = (level, before)
+
     def _give_back(self, index: int) -> None:
         """Undo the stamps of entries ``index..`` (a write that failed): their queue
-        offsets are taken again by whatever is written there next."""
+        offsets are taken again by whatever is written there next, their deliveries and
+        skips are the levels' next ones again."""
         for i in [i for i in self._taken if i >= index]:
             self._table[self._taken.pop(i)] -= 1
+        for i in sorted((i for i in self._level_undo if i >= index), reverse=True):
+            level, before = self._level_undo.pop(i)
+            self._levels.offsets[level] = before
         for i in [i for i in self._stamped if i >= index]:
             del self._stamped[i]
 
@@ -294,11 +364,14 @@ class CommitLogMachine(StateMachine):
                 self._commit_offset(e)
             elif _is_record(body):
                 self._dispatch(e)
+            elif (skip := parse_skip(body)) is not None:
+                if not self.levels.skip(*skip):
+                    logger.info("entry %d: skip %s of a level past it: ignored", e.index, skip)
             self.applied = e.index
         with self._lock:  # committed: never given back (stamped in index order)
-            taken = self._taken
-            while taken and (i := next(iter(taken))) <= self.applied:
-                del taken[i]
+            for stamps in (self._taken, self._level_undo):
+                while stamps and (i := next(iter(stamps))) <= self.applied:
+                    del stamps[i]
         if time.monotonic() - self._last_checkpoint >= self._interval_s:
             self._checkpoint()
 
@@ -325,6 +398,10 @@ class CommitLogMachine(StateMachine):
             return
         if m.transaction_type not in _QUEUED:
             return  # prepared and rolled-back messages are not consumable
+        value = m.properties.get(DELAY_OFFSET)
+        if value is not None and (delivery := parse_mark(value)) is not None:
+            level, offset = delivery  # the leader took it as its level's next (or voided it)
+            self.levels.offsets[level] = max(self.levels.get(level), offset + 1)
         q = self._queue((m.topic, m.queue_id))
         if not len(q):  # an empty queue continues at its first message's offset
             q.base = m.queue_offset
@@ -344,6 +421,7 @@ class CommitLogMachine(StateMachine):
             "bases": {f"{t}\0{q}": cq.base for (t, q), cq in self.queues.items() if cq.base},
             "keys": len(self.keys),
             "offsets": self.offsets,
+            "levels": self.levels.snapshot(),
         }
         tmp = self.root / "checkpoint.json.tmp"
         with open(tmp, "w") as f:
@@ -366,6 +444,7 @@ class CommitLogMachine(StateMachine):
             "get_message": self._get_message,
             "by_key": self._by_key,
             "consumer_groups": lambda: {g: dict(s) for g, s in self.offsets.items()},
+            "schedule": self._schedule,
         }.get(kind)
         if handler is None:
             raise LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown query {kind!r}")
@@ -440,6 +519,16 @@ class CommitLogMachine(StateMachine):
         for (t, q), cq in sorted(self.queues.items()):
             out.setdefault(t, {})[q] = cq.max_offset
         return out
+
+    def _schedule(self) -> dict:
+        """The delay table and, per level, its delivered offset and its schedule queue's
+        max offset (what the schedule service needs to know whether to read it)."""
+        begin = self.log.ledger_begin_index if self.log is not None else 0
+        levels = {}
+        for level in range(1, len(self.delays) + 1):
+            q = self._queue_if((SCHEDULE_TOPIC, level - 1))
+            levels[level] = (self.levels.get(level), q.max_offset, q.min_offset(begin))
+        return {"delays": list(self.delays), "levels": levels}
 
     def _consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.offsets.get(group, {}).get(f"{topic}\0{queue_id}", -1)
