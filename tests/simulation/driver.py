@@ -45,12 +45,16 @@ class SimDriver:
         network: NetworkConfig | None,
         rpc_timeout_ms: int,
         down_fail_ms: int | None = None,
+        *,
+        clock: FakeClock | None = None,
+        make_network: Callable[..., SimNetwork] | None = None,
     ) -> None:
-        """The clock, the network (its own stream drawn from ``self.rng``) and the RPC layer."""
-        self.clock = FakeClock(0)
-        self.net = SimNetwork(
-            self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock
-        )
+        """The clock, the network (its own stream drawn from ``self.rng``) and the RPC layer.
+        ``clock`` and ``make_network`` (called as ``SimNetwork`` is): a clock and links shared
+        with other groups, as :mod:`.topic_sim` runs several in one cluster."""
+        self.clock = FakeClock(0) if clock is None else clock
+        make = SimNetwork if make_network is None else make_network
+        self.net = make(self.ids, random.Random(self.rng.getrandbits(64)), network, self.clock)
         self.rpc = RpcLayer(self.net, rpc_timeout_ms, down_fail_ms=down_fail_ms)
 
     def _make_injector(self, faults: FaultConfig, crash: Callable[[str], None]) -> FaultInjector:

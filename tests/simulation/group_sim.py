@@ -76,6 +76,7 @@ import itertools
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rayledger.actors.core import member as mc
@@ -109,11 +110,13 @@ from .member_delivery import MemberDelivery
 from .member_lifecycle import MemberLifecycle
 from .membership_changes import MembershipChanges
 from .network import (
+    FakeClock,
     FaultConfig,
     FaultInjector,
     NetworkConfig,
     RpcRequest,
     RpcResponse,
+    SimNetwork,
     SimulationFailure,
 )
 from .node_state import (
@@ -279,6 +282,9 @@ class GroupSim(
         sessions_damage: float = 0.0,
         snapshot_cuts: bool = False,
         test_file: str = "tests/simulation/test_group_sim.py",
+        clock: FakeClock | None = None,
+        make_network: Callable[..., SimNetwork] | None = None,
+        injector: FaultInjector | None = None,
     ) -> None:
         """``fast_path``: members start with the compiled path on (None: seeded when there are
         faults, else off); ``fast_path_switches``: seeded faults switch it on and off and stall its
@@ -322,7 +328,12 @@ class GroupSim(
         ``file_reads``: a dispatcher reads a batch of committed entries from its leader's
         files before asking the member, as on Ray (off by default so that the seeds of the
         other tests run as they did).
-        ``test_file``: what the reproduce line names."""
+        ``test_file``: what the reproduce line names.
+
+        ``clock``, ``make_network`` and ``injector`` put the group in a cluster shared with
+        other groups (:mod:`.topic_sim`): its clock, its links (see
+        :meth:`~.driver.SimDriver._init_network`), and the cluster's faults instead of its
+        own (None: the group's own, so a lone group's seeds run as they did)."""
         self.seed = seed
         self.n = n
         self.label = label or f"group-sim n={n} {store_kind}"
@@ -368,7 +379,7 @@ class GroupSim(
         self.committed_configs: dict[int, object] = {}
         self._init_membership(seed, membership and faults is not False, cut_removals)
         self._init_lost(seed, lost_members and faults is not False)
-        self._init_network(network, rpc_timeout_ms)
+        self._init_network(network, rpc_timeout_ms, clock=clock, make_network=make_network)
         self._tmp = (
             tempfile.mkdtemp(prefix="rayledger-sim-", dir=SIM_TMP) if store_kind == "file" else None
         )
@@ -386,7 +397,7 @@ class GroupSim(
         self.injector: FaultInjector | None = None
         faults = SIM_FAULTS if faults is None else faults
         if faults is not False:
-            self.injector = self._make_injector(faults, self._crash)
+            self.injector = injector or self._make_injector(faults, self._crash)
         # slow follower: deliveries to it are held back by an extra delay
         self._slow_rng = random.Random(self.rng.getrandbits(64))
         self.slow: dict[str, int] = {}
