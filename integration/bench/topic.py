@@ -4,32 +4,45 @@ The same batch load (``clients`` clients appending batches of ``batch`` for a fe
 each unkeyed batch whole to the next partition in turn) on topics of 1, 2 and 4
 partitions of 3 file-backed members each (DLedger's timers: on 2 cores, 4 partitions' 24
 processes under load miss 100 ms heartbeats), each partition led by its preferred member
-before the load starts, one topic at a time, alternating ``repeats`` times so the machine's drift falls on every size alike:
-``batch_entries_per_s_N`` (the best of the repeats), ``spread_4_over_1``; and what each
-partition costs when nothing happens: ``idle_cpu_cores_per_partition`` (measured on the
-4-partition topic over ``idle_s``), ``processes_per_partition``.
+before the load starts, one topic at a time, alternating ``repeats`` times so the machine's
+drift falls on every size alike: ``batch_entries_per_s_N`` (the best of the repeats),
+``spread_4_over_1``; and what each partition costs when nothing happens:
+``idle_cpu_cores_per_partition`` (measured on the 4-partition topic over ``idle_s``, its
+keeper's share included), ``processes_per_partition``.
+
+Beside each topic, in the same window and through the same load, N bare card-shaped chains
+(:mod:`.floor`, nothing of rayledger in them): ``floor_batch_entries_per_s_N`` and
+``floor_spread_4_over_1`` say how much of the spread's cost the machine charges any
+program shaped like N groups, and ``spread_4_over_floor`` what is left that is ours.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import tempfile
 import time
 import uuid
+from typing import Any
 
 import ray
 from rayledger.actors import LedgerConfig
 from rayledger.actors.naming import NAMESPACE
 from rayledger.integration.topic import LedgerTopic
+from rayledger.integration.topic.topic import keeper
 
+from .floor import FloorChain, FloorError
 from .loads import cpu_seconds, group_pids, in_threads, pct, timed
 
 SIZES = (1, 2, 4)
 
 
 def _topic_pids(topic: LedgerTopic) -> list[int]:
-    return [pid for i in range(topic.partitions) for pid in group_pids(topic.group(i))]
+    pids = [pid for i in range(topic.partitions) for pid in group_pids(topic.group(i))]
+    k = keeper(topic.name)
+    return pids + ([ray.get(k.pid.remote(), timeout=30)] if k is not None else [])
 
 
 def _idle(topic: LedgerTopic, seconds: float) -> dict:
@@ -40,8 +53,38 @@ def _idle(topic: LedgerTopic, seconds: float) -> dict:
     used = cpu_seconds(pids) - before
     return {
         "idle_cpu_cores_per_partition": round(used / (time.monotonic() - t0) / topic.partitions, 3),
-        "processes_per_partition": len(pids) / topic.partitions,
+        "processes_per_partition": round(len(pids) / topic.partitions, 2),
     }
+
+
+class _FloorTopic:
+    """N bare chains routed as a topic client routes an unkeyed batch: whole, to the next
+    chain in turn from a random one."""
+
+    def __init__(self, chains: list[FloorChain]):
+        self.clients = [ch.client() for ch in chains]
+        self._next = itertools.count(random.randrange(len(chains)))
+
+    def append_batch(self, bodies: list[bytes]) -> int:
+        return self.clients[next(self._next) % len(self.clients)].append_batch(bodies)
+
+    def warm(self, body: bytes) -> None:
+        for c in self.clients:
+            c.append_batch([body])
+
+
+def _load(clients: list[Any], seconds: float, payload: list[bytes], catch) -> dict:
+    lat: list[float] = []
+    errors: list[Exception] = []
+    stop = time.monotonic() + seconds
+
+    def worker(k: int) -> None:
+        while time.monotonic() < stop:
+            timed(lambda: clients[k].append_batch(payload), lat, errors, catch)
+
+    dt = in_threads(worker, len(clients))
+    return {"entries_per_s": round(len(lat) * len(payload) / dt), "p50_ms": pct(lat, 0.5),
+            "errors": len(errors)}  # fmt: skip
 
 
 def _batches(topic: LedgerTopic, clients: int, seconds: float, batch: int, body: int) -> dict:
@@ -54,24 +97,29 @@ def _batches(topic: LedgerTopic, clients: int, seconds: float, batch: int, body:
         for c in cs:
             for p in range(topic.partitions):
                 c.client(p).append_batch(payload[:1])
-        lat: list[float] = []
-        errors: list[Exception] = []
-        stop = time.monotonic() + seconds
-
-        def worker(k: int) -> None:
-            while time.monotonic() < stop:
-                timed(lambda: cs[k].append_batch(payload), lat, errors)
-
-        dt = in_threads(worker, clients)
+        return _load(cs, seconds, payload, Exception)
     finally:
         for c in cs:
             c.close()
-    return {"entries_per_s": round(len(lat) * batch / dt), "p50_ms": pct(lat, 0.5),
-            "errors": len(errors)}  # fmt: skip
+
+
+def _floor_batches(n: int, clients: int, seconds: float, batch: int, body: int) -> dict:
+    """The same load on ``n`` bare chains side by side."""
+    payload = [os.urandom(body) for _ in range(batch)]
+    chains: list[FloorChain] = []
+    try:
+        chains = [FloorChain() for _ in range(n)]
+        cs = [_FloorTopic(chains) for _ in range(clients)]
+        for c in cs:
+            c.warm(payload[0])
+        return _load(cs, seconds, payload, FloorError)
+    finally:
+        for ch in chains:
+            ch.shutdown()
 
 
 def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int | None = None,
-        idle_s: float | None = None, body: int = 128) -> dict:  # fmt: skip
+        idle_s: float | None = None, body: int = 128, floor: bool = True) -> dict:  # fmt: skip
     started = not ray.is_initialized()
     if started:
         ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False,
@@ -83,6 +131,7 @@ def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int |
     out: dict = {"clients": clients, "batch_size": batch, "members": 3, "repeats": repeats,
                  "load_avg_1m_before": round(os.getloadavg()[0], 2)}  # fmt: skip
     best = {n: 0 for n in SIZES}
+    floor_best = {n: 0 for n in SIZES}
     try:
         for rep in range(repeats):
             for n in SIZES:
@@ -99,6 +148,10 @@ def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int |
                         out.update(_idle(topic, idle_s))
                 finally:
                     topic.delete(delete_data=True)
+                if floor:
+                    got = _floor_batches(n, clients, seconds, batch, body)
+                    floor_best[n] = max(floor_best[n], got["entries_per_s"])
+                    out[f"floor_batch_p50_ms_{n}"] = got["p50_ms"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if started:
@@ -106,5 +159,14 @@ def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int |
     for n in SIZES:
         out[f"batch_entries_per_s_{n}"] = best[n]
     out["spread_4_over_1"] = round(best[4] / best[1], 3) if best[1] else None
+    if floor:
+        for n in SIZES:
+            out[f"floor_batch_entries_per_s_{n}"] = floor_best[n]
+        f1, f4 = floor_best[1], floor_best[4]
+        out["floor_spread_4_over_1"] = round(f4 / f1, 3) if f1 else None
+        if out["spread_4_over_1"] and out["floor_spread_4_over_1"]:
+            out["spread_4_over_floor"] = round(
+                out["spread_4_over_1"] / out["floor_spread_4_over_1"], 3
+            )
     out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
