@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -9,9 +10,10 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from rayledger.actors.client import LedgerClient
@@ -41,6 +43,7 @@ from rayledger.storage import LedgerError, ResponseCode
 from rayledger.storage.metafile import ensure_writable_dir
 
 log = logging.getLogger("rayledger.actors")
+T = TypeVar("T")
 
 
 def _bad(msg: str) -> LedgerError:
@@ -65,6 +68,70 @@ def member_ids(members: int | Sequence[str]) -> list[str]:
     if len(set(ids)) != len(ids):
         raise _bad(f"duplicate member ids: {ids!r}")
     return ids
+
+
+def check_group_args(
+    kind: str,
+    name: object,
+    members: int | Sequence[str],
+    store_dir: str | os.PathLike | None,
+    config: LedgerConfig | None,
+) -> tuple[list[str], LedgerConfig, str | None]:
+    """``(ids, config, store_dir)`` checked and resolved, then Ray joined: the checks a
+    group, a topic and a broker cluster share, so each refuses alike (``kind`` names it)."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise _bad(f"{kind} name must be a non-empty string without '/', got {name!r}")
+    ids = member_ids(members)
+    config = config or LedgerConfig()
+    if not isinstance(config, LedgerConfig):
+        raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
+    if store_dir is not None:
+        store_dir = str(Path(store_dir).expanduser().resolve())
+        ensure_writable_dir(store_dir)
+    if not ray.is_initialized():
+        ray.init(namespace=NAMESPACE)
+    return ids, config, store_dir
+
+
+def with_preferred(config: LedgerConfig, member: str) -> LedgerConfig:
+    """``config`` with ``member`` as the group's preferred leader (DLedger's
+    preferredLeaderIds: the leader hands over to it once it is caught up)."""
+    election = dataclasses.replace(config.election, preferred_leader_ids=(member,))
+    return dataclasses.replace(config, election=election)
+
+
+def start_groups(
+    names: Sequence[str],
+    ids: Sequence[str],
+    config: LedgerConfig,
+    start: Callable[[str, LedgerConfig], T],
+    stop: Callable[[T], None],
+    workers: int,
+) -> list[T]:
+    """``start(name, config)`` for every name in parallel, group ``i`` preferring member
+    ``ids[i mod len(ids)]`` so the leaders spread; results in ``names`` order.  Every start
+    is waited for, so none is left running unseen: on any failure the started ones are
+    stopped and the first error raised."""
+    started: list[T] = []
+    try:
+        with ThreadPoolExecutor(max(1, min(len(names), workers))) as pool:
+            futs = [
+                pool.submit(start, name, with_preferred(config, ids[i % len(ids)]))
+                for i, name in enumerate(names)
+            ]
+            errors = []
+            for f in futs:
+                try:
+                    started.append(f.result())
+                except Exception as exc:  # noqa: PERF203 -- every group is waited for
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+    except BaseException:
+        for s in started:
+            stop(s)
+        raise
+    return started
 
 
 def _check_not_a_partition(name: str, partition_of: str | None) -> None:
@@ -439,17 +506,7 @@ class LedgerGroup:
         one per node, round robin over the live nodes (``nodes``: over these node ids).
         A name of a topic's partition (``T-p0`` of a topic ``T``) is refused unless the
         topic starts it (``partition_of``: the topic's name)."""
-        if not isinstance(name, str) or not name or "/" in name:
-            raise _bad(f"group name must be a non-empty string without '/', got {name!r}")
-        ids = member_ids(members)
-        config = config or LedgerConfig()
-        if not isinstance(config, LedgerConfig):
-            raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
-        if store_dir is not None:
-            store_dir = str(Path(store_dir).expanduser().resolve())
-            ensure_writable_dir(store_dir)
-        if not ray.is_initialized():
-            ray.init(namespace=NAMESPACE)
+        ids, config, store_dir = check_group_args("group", name, members, store_dir, config)
         if group_members(name):
             raise _bad(f"a group named {name!r} already exists in namespace {NAMESPACE!r}")
         _check_not_a_partition(name, partition_of)

@@ -39,15 +39,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, LedgerGroup, ResponseCode
-from rayledger.actors.group import member_ids
+from rayledger.actors.group import check_group_args, start_groups
 from rayledger.actors.naming import NAMESPACE, group_members
 from rayledger.integration.topic.layout import LayoutStore, now_ms
 from rayledger.integration.topic.routing import partition_of
-from rayledger.storage.metafile import ensure_writable_dir
 
 from .client import OFFSET_TOO_SMALL, CommitLog, PullResult, PutMessageResult
 from .message import Message, MessageError, PutMessageStatus, check_topic
@@ -213,12 +211,6 @@ class _Faults:
             return sorted(b for b, t in self._until.items() if t > now)
 
 
-def _with_preferred(config: LedgerConfig, member: str) -> LedgerConfig:
-    """``config`` with ``member`` as the group's preferred leader (DLedger's
-    preferredLeaderIds)."""
-    return replace(config, election=replace(config.election, preferred_leader_ids=(member,)))
-
-
 class BrokerCluster:
     """N broker groups (commit-log groups ``NAME-b0`` ...) serving topics together."""
 
@@ -253,19 +245,9 @@ class BrokerCluster:
         actor starts, and a cluster whose groups did not all start is taken down again.
         UNEXPECTED_ARGUMENT for bad counts, a cluster of that name, or a group already
         running under a broker group's name."""
-        if not isinstance(name, str) or not name or "/" in name:
-            raise _bad(f"cluster name must be a non-empty string without '/', got {name!r}")
         _count("broker_groups", broker_groups)
         _count("queues_per_broker", queues_per_broker)
-        ids = member_ids(members)
-        config = config or LedgerConfig()
-        if not isinstance(config, LedgerConfig):
-            raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
-        if store_dir is not None:
-            store_dir = str(Path(store_dir).expanduser().resolve())
-            ensure_writable_dir(store_dir)
-        if not ray.is_initialized():
-            ray.init(namespace=NAMESPACE)
+        ids, config, store_dir = check_group_args("cluster", name, members, store_dir, config)
         if LAYOUTS.load(name) is not None:
             raise _bad(f"a broker cluster named {name!r} already exists")
         layout = BrokerClusterLayout(name, broker_groups, ids, store_dir, queues_per_broker,
@@ -274,25 +256,16 @@ class BrokerCluster:
         if taken:
             raise _bad(f"groups {taken} already run under broker group names of {name!r}")
         LAYOUTS.save(layout)  # the broker groups' names are the cluster's from here on
-        started: list[CommitLog] = []
         try:
-            with concurrent.futures.ThreadPoolExecutor(min(broker_groups, 4)) as pool:
-                futs = [
-                    pool.submit(CommitLog.create, g, ids, store_dir,
-                                _with_preferred(config, ids[i % len(ids)]), delay_levels)
-                    for i, g in enumerate(layout.brokers)
-                ]  # fmt: skip
-                errors = []
-                for f in futs:
-                    try:
-                        started.append(f.result())
-                    except Exception as exc:  # noqa: PERF203 -- every group is waited for
-                        errors.append(exc)
-                if errors:
-                    raise errors[0]
+            started = start_groups(
+                layout.brokers,
+                ids,
+                config,
+                lambda g, cfg: CommitLog.create(g, ids, store_dir, cfg, delay_levels),
+                lambda log: log.shutdown(delete_data=True),
+                workers=4,
+            )
         except BaseException:
-            for log in started:
-                log.shutdown(delete_data=True)
             LAYOUTS.forget(name)
             raise
         cluster = cls(layout)

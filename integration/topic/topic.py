@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import ray
 from rayledger.actors import LedgerConfig, LedgerError, ResponseCode
-from rayledger.actors.group import LedgerGroup, member_ids
+from rayledger.actors.group import LedgerGroup, check_group_args, start_groups
 from rayledger.actors.naming import NAMESPACE, group_members, now_ms
 from rayledger.actors.placement import alive_nodes, member_nodes
-from rayledger.storage.metafile import ensure_writable_dir
 
 from . import layout as lay
-from .balance import Lead, Move, SettleWatch, plan_moves
+from .balance import Lead, SettleWatch, plan_moves
 from .client import TopicClient
 from .layout import TopicLayout
 
@@ -30,13 +26,6 @@ log = logging.getLogger("rayledger.topic")
 
 def _bad(msg: str) -> LedgerError:
     return LedgerError.of(ResponseCode.UNEXPECTED_ARGUMENT, msg)
-
-
-def _with_preferred(config: LedgerConfig, member: str) -> LedgerConfig:
-    """``config`` with ``member`` as the group's preferred leader (DLedger's
-    preferredLeaderIds: the leader hands over to it once it is caught up)."""
-    election = dataclasses.replace(config.election, preferred_leader_ids=(member,))
-    return dataclasses.replace(config, election=election)
 
 
 class LedgerTopic:
@@ -88,19 +77,9 @@ class LedgerTopic:
         starts, and a topic whose groups did not all start is taken down again.
         ``auto_rebalance``: a keeper actor rebalances the leaders once a failover settled
         (:mod:`.keeper`)."""
-        if not isinstance(name, str) or not name or "/" in name:
-            raise _bad(f"topic name must be a non-empty string without '/', got {name!r}")
         if type(partitions) is not int or partitions < 1:
             raise _bad(f"partitions must be an int >= 1, got {partitions!r}")
-        ids = member_ids(members)
-        config = config or LedgerConfig()
-        if not isinstance(config, LedgerConfig):
-            raise _bad(f"config must be a LedgerConfig, got {type(config).__name__}")
-        if store_dir is not None:
-            store_dir = str(Path(store_dir).expanduser().resolve())
-            ensure_writable_dir(store_dir)
-        if not ray.is_initialized():
-            ray.init(namespace=NAMESPACE)
+        ids, config, store_dir = check_group_args("topic", name, members, store_dir, config)
         if lay.load(name) is not None:
             raise _bad(f"a topic named {name!r} already exists")
         layout = TopicLayout(name, partitions, ids, store_dir, lay.now_ms(),
@@ -109,32 +88,18 @@ class LedgerTopic:
         if taken:
             raise _bad(f"groups {taken} already run under a partition's name of {name!r}")
         lay.save(layout)  # the partitions' names are the topic's from here on
-        started: list[LedgerGroup] = []
         try:
-            with concurrent.futures.ThreadPoolExecutor(min(partitions, 8)) as pool:
-                futs = [
-                    pool.submit(
-                        LedgerGroup.create,
-                        g,
-                        ids,
-                        store_dir,
-                        _with_preferred(config, ids[i % len(ids)]),
-                        nodes=nodes,
-                        partition_of=name,
-                    )  # fmt: skip
-                    for i, g in enumerate(layout.groups)
-                ]
-                errors = []
-                for f in futs:
-                    try:
-                        started.append(f.result())
-                    except Exception as exc:  # noqa: PERF203 -- every group is waited for
-                        errors.append(exc)
-                if errors:
-                    raise errors[0]
+            started = start_groups(
+                layout.groups,
+                ids,
+                config,
+                lambda g, cfg: LedgerGroup.create(
+                    g, ids, store_dir, cfg, nodes=nodes, partition_of=name
+                ),
+                lambda g: g.shutdown(delete_data=True),
+                workers=8,
+            )
         except BaseException:
-            for g in started:
-                g.shutdown(delete_data=True)
             lay.forget(name)
             raise
         if auto_rebalance:
@@ -253,7 +218,7 @@ class LedgerTopic:
         h = keeper(self.name)
         if h is None:
             return []
-        return [dataclasses.asdict(m) for m in ray.get(h.moves.remote(), timeout=30)]
+        return ray.get(h.moves.remote(), timeout=30)
 
     # -- stopping ------------------------------------------------------------------------------
     def delete(self, delete_data: bool = False) -> None:
@@ -299,7 +264,7 @@ class TopicKeeper:
     def __init__(self, topic: str, interval_s: float = INTERVAL_S, settle_s: float = SETTLE_S):
         self.topic, self.interval_s = topic, interval_s
         self.watch = SettleWatch(int(settle_s * 1000))
-        self._moves: list[Move] = []
+        self._moves: list[dict] = []  # as rebalance() reports them
         self._stop = threading.Event()
         threading.Thread(target=self._loop, daemon=True, name="topic-keeper").start()
 
@@ -318,7 +283,7 @@ class TopicKeeper:
             except Exception as exc:  # noqa: BLE001 -- a keeper outlives a bad look
                 keeper_log.warning("topic %s: keeper look failed: %r", self.topic, exc)
 
-    def moves(self) -> list[Move]:
+    def moves(self) -> list[dict]:
         """Every leadership this keeper handed over, oldest first."""
         return list(self._moves)
 
