@@ -77,6 +77,7 @@ def test_leader_killed_mid_stream_loses_nothing(make_group):
     check_history(g, out, g.client())
 
 
+@pytest.mark.chaos  # long run; in CI: test_chaos kills followers too
 def test_follower_killed_restarts_and_catches_up(make_group):
     g = make_group()
     leader = g.wait_for_leader()
@@ -252,6 +253,7 @@ def test_bad_inputs_get_their_codes_and_lose_nothing(make_group, tmp_path):
     assert c.get(r2.index).body == b"still-works"
 
 
+@pytest.mark.chaos  # long run; in CI: test_chaos cuts and slows links too
 def test_lossy_slow_links_and_one_way_cut_keep_the_log_safe(make_group):
     g = make_group(store=False)
     g.wait_for_leader()
@@ -277,6 +279,7 @@ def test_lossy_slow_links_and_one_way_cut_keep_the_log_safe(make_group):
     check_history(g, out, c, wait_s=30)
 
 
+@pytest.mark.chaos  # long run; in CI: test_leader_killed_mid_stream_loses_nothing kills a leader
 def test_a_sync_flush_group_replicates_and_survives_a_leader_kill(make_group):
     """``sync_flush`` set on the group's store works for every member."""
     from dataclasses import replace

@@ -4,6 +4,7 @@ is slow to start: the session's shared Spark, one test)."""
 
 from __future__ import annotations
 
+import collections
 import sys
 
 import pytest
@@ -40,7 +41,9 @@ def test_a_topic_reads_across_broker_groups_as_one_dataframe(spark, tmp_path, gr
         assert {b for b, _q, _o in want} == set(cluster.brokers)
         assert read.df.columns[0] == "broker" and "properties" in read.df.columns
         by_broker = {r["broker"]: r["count"] for r in read.df.groupBy("broker").count().collect()}
-        assert by_broker == {b: 5 for b in cluster.brokers}
+        # round robin spreads them, unless a broker group not yet taking messages sent
+        # one on to the other (failover): the counts are the send results'
+        assert by_broker == dict(collections.Counter(r.broker for r in rs))
 
         more = [p.send("T", b"n%d" % i) for i in range(4)]
         again = cluster_messages_read(spark, cluster.name, "T", start=read.next_start())

@@ -28,6 +28,7 @@ from test_rocketmq_commitlog import MALFORMED  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.chaos  # long run; CI keeps the master kill under producer threads
 def test_produce_and_consume_through_a_leader_kill(commitlog):
     log = commitlog
     acked: dict[tuple[str, int], list[tuple[int, bytes]]] = {}

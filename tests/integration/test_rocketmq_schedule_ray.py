@@ -89,6 +89,7 @@ def test_pending_delayed_messages_are_delivered_once_after_a_leader_kill(delayed
     assert log.schedule_offsets()[1] == (7, 7)
 
 
+@pytest.mark.chaos  # long run; CI keeps the service restart after a leader kill
 def test_a_killed_service_restarts_where_the_group_stands_and_delivers_nothing_twice(delayed):
     log = delayed
     service = ray.get_actor(service_name(log.group.name), namespace=NAMESPACE)
