@@ -16,6 +16,7 @@ tests read it to check that nothing went wrong behind the quiet output).
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import sys
@@ -108,3 +109,21 @@ def finish(ok: bool) -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+def print_rows(rows: list[dict], title: str, as_json: bool) -> None:
+    """``rows`` as one JSON line, or as a table titled ``title`` (the list commands')."""
+    if as_json:
+        say(json.dumps(rows))
+        return
+    if not rows:
+        say(f"no {title}")
+        return
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in rows[0]:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*("-" if v is None else str(v) for v in r.values()))
+    console().print(table)

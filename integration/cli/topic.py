@@ -38,29 +38,12 @@ def cmd_create(args) -> int:
     return 0
 
 
-def _print(rows: list[dict], title: str, as_json: bool) -> None:
-    if as_json:
-        say(json.dumps(rows))
-        return
-    if not rows:
-        say(f"no {title}")
-        return
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in rows[0]:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*("-" if v is None else str(v) for v in r.values()))
-    output.console().print(table)
-
-
 def cmd_status(args) -> int:
     rows = _topic(args).status()
     for r in rows:  # a node id is long: its head names it
         if r.get("node"):
             r["node"] = r["node"][:12]
-    _print(rows, f"topic {args.topic}", args.json)
+    output.print_rows(rows, f"topic {args.topic}", args.json)
     return 0
 
 
@@ -77,7 +60,7 @@ def cmd_list(args) -> int:
         rows.append({"topic": name, "partitions": len(status),
                      "led": sum(r["leader"] is not None for r in status),
                      "nodes": len({r["node"] for r in status if r["node"]})})  # fmt: skip
-    _print(rows, "topics", args.json)
+    output.print_rows(rows, "topics", args.json)
     return 0
 
 

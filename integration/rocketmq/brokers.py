@@ -385,7 +385,10 @@ class BrokerCluster:
         """Each broker group's master, once every group has one (``preferred``: once each is
         led by its preferred member, as after a start settles; TIMEOUT otherwise)."""
         deadline = time.monotonic() + timeout_s
-        leaders = {b: self.broker(b).group.wait_for_leader(timeout_s) for b in self.brokers}
+        leaders = {
+            b: self.broker(b).group.wait_for_leader(max(0.1, deadline - time.monotonic()))
+            for b in self.brokers
+        }  # one deadline for them all
         want = {b: self.preferred_leader(b) for b in self.brokers}
         while preferred and leaders != want:
             if time.monotonic() > deadline:
@@ -416,17 +419,20 @@ class BrokerCluster:
 
     def delete(self, delete_data: bool = False) -> None:
         """Stop every broker group (and remove their files with ``delete_data``), then forget
-        the cluster."""
+        the cluster.  Every broker group is tried; the first failure is raised after, with
+        the layout kept, so a second delete finishes the job."""
+        errors: list[Exception] = []
         for b in self.brokers:
-            log = self._logs.get(b)
-            if log is None:
-                try:
-                    log = CommitLog(LedgerGroup.get(b))
-                except LedgerError as exc:
-                    if exc.code != ResponseCode.UNKNOWN_GROUP:
-                        raise
-                    continue
-            log.shutdown(delete_data=delete_data)
+            try:
+                log = self._logs.get(b) or CommitLog(LedgerGroup.get(b))
+                log.shutdown(delete_data=delete_data)
+            except LedgerError as exc:
+                if exc.code != ResponseCode.UNKNOWN_GROUP:  # gone already: nothing to stop
+                    errors.append(exc)
+            except Exception as exc:  # noqa: BLE001 -- the others are still stopped
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         for log in self._logs.values():  # the producers' clients too
             log.client.close()
         self._logs.clear()
