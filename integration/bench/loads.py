@@ -63,6 +63,15 @@ def cpu_seconds(pids: list[int]) -> float:
     return sum(cpu_ticks(p) for p in pids) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of this machine spent busy since boot (all processes: the
+    actors, Ray's own daemons, the driver), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def concurrent_phase(group, threads: int, seconds: float, body: int, pids: list[int] | None = None,
                 catch=LedgerError) -> dict:  # fmt: skip
     """``threads`` threads sharing one client of ``group`` (a LedgerGroup, or the floor's

@@ -14,6 +14,11 @@ Beside each topic, in the same window and through the same load, N bare card-sha
 (:mod:`.floor`, nothing of rayledger in them): ``floor_batch_entries_per_s_N`` and
 ``floor_spread_4_over_1`` say how much of the spread's cost the machine charges any
 program shaped like N groups, and ``spread_4_over_floor`` what is left that is ours.
+
+Each load also reports the whole machine's busy CPU (every process, Ray's daemons
+included): ``cores_busy_N`` (out of the machine's cores: 1 partition leaves some idle, 4
+saturate them) and ``cpu_us_per_entry_N``, the CPU an entry costs, replicated three times,
+which is what a node's cores divide by in the model of docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from rayledger.integration.topic import LedgerTopic
 from rayledger.integration.topic.topic import keeper
 
 from .floor import FloorChain, FloorError
-from .loads import cpu_seconds, group_pids, in_threads, pct, timed
+from .loads import cpu_seconds, group_pids, in_threads, machine_busy_seconds, pct, timed
 
 SIZES = (1, 2, 4)
 
@@ -82,9 +87,13 @@ def _load(clients: list[Any], seconds: float, payload: list[bytes], catch) -> di
         while time.monotonic() < stop:
             timed(lambda: clients[k].append_batch(payload), lat, errors, catch)
 
+    busy = machine_busy_seconds()
     dt = in_threads(worker, len(clients))
-    return {"entries_per_s": round(len(lat) * len(payload) / dt), "p50_ms": pct(lat, 0.5),
-            "errors": len(errors)}  # fmt: skip
+    busy = machine_busy_seconds() - busy
+    entries = len(lat) * len(payload)
+    return {"entries_per_s": round(entries / dt), "p50_ms": pct(lat, 0.5), "errors": len(errors),
+            "cores_busy": round(busy / dt, 2),
+            "cpu_us_per_entry": round(busy / entries * 1e6, 1) if entries else None}  # fmt: skip
 
 
 def _batches(topic: LedgerTopic, clients: int, seconds: float, batch: int, body: int) -> dict:
@@ -144,6 +153,8 @@ def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int |
                     out.setdefault(f"batch_errors_{n}", 0)
                     out[f"batch_errors_{n}"] += got["errors"]
                     out[f"batch_p50_ms_{n}"] = got["p50_ms"]
+                    out[f"cores_busy_{n}"] = got["cores_busy"]
+                    out[f"cpu_us_per_entry_{n}"] = got["cpu_us_per_entry"]
                     if n == SIZES[-1] and rep == repeats - 1:
                         out.update(_idle(topic, idle_s))
                 finally:
@@ -152,6 +163,8 @@ def run(quick: bool = False, clients: int = 8, batch: int = 1000, repeats: int |
                     got = _floor_batches(n, clients, seconds, batch, body)
                     floor_best[n] = max(floor_best[n], got["entries_per_s"])
                     out[f"floor_batch_p50_ms_{n}"] = got["p50_ms"]
+                    out[f"floor_cores_busy_{n}"] = got["cores_busy"]
+                    out[f"floor_cpu_us_per_entry_{n}"] = got["cpu_us_per_entry"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if started:
