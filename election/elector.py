@@ -222,21 +222,33 @@ class Elector:
         role = self.state.role
         timers = self.shared.timers
         if role is Role.LEADER:
-            if self.transfer.running is not None or cfg.preferred_leader_ids:
+            if self.transfer.running is not None:
                 return soon
+            due = self._preferred_check_due_ms()
             rnd = self.heartbeats.round
             if rnd is not None:
-                return max(now_ms + 1, min(rnd.deadline_ms, now_ms + cfg.heartbeat_interval_ms))
-            last = timers.last_send_heartbeat_ms
-            if last is None:
+                beat = min(rnd.deadline_ms, now_ms + cfg.heartbeat_interval_ms)
+            elif (last := timers.last_send_heartbeat_ms) is not None:
+                beat = last + cfg.heartbeat_interval_ms + 1
+            else:
                 return soon
-            return max(now_ms + 1, last + cfg.heartbeat_interval_ms + 1)
+            return max(now_ms + 1, beat if due is None else min(beat, due))
         if role is Role.FOLLOWER and self.transfer.pending_take is None:
             last = timers.last_leader_heartbeat_ms
             if last is None:
                 return soon
             return max(now_ms + 1, last + cfg.heartbeat_timeout_ms + 1)
         return soon
+
+    def _preferred_check_due_ms(self) -> int | None:
+        """When the leader's next preferred-leader check is due; None when it has none to
+        make (no preferred leaders, or this member is one: the check would hand over to
+        nobody), so a preferred leader sleeps between heartbeats like any other."""
+        cfg = self.config
+        if not cfg.preferred_leader_ids or self.state.self_id in cfg.preferred_leader_ids:
+            return None
+        last = self.shared.timers.last_preferred_check_ms
+        return 0 if last is None else last + cfg.check_preferred_leader_interval_ms
 
     def _tick(self, now_ms: int) -> list[Action]:
         """DLedger's ``maintainState``: one step of the role's maintenance loop."""

@@ -244,3 +244,21 @@ def test_next_tick_of_a_leader_is_its_next_heartbeat(h) -> None:
     el.step(Tick(), now)  # sends the first heartbeats
     nxt = el.next_tick_ms(now, 10)
     assert now < nxt <= now + el.config.heartbeat_interval_ms + 1
+
+
+def test_a_preferred_leader_sleeps_until_its_next_heartbeat(h) -> None:
+    """Being the preferred leader leaves no check to make: no 10 ms ticks when idle."""
+    el = h.make(term=4, config=ElectionConfig(preferred_leader_ids=("n0",)))
+    now = h.become_leader(el, now=0)
+    el.step(Tick(), now)
+    assert el.next_tick_ms(now, 10) > now + 10
+
+
+def test_another_leader_wakes_for_its_preferred_leader_check(h) -> None:
+    interval = 300
+    cfg = ElectionConfig(preferred_leader_ids=("n1",), check_preferred_leader_interval_ms=interval)
+    el = h.make(term=4, config=cfg)
+    now = h.become_leader(el, now=0)
+    el.step(Tick(), now)  # the first check and heartbeats
+    nxt = el.next_tick_ms(now, 10)
+    assert nxt == now + interval <= now + el.config.heartbeat_interval_ms + 1
