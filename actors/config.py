@@ -63,6 +63,13 @@ class LedgerConfig:
         s = self.replace_lost_after_s
         return None if s is None else int(s * 1000)
 
+    def node_watch_interval_s(self) -> float:
+        """How often a leader reads Ray's view of the nodes for ``replace_lost_after_s``: a
+        twelfth of it, between 1 and 5 s (each look asks the GCS for every node; a lost
+        member is replaced at most that much late)."""
+        lost = self.replace_lost_after_s or 0.0
+        return min(5.0, max(1.0, lost / 12))
+
     def snapshots(self) -> SnapshotConfig:
         return SnapshotConfig(
             self.snapshot_every_entries, self.snapshot_every_bytes, self.snapshot_keep

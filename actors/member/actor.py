@@ -665,10 +665,12 @@ async def _spawn(m: MemberActor, spawn) -> None:
 
 
 async def _watch_nodes(m: MemberActor) -> None:
-    """On the leader with ``replace_lost_after_s``: Ray's view of the nodes, each second,
-    into the core (which decides who is lost and where the replacement goes)."""
+    """On the leader with ``replace_lost_after_s``: Ray's view of the nodes, every
+    ``node_watch_interval_s``, into the core (which decides who is lost and where the
+    replacement goes)."""
+    every = m.config.node_watch_interval_s()
     while not m.ctx.closed:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(every)
         with m._lock:
             leads = m.logic.state.is_leader
             members = list(m.logic.config_log.latest().members)

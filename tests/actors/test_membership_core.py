@@ -5,6 +5,7 @@ a replacement and where."""
 from __future__ import annotations
 
 import pytest
+from rayledger.actors import LedgerConfig
 from rayledger.election.configuration import Configuration
 from rayledger.election.membership import (
     GONE,
@@ -215,3 +216,8 @@ def test_a_replacement_whose_change_may_be_written_is_not_stopped() -> None:
         spawn = m.lost(C0, ["A", "C", "D"], nodes, 0)
         assert m.spawn_done(spawn.member, ok=False, code=code) is True
     assert Membership("n0").spawn_done("n9", ok=True) is False
+
+
+@pytest.mark.parametrize(("lost_s", "every_s"), [(60.0, 5.0), (24.0, 2.0), (8.0, 1.0), (0.0, 1.0)])
+def test_the_leader_looks_at_the_nodes_a_twelfth_of_the_loss_time(lost_s, every_s) -> None:
+    assert LedgerConfig(replace_lost_after_s=lost_s).node_watch_interval_s() == every_s
