@@ -92,11 +92,10 @@ class QuorumAckCheckerActor:
 
     @ray.method(enable_task_events=False)
     def add_round(self, r: tuple) -> None:
-        """A round waits for its quorum: ``(term, first, last, token, leader_mark, config,
-        carried)`` in one argument (one to serialize); ``leader_mark`` is how far the leader
-        counts its own copy (see :meth:`MemberLogic.water_mark`), ``config`` the ``(index,
-        Configuration)`` the round holds, counted from now on, ``carried`` the committed
-        index its announcement told the dispatchers."""
+        """A round waits for its quorum: ``(term, first, last, token, leader_mark, config)``
+        in one argument (one to serialize); ``leader_mark`` is how far the leader counts its
+        own copy (see :meth:`MemberLogic.water_mark`), ``config`` the ``(index,
+        Configuration)`` the round holds, counted from now on."""
         self.driver.deliver(AddRound(*r))
 
     @ray.method(enable_task_events=False)

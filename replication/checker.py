@@ -289,11 +289,11 @@ class QuorumAckChecker:
 
 COMMIT_NOTICE_MS = 5
 """How long the committed index stands still before the dispatchers hear of it -- only when
-one of them was told it neither in a report's answer nor in a round's announcement (its
-follower is slow or down and no round followed, or the leader's own flush made the quorum).
-Under load the next round's announcement carries it (its registration says so), and after
-a round each follower's report is answered with its commit, so in a steady group the notice
-is rare, and its timer is dropped once every dispatcher was told."""
+one of them was not told it in a report's answer (its follower is slow or down, or the
+leader's own flush made the quorum).  Under load every announcement and report answer
+carries it, and after a round each follower's report is answered with its commit, so in a
+steady group the notice is never sent, and its timer is dropped once every dispatcher was
+told."""
 
 Outcome = tuple[Any, ResponseCode]  # (a round's token, how it ended)
 
@@ -332,8 +332,6 @@ class AddRound:
     # entry: the checker counts its voters from the round's registration on, in order with
     # the round, instead of when the leader's role lock lets a Configure through
     config: tuple | None = None
-    # the committed index the round's announcement carried to every dispatcher (-1: none)
-    carried: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,11 +426,8 @@ class CheckerLogic:
         """Deliver one event; returns the call's direct answer (see each event)."""
         match ev:
             case AddRound():
-                if ev.term == self.term:
-                    if ev.config is not None:
-                        self._count(*ev.config, now_ms)
-                    if ev.carried >= 0:
-                        self._carried(ev.carried)
+                if ev.config is not None and ev.term == self.term:
+                    self._count(*ev.config, now_ms)
                 return self._add_round(ev.term, ev.first, ev.last, ev.token, now_ms,
                                        ev.leader_mark)  # fmt: skip
             case Report():
@@ -528,18 +523,8 @@ class CheckerLogic:
             self._told_at[peer] = committed
         return committed
 
-    def _carried(self, committed: int) -> None:
-        """A round's announcement carried ``committed`` to every dispatcher: under load the
-        next round tells the dispatchers of a commit, and no notice is sent for it."""
-        told = self._told_at
-        for p in self.core.peers:
-            if p != self.self_id and committed > told.get(p, -1):
-                told[p] = committed
-
     def _untold(self, committed: int) -> bool:
-        """Whether a dispatcher was told ``committed`` neither in a report's answer nor in a
-        round's announcement.  A lagging follower's dispatcher is told too: its catch-up
-        pushes then carry the index."""
+        """Whether a dispatcher was not told ``committed`` in a report's answer."""
         told = self._told_at
         return any(told.get(p, -1) < committed for p in self.core.peers if p != self.self_id)
 

@@ -69,9 +69,6 @@ class Register:
     # ``(index, Configuration)``: the round holds the leader's latest configuration entry,
     # which the checker counts from the round's registration on
     config: tuple | None = None
-    # the committed index the round's announcement carried to every dispatcher (-1: none
-    # was announced with it): the checker owes them no commit notice of it
-    carried: int = -1
 
 
 RoundAction = Announce | Submit | Register | Flush | Finish | GiveUpLeadership
@@ -105,16 +102,13 @@ class RoundPath:
                     f"the flush of entries {first}..{last} failed: {flushed.why}"
                 )
                 return
-            yield Register(term, first, last, rid, self.logic.water_mark(), config, a.committed)
-            return
-        if fast and (yield Submit(a, ((first, last, rid),))).value:
-            return  # the graph registers it with the checker
-        # registered before it is announced: a follower's report that overtook the
-        # registration would find the leader's own copy not counted yet, and the commit
-        # would wait for the registration, with every dispatcher then owed a commit notice
-        yield Register(term, first, last, rid, self.logic.water_mark(), config, a.committed)
-        if isinstance((yield Announce(a)).value, Failed):
-            yield Finish([(rid, ResponseCode.INTERNAL_ERROR)])  # stored, not sent on
+        else:
+            if fast and (yield Submit(a, ((first, last, rid),))).value:
+                return  # the graph registers it with the checker
+            if isinstance((yield Announce(a)).value, Failed):
+                yield Finish([(rid, ResponseCode.INTERNAL_ERROR)])  # stored, not sent on
+                return
+        yield Register(term, first, last, rid, self.logic.water_mark(), config)
 
     def _config_in(self, first: int, last: int) -> tuple | None:
         """The log's latest configuration entry when it lies in ``first..last``."""

@@ -139,8 +139,8 @@ class AppendPart(Part):
         """An action of a round (see :mod:`rayledger.actors.core.round_path`), carried out at
         once."""
         if isinstance(action, rp.Register):
-            self.ctx.checker.add_round.remote((action.term, action.first, action.last, action.rid,
-                                               action.leader_mark, action.config, action.carried))  # fmt: skip
+            self.ctx.checker.add_round.remote((action.term, action.first, action.last,
+                                            action.rid, action.leader_mark, action.config))  # fmt: skip
             return None
         a = action.a
         try:

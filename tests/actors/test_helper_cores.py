@@ -170,31 +170,3 @@ def test_no_commit_notice_when_every_report_was_answered_with_the_index() -> Non
     c.step(Report(2, "n1", 6), 10)
     assert c.step(TURN_END, 10).resolution.committed == 6 and c.step(ReportAnswer("n1"), 0) == 6
     assert c.step(TURN_END, 10 + COMMIT_NOTICE_MS).notice == (2, 6)  # n2 was not told
-
-
-def _reported_before_the_commit(c: CheckerLogic) -> None:
-    """Round 5..7 is stored by n1, whose report is answered before the leader's own copy
-    counts (a sync flush): no dispatcher was told committed 7."""
-    c.step(BecomeLeader(2, 4, INFO), 0)
-    c.step(AddRound(2, 5, 7, "r", 4), 0)
-    c.step(Report(2, "n1", 7), 0)
-    c.step(TURN_END, 0)
-    assert c.step(ReportAnswer("n1"), 0) < 7
-    c.step(AddRound(2, 5, 7, "r", 7), 1)  # flushed: registered again with the leader's mark
-    assert c.step(TURN_END, 1).resolution.committed == 7
-
-
-def test_a_commit_after_the_reports_is_noticed() -> None:
-    c = CheckerLogic("g", "n0", PEERS, CFG)
-    _reported_before_the_commit(c)
-    assert c.step(TURN_END, 1 + COMMIT_NOTICE_MS).notice == (2, 7)
-
-
-def test_a_round_that_carries_the_commit_spares_the_notice() -> None:
-    """The next round's announcement carried committed 7 to every dispatcher (its
-    registration says so): no notice, no timer for it."""
-    c = CheckerLogic("g", "n0", PEERS, CFG)
-    _reported_before_the_commit(c)
-    c.step(AddRound(2, 8, 8, "s", 8, None, 7), 2)
-    ready = c.step(TURN_END, 2 + COMMIT_NOTICE_MS)
-    assert ready.notice is None and ready.wake_at_ms != 2 + COMMIT_NOTICE_MS

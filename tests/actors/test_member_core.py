@@ -86,7 +86,7 @@ def test_a_role_change_from_the_elector_runs_the_role_process_to_ready() -> None
     assert h.watching, "once ready, the core watches the helpers itself"
 
 
-def test_an_append_is_one_round_registered_announced_and_answered() -> None:
+def test_an_append_is_one_round_announced_registered_and_answered() -> None:
     h = Host(["n0"])
     h.lead()
     out = h.step(mc.ClientAppend([b"a", b"b"], "g", None, "tok"))
@@ -97,7 +97,7 @@ def test_an_append_is_one_round_registered_announced_and_answered() -> None:
         out.written is not None
         and out.written.round.last_index - out.written.round.first_index == 1
     )
-    assert [type(a) for a in h.performed] == [rp.Register, rp.Announce]
+    assert [type(a) for a in h.performed] == [rp.Announce, rp.Register]
     rid = out.written.rid
     out = h.step(
         mc.RoundsResolved(Resolution(h.logic.state.current_term, None, [(rid, C.SUCCESS)]))

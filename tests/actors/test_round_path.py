@@ -56,17 +56,13 @@ def _run(proc: sv.Process, answers: dict) -> list:
     return out
 
 
-def test_a_plain_round_is_registered_with_the_leaders_end_then_announced(plain) -> None:
-    """Registered first, as the card's chain does: a follower's report never finds the
-    round's own copy at the leader uncounted; the registration says which committed index
-    the announcement carries."""
+def test_a_plain_round_is_announced_then_registered_with_the_leaders_end(plain) -> None:
     w = _written(plain, b"a", b"b")
     acts = _run(plain.send(w, fast=False), {})
-    assert [type(a) for a in acts] == [rp.Register, rp.Announce]
-    reg = acts[0]
+    assert [type(a) for a in acts] == [rp.Announce, rp.Register]
+    reg = acts[1]
     assert (reg.first, reg.last, reg.rid, reg.leader_mark) == (1, 2, w.rid, 2)
-    assert reg.carried == acts[1].a.committed
-    assert acts[1].a.first == 1 and acts[1].a.count == 2
+    assert acts[0].a.first == 1 and acts[0].a.count == 2
 
 
 def test_a_round_the_graph_takes_is_not_registered_again(plain) -> None:
@@ -78,14 +74,14 @@ def test_a_round_the_graph_takes_is_not_registered_again(plain) -> None:
 def test_a_round_the_graph_refuses_goes_plain(plain) -> None:
     w = _written(plain, b"a")
     acts = _run(plain.send(w, fast=True), {rp.Submit: False})
-    assert [type(a) for a in acts] == [rp.Submit, rp.Register, rp.Announce]
+    assert [type(a) for a in acts] == [rp.Submit, rp.Announce, rp.Register]
 
 
 def test_a_round_not_sent_on_is_an_unknown_outcome_at_once(plain) -> None:
     w = _written(plain, b"a")
     acts = _run(plain.send(w, fast=False), {rp.Announce: sv.Failed("ray.put failed")})
-    assert [type(a) for a in acts] == [rp.Register, rp.Announce, sv.Finish]
-    assert acts[2].outcomes == [(w.rid, C.INTERNAL_ERROR)]
+    assert [type(a) for a in acts] == [rp.Announce, sv.Finish]
+    assert acts[1].outcomes == [(w.rid, C.INTERNAL_ERROR)]
 
 
 def test_sync_flush_registers_only_after_the_flush_and_counts_only_the_flushed_copy(

@@ -85,15 +85,12 @@ class CheckerDelivery:
         token,
         leader_mark: int,
         config=None,
-        carried: int = -1,
     ) -> None:
         if self._c_hung(node):
             return  # lost with the process when it is killed
         if term == node.checker.term and token in node.checker._registered:
             self.stats["double_registered"] += 1
-        node.checker_driver.deliver(
-            AddRound(term, first, last, token, leader_mark, config, carried)
-        )
+        node.checker_driver.deliver(AddRound(term, first, last, token, leader_mark, config))
 
     def _c_report(self, node: Node, term: int, peer: str, wm: int) -> int | None:
         if self._c_hung(node):

@@ -100,7 +100,7 @@ class MemberDelivery:
     def _register(self, node: Node, a: rp.Register) -> None:
         """A round to the node's checker (a hop: the call is on its way)."""
         self._hop(node, self._c_add_round, node, a.term, a.first, a.last, a.rid,
-                  a.leader_mark, a.config, a.carried)  # fmt: skip
+                  a.leader_mark, a.config)  # fmt: skip
 
     def _perform(self, node: Node, a):  # noqa: C901 -- one branch per action, nothing else
         """Carry out an action of the core's processes: calls to the helpers with their

@@ -32,7 +32,7 @@ from .network import sim_seeds
 from .sim_config import all_features
 
 FILE = "tests/simulation/test_all_features_sim.py"
-COVERAGE_SEEDS = (110_000, 110_009)
+COVERAGE_SEEDS = (110_000, 110_001, 110_002)
 CHAOS_MS = 15_000
 CONVERGE_MS = 30_000
 
@@ -90,7 +90,7 @@ def test_one_leader_per_term_when_a_change_shrinks_the_voters() -> None:
 
 
 def test_the_mode_reaches_every_feature() -> None:
-    """The mode is not the plain sweep again: two seeds together change members, lose
+    """The mode is not the plain sweep again: three seeds together change members, lose
     nodes and replace them, boot dispatchers slowly, delay the checker's
     configurations, snapshot and install, retry idempotent appends, check a KV history,
     serve reads at every consistency, transfer, lose power and hang helpers."""
