@@ -672,7 +672,9 @@ class FileStore(LogStore):
         ``compact`` (an operator's compaction after a snapshot).  The last segment
         always stays, no segment holding an entry at or after ``keep_from`` (what this
         member's state machine still needs) goes, and index segments wholly below the
-        new begin go along.
+        new begin go along.  A segment whose successor was written since the last flush
+        stays until the next clean: deleted, a power loss could leave no data file beside
+        a checkpoint that promises committed entries.
         """
         now = time.time() if now is None else now
         cfg = self.config
@@ -691,6 +693,8 @@ class FileStore(LogStore):
                 next_begin = self._first_index_in(nxt)
                 if next_begin is None or next_begin - 1 > self.committed_index:
                     break
+                if nxt.start >= self.flushed_pos:
+                    break  # the next one is not on disk yet: a power loss would leave no log
                 if self.keep_from is not None and next_begin > self.keep_from:
                     break  # its entries are still needed by this member's state machine
                 expired = now - first.mtime > cfg.file_reserved_hours * 3600
