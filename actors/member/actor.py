@@ -597,12 +597,14 @@ class MemberActor:
     def compact(self) -> int:
         """Drop the committed log segments this member's machine no longer needs (up to its
         newest snapshot, whatever their age); returns the log's begin index after it.  A
-        memory store keeps its log (UNSUPPORTED)."""
+        memory store keeps its log (UNSUPPORTED).  What was written is flushed first: a
+        segment goes only once the one after it is on disk."""
         clean = getattr(self.store, "clean", None)
         if clean is None:
             raise LedgerError.of(
                 ResponseCode.UNSUPPORTED, f"{self.self_id} keeps its log in memory"
             )
+        self.store.flush()
         clean(compact=True)
         return self.store.ledger_begin_index
 
