@@ -180,12 +180,11 @@ def test_clean_stops_at_what_the_state_machine_still_needs(make_file_store):
 
 
 def test_a_compaction_keeps_a_segment_on_disk_through_a_power_loss(make_file_store):
-    """A compaction deletes committed segments only up to the first one that is on disk:
-    deleting up to a segment created since the last flush left, after a power loss, no data
-    file at all beside a checkpoint that promised committed entries (CORRUPT_LOG at open;
-    the all-features simulation reached it)."""
+    """A compaction keeps the segment before one written since the last flush: deleting
+    it left, after a power loss, no data file at all beside a checkpoint that promised
+    committed entries (CORRUPT_LOG at open; the all-features simulation reached it)."""
     s = filled(make_file_store, flush_interval_ms=60_000)  # the flush thread stays asleep
-    s.flush()  # entries 0..39 on disk, 10 full segments
+    # entries 0..39 on disk (filled flushes them), 10 full segments
     s.append_as_leader([b"x" * 976, b"y" * 976], 1)  # 40..41: a new segment, not flushed
     s.update_committed_index(39)
     s.clean(compact=True)
