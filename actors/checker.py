@@ -91,12 +91,16 @@ class QuorumAckCheckerActor:
         return self.driver.deliver(LeadershipEnded(term))
 
     @ray.method(enable_task_events=False)
-    def add_round(self, r: tuple) -> None:
-        """A round waits for its quorum: ``(term, first, last, token, leader_mark, config)``
-        in one argument (one to serialize); ``leader_mark`` is how far the leader counts its
-        own copy (see :meth:`MemberLogic.water_mark`), ``config`` the ``(index,
-        Configuration)`` the round holds, counted from now on."""
-        self.driver.deliver(AddRound(*r))
+    def add_round(self, r: list) -> None:
+        """A round waits for its quorum: ``[term, first, last, token, leader_mark, config]``
+        in one argument (one to serialize, a list: see :mod:`~rayledger.actors.wire`);
+        ``leader_mark`` is how far the leader counts its own copy (see
+        :meth:`MemberLogic.water_mark`), ``config`` the ``[index, Configuration]`` the round
+        holds, counted from now on."""
+        term, first, last, token, mark, config = r
+        self.driver.deliver(
+            AddRound(term, first, last, token, mark, None if config is None else tuple(config))
+        )
 
     @ray.method(enable_task_events=False)
     def report(self, term: int, peer: str, water_mark: int) -> int | None:

@@ -132,7 +132,7 @@ class EntryDispatcherActor:
         self.driver.deliver(Deactivate(term))
 
     @ray.method(enable_task_events=False)
-    def on_announcement(self, a: tuple) -> None:
+    def on_announcement(self, a: list) -> None:
         """The leader stored a round (:func:`~rayledger.actors.wire.pack_announcement`):
         push it now when it is next in line."""
         self.driver.deliver(RoundAnnounced(unpack_announcement(a)))

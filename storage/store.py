@@ -256,9 +256,13 @@ class LogStore:
 
     def _tell_watchers(self, first: int, channels) -> None:
         """The entries on a watched channel, to their watchers (a batch's channels as a
-        numpy array: only the entries on one are visited)."""
-        watched = np.isin(channels, list(self._watchers))
-        for k in np.flatnonzero(watched).tolist():
+        numpy array: only the entries on one are visited; a few entries' as a list, looked
+        up one by one -- numpy's per-call cost outweighs its loop there)."""
+        if type(channels) is list:
+            hits = [k for k, c in enumerate(channels) if c in self._watchers]
+        else:
+            hits = np.flatnonzero(np.isin(channels, list(self._watchers))).tolist()
+        for k in hits:
             watcher = self._watchers[int(channels[k])]
             watcher.appended(first + k, bytes(self.get(first + k).body))
 

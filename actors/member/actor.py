@@ -350,16 +350,19 @@ class MemberActor:
         bodies: list,
         group: str | None = None,
         target: str | None = None,
-        ident: tuple[int, int] | None = None,
+        ident: list[int] | tuple[int, int] | None = None,
         maybe_stored: bool = True,
     ):
         """Append a batch as leader (see :meth:`~.appends.AppendPart.append`);
-        ``ident``: an idempotent client's (client id, first sequence), ``maybe_stored``:
-        whether a call carrying that identity ended with an unknown outcome."""
+        ``ident``: an idempotent client's [client id, first sequence] (a list, which Ray
+        packs without pickle), ``maybe_stored``: whether a call carrying that identity ended
+        with an unknown outcome."""
+        if ident is not None:
+            ident = (ident[0], ident[1])
         return self.appends.append(bodies, group, target, ident, maybe_stored)
 
     @ray.method(concurrency_group="helpers", enable_task_events=False)
-    def on_resolved(self, r: tuple) -> None:
+    def on_resolved(self, r: list) -> None:
         """From the checker (:func:`~rayledger.actors.wire.pack_resolution`): the committed
         index moved and/or rounds ended."""
         self.appends.on_resolved(unpack_resolution(r))
@@ -501,7 +504,7 @@ class MemberActor:
 
     # -- follower ---------------------------------------------------------------------------
     @ray.method(concurrency_group="push", enable_task_events=False)
-    def push(self, packed: tuple, batch=None):
+    def push(self, packed: list, batch=None):
         """A push from the leader's dispatcher (:func:`~rayledger.actors.wire.pack_push`; a
         large batch arrives from the object store as ``batch``), stored and answered on this
         thread; one that comes before its turn waits here for the pushes before it (on the

@@ -139,8 +139,9 @@ class AppendPart(Part):
         """An action of a round (see :mod:`rayledger.actors.core.round_path`), carried out at
         once."""
         if isinstance(action, rp.Register):
-            self.ctx.checker.add_round.remote((action.term, action.first, action.last,
-                                            action.rid, action.leader_mark, action.config))  # fmt: skip
+            config = None if action.config is None else list(action.config)
+            self.ctx.checker.add_round.remote([action.term, action.first, action.last,
+                                            action.rid, action.leader_mark, config])  # fmt: skip
             return None
         a = action.a
         try:
@@ -178,11 +179,14 @@ class AppendPart(Part):
             base = rnd.first_index
             runner = self.ctx.machine
             for fut, first, last in fin.calls:
-                # compact: (first index, term, positions as int64 bytes[, receipts]), expanded
-                # by the client
-                out = (first, rnd.term, positions[first - base : last - base + 1].tobytes())
-                receipts = runner.receipt(first, last) if runner is not None else None
-                set_result(fut, out if receipts is None else (*out, receipts))
+                # compact: [first index, term, positions as int64 bytes(, receipts)], expanded
+                # by the client (a list: Ray packs it with msgpack, a tuple with pickle)
+                out = [first, rnd.term, positions[first - base : last - base + 1].tobytes()]
+                if runner is not None:
+                    receipts = runner.receipt(first, last)
+                    if receipts is not None:
+                        out.append(receipts)
+                set_result(fut, out)
             return
         leader = self.logic.state.leader_id
         for fut, first, last in fin.calls:
