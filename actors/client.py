@@ -559,7 +559,7 @@ class LedgerClient:
                 if ident is None:
                     ref = handle.append.remote(bodies, self.group, target)
                 else:
-                    ref = handle.append.remote(bodies, self.group, target, list(ident),
+                    ref = handle.append.remote(bodies, self.group, target, ident,
                                                numbered.maybe_stored)  # fmt: skip
             except ValueError as exc:  # the actor is gone: the call never left
                 failed = exc

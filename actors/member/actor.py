@@ -354,9 +354,9 @@ class MemberActor:
         maybe_stored: bool = True,
     ):
         """Append a batch as leader (see :meth:`~.appends.AppendPart.append`);
-        ``ident``: an idempotent client's [client id, first sequence] (a list, which Ray
-        packs without pickle), ``maybe_stored``: whether a call carrying that identity ended
-        with an unknown outcome."""
+        ``ident``: an idempotent client's (client id, first sequence), as a tuple or a list,
+        ``maybe_stored``: whether a call carrying that identity ended with an unknown
+        outcome."""
         if ident is not None:
             ident = (ident[0], ident[1])
         return self.appends.append(bodies, group, target, ident, maybe_stored)
